@@ -1,0 +1,91 @@
+"""Bit-exact comparison of results: tensors (jagged or dense), losses and metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+__all__ = ["bits", "same_tensor", "assert_same", "first_difference"]
+
+_AS_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The raw bits of a dense tensor, as integers of the same width (NaN payloads compare exactly)."""
+    t = t.detach().contiguous()
+    if t.dtype in (torch.bool, torch.uint8, torch.int8):
+        return t.to(torch.uint8) if t.dtype == torch.bool else t
+    if t.dtype.is_floating_point:
+        return t.view(_AS_INT[t.element_size()])
+    return t
+
+
+def same_tensor(a: torch.Tensor, b: torch.Tensor) -> str | None:
+    """None when ``a`` and ``b`` are identical (layout, dtype, device, shape, offsets, bits), else why not."""
+    if a.is_nested != b.is_nested:
+        return f"layout differs: nested={a.is_nested} vs nested={b.is_nested}"
+    if a.dtype != b.dtype:
+        return f"dtype differs: {a.dtype} vs {b.dtype}"
+    if a.device != b.device:
+        return f"device differs: {a.device} vs {b.device}"
+    if a.is_nested:
+        if a.size(0) != b.size(0) or a.shape[2:] != b.shape[2:]:
+            return f"shape differs: {tuple(a.shape)} vs {tuple(b.shape)}"
+        a, b = a.contiguous(), b.contiguous()
+        if not torch.equal(a.offsets().to(torch.int64), b.offsets().to(torch.int64)):
+            return f"offsets differ: {a.offsets().tolist()} vs {b.offsets().tolist()}"
+        a, b = a.values(), b.values()
+    if a.shape != b.shape:
+        return f"shape differs: {tuple(a.shape)} vs {tuple(b.shape)}"
+    if not torch.equal(bits(a), bits(b)):
+        return "values differ"
+    return None
+
+
+def _same(a: Any, b: Any, path: str) -> str | None:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return f"{path}: {type(a).__name__} vs {type(b).__name__}"
+        why = same_tensor(a, b)
+        return None if why is None else f"{path}: {why}"
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        if list(a) != list(b):
+            return f"{path}: keys {list(a)} vs {list(b)}"
+        for k in a:
+            why = _same(a[k], b[k], f"{path}[{k!r}]")
+            if why:
+                return why
+        return None
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if type(a) is not type(b) or len(a) != len(b):
+            return f"{path}: {type(a).__name__}[{len(a)}] vs {type(b).__name__}[{len(b)}]"
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            why = _same(x, y, f"{path}[{i}]")
+            if why:
+                return why
+        return None
+    if hasattr(a, "values") and hasattr(a, "aggregation"):  # Metric-like
+        if type(a) is not type(b) or a.aggregation != b.aggregation:
+            return f"{path}: {a!r} vs {b!r}"
+        return _same(list(a.values), list(b.values), f"{path}.values")
+    if a is b:
+        return None
+    try:
+        equal = bool(a == b) and type(a) is type(b)
+    except Exception:
+        equal = False
+    return None if equal else f"{path}: {a!r} vs {b!r}"
+
+
+def first_difference(a: Any, b: Any) -> str | None:
+    """None when ``a`` and ``b`` (nested dicts/lists of tensors and plain values) are identical."""
+    return _same(a, b, "result")
+
+
+def assert_same(a: Any, b: Any) -> None:
+    """Raise ``AssertionError`` naming the first difference between ``a`` and ``b``."""
+    why = first_difference(a, b)
+    if why is not None:
+        raise AssertionError(why)

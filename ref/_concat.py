@@ -1,0 +1,42 @@
+"""`concat`: micro-batch outputs joined along the batch dimension."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ._bits import move
+from ._jagged import Jagged
+from ._parts import Part, check_parts
+from ._x64 import exact
+from .errors import UnsupportedSettingError
+
+__all__ = ["concat"]
+
+
+@exact
+def concat(parts: Sequence[Part], *, key: Any = None) -> Part:
+    """``out = [row for p in parts for row in p.rows()]``: micro-batch order, then row order.
+
+    ``parts``: `Jagged` ``[b_m, (j), *F]`` or dense ``[b_m, *F]``, all of one layout, dtype, device and
+    trailing shape (checked by `check_parts`; ``key`` only names the output in error messages).
+    Returns ``[sum(b_m), (j), *F]`` (jagged) or ``[sum(b_m), *F]`` (dense).
+    """
+    checked = check_parts(parts, key)
+    if not checked:
+        raise UnsupportedSettingError("concat needs at least one part, got none")
+    if not isinstance(checked[0], Jagged):
+        return move(lambda xs: jnp.concatenate(xs, axis=0), checked)
+    jagged: list[Jagged] = checked  # type: ignore[assignment]
+    values = move(lambda xs: jnp.concatenate(xs, axis=0), [p.values for p in jagged])
+    # Row boundaries of part m, shifted by the values of the parts before it (a static count).
+    pieces: list[jax.Array] = [jnp.zeros((1,), jnp.int64)]
+    base = 0
+    for p in jagged:
+        pieces.append(p.offsets[1:].astype(jnp.int64) + base)
+        base += int(p.values.shape[0])
+    offsets = jnp.concatenate(pieces)
+    return Jagged.tree_unflatten(None, (values, offsets))

@@ -1,0 +1,78 @@
+"""Permutations: flattening partitions, checking them, inverting them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._jagged import is_concrete
+from ._x64 import exact
+from .errors import NotAPermutationError, PartitionMismatchError
+
+__all__ = ["flatten_partitions", "inverse_permutation", "check_permutation"]
+
+
+def _as_index_list(part: Any, m: int | None) -> list[Any]:
+    """One partition as a Python list of its entries; a partition must be 1-D."""
+    at = "" if m is None else f"micro-batch {m}: "
+    if isinstance(part, (str, bytes)) or np.ndim(part) != 1:
+        raise PartitionMismatchError(f"{at}a partition must be a 1-D sequence of row indices, got {part!r}")
+    return [x.item() if hasattr(x, "item") else x for x in np.asarray(part, dtype=object)]
+
+
+def check_permutation(partitions: Sequence[Any], num_rows: int) -> list[int]:
+    """The partitions flattened, checked to be a permutation of ``range(num_rows)``.
+
+    ``[i for p in partitions for i in p]``; raises `NotAPermutationError` for an entry that is not an
+    integer, negative, ``>= num_rows``, a duplicate, or a missing index (in that order of checking).
+    """
+    flat: list[int] = []
+    seen: dict[int, tuple[int, int]] = {}
+    for m, part in enumerate(partitions):
+        for j, i in enumerate(_as_index_list(part, m)):
+            at = f"micro-batch {m}, position {j}: index {i!r}"
+            if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+                raise NotAPermutationError(f"{at} is not an integer")
+            if i < 0:
+                raise NotAPermutationError(f"{at} is negative (negative indices are not wrapped)")
+            if i >= num_rows:
+                raise NotAPermutationError(f"{at} is out of range for {num_rows} rows")
+            if i in seen:
+                m0, j0 = seen[i]
+                raise NotAPermutationError(f"{at} duplicates micro-batch {m0}, position {j0}")
+            seen[i] = (m, j)
+            flat.append(int(i))
+    if len(flat) != num_rows:
+        missing = [i for i in range(num_rows) if i not in seen]
+        raise NotAPermutationError(
+            f"index {missing[0]} is missing: the partitions hold {len(flat)} indices for {num_rows} rows"
+        )
+    return flat
+
+
+@exact
+def flatten_partitions(partitions: Sequence[Any], num_rows: int) -> jax.Array:
+    """``perm = [i for p in partitions for i in p]``, an int64 ``[B]`` array.
+
+    Checked to be a permutation of ``range(num_rows)`` (`NotAPermutationError` otherwise).
+    """
+    return jnp.asarray(np.asarray(check_permutation(partitions, num_rows), dtype=np.int64).reshape(-1))
+
+
+@exact
+def inverse_permutation(perm: Any) -> jax.Array:
+    """``inv = [perm.index(i) for i in range(len(perm))]``, i.e. ``inv[perm[k]] == k``.
+
+    ``perm``: ``[B]`` integers. Checked when concrete (`NotAPermutationError`); under ``jax.jit`` a
+    traced ``perm`` is trusted to be a permutation.
+    """
+    if is_concrete(perm):
+        perm = jnp.asarray(check_permutation([np.asarray(perm).reshape(-1)], int(np.size(perm))), jnp.int64)
+    else:
+        perm = jnp.asarray(perm).reshape(-1)
+    n = perm.shape[0]
+    return jnp.zeros((n,), perm.dtype).at[perm].set(jnp.arange(n, dtype=perm.dtype))

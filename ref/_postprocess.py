@@ -1,0 +1,75 @@
+"""`postprocess_batch`: verl's ``postprocess_batch_func`` as a specification."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ._concat import concat
+from ._metrics import append_to_dict
+from ._parts import check_parts, num_rows
+from ._permutation import check_permutation
+from ._restore import restore
+from ._structure import check_partition_count, check_settings, model_outputs
+from ._x64 import exact
+from .errors import PartitionMismatchError, ShapeMismatchError, where
+
+__all__ = ["postprocess_batch"]
+
+
+@exact
+def postprocess_batch(
+    output_lst: Sequence[Mapping[str, Any]],
+    indices: Sequence[Sequence[int]] | None,
+    *,
+    use_dynamic_bsz: bool = True,
+    pad_mode: str = "no_padding",
+) -> dict[str, Any]:
+    """Put the outputs of micro-batches back together, in original sample order.
+
+    ``output_lst[m]`` may hold ``model_output`` (a dict of `Jagged` ``[b_m, (j), *F]`` or dense
+    ``[b_m, *F]``), ``loss`` and ``metrics``. ``indices[m]`` lists the original positions of
+    micro-batch ``m``'s rows. With ``perm = [i for p in indices for i in p]``:
+
+    - ``model_output[k] = restore(concat([o["model_output"][k] for o in output_lst]), indices)``, so
+      row ``perm[n]`` of the result is row ``n`` of the concatenation (plain ``concat`` when
+      ``use_dynamic_bsz`` is off);
+    - ``loss = [o["loss"] for o in output_lst if "loss" in o]``;
+    - ``metrics``: ``append_to_dict`` folded over ``[o["metrics"] for o in output_lst if "metrics" in o]``.
+
+    Checked in this order, each check raising its `RebatchError` subclass: settings; outputs are dicts
+    and carry the same keys; one partition per micro-batch; the partitions form a permutation; then per
+    key and micro-batch: layout, dtype, device, trailing shape, and row count against the partition.
+    """
+    check_settings(use_dynamic_bsz, pad_mode, indices)
+    outs = model_outputs(output_lst)
+    if use_dynamic_bsz:
+        check_partition_count(indices, len(outs))
+        check_permutation(indices, sum(len(list(p)) for p in indices))
+
+    model_output: dict[str, Any] = {}
+    for key in outs[0] if outs else ():
+        parts = check_parts([mo[key] for mo in outs], key, allow_jagged=pad_mode == "no_padding")
+        for m, part in enumerate(parts):
+            if use_dynamic_bsz:
+                expected = len(list(indices[m]))
+                if num_rows(part) != expected:
+                    raise PartitionMismatchError(
+                        f"{where(key, m)}{num_rows(part)} rows, but its partition has {expected} indices"
+                    )
+            else:
+                first_key = next(iter(outs[0]))
+                expected = num_rows(outs[m][first_key])
+                if num_rows(part) != expected:
+                    raise ShapeMismatchError(
+                        f"{where(key, m)}{num_rows(part)} rows, but key {first_key!r} has {expected} there"
+                    )
+        joined = concat(parts, key=key)
+        model_output[key] = restore(joined, indices) if use_dynamic_bsz else joined
+
+    losses = [o["loss"] for o in output_lst if "loss" in o]
+    metrics: dict[str, Any] = {}
+    for o in output_lst:
+        if "metrics" in o:
+            metrics = append_to_dict(metrics, o["metrics"])
+    return {"model_output": model_output, "loss": losses, "metrics": metrics}

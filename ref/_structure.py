@@ -1,0 +1,75 @@
+"""The structural checks of ``postprocess_batch``: settings, output keys, partition count.
+
+Pure Python (no JAX, no torch): `ref` and `torch_impl` both run these, so the first steps of checking
+are one piece of code and raise the same classes by construction. The data checks that follow
+(permutation, layouts, dtypes, offsets, row counts) are written separately in each implementation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .errors import KeyMismatchError, PartitionMismatchError, UnsupportedSettingError, where
+
+__all__ = ["PAD_MODES", "check_settings", "model_outputs", "check_partition_count"]
+
+#: The values of verl's ``DatasetPadMode`` (a str Enum: its members compare equal to these strings).
+PAD_MODES = ("no_padding", "right", "left_right")
+
+
+def check_settings(use_dynamic_bsz: Any, pad_mode: Any, indices: Any) -> None:
+    """Step 1: the settings (`UnsupportedSettingError`)."""
+    if not isinstance(pad_mode, str) or pad_mode not in PAD_MODES:
+        raise UnsupportedSettingError(f"pad_mode must be one of {PAD_MODES}, got {pad_mode!r}")
+    if not isinstance(use_dynamic_bsz, bool):
+        raise UnsupportedSettingError(f"use_dynamic_bsz must be a bool, got {use_dynamic_bsz!r}")
+    if use_dynamic_bsz and indices is None:
+        raise UnsupportedSettingError("indices is None while use_dynamic_bsz is on: the original order is unknown")
+
+
+def model_outputs(output_lst: Sequence[Any]) -> list[Mapping[str, Any]]:
+    """Step 2: the ``model_output`` dicts, in all micro-batches or none, all with the same keys.
+
+    Raises `UnsupportedSettingError` for an output that is not a dict and `KeyMismatchError` for a
+    ``model_output`` or a key that some micro-batches have and others lack.
+    """
+    if isinstance(output_lst, (str, bytes, Mapping)) or not isinstance(output_lst, Sequence):
+        raise UnsupportedSettingError(f"output_lst must be a list of dicts, got {type(output_lst).__name__}")
+    for m, o in enumerate(output_lst):
+        if not isinstance(o, Mapping):
+            raise UnsupportedSettingError(f"micro-batch {m}: an output must be a dict, got {type(o).__name__}")
+    carriers = [m for m, o in enumerate(output_lst) if "model_output" in o]
+    if carriers and len(carriers) != len(output_lst):
+        m = next(m for m, o in enumerate(output_lst) if "model_output" not in o)
+        raise KeyMismatchError(f"{where('model_output', m)}missing, while micro-batch {carriers[0]} has it")
+    outs = [output_lst[m]["model_output"] for m in carriers]
+    for m, mo in enumerate(outs):
+        if not isinstance(mo, Mapping):
+            raise UnsupportedSettingError(f"micro-batch {m}: model_output must be a dict, got {type(mo).__name__}")
+    for m, mo in enumerate(outs[1:], start=1):
+        for key in outs[0]:
+            if key not in mo:
+                raise KeyMismatchError(f"{where(key, m)}missing, while micro-batch 0 has it")
+        for key in mo:
+            if key not in outs[0]:
+                raise KeyMismatchError(f"{where(key, m)}present, while micro-batch 0 lacks it")
+    return outs
+
+
+def check_partition_count(indices: Any, num_outputs: int) -> Sequence[Any]:
+    """Step 3: ``indices`` is a list with one partition per micro-batch that carries a ``model_output``.
+
+    (With no ``model_output`` at all, any number of partitions is accepted.) `PartitionMismatchError`.
+    """
+    if (
+        isinstance(indices, (str, bytes, Mapping))
+        or not hasattr(indices, "__len__")
+        or not hasattr(indices, "__getitem__")
+    ):
+        raise PartitionMismatchError(f"indices must be a list of partitions, got {type(indices).__name__}")
+    if num_outputs and len(indices) != num_outputs:
+        raise PartitionMismatchError(
+            f"{len(indices)} partitions for {num_outputs} micro-batches that carry a model_output"
+        )
+    return indices

@@ -1,0 +1,83 @@
+"""Exact conversion between torch tensors and the reference's JAX data (the only module of `ref` that imports torch).
+
+``from_torch``: a jagged nested tensor ``[B, (j), *F]`` becomes a `Jagged`, a dense tensor a
+``jax.Array``; ``to_torch`` goes back. Both share memory through DLPack (zero-copy where the layout
+allows), keep the dtype bit for bit (bool, uint8, int8/16/32/64, float16, bfloat16, float32, float64)
+and run under a scoped 64-bit context, so int64 and float64 survive whatever the caller's
+``jax_enable_x64`` is, and that setting is left as it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from ._jagged import Jagged
+from ._x64 import exact
+from .errors import InvalidJaggedError
+
+__all__ = ["from_torch", "to_torch", "tree_from_torch", "tree_to_torch"]
+
+
+def _to_jax(t: torch.Tensor) -> jax.Array:
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return jax.dlpack.from_dlpack(t)
+
+
+@exact
+def from_torch(t: torch.Tensor) -> Jagged | jax.Array:
+    """A jagged NJT ``[B, (j), *F]`` as `Jagged`; a dense tensor ``[B, *F]`` as ``jax.Array`` (same bits)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"from_torch takes a torch.Tensor, got {type(t).__name__}")
+    if not t.is_nested:
+        return _to_jax(t)
+    if t.layout != torch.jagged:
+        raise InvalidJaggedError(f"a nested tensor must use the jagged layout, got {t.layout}")
+    if t._ragged_idx != 1:
+        raise InvalidJaggedError(f"the ragged dimension must be 1, got {t._ragged_idx}")
+    if t.lengths() is not None:
+        t = t.contiguous()
+    return Jagged(_to_jax(t.values()), _to_jax(t.offsets()))
+
+
+def _to_tensor(x: jax.Array) -> torch.Tensor:
+    return torch.from_dlpack(x)
+
+
+@exact
+def to_torch(x: Jagged | jax.Array) -> torch.Tensor:
+    """A `Jagged` as a jagged NJT (int64 offsets), a ``jax.Array`` as a tensor (same bits)."""
+    if isinstance(x, Jagged):
+        offsets = _to_tensor(jnp.asarray(x.offsets, jnp.int64))
+        return torch.nested.nested_tensor_from_jagged(_to_tensor(x.values), offsets)
+    return _to_tensor(jnp.asarray(x))
+
+
+def tree_from_torch(tree: Any) -> Any:
+    """``tree`` with every tensor converted by `from_torch` (dicts, lists and tuples are walked)."""
+    if isinstance(tree, torch.Tensor):
+        return from_torch(tree)
+    if isinstance(tree, Mapping):
+        return {k: tree_from_torch(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(tree_from_torch(v) for v in tree)
+    return tree
+
+
+def tree_to_torch(tree: Any) -> Any:
+    """``tree`` with every `Jagged` and ``jax.Array`` converted by `to_torch`."""
+    if isinstance(tree, (Jagged, jax.Array)):
+        return to_torch(tree)
+    if isinstance(tree, Mapping):
+        return {k: tree_to_torch(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(tree_to_torch(v) for v in tree)
+    return tree

@@ -1,0 +1,32 @@
+"""rebatch's production PyTorch implementation: micro-batch outputs put back in order, vectorized and validated.
+
+A drop-in for verl's ``postprocess_batch_func`` (`postprocess_batch_func`), and the operations of the
+reference ``ref`` under the same names. Never imports JAX; errors are the classes of `ref.errors`.
+"""
+
+from __future__ import annotations
+
+from ref import errors as errors
+
+from ._metrics import append_to_dict as append_to_dict
+from ._ops import concat as concat
+from ._ops import restore as restore
+from ._ops import split as split
+from ._ops import take as take
+from ._permutation import flatten_partitions as flatten_partitions
+from ._permutation import inverse_permutation as inverse_permutation
+from ._postprocess import postprocess_batch as postprocess_batch
+from ._postprocess import postprocess_batch_func as postprocess_batch_func
+
+__all__ = [
+    "append_to_dict",
+    "concat",
+    "errors",
+    "flatten_partitions",
+    "inverse_permutation",
+    "postprocess_batch",
+    "postprocess_batch_func",
+    "restore",
+    "split",
+    "take",
+]

@@ -1,0 +1,149 @@
+"""`concat`, `take`, `restore`, `split` on jagged nested tensors, dense tensors and TensorDicts.
+
+Same names and meanings as in ``ref``; shapes ``[B, (j), *F]`` (jagged) or ``[B, *F]`` (dense).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+import torch
+from tensordict import TensorDictBase
+
+from ref.errors import RowIndexError, UnsupportedSettingError
+
+from ._assemble import assemble, gather_jagged, njt
+from ._parts import check_parts, jagged_parts, num_rows
+from ._permutation import check_permutation
+
+__all__ = ["concat", "take", "restore", "split"]
+
+T = TypeVar("T", torch.Tensor, TensorDictBase)
+
+
+def concat(parts: Sequence[torch.Tensor], *, key: Any = None) -> torch.Tensor:
+    """``out = [row for p in parts for row in p.unbind()]``: micro-batch order, then row order.
+
+    ``parts``: jagged ``[b_m, (j), *F]`` or dense ``[b_m, *F]``, one layout, dtype, device and trailing
+    shape (checked). Returns ``[sum(b_m), (j), *F]`` or ``[sum(b_m), *F]``.
+    """
+    checked = check_parts(parts, key)
+    if not checked:
+        raise UnsupportedSettingError("concat needs at least one part, got none")
+    return assemble(checked, None, key)
+
+
+def _checked_rows(rows: Any, n: int, device: torch.device) -> torch.Tensor:
+    """``rows`` as int64 on ``device``; each an integer in ``range(n)`` (`RowIndexError`, no wrap-around)."""
+    r = torch.as_tensor(rows) if not isinstance(rows, torch.Tensor) else rows
+    if r.dim() != 1:
+        raise RowIndexError(f"rows must be 1-D, got shape {tuple(r.shape)}")
+    if r.numel() and (r.dtype == torch.bool or r.dtype.is_floating_point or r.dtype.is_complex):
+        raise RowIndexError(f"rows must be integers, got dtype {r.dtype}")
+    r = r.to(torch.int64)
+    if r.numel() and r.device.type == "cpu":
+        bad = (r < 0) | (r >= n)
+        if bool(bad.any()):
+            j = int(bad.nonzero()[0, 0])
+            raise RowIndexError(f"position {j}: row index {int(r[j])} is out of range for {n} rows (no wrap-around)")
+    return r.to(device, non_blocking=True)
+
+
+def _take_tensor(x: torch.Tensor, rows: Any, *, total: int | None = None) -> torch.Tensor:
+    (x,) = check_parts([x])
+    idx = _checked_rows(rows, num_rows(x), x.device)
+    if not x.is_nested:
+        return x.index_select(0, idx)
+    return gather_jagged(x, idx, total)
+
+
+def _take_tensordict(td: TensorDictBase, rows: Any, *, total: int | None = None) -> TensorDictBase:
+    idx = _checked_rows(rows, int(td.batch_size[0]), td.device or torch.device("cpu"))
+    tensor_keys = [k for k in td.keys() if isinstance(td.get(k), torch.Tensor)]
+    out = td.exclude(*tensor_keys)[idx.cpu()] if len(tensor_keys) < len(list(td.keys())) else None
+    fields = {k: _take_tensor(td.get(k), idx) for k in tensor_keys}
+    if out is None:
+        return type(td)(fields, batch_size=[idx.numel()], device=td.device)
+    for k, v in fields.items():
+        out.set(k, v)
+    return out
+
+
+def take(x: T, rows: Any) -> T:
+    """``out = [x.unbind()[i] for i in rows]`` (jagged), ``x[rows]`` (dense), or each field so (TensorDict).
+
+    ``rows``: ``[R]`` integers in ``range(B)`` (`RowIndexError` for a negative or out-of-range one:
+    no wrap-around). Jagged fields are gathered with one ``index_select`` each.
+    """
+    if isinstance(x, TensorDictBase):
+        return _take_tensordict(x, rows)
+    return _take_tensor(x, rows)
+
+
+def restore(x: torch.Tensor, partitions: Sequence[Sequence[int]]) -> torch.Tensor:
+    """Rows of ``x`` (micro-batch order) back in original order: output row ``perm[k]`` is input row ``k``.
+
+    With ``perm = [i for p in partitions for i in p]``: ``out = [x.unbind()[perm.index(i)] for i in range(B)]``.
+    ``partitions`` must flatten to a permutation of ``range(B)`` (`NotAPermutationError`).
+    """
+    (x,) = check_parts([x])
+    perm = check_permutation(partitions, num_rows(x))
+    return assemble([x], perm)
+
+
+def split(x: T, partitions: Sequence[Sequence[int]]) -> list[T]:
+    """``out = [take(x, p) for p in partitions]``: the micro-batches of ``x``, the inverse of `restore`.
+
+    One gather per field for all partitions together (the rows in micro-batch order), then cheap
+    views per partition. ``partitions`` must flatten to a permutation of ``range(B)``.
+    """
+    b = int(x.batch_size[0]) if isinstance(x, TensorDictBase) else num_rows(check_parts([x])[0])
+    perm = check_permutation(partitions, b)
+    sizes = [len(p) for p in partitions]
+    if isinstance(x, TensorDictBase):
+        return _split_tensordict(x, perm, partitions, sizes)
+    return _cut(_take_tensor(x, perm, total=_total(x)), sizes)
+
+
+def _cut(x: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
+    """``x`` cut into consecutive pieces of ``sizes`` rows (views of its data)."""
+    if not x.is_nested:
+        return list(torch.split(x, sizes))
+    (values,), (offsets,), _ = jagged_parts([x])
+    row_bounds = [0]
+    for s in sizes:
+        row_bounds.append(row_bounds[-1] + s)
+    value_bounds = offsets[row_bounds].tolist()  # one read of P + 1 offsets
+    pieces = []
+    for i in range(len(sizes)):
+        lo, hi = row_bounds[i], row_bounds[i + 1]
+        o = offsets[lo : hi + 1] - value_bounds[i]
+        pieces.append(njt(values[value_bounds[i] : value_bounds[i + 1]], o))
+    return pieces
+
+
+def _split_tensordict(
+    td: TensorDictBase, perm: torch.Tensor, partitions: Sequence[Sequence[int]], sizes: list[int]
+) -> list[TensorDictBase]:
+    """Each tensor field gathered once for all partitions and cut; other fields indexed per partition."""
+    keys = list(td.keys())
+    tensor_keys = [k for k in keys if isinstance(td.get(k), torch.Tensor)]
+    cut = {k: _cut(_take_tensor(td.get(k), perm, total=_total(td.get(k))), sizes) for k in tensor_keys}
+    rest = td.exclude(*tensor_keys) if len(tensor_keys) < len(keys) else None
+    out = []
+    for i, part in enumerate(partitions):
+        fields = {k: pieces[i] for k, pieces in cut.items()}
+        if rest is None:
+            out.append(type(td)(fields, batch_size=[sizes[i]], device=td.device))
+        else:
+            piece = rest[torch.as_tensor(list(part), dtype=torch.int64)]
+            for k, v in fields.items():
+                piece.set(k, v)
+            out.append(piece)
+    return out
+
+
+def _total(x: torch.Tensor) -> int | None:
+    """Values a permutation of ``x``'s rows keeps: ``N`` for jagged data, None for dense."""
+    return int(x.values().shape[0]) if x.is_nested else None

@@ -1,0 +1,128 @@
+"""Partitions flattened and checked as a permutation, vectorized (no Python work per row)."""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import numbers
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ref.errors import NotAPermutationError, PartitionMismatchError
+
+__all__ = ["flatten_partitions", "inverse_permutation", "check_permutation"]
+
+
+def _flat_indices(partitions: Sequence[Any]) -> tuple[torch.Tensor, list[int]]:
+    """``[i for p in partitions for i in p]`` as a CPU int64 tensor, and each partition's size.
+
+    Lists of Python ints take the fast path: one C-level flatten and one ``torch.tensor``. An entry
+    that is not an integer (a float, a bool) raises `NotAPermutationError`.
+    """
+    sizes: list[int] = []
+    pieces: list[torch.Tensor] = []
+    lists: list[Any] = []
+    for m, part in enumerate(partitions):
+        if isinstance(part, torch.Tensor | np.ndarray):
+            t = torch.as_tensor(part)
+            if t.dim() != 1:
+                raise PartitionMismatchError(f"micro-batch {m}: a partition must be 1-D, got shape {tuple(t.shape)}")
+            if t.numel() and (t.dtype == torch.bool or t.dtype.is_floating_point or t.dtype.is_complex):
+                raise NotAPermutationError(f"micro-batch {m}: indices must be integers, got dtype {t.dtype}")
+            pieces.append(t.detach().to("cpu", torch.int64))
+            sizes.append(t.numel())
+        elif isinstance(part, str | bytes) or not isinstance(part, Sequence):
+            raise PartitionMismatchError(f"micro-batch {m}: a partition must be a 1-D sequence of row indices")
+        else:
+            lists.append((m, part))
+            sizes.append(len(part))
+    if lists and not pieces:
+        flat = list(itertools.chain.from_iterable(p for _, p in lists))
+        kinds = set(map(type, flat))
+        if not kinds <= {int}:
+            bad = [k for k in kinds if k is bool or not issubclass(k, numbers.Integral)]
+            if bad:
+                j = next(j for j, i in enumerate(flat) if type(i) in bad)
+                m, pos = _locate(j, sizes)
+                raise NotAPermutationError(f"micro-batch {m}, position {pos}: index {flat[j]!r} is not an integer")
+        try:
+            return torch.tensor(flat, dtype=torch.int64), sizes
+        except (OverflowError, RuntimeError) as err:
+            raise NotAPermutationError(f"an index does not fit in int64: {err}") from None
+    # Mixed lists and tensors: convert each list on its own (rare path).
+    by_m: dict[int, torch.Tensor] = {}
+    for m, part in lists:
+        by_m[m] = _flat_indices([part])[0]
+    it = iter(pieces)
+    ordered = [by_m[m] if m in by_m else next(it) for m in range(len(sizes))]
+    return (torch.cat(ordered) if ordered else torch.zeros(0, dtype=torch.int64)), sizes
+
+
+def _locate(j: int, sizes: list[int]) -> tuple[int, int]:
+    """Flat position ``j`` as (micro-batch, position inside it)."""
+    ends = list(itertools.accumulate(sizes))
+    m = bisect.bisect_right(ends, j)
+    return m, j - (ends[m - 1] if m else 0)
+
+
+def check_permutation(partitions: Sequence[Any], num_rows: int) -> torch.Tensor:
+    """The partitions flattened (CPU int64 ``[B]``), checked to be a permutation of ``range(num_rows)``.
+
+    A constant number of torch operations whatever ``B``; raises `NotAPermutationError` for an index
+    that is not an integer, negative, ``>= num_rows``, duplicated, or missing.
+    """
+    perm, sizes = _flat_indices(partitions)
+    n = perm.numel()
+    if n:
+        bad = (perm < 0) | (perm >= num_rows)
+        if bool(bad.any()):
+            j = int(bad.nonzero()[0, 0])
+            m, pos = _locate(j, sizes)
+            i = int(perm[j])
+            what = "is negative (negative indices are not wrapped)" if i < 0 else f"is out of range for {num_rows} rows"
+            raise NotAPermutationError(f"micro-batch {m}, position {pos}: index {i} {what}")
+        sorted_perm, order = torch.sort(perm, stable=True)
+        repeated = sorted_perm[1:] == sorted_perm[:-1]
+        if bool(repeated.any()):
+            j = int(order[1:][repeated].min())  # earliest position that repeats an earlier one
+            i = int(perm[j])
+            j0 = int((perm == i).nonzero()[0, 0])
+            m, pos = _locate(j, sizes)
+            m0, pos0 = _locate(j0, sizes)
+            raise NotAPermutationError(
+                f"micro-batch {m}, position {pos}: index {i} duplicates micro-batch {m0}, position {pos0}"
+            )
+    if n != num_rows:
+        present = torch.zeros(num_rows, dtype=torch.bool)
+        present[perm] = True
+        missing = int((~present).nonzero()[0, 0])
+        raise NotAPermutationError(f"index {missing} is missing: the partitions hold {n} indices for {num_rows} rows")
+    return perm
+
+
+def flatten_partitions(partitions: Sequence[Any], num_rows: int) -> torch.Tensor:
+    """``perm = [i for p in partitions for i in p]``, int64 ``[B]`` on the CPU.
+
+    Checked to be a permutation of ``range(num_rows)`` (`NotAPermutationError` otherwise).
+    """
+    return check_permutation(partitions, num_rows)
+
+
+def inverse_permutation(perm: Any) -> torch.Tensor:
+    """``inv = [perm.index(i) for i in range(len(perm))]``, i.e. ``inv[perm[k]] == k``.
+
+    ``perm``: ``[B]`` integers (checked: `NotAPermutationError`); the result is int64 on ``perm``'s device.
+    """
+    device = perm.device if isinstance(perm, torch.Tensor) else torch.device("cpu")
+    p = check_permutation([perm], len(perm))
+    return _invert(p).to(device)
+
+
+def _invert(perm: torch.Tensor) -> torch.Tensor:
+    """The inverse of a checked permutation (one scatter)."""
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(perm.numel(), dtype=perm.dtype, device=perm.device)
+    return inv
