@@ -37,6 +37,22 @@ def to_ref(tree: Any) -> Any:
     return tree
 
 
+def _outputs_to_ref(output_lst: Any) -> Any:
+    """``ref.interop.outputs_from_torch``, with ``meta`` tensors moved as `to_ref` does."""
+    from ref import interop
+
+    if not isinstance(output_lst, (list, tuple)):
+        return output_lst
+    staged = []
+    for o in output_lst:
+        if isinstance(o, dict) and isinstance(o.get("model_output"), dict):
+            mo = {k: to_ref(v) if isinstance(v, torch.Tensor) and v.device.type == "meta" else v
+                  for k, v in o["model_output"].items()}
+            o = {**o, "model_output": mo}
+        staged.append(o)
+    return interop.outputs_from_torch(staged)
+
+
 def result_to_torch(result: Any) -> Any:
     from ref import interop
 
@@ -47,7 +63,7 @@ def ref_postprocess(output_lst: Any, indices: Any, *, use_dynamic_bsz: Any = Tru
     """``ref.postprocess_batch`` on torch-built inputs (converted inside the call), result as torch."""
     import ref
 
-    out = ref.postprocess_batch(to_ref(output_lst), indices, use_dynamic_bsz=use_dynamic_bsz, pad_mode=pad_mode)
+    out = ref.postprocess_batch(_outputs_to_ref(output_lst), indices, use_dynamic_bsz=use_dynamic_bsz, pad_mode=pad_mode)
     return result_to_torch(out)
 
 

@@ -18,9 +18,9 @@ import torch
 
 from ._jagged import Jagged
 from ._x64 import exact
-from .errors import InvalidJaggedError
+from .errors import InvalidJaggedError, where
 
-__all__ = ["from_torch", "to_torch", "tree_from_torch", "tree_to_torch"]
+__all__ = ["from_torch", "to_torch", "tree_from_torch", "tree_to_torch", "outputs_from_torch"]
 
 
 def _to_jax(t: torch.Tensor) -> jax.Array:
@@ -33,19 +33,23 @@ def _to_jax(t: torch.Tensor) -> jax.Array:
 
 
 @exact
-def from_torch(t: torch.Tensor) -> Jagged | jax.Array:
-    """A jagged NJT ``[B, (j), *F]`` as `Jagged`; a dense tensor ``[B, *F]`` as ``jax.Array`` (same bits)."""
+def from_torch(t: torch.Tensor, *, key: Any = None, micro_batch: int | None = None) -> Jagged | jax.Array:
+    """A jagged NJT ``[B, (j), *F]`` as `Jagged`; a dense tensor ``[B, *F]`` as ``jax.Array`` (same bits).
+
+    ``key`` and ``micro_batch`` only name the tensor in `InvalidJaggedError` messages.
+    """
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"from_torch takes a torch.Tensor, got {type(t).__name__}")
     if not t.is_nested:
         return _to_jax(t)
+    at = where(key, micro_batch)
     if t.layout != torch.jagged:
-        raise InvalidJaggedError(f"a nested tensor must use the jagged layout, got {t.layout}")
+        raise InvalidJaggedError(f"{at}a nested tensor must use the jagged layout, got {t.layout}")
     if t._ragged_idx != 1:
-        raise InvalidJaggedError(f"the ragged dimension must be 1, got {t._ragged_idx}")
+        raise InvalidJaggedError(f"{at}the ragged dimension must be 1, got {t._ragged_idx}")
     if t.lengths() is not None:
         t = t.contiguous()
-    return Jagged(_to_jax(t.values()), _to_jax(t.offsets()))
+    return Jagged(_to_jax(t.values()), _to_jax(t.offsets()), key=key, micro_batch=micro_batch)
 
 
 def _to_tensor(x: jax.Array) -> torch.Tensor:
@@ -81,3 +85,20 @@ def tree_to_torch(tree: Any) -> Any:
     if isinstance(tree, (list, tuple)):
         return type(tree)(tree_to_torch(v) for v in tree)
     return tree
+
+
+def outputs_from_torch(output_lst: Any) -> Any:
+    """A whole ``output_lst`` converted for ``ref.postprocess_batch``: each ``model_output`` tensor by
+    `from_torch`, named by key and micro-batch in errors; losses and metrics are left as they are."""
+    if not isinstance(output_lst, (list, tuple)):
+        return output_lst
+    out = []
+    for m, o in enumerate(output_lst):
+        if isinstance(o, Mapping) and isinstance(o.get("model_output"), Mapping):
+            converted = {
+                k: from_torch(v, key=k, micro_batch=m) if isinstance(v, torch.Tensor) else v
+                for k, v in o["model_output"].items()
+            }
+            o = {**o, "model_output": converted}
+        out.append(o)
+    return out

@@ -14,7 +14,7 @@ from tensordict import TensorDictBase
 from ref.errors import RowIndexError, UnsupportedSettingError
 
 from ._assemble import assemble, gather_jagged, njt
-from ._parts import check_parts, jagged_parts, num_rows
+from ._parts import Part, check_parts, unpack
 from ._permutation import check_permutation
 
 __all__ = ["concat", "take", "restore", "split"]
@@ -36,7 +36,7 @@ def concat(parts: Sequence[torch.Tensor], *, key: Any = None) -> torch.Tensor:
 
 def _checked_rows(rows: Any, n: int, device: torch.device) -> torch.Tensor:
     """``rows`` as int64 on ``device``; each an integer in ``range(n)`` (`RowIndexError`, no wrap-around)."""
-    r = torch.as_tensor(rows) if not isinstance(rows, torch.Tensor) else rows
+    r = rows if isinstance(rows, torch.Tensor) else torch.as_tensor(rows)
     if r.dim() != 1:
         raise RowIndexError(f"rows must be 1-D, got shape {tuple(r.shape)}")
     if r.numel() and (r.dtype == torch.bool or r.dtype.is_floating_point or r.dtype.is_complex):
@@ -50,21 +50,24 @@ def _checked_rows(rows: Any, n: int, device: torch.device) -> torch.Tensor:
     return r.to(device, non_blocking=True)
 
 
-def _take_tensor(x: torch.Tensor, rows: Any, *, total: int | None = None) -> torch.Tensor:
-    (x,) = check_parts([x])
-    idx = _checked_rows(rows, num_rows(x), x.device)
-    if not x.is_nested:
-        return x.index_select(0, idx)
+def _take_part(x: Part, rows: Any, *, total: int | None = None) -> torch.Tensor:
+    idx = _checked_rows(rows, x.rows, x.values.device)
+    if not x.jagged:
+        return x.values.index_select(0, idx)
     return gather_jagged(x, idx, total)
 
 
-def _take_tensordict(td: TensorDictBase, rows: Any, *, total: int | None = None) -> TensorDictBase:
-    idx = _checked_rows(rows, int(td.batch_size[0]), td.device or torch.device("cpu"))
-    tensor_keys = [k for k in td.keys() if isinstance(td.get(k), torch.Tensor)]
-    out = td.exclude(*tensor_keys)[idx.cpu()] if len(tensor_keys) < len(list(td.keys())) else None
-    fields = {k: _take_tensor(td.get(k), idx) for k in tensor_keys}
-    if out is None:
+def _tensor_keys(td: TensorDictBase) -> list[Any]:
+    return [k for k in td.keys() if isinstance(td.get(k), torch.Tensor)]
+
+
+def _take_tensordict(td: TensorDictBase, rows: Any) -> TensorDictBase:
+    idx = _checked_rows(rows, int(td.batch_size[0]), torch.device("cpu"))
+    keys = _tensor_keys(td)
+    fields = {k: _take_part(unpack(td.get(k), k), idx) for k in keys}
+    if len(keys) == len(list(td.keys())):
         return type(td)(fields, batch_size=[idx.numel()], device=td.device)
+    out = td.exclude(*keys)[idx]
     for k, v in fields.items():
         out.set(k, v)
     return out
@@ -78,7 +81,7 @@ def take(x: T, rows: Any) -> T:
     """
     if isinstance(x, TensorDictBase):
         return _take_tensordict(x, rows)
-    return _take_tensor(x, rows)
+    return _take_part(unpack(x), rows)
 
 
 def restore(x: torch.Tensor, partitions: Sequence[Sequence[int]]) -> torch.Tensor:
@@ -87,9 +90,8 @@ def restore(x: torch.Tensor, partitions: Sequence[Sequence[int]]) -> torch.Tenso
     With ``perm = [i for p in partitions for i in p]``: ``out = [x.unbind()[perm.index(i)] for i in range(B)]``.
     ``partitions`` must flatten to a permutation of ``range(B)`` (`NotAPermutationError`).
     """
-    (x,) = check_parts([x])
-    perm = check_permutation(partitions, num_rows(x))
-    return assemble([x], perm)
+    (part,) = check_parts([x])
+    return assemble([part], check_permutation(partitions, part.rows))
 
 
 def split(x: T, partitions: Sequence[Sequence[int]]) -> list[T]:
@@ -98,39 +100,40 @@ def split(x: T, partitions: Sequence[Sequence[int]]) -> list[T]:
     One gather per field for all partitions together (the rows in micro-batch order), then cheap
     views per partition. ``partitions`` must flatten to a permutation of ``range(B)``.
     """
-    b = int(x.batch_size[0]) if isinstance(x, TensorDictBase) else num_rows(check_parts([x])[0])
-    perm = check_permutation(partitions, b)
-    sizes = [len(p) for p in partitions]
     if isinstance(x, TensorDictBase):
-        return _split_tensordict(x, perm, partitions, sizes)
-    return _cut(_take_tensor(x, perm, total=_total(x)), sizes)
+        perm = check_permutation(partitions, int(x.batch_size[0]))
+        return _split_tensordict(x, perm, partitions)
+    part = unpack(x)
+    perm = check_permutation(partitions, part.rows)
+    return _cut(_whole_in_order(part, perm), [len(p) for p in partitions])
+
+
+def _whole_in_order(part: Part, perm: torch.Tensor) -> torch.Tensor:
+    """All rows in micro-batch order, one gather (a permutation keeps the number of values)."""
+    return _take_part(part, perm, total=part.values.shape[0] if part.jagged else None)
 
 
 def _cut(x: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
     """``x`` cut into consecutive pieces of ``sizes`` rows (views of its data)."""
-    if not x.is_nested:
+    part = unpack(x)
+    if not part.jagged:
         return list(torch.split(x, sizes))
-    (values,), (offsets,), _ = jagged_parts([x])
     row_bounds = [0]
     for s in sizes:
         row_bounds.append(row_bounds[-1] + s)
-    value_bounds = offsets[row_bounds].tolist()  # one read of P + 1 offsets
-    pieces = []
-    for i in range(len(sizes)):
-        lo, hi = row_bounds[i], row_bounds[i + 1]
-        o = offsets[lo : hi + 1] - value_bounds[i]
-        pieces.append(njt(values[value_bounds[i] : value_bounds[i + 1]], o))
-    return pieces
+    value_bounds = part.offsets[row_bounds].tolist()  # one read of P + 1 offsets
+    return [
+        njt(part.values[value_bounds[i] : value_bounds[i + 1]], part.offsets[row_bounds[i] : row_bounds[i + 1] + 1] - value_bounds[i])
+        for i in range(len(sizes))
+    ]
 
 
-def _split_tensordict(
-    td: TensorDictBase, perm: torch.Tensor, partitions: Sequence[Sequence[int]], sizes: list[int]
-) -> list[TensorDictBase]:
+def _split_tensordict(td: TensorDictBase, perm: torch.Tensor, partitions: Sequence[Sequence[int]]) -> list[TensorDictBase]:
     """Each tensor field gathered once for all partitions and cut; other fields indexed per partition."""
-    keys = list(td.keys())
-    tensor_keys = [k for k in keys if isinstance(td.get(k), torch.Tensor)]
-    cut = {k: _cut(_take_tensor(td.get(k), perm, total=_total(td.get(k))), sizes) for k in tensor_keys}
-    rest = td.exclude(*tensor_keys) if len(tensor_keys) < len(keys) else None
+    sizes = [len(p) for p in partitions]
+    keys = _tensor_keys(td)
+    cut = {k: _cut(_whole_in_order(unpack(td.get(k), k), perm), sizes) for k in keys}
+    rest = td.exclude(*keys) if len(keys) < len(list(td.keys())) else None
     out = []
     for i, part in enumerate(partitions):
         fields = {k: pieces[i] for k, pieces in cut.items()}
@@ -142,8 +145,3 @@ def _split_tensordict(
                 piece.set(k, v)
             out.append(piece)
     return out
-
-
-def _total(x: torch.Tensor) -> int | None:
-    """Values a permutation of ``x``'s rows keeps: ``N`` for jagged data, None for dense."""
-    return int(x.values().shape[0]) if x.is_nested else None

@@ -1,9 +1,14 @@
-"""Checks that one key's outputs can be put together, and the jagged invariants for nested tensors."""
+"""Checks that one key's outputs can be put together, and the jagged invariants for nested tensors.
+
+Each output is unpacked once into a `Part` (its values buffer, offsets and row count), with torch's
+per-call ``__torch_function__`` handling of nested tensors switched off for the unpacking: attribute
+reads on a nested tensor otherwise cost tens of microseconds each, which adds up over many micro-batches.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -16,99 +21,109 @@ from ref.errors import (
     where,
 )
 
-__all__ = ["check_parts", "jagged_parts", "num_rows", "is_jagged"]
+try:  # the jagged nested tensor class (torch >= 2.2); attributes read below are its own
+    from torch.nested._internal.nested_tensor import NestedTensor as _NJT
+except ImportError:  # pragma: no cover - every torch this package supports has it
+    _NJT = None
+
+__all__ = ["Part", "check_parts", "unpack", "check_offsets"]
 
 
-def is_jagged(x: torch.Tensor) -> bool:
-    return x.is_nested
+class Part(NamedTuple):
+    """One micro-batch's output for one key.
 
-
-def num_rows(x: torch.Tensor) -> int:
-    """``B``: the leading dimension (rows of a nested tensor)."""
-    return int(x.size(0))
-
-
-def _trailing(x: torch.Tensor) -> tuple[int, ...]:
-    return tuple(x.shape[2:]) if x.is_nested else tuple(x.shape[1:])
-
-
-def check_parts(parts: Sequence[Any], key: Any = None, *, allow_jagged: bool = True) -> list[torch.Tensor]:
-    """``parts`` checked to agree with ``parts[0]`` (same order of checks as ``ref``).
-
-    For each micro-batch ``m``: it must be a tensor; a nested tensor must be jagged with its ragged
-    dimension at 1 (`InvalidJaggedError`) and needs ``allow_jagged`` (`UnsupportedSettingError`); a
-    dense one needs a batch dimension (`ShapeMismatchError`). Then, against micro-batch 0: layout
-    (`ShapeMismatchError`), dtype (`DtypeMismatchError`), device (`DeviceMismatchError`), trailing
-    shape (`ShapeMismatchError`).
+    ``values``: ``[N, *F]`` for jagged data (the packed rows) or the dense tensor ``[b, *F]`` itself;
+    ``offsets``: int64 ``[b + 1]`` (jagged) or None (dense); ``rows``: ``b``.
     """
-    out: list[torch.Tensor] = []
-    for m, x in enumerate(parts):
-        at = where(key, m)
-        if not isinstance(x, torch.Tensor):
-            raise ShapeMismatchError(f"{at}an output must be a tensor, got {type(x).__name__}")
-        if x.is_nested:
-            if x.layout != torch.jagged:
-                raise InvalidJaggedError(f"{at}a nested tensor must use the jagged layout, got {x.layout}")
+
+    values: torch.Tensor
+    offsets: torch.Tensor | None
+    rows: int
+
+    @property
+    def jagged(self) -> bool:
+        return self.offsets is not None
+
+    @property
+    def trailing(self) -> tuple[int, ...]:
+        return tuple(self.values.shape[1:])
+
+
+def unpack(x: Any, key: Any = None, micro_batch: int | None = None, *, allow_jagged: bool = True) -> Part:
+    """``x`` as a `Part`: a jagged nested tensor (ragged dimension 1; made contiguous if it has holes)
+    or a dense tensor with a batch dimension. Raises `InvalidJaggedError`, `UnsupportedSettingError`
+    or `ShapeMismatchError` for anything else."""
+    at = where(key, micro_batch)
+    if not isinstance(x, torch.Tensor):
+        raise ShapeMismatchError(f"{at}an output must be a tensor, got {type(x).__name__}")
+    with torch._C.DisableTorchFunctionSubclass():
+        if _NJT is not None and isinstance(x, _NJT):
             if x._ragged_idx != 1:
                 raise InvalidJaggedError(f"{at}the ragged dimension must be 1, got {x._ragged_idx}")
             if not allow_jagged:
-                raise UnsupportedSettingError(f"{at}jagged outputs need pad_mode 'no_padding', got shape {x.shape}")
-        elif x.dim() == 0:
+                raise UnsupportedSettingError(f"{at}jagged outputs need pad_mode 'no_padding', got a jagged tensor")
+            if x._lengths is not None:
+                x = x.contiguous()
+            # A nested tensor that requires grad keeps its autograd history on the wrapper: read its
+            # values through values(), which is differentiable; otherwise the buffer itself is exact.
+            values = x.values() if x.requires_grad else x._values
+            offsets = x._offsets
+            if offsets.dim() != 1 or offsets.dtype.is_floating_point or offsets.dtype == torch.bool:
+                raise InvalidJaggedError(f"{at}offsets must be 1-D integers, got {offsets.dtype}{list(offsets.shape)}")
+            return Part(values, offsets.to(torch.int64), int(offsets.shape[0]) - 1)
+        if x.is_nested:
+            raise InvalidJaggedError(f"{at}a nested tensor must use the jagged layout, got {x.layout}")
+        if x.dim() == 0:
             raise ShapeMismatchError(f"{at}a dense output needs a leading batch dimension, got a scalar")
+        return Part(x, None, int(x.shape[0]))
+
+
+def check_parts(parts: Sequence[Any], key: Any = None, *, allow_jagged: bool = True) -> list[Part]:
+    """``parts`` unpacked and checked to agree with ``parts[0]`` (same order of checks as ``ref``).
+
+    For each micro-batch ``m``: `unpack`; then, against micro-batch 0: layout (`ShapeMismatchError`),
+    dtype (`DtypeMismatchError`), device (`DeviceMismatchError`), trailing shape (`ShapeMismatchError`).
+    """
+    out: list[Part] = []
+    for m, x in enumerate(parts):
+        p = unpack(x, key, m, allow_jagged=allow_jagged)
         if out:
             first = out[0]
-            if x.is_nested != first.is_nested:
-                kind, kind0 = ("jagged" if t.is_nested else "dense" for t in (x, first))
+            at = where(key, m)
+            if p.jagged != first.jagged:
+                kind, kind0 = ("jagged" if q.jagged else "dense" for q in (p, first))
                 raise ShapeMismatchError(f"{at}layout {kind} differs from micro-batch 0's {kind0}")
-            if x.dtype != first.dtype:
-                raise DtypeMismatchError(f"{at}dtype {x.dtype} differs from micro-batch 0's {first.dtype}")
-            if x.device != first.device:
-                raise DeviceMismatchError(f"{at}device {x.device} differs from micro-batch 0's {first.device}")
-            if _trailing(x) != _trailing(first):
-                raise ShapeMismatchError(
-                    f"{at}trailing shape {_trailing(x)} differs from micro-batch 0's {_trailing(first)}"
-                )
-        out.append(x)
+            if p.values.dtype != first.values.dtype:
+                raise DtypeMismatchError(f"{at}dtype {p.values.dtype} differs from micro-batch 0's {first.values.dtype}")
+            if p.values.device != first.values.device:
+                raise DeviceMismatchError(f"{at}device {p.values.device} differs from micro-batch 0's {first.values.device}")
+            if p.trailing != first.trailing:
+                raise ShapeMismatchError(f"{at}trailing shape {p.trailing} differs from micro-batch 0's {first.trailing}")
+        out.append(p)
     return out
 
 
-def jagged_parts(
-    parts: Sequence[torch.Tensor], key: Any = None
-) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
-    """Each jagged part's ``values`` ``[N_m, *F]`` and int64 ``offsets`` ``[b_m + 1]``, and all row lengths ``[B]``.
+def check_offsets(parts: Sequence[Part], key: Any = None) -> torch.Tensor:
+    """The one validator of the jagged invariants on the torch side; returns all row lengths ``[B]``.
 
-    The one validator of the jagged invariants on the torch side: 1-D integer offsets, ``offsets[0] == 0``,
-    non-decreasing, ``offsets[-1] == len(values)`` (`InvalidJaggedError`). Reading offsets costs a
-    host-device synchronisation on an accelerator, so the values are checked where the offsets live
-    on the CPU; on an accelerator they are trusted (torch builds them).
-    A part with holes (``lengths()`` set) is made contiguous first.
+    ``offsets[0] == 0``, non-decreasing, ``offsets[-1] == len(values)`` (`InvalidJaggedError`; 1-D
+    integer offsets are checked by `unpack`). Reading offsets costs a host-device synchronisation on
+    an accelerator, so they are checked where they live on the CPU; on an accelerator they are trusted
+    (torch builds them). A constant number of operations per part, whatever the number of rows.
     """
-    values: list[torch.Tensor] = []
-    offsets: list[torch.Tensor] = []
-    for m, x in enumerate(parts):
-        if x.lengths() is not None:
-            x = x.contiguous()
-        v, o = x.values(), x.offsets()
-        at = where(key, m)
-        if o.dim() != 1 or o.dtype.is_floating_point or o.dtype == torch.bool or o.numel() < 1:
-            raise InvalidJaggedError(
-                f"{at}offsets must be 1-D integers with at least one entry, got {o.dtype}{list(o.shape)}"
-            )
-        values.append(v)
-        offsets.append(o.to(torch.int64))
-    lengths = torch.cat([o.diff() for o in offsets]) if offsets else torch.zeros(0, dtype=torch.int64)
-    if offsets and offsets[0].device.type == "cpu":
-        ends = torch.tensor([[0, v.shape[0]] for v in values], dtype=torch.int64)
-        got = torch.stack([torch.stack([o[0], o[-1]]) for o in offsets])
+    lengths = torch.cat([p.offsets.diff() for p in parts]) if parts else torch.zeros(0, dtype=torch.int64)
+    if parts and parts[0].offsets.device.type == "cpu":
+        ends = torch.tensor([[0, p.values.shape[0]] for p in parts], dtype=torch.int64)
+        got = torch.stack([p.offsets[[0, -1]] for p in parts])
         if bool((got != ends).any()) or bool((lengths < 0).any()):
-            _explain_bad_offsets(values, offsets, key)
-    return values, offsets, lengths
+            _explain_bad_offsets(parts, key)
+    return lengths
 
 
-def _explain_bad_offsets(values: list[torch.Tensor], offsets: list[torch.Tensor], key: Any) -> None:
+def _explain_bad_offsets(parts: Sequence[Part], key: Any) -> None:
     """Raise `InvalidJaggedError` for the first part whose offsets break an invariant (error path only)."""
-    for m, (v, o) in enumerate(zip(values, offsets, strict=True)):
-        at = where(key, m)
+    for m, p in enumerate(parts):
+        at, o, n = where(key, m), p.offsets, p.values.shape[0]
         if int(o[0]) != 0:
             raise InvalidJaggedError(f"{at}offsets[0] must be 0, got {int(o[0])}")
         steps = o.diff()
@@ -117,5 +132,5 @@ def _explain_bad_offsets(values: list[torch.Tensor], offsets: list[torch.Tensor]
             raise InvalidJaggedError(
                 f"{at}offsets must be non-decreasing, got offsets[{i}] = {int(o[i])} > offsets[{i + 1}] = {int(o[i + 1])}"
             )
-        if int(o[-1]) != v.shape[0]:
-            raise InvalidJaggedError(f"{at}offsets[-1] must equal len(values) = {v.shape[0]}, got {int(o[-1])}")
+        if int(o[-1]) != n:
+            raise InvalidJaggedError(f"{at}offsets[-1] must equal len(values) = {n}, got {int(o[-1])}")

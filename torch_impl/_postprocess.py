@@ -14,7 +14,7 @@ from ref.errors import PartitionMismatchError, ShapeMismatchError, where
 
 from ._assemble import assemble
 from ._metrics import fold_metrics
-from ._parts import check_parts, num_rows
+from ._parts import check_parts
 from ._permutation import check_permutation
 
 __all__ = ["postprocess_batch", "postprocess_batch_func"]
@@ -47,21 +47,19 @@ def postprocess_batch(
 
     model_output: dict[str, Any] = {}
     keys = list(outs[0]) if outs else []
+    first_rows: list[int] = []
     for key in keys:
         parts = check_parts([mo[key] for mo in outs], key, allow_jagged=pad_mode == "no_padding")
+        if key == keys[0]:
+            first_rows = [p.rows for p in parts]
         for m, part in enumerate(parts):
             if use_dynamic_bsz:
-                expected = len(indices[m])
-                if num_rows(part) != expected:
+                if part.rows != len(indices[m]):
                     raise PartitionMismatchError(
-                        f"{where(key, m)}{num_rows(part)} rows, but its partition has {expected} indices"
+                        f"{where(key, m)}{part.rows} rows, but its partition has {len(indices[m])} indices"
                     )
-            else:
-                expected = num_rows(outs[m][keys[0]])
-                if num_rows(part) != expected:
-                    raise ShapeMismatchError(
-                        f"{where(key, m)}{num_rows(part)} rows, but key {keys[0]!r} has {expected} there"
-                    )
+            elif part.rows != first_rows[m]:
+                raise ShapeMismatchError(f"{where(key, m)}{part.rows} rows, but key {keys[0]!r} has {first_rows[m]} there")
         model_output[key] = assemble(parts, perm, key)
 
     losses = [o["loss"] for o in output_lst if "loss" in o]

@@ -1,0 +1,171 @@
+"""Named deterministic samples (OpInfo's ``sample_inputs``): small calls with hand-checked answers.
+
+Each `PostprocessSample` is a whole ``postprocess_batch`` call built in torch with its expected result;
+`op_samples` yields inputs for every paired operation. Tests run both implementations on each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import torch
+
+from .data import from_rows, jagged, rows_of
+from .metric import FakeMetric
+
+__all__ = ["PostprocessSample", "OpSample", "postprocess_samples", "op_samples", "OPERATIONS"]
+
+#: The operations that ``ref`` and ``torch_impl`` both define, paired by name.
+OPERATIONS = (
+    "concat",
+    "take",
+    "inverse_permutation",
+    "flatten_partitions",
+    "restore",
+    "split",
+    "append_to_dict",
+    "postprocess_batch",
+)
+
+
+class PostprocessSample(NamedTuple):
+    name: str
+    output_lst: list[dict[str, Any]]
+    indices: list[list[int]] | None
+    use_dynamic_bsz: bool
+    pad_mode: str
+    expected: dict[str, Any]
+
+
+def _ramp(n: int, *feature: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``[n, *feature]`` holding 0, 1, 2, ... (distinct values make misplaced rows visible)."""
+    count = n
+    for f in feature:
+        count *= f
+    return torch.arange(count).to(dtype).reshape(n, *feature)
+
+
+def _split_rows(whole: torch.Tensor, parts: list[list[int]]) -> list[torch.Tensor]:
+    rows = rows_of(whole)
+    return [from_rows([rows[i] for i in p], whole) for p in parts]
+
+
+def _call(
+    name: str,
+    whole: dict[str, torch.Tensor],
+    parts: list[list[int]],
+    *,
+    dynamic: bool = True,
+    pad_mode: str = "no_padding",
+    extras: list[dict[str, Any]] | None = None,
+    expected_extra: dict[str, Any] | None = None,
+) -> PostprocessSample:
+    """A sample whose micro-batch ``m`` holds rows ``parts[m]`` of each ``whole[key]``."""
+    outs: list[dict[str, Any]] = []
+    split = {k: _split_rows(v, parts) for k, v in whole.items()}
+    for m in range(len(parts)):
+        o: dict[str, Any] = {"model_output": {k: split[k][m] for k in whole}} if whole else {}
+        o.update((extras or [{}] * len(parts))[m])
+        outs.append(o)
+    expected = {"model_output": dict(whole), "loss": [], "metrics": {}}
+    expected.update(expected_extra or {})
+    return PostprocessSample(name, outs, parts if dynamic else None, dynamic, pad_mode, expected)
+
+
+def postprocess_samples() -> list[PostprocessSample]:
+    """The named samples: empty output list, zero-length rows, zero-row micro-batch, one micro-batch,
+    batch of one, reversed permutation, 3-D and 4-D jagged, dense ``[b]`` and ``[b, S]``, and more."""
+    lp = jagged(_ramp(10), [3, 0, 2, 4, 1])  # log-probs [5, (j)] with a zero-length row
+    m1, m2 = FakeMetric("mean", 1.0), FakeMetric("mean", 2.0)
+    return [
+        PostprocessSample("empty_output_list", [], [], True, "no_padding", {"model_output": {}, "loss": [], "metrics": {}}),
+        _call("empty_batch", {"lp": jagged(_ramp(0), [])}, [[], []]),
+        _call("zero_length_rows", {"lp": jagged(_ramp(2), [0, 2, 0])}, [[2, 0], [1]]),
+        _call("zero_row_micro_batch", {"lp": lp}, [[4, 1], [], [0, 3, 2]]),
+        _call("one_micro_batch", {"lp": lp}, [[3, 1, 4, 0, 2]]),
+        _call("batch_of_one", {"lp": jagged(_ramp(3), [3])}, [[0]]),
+        _call("reversed_permutation", {"lp": lp}, [[4, 3], [2, 1, 0]]),
+        _call("identity_permutation", {"lp": lp}, [[0, 1], [2, 3, 4]]),
+        _call("jagged_3d", {"topk": jagged(_ramp(10, 5), [3, 0, 2, 4, 1])}, [[1, 4], [0, 2, 3]]),
+        _call("jagged_4d", {"attn": jagged(_ramp(10, 2, 3), [3, 0, 2, 4, 1])}, [[2], [4, 0, 1, 3]]),
+        _call("dense_1d", {"value": _ramp(5)}, [[3, 0], [4, 2, 1]]),
+        _call("dense_2d", {"padded": _ramp(5, 7)}, [[3, 0], [4, 2, 1]]),
+        _call(
+            "several_keys_and_dtypes",
+            {
+                "lp": lp,
+                "entropy": jagged(_ramp(10, dtype=torch.bfloat16), [3, 0, 2, 4, 1]),
+                "ids": jagged(_ramp(10, dtype=torch.int64), [3, 0, 2, 4, 1]),
+                "value": _ramp(5, dtype=torch.float64),
+            },
+            [[4, 1], [0, 3, 2]],
+        ),
+        _call("no_dynamic_bsz", {"lp": lp}, [[0, 1], [2, 3, 4]], dynamic=False),
+        _call("dense_with_right_padding", {"padded": _ramp(5, 7)}, [[3, 0], [4, 2, 1]], pad_mode="right"),
+        _call(
+            "losses_and_metrics",
+            {"lp": lp},
+            [[4, 1], [0, 3, 2]],
+            extras=[
+                {"loss": 0.5, "metrics": {"lr": 1e-3, "clip": [0.1, 0.2], "kl": m1}},
+                {"loss": 0.25, "metrics": {"lr": 1e-3, "clip": [0.3], "kl": m2, "new": 7}},
+            ],
+            expected_extra={
+                "loss": [0.5, 0.25],
+                "metrics": {
+                    "lr": [1e-3, 1e-3],
+                    "clip": [0.1, 0.2, 0.3],
+                    "kl": _metric("mean", [1.0, 2.0]),
+                    "new": [7],
+                },
+            },
+        ),
+        _call("metrics_without_outputs", {}, [[1, 0]], extras=[{"metrics": {"a": 1}, "loss": 2.0}],
+              expected_extra={"loss": [2.0], "metrics": {"a": [1]}}),
+    ]
+
+
+def _metric(aggregation: str, values: list[Any]) -> FakeMetric:
+    m = FakeMetric(aggregation)
+    m.extend(values)
+    return m
+
+
+class OpSample(NamedTuple):
+    """Inputs (torch-built) for one operation; ``expected`` in torch, when known by hand."""
+
+    op: str
+    name: str
+    args: tuple[Any, ...]
+    expected: Any = None
+
+
+def op_samples() -> Iterator[OpSample]:
+    """Inputs for every operation of `OPERATIONS` but ``postprocess_batch`` (see `postprocess_samples`)."""
+    x = jagged(_ramp(10), [3, 0, 2, 4, 1])
+    x3 = jagged(_ramp(10, 2), [3, 0, 2, 4, 1])
+    d = _ramp(5, 3, dtype=torch.float64)
+    rows = rows_of(x)
+    yield OpSample("concat", "jagged", ([x, jagged(_ramp(3), [0, 3])],))
+    yield OpSample("concat", "dense", ([d, d[:2]],))
+    yield OpSample("concat", "one_part", ([x3],))
+    yield OpSample("take", "jagged_permutation", (x, [4, 2, 0, 1, 3]), from_rows([rows[i] for i in [4, 2, 0, 1, 3]], x))
+    yield OpSample("take", "jagged_repeat", (x, [1, 1, 3]), from_rows([rows[1], rows[1], rows[3]], x))
+    yield OpSample("take", "jagged_3d_empty", (x3, []))
+    yield OpSample("take", "dense", (d, [2, 0]), d[[2, 0]])
+    yield OpSample("inverse_permutation", "reversed", ([4, 3, 2, 1, 0],), torch.tensor([4, 3, 2, 1, 0]))
+    yield OpSample("inverse_permutation", "cycle", ([1, 2, 0],), torch.tensor([2, 0, 1]))
+    yield OpSample("inverse_permutation", "empty", ([],), torch.zeros(0, dtype=torch.int64))
+    yield OpSample("flatten_partitions", "three", ([[2], [], [0, 1]], 3), torch.tensor([2, 0, 1]))
+    yield OpSample("restore", "jagged", (x, [[4, 1], [0, 3, 2]]))
+    yield OpSample("restore", "jagged_3d", (x3, [[2], [0, 4, 1, 3]]))
+    yield OpSample("restore", "dense", (d, [[1, 0], [4, 3, 2]]))
+    yield OpSample("split", "jagged", (x, [[4, 1], [], [0, 3, 2]]))
+    yield OpSample("split", "dense", (d, [[1, 0], [4, 3, 2]]))
+    yield OpSample(
+        "append_to_dict",
+        "lists_scalars_metrics",
+        ({"a": [1], "m": _metric("max", [1.0])}, {"a": [2, 3], "b": 4, "m": FakeMetric("max", 5.0)}),
+        {"a": [1, 2, 3], "m": _metric("max", [1.0, 5.0]), "b": [4]},
+    )

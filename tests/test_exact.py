@@ -1,0 +1,144 @@
+"""Exact data movement in the reference: 64-bit types without the caller's x64 flag, NaN payloads,
+every dtype through interop, zero-copy, and ``jax.jit`` equal to eager."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+import ref
+from property_tests.compare import assert_same, bits
+from property_tests.data import DTYPES, jagged, random_tensor
+from ref import interop
+
+
+@pytest.fixture(autouse=True)
+def _x64_untouched():
+    before = jax.config.jax_enable_x64
+    yield
+    assert jax.config.jax_enable_x64 == before, "rebatch changed the caller's jax_enable_x64"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_interop_round_trip_every_dtype(dtype: str) -> None:
+    rng = np.random.default_rng(7)
+    dense = random_tensor(rng, (6, 3), dtype)
+    nt = jagged(random_tensor(rng, (9, 2), dtype), [4, 0, 5])
+    assert_same(interop.to_torch(interop.from_torch(dense)), dense)
+    assert_same(interop.to_torch(interop.from_torch(nt)), nt)
+    assert str(interop.from_torch(dense).dtype) == dtype
+
+
+def test_64_bit_survives_without_x64() -> None:
+    assert not jax.config.jax_enable_x64
+    big = torch.tensor([2**62 + 1, -(2**61) - 3], dtype=torch.int64)
+    precise = torch.tensor([1 + 2**-40, np.pi], dtype=torch.float64)
+    for t in (big, precise):
+        x = interop.from_torch(t)
+        assert x.dtype == t.dtype.__repr__().removeprefix("torch.")
+        out = ref.restore(x, [[1], [0]])
+        assert_same(interop.to_torch(out), t.flip(0))
+    assert not jax.config.jax_enable_x64
+
+
+def test_caller_x64_on_stays_on() -> None:
+    with jax.enable_x64(True):
+        ref.restore(ref.Jagged.from_rows([np.zeros(2), np.ones(1)]), [[1, 0]])
+        assert jax.config.jax_enable_x64
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_nan_payloads_move_exactly(dtype: str) -> None:
+    width = {"float16": 16, "bfloat16": 16, "float32": 32, "float64": 64}[dtype]
+    as_int = {16: torch.int16, 32: torch.int32, 64: torch.int64}[width]
+    exp_bits = {"float16": 5, "bfloat16": 8, "float32": 8, "float64": 11}[dtype]
+    mantissa = width - 1 - exp_bits
+    nan_all_ones = ((1 << exp_bits) - 1) << mantissa
+    payloads = [nan_all_ones | 1, nan_all_ones | (1 << (mantissa - 1)) | 5, nan_all_ones | 3]  # signalling and quiet
+    raw = torch.tensor([p - (1 << width) if p >= 1 << (width - 1) else p for p in payloads], dtype=as_int)
+    vals = raw.view(getattr(torch, dtype))
+    nt = jagged(vals, [1, 2])
+    got = interop.to_torch(ref.restore(interop.from_torch(nt), [[1, 0]]))
+    assert torch.equal(bits(got.values()), torch.cat([raw[1:], raw[:1]]))
+    import torch_impl
+
+    got_t = torch_impl.restore(nt, [[1, 0]])
+    assert torch.equal(bits(got_t.values()), torch.cat([raw[1:], raw[:1]]))
+
+
+def test_interop_is_zero_copy_where_possible() -> None:
+    t = torch.arange(12, dtype=torch.float32)
+    x = interop.from_torch(t)
+    back = interop.to_torch(x)
+    assert back.data_ptr() == t.data_ptr()
+
+
+def _jagged_example() -> ref.Jagged:
+    rng = np.random.default_rng(3)
+    return interop.from_torch(jagged(random_tensor(rng, (11, 2), "float64"), [3, 0, 4, 1, 3]))
+
+
+def test_jit_concat_take_restore_equal_eager() -> None:
+    x = _jagged_example()
+    parts = ref.split(x, [[4, 1], [0, 3, 2]])
+    perm = jnp.asarray([3, 0, 4, 1, 2])
+    pairs = [
+        (lambda a, b: ref.concat([a, b]), parts),
+        (lambda a: ref.take(a, [3, 0, 4, 1, 2]), (x,)),
+        (lambda a, p: ref.take(a, p), (x, perm)),
+        (lambda a: ref.restore(a, [[4, 1], [0, 3, 2]]), (x,)),
+    ]
+    for fn, args in pairs:
+        eager = interop.to_torch(fn(*args))
+        jitted = interop.to_torch(jax.jit(fn)(*args))
+        assert_same(jitted, eager)
+    assert not jax.config.jax_enable_x64
+
+
+def test_jit_restore_dense() -> None:
+    d = interop.from_torch(torch.arange(10, dtype=torch.int64).reshape(5, 2))
+    fn = jax.jit(lambda a: ref.restore(a, [[2, 4], [0, 1, 3]]))
+    assert_same(interop.to_torch(fn(d)), interop.to_torch(ref.restore(d, [[2, 4], [0, 1, 3]])))
+
+
+def test_jagged_is_an_immutable_pytree() -> None:
+    x = _jagged_example()
+    leaves, tree = jax.tree_util.tree_flatten(x)
+    assert len(leaves) == 2
+    y = jax.tree_util.tree_unflatten(tree, leaves)
+    assert isinstance(y, ref.Jagged) and y.num_rows == x.num_rows
+    with pytest.raises(AttributeError):
+        x.values = x.values  # type: ignore[misc]
+
+
+def test_jagged_constructors() -> None:
+    x = ref.Jagged.from_rows([np.array([1, 2]), np.array([], dtype=np.int64), np.array([3])])
+    assert x.num_rows == 3
+    assert [r.tolist() for r in x.rows()] == [[1, 2], [], [3]]
+    assert x.lengths().tolist() == [2, 0, 1]
+    y = ref.Jagged.from_lengths(np.arange(3), [2, 0, 1])
+    assert np.array_equal(np.asarray(y.offsets), np.asarray(x.offsets))
+    empty = ref.Jagged.from_rows([], dtype=jnp.float32, feature_shape=(4,))
+    assert empty.num_rows == 0 and empty.feature_shape == (4,)
+
+
+@pytest.mark.parametrize(
+    ("values", "offsets", "pattern"),
+    [
+        (np.zeros(3), np.array([[0, 3]]), "1-D"),
+        (np.zeros(3), np.array([0.0, 3.0]), "integer dtype"),
+        (np.zeros(3), np.array([1, 3]), r"offsets\[0\] must be 0, got 1"),
+        (np.zeros(3), np.array([0, 2, 1, 3]), "non-decreasing"),
+        (np.zeros(3), np.array([0, 2]), r"offsets\[-1\] must equal len\(values\) = 3, got 2"),
+        (np.float32(1.0), np.array([0]), "at least 1 dimension"),
+        (np.zeros(0), np.zeros(0, dtype=np.int64), "at least one entry"),
+    ],
+)
+def test_one_validator_owns_the_jagged_invariants(values, offsets, pattern) -> None:
+    with pytest.raises(ref.InvalidJaggedError, match=pattern):
+        ref.Jagged(values, offsets)
+    with pytest.raises(ref.InvalidJaggedError, match=pattern):
+        ref.validate_jagged(values, offsets)

@@ -1,0 +1,161 @@
+"""What production adds: verl's call with a TensorDict, gradients, Metric objects, TensorDicts in
+take/split, non-contiguous nested tensors, and a constant number of torch operations whatever B is."""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from tensordict import NonTensorData, TensorDict
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import torch_impl
+from property_tests.baseline import verl_postprocess_batch_func
+from property_tests.compare import assert_same
+from property_tests.data import jagged, random_tensor, rows_of
+from property_tests.metric import FakeMetric
+from ref import errors
+
+
+class DatasetPadMode(str, enum.Enum):
+    """verl's str Enum, redefined here (rebatch never imports verl)."""
+
+    RIGHT = "right"
+    LEFT_RIGHT = "left_right"
+    NO_PADDING = "no_padding"
+
+
+def _outputs(b: int, m: int, *, seed: int = 0, keys: int = 1, mean_len: int = 4):
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(b).tolist()
+    cuts = np.linspace(0, b, m + 1).astype(int).tolist()
+    parts = [perm[cuts[i] : cuts[i + 1]] for i in range(m)]
+    outs = []
+    for part in parts:
+        mo = {}
+        for k in range(keys):
+            lengths = rng.integers(0, 2 * mean_len, size=len(part)).tolist()
+            mo[f"k{k}"] = jagged(random_tensor(rng, (sum(lengths),), "float32"), lengths)
+        outs.append({"model_output": mo, "loss": float(rng.random())})
+    return outs, parts
+
+
+def _td(**settings) -> TensorDict:
+    td = TensorDict({}, batch_size=[])
+    for k, v in settings.items():
+        td[k] = NonTensorData(v)
+    return td
+
+
+@pytest.mark.parametrize(
+    "data",
+    [None, _td(), _td(use_dynamic_bsz=True), _td(pad_mode=DatasetPadMode.NO_PADDING), _td(pad_mode="no_padding")],
+    ids=["none", "empty", "dynamic", "enum_pad_mode", "str_pad_mode"],
+)
+def test_postprocess_batch_func_reads_settings_like_verl(data) -> None:
+    outs, parts = _outputs(16, 3)
+    assert_same(torch_impl.postprocess_batch_func(outs, parts, data), verl_postprocess_batch_func(outs, parts, data))
+
+
+def test_postprocess_batch_func_without_dynamic_bsz() -> None:
+    outs, _ = _outputs(9, 3)
+    data = _td(use_dynamic_bsz=False)
+    assert_same(torch_impl.postprocess_batch_func(outs, None, data), verl_postprocess_batch_func(outs, None, data))
+
+
+def test_enum_pad_mode_for_dense_outputs_in_padded_mode() -> None:
+    outs = [{"model_output": {"v": torch.arange(3.0)}}, {"model_output": {"v": torch.arange(3.0, 5.0)}}]
+    res = torch_impl.postprocess_batch_func(outs, [[4, 0, 2], [1, 3]], _td(pad_mode=DatasetPadMode.RIGHT))
+    assert res["model_output"]["v"].tolist() == [1.0, 3.0, 2.0, 4.0, 0.0]
+    with pytest.raises(errors.UnsupportedSettingError, match="pad_mode"):
+        torch_impl.postprocess_batch_func(outs, [[4, 0, 2], [1, 3]], _td(pad_mode="middle"))
+
+
+def test_gradients_reach_every_micro_batch_with_the_right_rows() -> None:
+    outs, parts = _outputs(12, 3, mean_len=3)
+    leaves = []
+    for o in outs:
+        v = o["model_output"]["k0"].values().clone().requires_grad_(True)
+        leaves.append(v)
+        o["model_output"]["k0"] = torch.nested.nested_tensor_from_jagged(v, o["model_output"]["k0"].offsets())
+    res = torch_impl.postprocess_batch(outs, parts)["model_output"]["k0"]
+    # Weight each original row i by (i + 1): the gradient of a micro-batch row is its original index + 1.
+    weights = torch.cat([torch.full((r.shape[0],), float(i + 1)) for i, r in enumerate(rows_of(res))])
+    (res.values() * weights).sum().backward()
+    for v, o, part in zip(leaves, outs, parts, strict=True):
+        lengths = o["model_output"]["k0"].offsets().diff().tolist()
+        want = torch.cat([torch.full((n,), float(i + 1)) for i, n in zip(part, lengths, strict=True)] or [torch.zeros(0)])
+        assert torch.equal(v.grad, want)
+
+
+def test_gradients_through_dense_outputs() -> None:
+    a = torch.zeros(2, 3, requires_grad=True)
+    b = torch.zeros(1, 3, requires_grad=True)
+    out = torch_impl.postprocess_batch([{"model_output": {"v": a}}, {"model_output": {"v": b}}], [[2, 0], [1]])
+    (out["model_output"]["v"] * torch.arange(3.0)[:, None]).sum().backward()
+    assert a.grad[:, 0].tolist() == [2.0, 0.0] and b.grad[:, 0].tolist() == [1.0]
+
+
+def test_metric_objects_fold_like_verl() -> None:
+    outs, parts = _outputs(6, 2)
+    outs[0]["metrics"] = {"kl": FakeMetric("mean", 1.0), "lr": 0.1}
+    outs[1]["metrics"] = {"kl": FakeMetric("mean", 2.0), "lr": [0.2, 0.3]}
+    got = torch_impl.postprocess_batch(outs, parts)["metrics"]
+    assert got["kl"] == FakeMetric("mean", 1.0) or got["kl"].values == [1.0, 2.0]
+    assert got["kl"].values == [1.0, 2.0] and got["lr"] == [0.1, 0.2, 0.3]
+    assert_same(got, verl_postprocess_batch_func(outs, parts, None)["metrics"])
+
+
+def test_non_contiguous_nested_input() -> None:
+    values = torch.arange(10.0)
+    holey = torch.nested.nested_tensor_from_jagged(values, torch.tensor([0, 4, 8]), lengths=torch.tensor([2, 3]))
+    dense_ok = jagged(torch.tensor([0.0, 1.0, 4.0, 5.0, 6.0]), [2, 3])
+    assert_same(torch_impl.restore(holey, [[1, 0]]), torch_impl.restore(dense_ok, [[1, 0]]))
+
+
+def test_take_and_split_on_a_tensordict() -> None:
+    rng = np.random.default_rng(1)
+    lengths = [2, 0, 3, 1]
+    td = TensorDict(
+        {"ids": jagged(random_tensor(rng, (6,), "int64"), lengths), "adv": torch.arange(4.0), "mask": torch.ones(4, 2)},
+        batch_size=[4],
+    )
+    td["tag"] = NonTensorData("rollout")
+    parts = [[3, 0], [], [2, 1]]
+    pieces = torch_impl.split(td, parts)
+    assert [p.batch_size[0] for p in pieces] == [2, 0, 2]
+    for piece, part in zip(pieces, parts, strict=True):
+        assert_same(piece["ids"], torch_impl.take(td["ids"], part))
+        assert piece["adv"].tolist() == [float(i) for i in part]
+    back = torch_impl.restore(torch_impl.concat([p["ids"] for p in pieces]), parts)
+    assert_same(back, td["ids"])
+    taken = torch_impl.take(td, [2, 2, 0])
+    assert taken["adv"].tolist() == [2.0, 2.0, 0.0] and taken.get("tag").data == "rollout"
+
+
+class _CountOps(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _count(b: int) -> Counter[str]:
+    outs, parts = _outputs(b, 8, seed=b, keys=2)
+    for o in outs:
+        o["model_output"]["dense"] = torch.zeros(o["model_output"]["k0"].size(0), 3)
+    with _CountOps() as counter:
+        torch_impl.postprocess_batch(outs, parts)
+    return counter.ops
+
+
+def test_operation_count_does_not_grow_with_rows() -> None:
+    small, large = _count(64), _count(4096)
+    assert sum(small.values()) > 0
+    assert small == large, f"ops differ: {small - large} vs {large - small}"

@@ -1,0 +1,232 @@
+"""``rebatch check``: reassemble a realistic RL step (or a dump of a real one) and verify it bit for bit."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+
+from ref.errors import RebatchError
+
+from ._postprocess import _setting, postprocess_batch_func
+
+__all__ = ["run_check", "first_bad_row", "DumpError"]
+
+
+class DumpError(Exception):
+    """A dump file that cannot be used (unreadable, or not ``(output_lst, indices, data)``)."""
+
+
+def _rows(x: torch.Tensor) -> list[torch.Tensor]:
+    if x.is_nested:
+        x = x.contiguous()
+        o = x.offsets().tolist()
+        return [x.values()[o[i] : o[i + 1]] for i in range(len(o) - 1)]
+    return list(x.unbind(0))
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.dtype.is_floating_point:
+        width = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+        return torch.equal(a.contiguous().view(width), b.contiguous().view(width))
+    return torch.equal(a, b)
+
+
+def first_bad_row(got: Any, want: torch.Tensor) -> tuple[int | None, str]:
+    """The first original row where ``got`` differs from ``want`` (None if identical), and what differs."""
+    if not isinstance(got, torch.Tensor):
+        return 0, f"not a tensor: {type(got).__name__}"
+    if got.is_nested != want.is_nested or got.dtype != want.dtype:
+        return 0, f"layout or dtype differs: {got.dtype} nested={got.is_nested} vs {want.dtype} nested={want.is_nested}"
+    g, w = _rows(got.detach()), _rows(want.detach())
+    for i, (a, b) in enumerate(zip(g, w, strict=False)):
+        if not _same_bits(a, b):
+            return i, f"got {a.tolist()[:8]}{'...' if a.numel() > 8 else ''}, expected {b.tolist()[:8]}{'...' if b.numel() > 8 else ''}"
+    if len(g) != len(w):
+        return min(len(g), len(w)), f"{len(g)} rows, expected {len(w)}"
+    return None, ""
+
+
+def _timed(fn: Callable[[], Any], repeat: int) -> tuple[Any, float]:
+    times = []
+    result = None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - start)
+    return result, statistics.median(times)
+
+
+def _compare(result: dict[str, Any], truth: dict[str, torch.Tensor]) -> dict[str, dict[str, Any]]:
+    out = {}
+    for key, want in truth.items():
+        row, why = first_bad_row(result.get(key), want) if key in result else (0, "missing")
+        out[key] = {"agree": row is None, "first_bad_row": row, "detail": why}
+    return out
+
+
+def _ref_postprocess(output_lst: Any, indices: Any, data: Any) -> Callable[[], dict[str, Any]]:
+    import ref
+    from ref import interop
+
+    converted = interop.outputs_from_torch(output_lst)
+    dynamic = _setting(data, "use_dynamic_bsz", True)
+    pad_mode = _setting(data, "pad_mode", "no_padding")
+    pad_mode = getattr(pad_mode, "value", pad_mode)
+
+    def run() -> dict[str, Any]:
+        res = ref.postprocess_batch(converted, indices, use_dynamic_bsz=dynamic, pad_mode=pad_mode)
+        return {k: interop.to_torch(v) for k, v in res["model_output"].items()}
+
+    return run
+
+
+def _default_check() -> dict[str, Any]:
+    from property_tests.baseline import verl_postprocess_batch_func
+
+    from ._demo import make_step
+
+    step = make_step()
+    result, t_torch = _timed(lambda: postprocess_batch_func(step.output_lst, step.indices, step.data), 5)
+    mo = result["model_output"]
+    ref_mo, t_ref = _timed(_ref_postprocess(step.output_lst, step.indices, step.data), 2)
+    jagged_keys = [k for k, v in step.expected.items() if v.is_nested]
+    jagged_only = [{**o, "model_output": {k: o["model_output"][k] for k in jagged_keys}} for o in step.output_lst]
+    base, t_base = _timed(lambda: verl_postprocess_batch_func(jagged_only, step.indices, step.data), 1)
+    report = {
+        "source": "embedded RL step (256 prompts x 8 responses)",
+        "rows": step.rows,
+        "tokens": step.tokens,
+        "micro_batches": len(step.indices),
+        "token_budget": step.budget,
+        "keys": {
+            k: {
+                "shape": f"[{step.rows}, (j){''.join(f', {d}' for d in v.shape[2:])}]" if v.is_nested else str(list(v.shape)),
+                "dtype": str(v.dtype).removeprefix("torch."),
+                "vs_original_rows": _compare(mo, {k: v})[k],
+                "vs_ref": _compare(ref_mo, {k: v})[k] if k in ref_mo else None,
+                "vs_per_row_baseline": _compare(base["model_output"], {k: mo[k]})[k] if k in jagged_keys else None,
+            }
+            for k, v in step.expected.items()
+        },
+        "seconds": {"torch_impl": t_torch, "ref": t_ref, "per_row_baseline": t_base},
+    }
+    report["agree"] = all(
+        all(c is None or c["agree"] for c in (v["vs_original_rows"], v["vs_ref"], v["vs_per_row_baseline"]))
+        for v in report["keys"].values()
+    )
+    return report
+
+
+def _load_dump(path: str) -> tuple[Any, Any, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise DumpError(f"no such file: {path}")
+    try:
+        obj = torch.load(p, weights_only=False, map_location="cpu")
+    except Exception as err:  # noqa: BLE001 - any failure to unpickle is reported, not raised
+        raise DumpError(f"cannot read {path} with torch.load: {type(err).__name__}: {err}") from None
+    if not isinstance(obj, (tuple, list)) or len(obj) != 3:
+        what = f"a {type(obj).__name__}" + (f" of length {len(obj)}" if isinstance(obj, (tuple, list)) else "")
+        raise DumpError(f"{path} must hold (output_lst, indices, data), got {what}")
+    output_lst, indices, data = obj
+    if not isinstance(output_lst, (list, tuple)):
+        raise DumpError(f"{path}: output_lst must be a list of dicts, got {type(output_lst).__name__}")
+    return list(output_lst), indices, data
+
+
+def _load_candidate(spec: str) -> Callable[..., Any]:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise DumpError(f"--candidate must look like module:function, got {spec!r}")
+    try:
+        fn = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as err:
+        raise DumpError(f"cannot load candidate {spec}: {err}") from None
+    if not callable(fn):
+        raise DumpError(f"candidate {spec} is not callable")
+    return fn
+
+
+def _dump_check(path: str, candidate: str | None) -> dict[str, Any]:
+    output_lst, indices, data = _load_dump(path)
+    cand = _load_candidate(candidate) if candidate else None
+    report: dict[str, Any] = {"source": path, "micro_batches": len(output_lst)}
+    try:
+        truth = postprocess_batch_func(output_lst, indices, data)["model_output"]
+    except RebatchError as err:
+        report.update(agree=False, rejected=f"{type(err).__name__}: {err}")
+        return report
+    report["rows"] = next((int(v.size(0)) for v in truth.values()), 0)
+    report["keys"] = {k: {"dtype": str(v.dtype).removeprefix("torch.")} for k, v in truth.items()}
+    ref_mo = _ref_postprocess(output_lst, indices, data)()
+    for k, c in _compare(ref_mo, truth).items():
+        report["keys"][k]["vs_ref"] = c
+    if cand is not None:
+        report["candidate"] = candidate
+        try:
+            got = cand(output_lst, indices, data)["model_output"]
+            for k, c in _compare(got, truth).items():
+                report["keys"][k]["vs_candidate"] = c
+        except Exception as err:  # noqa: BLE001 - the candidate's failure is a finding to report
+            report["candidate_error"] = f"{type(err).__name__}: {err}"
+    report["agree"] = "candidate_error" not in report and all(
+        c["agree"] for v in report["keys"].values() for n, c in v.items() if n.startswith("vs_")
+    )
+    return report
+
+
+def _print_report(report: dict[str, Any], out: TextIO) -> None:
+    print(f"rebatch check: {report['source']}", file=out)
+    if "rejected" in report:
+        print(f"  rejected by rebatch: {report['rejected']}", file=out)
+    facts = [f"{name} {report[name]}" for name in ("rows", "tokens", "micro_batches", "token_budget") if name in report]
+    if facts:
+        print("  " + ", ".join(facts).replace("_", " "), file=out)
+    for key, info in report.get("keys", {}).items():
+        checks = []
+        for name, c in info.items():
+            if name.startswith("vs_") and c is not None:
+                label = name.removeprefix("vs_").replace("_", " ")
+                checks.append(f"{label}: {'identical' if c['agree'] else 'MISMATCH'}")
+        print(f"  {key:<16} {info.get('dtype', ''):<9} {info.get('shape', '')}  " + "; ".join(checks), file=out)
+        for name, c in info.items():
+            if name.startswith("vs_") and c is not None and not c["agree"]:
+                print(f"    {name.removeprefix('vs_')}: key {key!r} first differs at original row {c['first_bad_row']}: {c['detail']}", file=out)
+    if "candidate_error" in report:
+        print(f"  candidate raised {report['candidate_error']}", file=out)
+    if "seconds" in report:
+        s = report["seconds"]
+        print(
+            f"  time: torch_impl {s['torch_impl'] * 1e3:.1f} ms, ref (JAX, eager) {s['ref'] * 1e3:.1f} ms, "
+            f"per-row baseline {s['per_row_baseline'] * 1e3:.1f} ms "
+            f"({s['per_row_baseline'] / s['torch_impl']:.1f}x slower than torch_impl)",
+            file=out,
+        )
+    print(f"  result: {'all identical' if report['agree'] else 'MISMATCH'}", file=out)
+
+
+def run_check(dump: str | None, candidate: str | None, as_json: bool, out: TextIO = sys.stdout) -> int:
+    """Exit code: 0 all identical, 1 a mismatch or inputs rebatch rejects, 2 an unusable dump or candidate."""
+    try:
+        report = _dump_check(dump, candidate) if dump else _default_check()
+    except DumpError as err:
+        if as_json:
+            print(json.dumps({"error": str(err)}), file=out)
+        else:
+            print(f"rebatch check: {err}", file=sys.stderr)
+        return 2
+    if as_json:
+        print(json.dumps(report, indent=2, default=str), file=out)
+    else:
+        _print_report(report, out)
+    return 0 if report["agree"] else 1
