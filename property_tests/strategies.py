@@ -70,15 +70,22 @@ def jagged_batches(
     min_feature_dims: int = 0,
     max_feature_dims: int = 2,
     dtypes: Sequence[str] = DTYPES,
+    feature_shape: tuple[int, ...] | None = None,
 ) -> JaggedBatch:
     """Jagged batches of ``min_rows..max_rows`` rows of ``min_length..max_length`` entries each,
-    trailing shape of ``min_feature_dims..max_feature_dims`` dimensions (2-D to 4-D jagged), any of ``dtypes``."""
+    trailing shape of ``min_feature_dims..max_feature_dims`` dimensions (2-D to 4-D jagged) or exactly
+    ``feature_shape``, any of ``dtypes``."""
     _check_bounds("rows", min_rows, max_rows)
     _check_bounds("length", min_length, max_length)
     _check_bounds("feature_dims", min_feature_dims, max_feature_dims)
     _check_dtypes(dtypes)
+    if feature_shape is not None and not all(isinstance(d, int) and d >= 0 for d in feature_shape):
+        raise InvalidArgument(f"feature_shape must be a tuple of non-negative integers, got {feature_shape!r}")
     lengths = draw(st.lists(st.integers(min_length, max_length), min_size=min_rows, max_size=max_rows))
-    feature = tuple(draw(st.lists(st.integers(1, 3), min_size=min_feature_dims, max_size=max_feature_dims)))
+    if feature_shape is None:
+        feature = tuple(draw(st.lists(st.integers(1, 3), min_size=min_feature_dims, max_size=max_feature_dims)))
+    else:
+        feature = tuple(feature_shape)
     dtype = draw(st.sampled_from(list(dtypes)))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     return JaggedBatch(random_tensor(rng, (sum(lengths), *feature), dtype), lengths)

@@ -8,7 +8,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ._bits import move
+from ._bits import concatenate, move
 from ._jagged import Jagged
 from ._parts import Part, check_parts
 from ._x64 import exact
@@ -29,9 +29,9 @@ def concat(parts: Sequence[Part], *, key: Any = None) -> Part:
     if not checked:
         raise UnsupportedSettingError("concat needs at least one part, got none")
     if not isinstance(checked[0], Jagged):
-        return move(lambda xs: jnp.concatenate(xs, axis=0), checked)
+        return move(concatenate, checked)
     jagged: list[Jagged] = checked  # type: ignore[assignment]
-    values = move(lambda xs: jnp.concatenate(xs, axis=0), [p.values for p in jagged])
+    values = move(concatenate, [p.values for p in jagged])
     # Row boundaries of part m, shifted by the values of the parts before it (a static count).
     pieces: list[jax.Array] = [jnp.zeros((1,), jnp.int64)]
     base = 0

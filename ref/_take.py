@@ -7,7 +7,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from ._bits import move
+from ._bits import gather, move
 from ._jagged import Jagged, is_concrete
 from ._parts import Part, check_parts, num_rows
 from ._x64 import exact
@@ -47,7 +47,7 @@ def take(x: Part, rows: Any) -> Part:
     b = num_rows(x)
     idx = _checked_rows(rows, b)
     if not isinstance(x, Jagged):
-        return move(lambda xs: xs[0][idx], [x])
+        return move(gather, [x], idx)
     lengths = jnp.diff(x.offsets).astype(jnp.int64)
     new_lengths = lengths[idx]
     new_offsets = jnp.concatenate([jnp.zeros((1,), jnp.int64), jnp.cumsum(new_lengths)])
@@ -65,4 +65,4 @@ def take(x: Part, rows: Any) -> Part:
     t = jnp.arange(total, dtype=jnp.int64)
     r = jnp.searchsorted(new_offsets, t, side="right") - 1
     src = x.offsets.astype(jnp.int64)[idx[r]] + (t - new_offsets[r])
-    return Jagged.tree_unflatten(None, (move(lambda xs: xs[0][src], [x.values]), new_offsets))
+    return Jagged.tree_unflatten(None, (move(gather, [x.values], src), new_offsets))

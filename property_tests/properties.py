@@ -1,0 +1,239 @@
+"""The properties, as plain functions of drawn inputs, in one registry.
+
+``test_properties.py`` turns each into a Hypothesis test (so pytest and HypoFuzz collect them);
+``fuzz.py`` runs them under the ``fuzz`` profile; ``mutants.py`` runs the differential ones against
+seeded defects. Each check raises ``AssertionError`` on a violation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from hypothesis import strategies as st
+
+from .baseline import verl_postprocess_batch_func
+from .compare import assert_same
+from .convert import _outputs_to_ref, ref_postprocess, result_to_torch, to_ref, torch_postprocess
+from .data import DTYPES, ListModel, rows_of
+from .strategies import (
+    JaggedBatch,
+    MalformedInput,
+    MicrobatchOutputs,
+    Partitions,
+    jagged_batches,
+    malformed_inputs,
+    microbatch_outputs,
+    partitions,
+)
+
+__all__ = ["Property", "PROPERTIES", "DIFFERENTIAL"]
+
+
+class Property(NamedTuple):
+    name: str
+    strategy: st.SearchStrategy[Any]
+    check: Callable[[Any], None]
+    #: cap on examples per run outside the fuzz profile (for slow properties such as jit compilation)
+    max_examples: int | None = None
+
+
+@st.composite
+def _batches_with_partitions(draw: st.DrawFn, **kwargs: Any) -> tuple[JaggedBatch, Partitions]:
+    x = draw(jagged_batches(**kwargs))
+    return x, draw(partitions(num_rows=len(x.lengths), min_micro_batches=1, max_micro_batches=4))
+
+
+def _verl_applies(case: MicrobatchOutputs) -> bool:
+    return bool(case.expected) and all(v.is_nested and v.size(0) > 0 for v in case.expected.values())
+
+
+def postprocess_agrees(case: MicrobatchOutputs) -> None:
+    """torch_impl == the original rows == ref, bit for bit (values, offsets, dtype, shape, losses,
+    metrics); and == verl's algorithm where verl handles the input."""
+    kwargs = {"use_dynamic_bsz": case.use_dynamic_bsz, "pad_mode": case.pad_mode}
+    got = torch_postprocess(case.output_lst, case.indices, **kwargs)
+    assert_same(got["model_output"], case.expected)
+    assert_same(got, ref_postprocess(case.output_lst, case.indices, **kwargs))
+    if _verl_applies(case):
+        assert_same(got, verl_postprocess_batch_func(case.output_lst, case.indices, {"use_dynamic_bsz": case.use_dynamic_bsz}))
+
+
+def ref_matches_list_model(drawn: tuple[JaggedBatch, Partitions]) -> None:
+    """ref.restore, ref.concat and ref.take equal list indexing and list concatenation on NumPy rows."""
+    import ref
+
+    x, p = drawn
+    nt = x.njt()
+    rows = ListModel.rows(nt)
+    rx = to_ref(nt)
+    got = ListModel.rows(result_to_torch(ref.restore(rx, p.parts)))
+    assert ListModel.equal(got, ListModel.restore(rows, p.parts)), "restore"
+    pieces = ref.split(rx, p.parts)
+    assert ListModel.equal(ListModel.rows(result_to_torch(ref.concat(pieces))), ListModel.take(rows, [i for q in p.parts for i in q]))
+    idx = [i for q in p.parts for i in q][::-1]
+    assert ListModel.equal(ListModel.rows(result_to_torch(ref.take(rx, idx))), ListModel.take(rows, idx)), "take"
+
+
+def split_then_postprocess_is_identity(drawn: tuple[JaggedBatch, Partitions]) -> None:
+    """postprocess_batch(split(x, P), P) == x, in both implementations."""
+    import ref
+    import torch_impl
+
+    x, p = drawn
+    nt = x.njt()
+    outs = [{"model_output": {"x": piece}} for piece in torch_impl.split(nt, p.parts)]
+    assert_same(torch_impl.postprocess_batch(outs, p.parts)["model_output"]["x"], nt)
+    ref_outs = [{"model_output": {"x": piece}} for piece in ref.split(to_ref(nt), p.parts)]
+    assert_same(result_to_torch(ref.postprocess_batch(ref_outs, p.parts)["model_output"]["x"]), nt)
+
+
+def restore_undoes_take(drawn: tuple[JaggedBatch, Partitions]) -> None:
+    """restore(take(x, perm), P) == x with perm the partitions flattened, in both implementations."""
+    import ref
+    import torch_impl
+
+    x, p = drawn
+    nt = x.njt()
+    perm = [i for q in p.parts for i in q]
+    assert_same(torch_impl.restore(torch_impl.take(nt, perm), p.parts), nt)
+    assert_same(result_to_torch(ref.restore(ref.take(to_ref(nt), perm), p.parts)), nt)
+
+
+def inverse_is_an_involution(perm: list[int]) -> None:
+    """inverse(inverse(p)) == p and inverse(p)[p[k]] == k, in both implementations, and they agree."""
+    import ref
+    import torch_impl
+
+    inv_t = torch_impl.inverse_permutation(perm)
+    inv_r = np.asarray(ref.inverse_permutation(perm))
+    assert inv_t.tolist() == inv_r.tolist()
+    assert torch_impl.inverse_permutation(inv_t).tolist() == list(perm)
+    assert np.asarray(ref.inverse_permutation(inv_r)).tolist() == list(perm)
+    assert all(inv_t[p].item() == k for k, p in enumerate(perm))
+
+
+@st.composite
+def _three_alike(draw: st.DrawFn) -> list[JaggedBatch]:
+    dtype = draw(st.sampled_from(DTYPES))
+    feature = tuple(draw(st.lists(st.integers(1, 3), max_size=2)))
+    return [draw(jagged_batches(dtypes=(dtype,), feature_shape=feature, max_rows=5)) for _ in range(3)]
+
+
+def concat_is_associative(batches: list[JaggedBatch]) -> None:
+    """concat([concat([a, b]), c]) == concat([a, concat([b, c])]) == concat([a, b, c]); lengths add."""
+    import ref
+    import torch_impl
+
+    a, b, c = (x.njt() for x in batches)
+    flat = torch_impl.concat([a, b, c])
+    assert_same(torch_impl.concat([torch_impl.concat([a, b]), c]), flat)
+    assert_same(torch_impl.concat([a, torch_impl.concat([b, c])]), flat)
+    assert [r.shape[0] for r in rows_of(flat)] == [n for x in batches for n in x.lengths]
+    ra, rb, rc = (to_ref(x) for x in (a, b, c))
+    assert_same(result_to_torch(ref.concat([ref.concat([ra, rb]), rc])), flat)
+    assert_same(result_to_torch(ref.concat([ra, ref.concat([rb, rc])])), flat)
+
+
+def jit_equals_eager(drawn: tuple[JaggedBatch, Partitions]) -> None:
+    """jax.jit(ref.f) == eager ref.f for concat, take with a permutation, and restore."""
+    import jax
+
+    import ref
+
+    x, p = drawn
+    rx = to_ref(x.njt())
+    perm = [i for q in p.parts for i in q]
+    pieces = ref.split(rx, p.parts)
+    cases = [
+        (lambda a: ref.restore(a, p.parts), (rx,)),
+        (lambda a: ref.take(a, perm), (rx,)),
+        (lambda *xs: ref.concat(list(xs)), tuple(pieces)),
+    ]
+    for fn, args in cases:
+        assert_same(result_to_torch(jax.jit(fn)(*args)), result_to_torch(fn(*args)))
+
+
+def gradients_match_vjp(case: MicrobatchOutputs) -> None:
+    """The backward of torch_impl.postprocess_batch equals jax.vjp of ref.postprocess_batch, bit for bit."""
+    import jax
+
+    import ref
+    import torch_impl
+
+    rng = np.random.default_rng(len(case.output_lst))
+    leaves: list[torch.Tensor] = []
+    outs = []
+    for o in case.output_lst:
+        mo = {}
+        for k, v in o.get("model_output", {}).items():
+            values = (v.values() if v.is_nested else v).detach().clone().requires_grad_(True)
+            leaves.append(values)
+            mo[k] = torch.nested.nested_tensor_from_jagged(values, v.offsets()) if v.is_nested else values
+        outs.append({"model_output": mo} if mo else {})
+    if not leaves:
+        return
+    result = torch_impl.postprocess_batch(outs, case.indices)["model_output"]
+    outputs = [r.values() if r.is_nested else r for r in result.values()]
+    cots = [torch.from_numpy(rng.standard_normal(tuple(t.shape))).to(t.dtype) for t in outputs]
+    grads = torch.autograd.grad(outputs, leaves, cots, allow_unused=True)
+
+    ref_outs = _outputs_to_ref([{k: v for k, v in o.items()} for o in case.output_lst])
+    slots = [(m, k) for m, o in enumerate(ref_outs) for k in o.get("model_output", {})]
+
+    def f(*values: Any) -> list[Any]:
+        new = [dict(o, model_output=dict(o["model_output"])) if "model_output" in o else dict(o) for o in ref_outs]
+        for (m, k), v in zip(slots, values, strict=True):
+            old = new[m]["model_output"][k]
+            new[m]["model_output"][k] = ref.Jagged.tree_unflatten(None, (v, old.offsets)) if isinstance(old, ref.Jagged) else v
+        res = ref.postprocess_batch(new, case.indices)["model_output"]
+        return [r.values if isinstance(r, ref.Jagged) else r for r in res.values()]
+
+    primals = [ref_outs[m]["model_output"][k] for m, k in slots]
+    primals = [x.values if isinstance(x, ref.Jagged) else x for x in primals]
+    _, vjp = jax.vjp(f, *primals)
+    ref_grads = vjp([to_ref(c) for c in cots])
+    for g_t, g_r, leaf in zip(grads, ref_grads, leaves, strict=True):
+        g_t = torch.zeros_like(leaf) if g_t is None else g_t
+        assert_same(g_t, result_to_torch(g_r))
+
+
+def malformed_rejected_alike(case: MalformedInput) -> None:
+    """Both implementations raise exactly the defect's RebatchError subclass, never a result."""
+    from ref.errors import RebatchError
+
+    for impl in (torch_postprocess, ref_postprocess):
+        try:
+            impl(case.output_lst, case.indices, use_dynamic_bsz=case.use_dynamic_bsz, pad_mode=case.pad_mode)
+        except RebatchError as err:
+            assert type(err) is case.error, f"{impl.__name__} on {case.name}: {type(err).__name__}: {err}"
+        else:
+            raise AssertionError(f"{impl.__name__} returned a result for the defect {case.name!r}")
+
+
+PROPERTIES: dict[str, Property] = {
+    p.name: p
+    for p in [
+        Property("postprocess_agrees", microbatch_outputs(use_dynamic_bsz=None), postprocess_agrees),
+        Property("ref_matches_list_model", _batches_with_partitions(), ref_matches_list_model),
+        Property("split_then_postprocess_is_identity", _batches_with_partitions(), split_then_postprocess_is_identity),
+        Property("restore_undoes_take", _batches_with_partitions(), restore_undoes_take),
+        Property("inverse_is_an_involution", st.integers(0, 40).flatmap(lambda n: st.permutations(range(n))), inverse_is_an_involution),
+        Property("concat_is_associative", _three_alike(), concat_is_associative),
+        Property("jit_equals_eager", _batches_with_partitions(max_rows=6), jit_equals_eager, max_examples=15),
+        Property(
+            "gradients_match_vjp",
+            microbatch_outputs(dtypes=("float32", "float64"), losses=False, metrics=False),
+            gradients_match_vjp,
+            max_examples=30,
+        ),
+        Property("malformed_rejected_alike", malformed_inputs(), malformed_rejected_alike),
+    ]
+}
+
+#: The properties that compare torch_impl with an oracle (run against each mutant).
+DIFFERENTIAL = ("postprocess_agrees", "restore_undoes_take", "split_then_postprocess_is_identity")
+
+
