@@ -12,6 +12,6 @@ import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
 
-from property_tests.profiles import register_profiles  # noqa: E402
+from property_tests.profiles import register_profiles
 
 register_profiles()

@@ -46,8 +46,10 @@ def _outputs_to_ref(output_lst: Any) -> Any:
     staged = []
     for o in output_lst:
         if isinstance(o, dict) and isinstance(o.get("model_output"), dict):
-            mo = {k: to_ref(v) if isinstance(v, torch.Tensor) and v.device.type == "meta" else v
-                  for k, v in o["model_output"].items()}
+            mo = {
+                k: to_ref(v) if isinstance(v, torch.Tensor) and v.device.type == "meta" else v
+                for k, v in o["model_output"].items()
+            }
             o = {**o, "model_output": mo}
         staged.append(o)
     return interop.outputs_from_torch(staged)
@@ -63,11 +65,15 @@ def ref_postprocess(output_lst: Any, indices: Any, *, use_dynamic_bsz: Any = Tru
     """``ref.postprocess_batch`` on torch-built inputs (converted inside the call), result as torch."""
     import ref
 
-    out = ref.postprocess_batch(_outputs_to_ref(output_lst), indices, use_dynamic_bsz=use_dynamic_bsz, pad_mode=pad_mode)
+    out = ref.postprocess_batch(
+        _outputs_to_ref(output_lst), indices, use_dynamic_bsz=use_dynamic_bsz, pad_mode=pad_mode
+    )
     return result_to_torch(out)
 
 
-def torch_postprocess(output_lst: Any, indices: Any, *, use_dynamic_bsz: Any = True, pad_mode: Any = "no_padding") -> Any:
+def torch_postprocess(
+    output_lst: Any, indices: Any, *, use_dynamic_bsz: Any = True, pad_mode: Any = "no_padding"
+) -> Any:
     import torch_impl
 
     return torch_impl.postprocess_batch(output_lst, indices, use_dynamic_bsz=use_dynamic_bsz, pad_mode=pad_mode)

@@ -42,7 +42,9 @@ def fuzz(minutes: float, *, only: list[str] | None = None, out: Any = sys.stdout
     database = DirectoryBasedExampleDatabase(os.environ.get("REBATCH_FUZZ_DB", FUZZ_DATABASE_DIR))
     share = minutes * 60.0 / len(names)
     fuzz_profile = settings.get_profile("fuzz")
-    print(f"fuzzing {len(names)} properties for {minutes:g} min ({share:.0f} s each); database {database.path}", file=out)
+    print(
+        f"fuzzing {len(names)} properties for {minutes:g} min ({share:.0f} s each); database {database.path}", file=out
+    )
     failed = False
     for name in names:
         prop = PROPERTIES[name]
@@ -56,7 +58,7 @@ def fuzz(minutes: float, *, only: list[str] | None = None, out: Any = sys.stdout
             rounds += 1
             try:
                 test()
-            except Exception:  # noqa: BLE001 - Hypothesis re-raises the property's failure, shrunk
+            except Exception:
                 failed = True
                 print(f"FAILED {name} after {counter[0]} examples:", file=out)
                 traceback.print_exc(file=out)
@@ -67,7 +69,11 @@ def fuzz(minutes: float, *, only: list[str] | None = None, out: Any = sys.stdout
                 )
                 break
         elapsed = time.perf_counter() - start
-        print(f"{'FAIL' if failed else 'ok  '} {name:<36} {counter[0]:>7} examples  {counter[0] / elapsed:8.1f} examples/s  ({elapsed:.0f} s)", file=out, flush=True)
+        print(
+            f"{'FAIL' if failed else 'ok  '} {name:<36} {counter[0]:>7} examples  {counter[0] / elapsed:8.1f} examples/s  ({elapsed:.0f} s)",
+            file=out,
+            flush=True,
+        )
         if failed:
             return 1
     return 0
@@ -75,10 +81,13 @@ def fuzz(minutes: float, *, only: list[str] | None = None, out: Any = sys.stdout
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")  # device defects need 2
-    parser = argparse.ArgumentParser(prog="python -m property_tests.fuzz", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m property_tests.fuzz", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--minutes", type=float, default=10.0, help="total time budget (default 10)")
-    parser.add_argument("--property", action="append", choices=list(PROPERTIES), help="fuzz only this property (repeatable)")
+    parser.add_argument(
+        "--property", action="append", choices=list(PROPERTIES), help="fuzz only this property (repeatable)"
+    )
     args = parser.parse_args(argv)
     return fuzz(args.minutes, only=args.property)
 

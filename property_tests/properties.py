@@ -58,7 +58,9 @@ def postprocess_agrees(case: MicrobatchOutputs) -> None:
     assert_same(got["model_output"], case.expected)
     assert_same(got, ref_postprocess(case.output_lst, case.indices, **kwargs))
     if _verl_applies(case):
-        assert_same(got, verl_postprocess_batch_func(case.output_lst, case.indices, {"use_dynamic_bsz": case.use_dynamic_bsz}))
+        assert_same(
+            got, verl_postprocess_batch_func(case.output_lst, case.indices, {"use_dynamic_bsz": case.use_dynamic_bsz})
+        )
 
 
 def ref_matches_list_model(drawn: tuple[JaggedBatch, Partitions]) -> None:
@@ -72,7 +74,9 @@ def ref_matches_list_model(drawn: tuple[JaggedBatch, Partitions]) -> None:
     got = ListModel.rows(result_to_torch(ref.restore(rx, p.parts)))
     assert ListModel.equal(got, ListModel.restore(rows, p.parts)), "restore"
     pieces = ref.split(rx, p.parts)
-    assert ListModel.equal(ListModel.rows(result_to_torch(ref.concat(pieces))), ListModel.take(rows, [i for q in p.parts for i in q]))
+    assert ListModel.equal(
+        ListModel.rows(result_to_torch(ref.concat(pieces))), ListModel.take(rows, [i for q in p.parts for i in q])
+    )
     idx = [i for q in p.parts for i in q][::-1]
     assert ListModel.equal(ListModel.rows(result_to_torch(ref.take(rx, idx))), ListModel.take(rows, idx)), "take"
 
@@ -187,7 +191,9 @@ def gradients_match_vjp(case: MicrobatchOutputs) -> None:
         new = [dict(o, model_output=dict(o["model_output"])) if "model_output" in o else dict(o) for o in ref_outs]
         for (m, k), v in zip(slots, values, strict=True):
             old = new[m]["model_output"][k]
-            new[m]["model_output"][k] = ref.Jagged.tree_unflatten(None, (v, old.offsets)) if isinstance(old, ref.Jagged) else v
+            new[m]["model_output"][k] = (
+                ref.Jagged.tree_unflatten(None, (v, old.offsets)) if isinstance(old, ref.Jagged) else v
+            )
         res = ref.postprocess_batch(new, case.indices)["model_output"]
         return [r.values if isinstance(r, ref.Jagged) else r for r in res.values()]
 
@@ -220,7 +226,11 @@ PROPERTIES: dict[str, Property] = {
         Property("ref_matches_list_model", _batches_with_partitions(), ref_matches_list_model),
         Property("split_then_postprocess_is_identity", _batches_with_partitions(), split_then_postprocess_is_identity),
         Property("restore_undoes_take", _batches_with_partitions(), restore_undoes_take),
-        Property("inverse_is_an_involution", st.integers(0, 40).flatmap(lambda n: st.permutations(range(n))), inverse_is_an_involution),
+        Property(
+            "inverse_is_an_involution",
+            st.integers(0, 40).flatmap(lambda n: st.permutations(range(n))),
+            inverse_is_an_involution,
+        ),
         Property("concat_is_associative", _three_alike(), concat_is_associative),
         Property("jit_equals_eager", _batches_with_partitions(max_rows=6), jit_equals_eager, max_examples=15),
         Property(
@@ -235,5 +245,3 @@ PROPERTIES: dict[str, Property] = {
 
 #: The properties that compare torch_impl with an oracle (run against each mutant).
 DIFFERENTIAL = ("postprocess_agrees", "restore_undoes_take", "split_then_postprocess_is_identity")
-
-

@@ -79,7 +79,9 @@ def postprocess_samples() -> list[PostprocessSample]:
     lp = jagged(_ramp(10), [3, 0, 2, 4, 1])  # log-probs [5, (j)] with a zero-length row
     m1, m2 = FakeMetric("mean", 1.0), FakeMetric("mean", 2.0)
     return [
-        PostprocessSample("empty_output_list", [], [], True, "no_padding", {"model_output": {}, "loss": [], "metrics": {}}),
+        PostprocessSample(
+            "empty_output_list", [], [], True, "no_padding", {"model_output": {}, "loss": [], "metrics": {}}
+        ),
         _call("empty_batch", {"lp": jagged(_ramp(0), [])}, [[], []]),
         _call("zero_length_rows", {"lp": jagged(_ramp(2), [0, 2, 0])}, [[2, 0], [1]]),
         _call("zero_row_micro_batch", {"lp": lp}, [[4, 1], [], [0, 3, 2]]),
@@ -121,8 +123,13 @@ def postprocess_samples() -> list[PostprocessSample]:
                 },
             },
         ),
-        _call("metrics_without_outputs", {}, [[1, 0]], extras=[{"metrics": {"a": 1}, "loss": 2.0}],
-              expected_extra={"loss": [2.0], "metrics": {"a": [1]}}),
+        _call(
+            "metrics_without_outputs",
+            {},
+            [[1, 0]],
+            extras=[{"metrics": {"a": 1}, "loss": 2.0}],
+            expected_extra={"loss": [2.0], "metrics": {"a": [1]}},
+        ),
     ]
 
 

@@ -3,8 +3,8 @@ TensorDict take/split must work and match the baseline. Prints the tensordict ve
 
 from __future__ import annotations
 
-import torch
 import tensordict
+import torch
 from tensordict import NonTensorData, TensorDict
 
 import torch_impl
@@ -23,13 +23,16 @@ def main() -> None:
         data = TensorDict({}, batch_size=[])
         for k, v in settings.items():
             data[k] = NonTensorData(v)
-        assert_same(torch_impl.postprocess_batch_func(outs, indices, data), verl_postprocess_batch_func(outs, indices, data))
+        assert_same(
+            torch_impl.postprocess_batch_func(outs, indices, data), verl_postprocess_batch_func(outs, indices, data)
+        )
     data = TensorDict({"use_dynamic_bsz": NonTensorData(False)}, batch_size=[])
     assert_same(torch_impl.postprocess_batch_func(outs, None, data), verl_postprocess_batch_func(outs, None, data))
     td = TensorDict({"lp": jagged(torch.arange(6.0), [2, 0, 4]), "adv": torch.arange(3.0)}, batch_size=[3])
     td["tag"] = NonTensorData("x")
     pieces = torch_impl.split(td, [[2], [0, 1]])
-    assert pieces[0]["adv"].tolist() == [2.0] and pieces[1]["lp"].offsets().tolist() == [0, 2, 2]
+    assert pieces[0]["adv"].tolist() == [2.0]
+    assert pieces[1]["lp"].offsets().tolist() == [0, 2, 2]
     taken = torch_impl.take(td, [1, 2])
     assert taken["adv"].tolist() == [1.0, 2.0]
     print(f"tensordict {tensordict.__version__} ok")

@@ -23,10 +23,7 @@ def _call_torch(case: ErrorCase):
 
 def _call_ref(case: ErrorCase):
     args, kwargs = case.build()
-    if case.op == "postprocess_batch":
-        args = (_outputs_to_ref(args[0]), *args[1:])
-    else:
-        args = to_ref(args)
+    args = (_outputs_to_ref(args[0]), *args[1:]) if case.op == "postprocess_batch" else to_ref(args)
     return getattr(ref, case.op)(*args, **kwargs)
 
 

@@ -109,7 +109,8 @@ def test_jagged_is_an_immutable_pytree() -> None:
     leaves, tree = jax.tree_util.tree_flatten(x)
     assert len(leaves) == 2
     y = jax.tree_util.tree_unflatten(tree, leaves)
-    assert isinstance(y, ref.Jagged) and y.num_rows == x.num_rows
+    assert isinstance(y, ref.Jagged)
+    assert y.num_rows == x.num_rows
     with pytest.raises(AttributeError):
         x.values = x.values  # type: ignore[misc]
 
@@ -122,7 +123,8 @@ def test_jagged_constructors() -> None:
     y = ref.Jagged.from_lengths(np.arange(3), [2, 0, 1])
     assert np.array_equal(np.asarray(y.offsets), np.asarray(x.offsets))
     empty = ref.Jagged.from_rows([], dtype=jnp.float32, feature_shape=(4,))
-    assert empty.num_rows == 0 and empty.feature_shape == (4,)
+    assert empty.num_rows == 0
+    assert empty.feature_shape == (4,)
 
 
 @pytest.mark.parametrize(

@@ -38,8 +38,9 @@ def test_ref_and_torch_agree(sample: OpSample) -> None:
         assert_same(got_torch, sample.expected)
 
 
-@pytest.mark.parametrize("sample", [s for s in SAMPLES if s.op in ("restore", "take", "concat")],
-                         ids=lambda s: f"{s.op}-{s.name}")
+@pytest.mark.parametrize(
+    "sample", [s for s in SAMPLES if s.op in ("restore", "take", "concat")], ids=lambda s: f"{s.op}-{s.name}"
+)
 def test_list_model_agrees(sample: OpSample) -> None:
     got = ListModel.rows(getattr(torch_impl, sample.op)(*sample.args))
     if sample.op == "concat":

@@ -21,9 +21,21 @@ def _pinned_dir() -> Path:
     target = ROOT / ".cache" / f"tensordict-{PINNED}"
     if not (target / "tensordict").is_dir():
         done = subprocess.run(
-            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
-             f"tensordict=={PINNED}", "pyvers>=0.1,<0.2"],
-            capture_output=True, text=True, check=False,
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-deps",
+                "--target",
+                str(target),
+                f"tensordict=={PINNED}",
+                "pyvers>=0.1,<0.2",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
         )
         assert done.returncode == 0, done.stderr
     return target
@@ -35,9 +47,14 @@ def test_torch_impl_with_tensordict(version: str) -> None:
     paths = [str(ROOT)]
     if version != "installed":
         paths.insert(0, str(_pinned_dir()))
-    env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, str(ROOT / "tests" / "tensordict_check.py")], capture_output=True,
-                          text=True, env=env, check=False)
+    env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "tensordict_check.py")],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     if version != "installed":
         assert f"tensordict {version} ok" in done.stdout, done.stdout

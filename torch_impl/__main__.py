@@ -17,7 +17,9 @@ then run: rebatch check --dump /tmp/rebatch_dump.pt [--candidate verl.workers.en
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rebatch", description="Reassemble micro-batch outputs exactly; verify, benchmark, fuzz.")
+    parser = argparse.ArgumentParser(
+        prog="rebatch", description="Reassemble micro-batch outputs exactly; verify, benchmark, fuzz."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser(
         "check",
@@ -30,7 +32,9 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     check.add_argument("--dump", metavar="FILE", help="a torch.save'd (output_lst, indices, data) from a real step")
-    check.add_argument("--candidate", metavar="MODULE:FUNCTION", help="also verify this function (e.g. verl's) on the dump")
+    check.add_argument(
+        "--candidate", metavar="MODULE:FUNCTION", help="also verify this function (e.g. verl's) on the dump"
+    )
     check.add_argument("--json", action="store_true", help="print the report as JSON")
     bench = sub.add_parser("bench", help="run the benchmark grid; write JSON, a Markdown table and a plot")
     bench.add_argument("--quick", action="store_true", help="a small grid (about a minute)")

@@ -50,7 +50,10 @@ def first_bad_row(got: Any, want: torch.Tensor) -> tuple[int | None, str]:
     g, w = _rows(got.detach()), _rows(want.detach())
     for i, (a, b) in enumerate(zip(g, w, strict=False)):
         if not _same_bits(a, b):
-            return i, f"got {a.tolist()[:8]}{'...' if a.numel() > 8 else ''}, expected {b.tolist()[:8]}{'...' if b.numel() > 8 else ''}"
+            return (
+                i,
+                f"got {a.tolist()[:8]}{'...' if a.numel() > 8 else ''}, expected {b.tolist()[:8]}{'...' if b.numel() > 8 else ''}",
+            )
     if len(g) != len(w):
         return min(len(g), len(w)), f"{len(g)} rows, expected {len(w)}"
     return None, ""
@@ -110,7 +113,9 @@ def _default_check() -> dict[str, Any]:
         "token_budget": step.budget,
         "keys": {
             k: {
-                "shape": f"[{step.rows}, (j){''.join(f', {d}' for d in v.shape[2:])}]" if v.is_nested else str(list(v.shape)),
+                "shape": f"[{step.rows}, (j){''.join(f', {d}' for d in v.shape[2:])}]"
+                if v.is_nested
+                else str(list(v.shape)),
                 "dtype": str(v.dtype).removeprefix("torch."),
                 "vs_original_rows": _compare(mo, {k: v})[k],
                 "vs_ref": _compare(ref_mo, {k: v})[k] if k in ref_mo else None,
@@ -133,7 +138,7 @@ def _load_dump(path: str) -> tuple[Any, Any, Any]:
         raise DumpError(f"no such file: {path}")
     try:
         obj = torch.load(p, weights_only=False, map_location="cpu")
-    except Exception as err:  # noqa: BLE001 - any failure to unpickle is reported, not raised
+    except Exception as err:
         raise DumpError(f"cannot read {path} with torch.load: {type(err).__name__}: {err}") from None
     if not isinstance(obj, (tuple, list)) or len(obj) != 3:
         what = f"a {type(obj).__name__}" + (f" of length {len(obj)}" if isinstance(obj, (tuple, list)) else "")
@@ -177,7 +182,7 @@ def _dump_check(path: str, candidate: str | None) -> dict[str, Any]:
             got = cand(output_lst, indices, data)["model_output"]
             for k, c in _compare(got, truth).items():
                 report["keys"][k]["vs_candidate"] = c
-        except Exception as err:  # noqa: BLE001 - the candidate's failure is a finding to report
+        except Exception as err:
             report["candidate_error"] = f"{type(err).__name__}: {err}"
     report["agree"] = "candidate_error" not in report and all(
         c["agree"] for v in report["keys"].values() for n, c in v.items() if n.startswith("vs_")
@@ -201,7 +206,10 @@ def _print_report(report: dict[str, Any], out: TextIO) -> None:
         print(f"  {key:<16} {info.get('dtype', ''):<9} {info.get('shape', '')}  " + "; ".join(checks), file=out)
         for name, c in info.items():
             if name.startswith("vs_") and c is not None and not c["agree"]:
-                print(f"    {name.removeprefix('vs_')}: key {key!r} first differs at original row {c['first_bad_row']}: {c['detail']}", file=out)
+                print(
+                    f"    {name.removeprefix('vs_')}: key {key!r} first differs at original row {c['first_bad_row']}: {c['detail']}",
+                    file=out,
+                )
     if "candidate_error" in report:
         print(f"  candidate raised {report['candidate_error']}", file=out)
     if "seconds" in report:

@@ -81,7 +81,9 @@ def make_step(*, prompts: int = 256, responses: int = 8, max_tokens: int = 16384
     for part in indices:
         micro = torch.nested.as_nested_tensor([rows[i] for i in part], layout=torch.jagged)
         out = stand_in_model(micro)
-        output_lst.append({"model_output": out, "loss": out["log_probs"].values().mean(), "metrics": {"tokens": [len(part)]}})
+        output_lst.append(
+            {"model_output": out, "loss": out["log_probs"].values().mean(), "metrics": {"tokens": [len(part)]}}
+        )
     data = TensorDict({}, batch_size=[])
     data["use_dynamic_bsz"] = NonTensorData(True)
     data["pad_mode"] = NonTensorData("no_padding")

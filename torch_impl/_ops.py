@@ -123,12 +123,17 @@ def _cut(x: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
         row_bounds.append(row_bounds[-1] + s)
     value_bounds = part.offsets[row_bounds].tolist()  # one read of P + 1 offsets
     return [
-        njt(part.values[value_bounds[i] : value_bounds[i + 1]], part.offsets[row_bounds[i] : row_bounds[i + 1] + 1] - value_bounds[i])
+        njt(
+            part.values[value_bounds[i] : value_bounds[i + 1]],
+            part.offsets[row_bounds[i] : row_bounds[i + 1] + 1] - value_bounds[i],
+        )
         for i in range(len(sizes))
     ]
 
 
-def _split_tensordict(td: TensorDictBase, perm: torch.Tensor, partitions: Sequence[Sequence[int]]) -> list[TensorDictBase]:
+def _split_tensordict(
+    td: TensorDictBase, perm: torch.Tensor, partitions: Sequence[Sequence[int]]
+) -> list[TensorDictBase]:
     """Each tensor field gathered once for all partitions and cut; other fields indexed per partition."""
     sizes = [len(p) for p in partitions]
     keys = _tensor_keys(td)

@@ -94,11 +94,17 @@ def check_parts(parts: Sequence[Any], key: Any = None, *, allow_jagged: bool = T
                 kind, kind0 = ("jagged" if q.jagged else "dense" for q in (p, first))
                 raise ShapeMismatchError(f"{at}layout {kind} differs from micro-batch 0's {kind0}")
             if p.values.dtype != first.values.dtype:
-                raise DtypeMismatchError(f"{at}dtype {p.values.dtype} differs from micro-batch 0's {first.values.dtype}")
+                raise DtypeMismatchError(
+                    f"{at}dtype {p.values.dtype} differs from micro-batch 0's {first.values.dtype}"
+                )
             if p.values.device != first.values.device:
-                raise DeviceMismatchError(f"{at}device {p.values.device} differs from micro-batch 0's {first.values.device}")
+                raise DeviceMismatchError(
+                    f"{at}device {p.values.device} differs from micro-batch 0's {first.values.device}"
+                )
             if p.trailing != first.trailing:
-                raise ShapeMismatchError(f"{at}trailing shape {p.trailing} differs from micro-batch 0's {first.trailing}")
+                raise ShapeMismatchError(
+                    f"{at}trailing shape {p.trailing} differs from micro-batch 0's {first.trailing}"
+                )
         out.append(p)
     return out
 

@@ -59,7 +59,9 @@ def postprocess_batch(
                         f"{where(key, m)}{part.rows} rows, but its partition has {len(indices[m])} indices"
                     )
             elif part.rows != first_rows[m]:
-                raise ShapeMismatchError(f"{where(key, m)}{part.rows} rows, but key {keys[0]!r} has {first_rows[m]} there")
+                raise ShapeMismatchError(
+                    f"{where(key, m)}{part.rows} rows, but key {keys[0]!r} has {first_rows[m]} there"
+                )
         model_output[key] = assemble(parts, perm, key)
 
     losses = [o["loss"] for o in output_lst if "loss" in o]
