@@ -20,7 +20,8 @@ def test_every_operation_exists_in_both() -> None:
     for name in OPERATIONS:
         assert callable(getattr(ref, name)), name
         assert callable(getattr(torch_impl, name)), name
-        assert getattr(ref, name).__doc__ and getattr(torch_impl, name).__doc__, name
+        assert getattr(ref, name).__doc__, name
+        assert getattr(torch_impl, name).__doc__, name
 
 
 def test_every_operation_but_postprocess_has_samples() -> None:
