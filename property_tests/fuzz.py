@@ -36,7 +36,8 @@ def _counting(check: Callable[[Any], None], counter: list[int]) -> Callable[[Any
     return counted
 
 
-def fuzz(minutes: float, *, only: list[str] | None = None, out: Any = sys.stdout) -> int:
+def fuzz(minutes: float, *, only: list[str] | None = None, out: Any = None) -> int:
+    out = out or sys.stdout
     register_profiles()
     names = only or list(PROPERTIES)
     database = DirectoryBasedExampleDatabase(os.environ.get("REBATCH_FUZZ_DB", FUZZ_DATABASE_DIR))

@@ -38,6 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="print the report as JSON")
     bench = sub.add_parser("bench", help="run the benchmark grid; write JSON, a Markdown table and a plot")
     bench.add_argument("--quick", action="store_true", help="a small grid (about a minute)")
+    bench.add_argument("--grid", choices=["quick", "standard", "full"], help="the grid (default standard; --quick = quick)")
     bench.add_argument("--device", default="cpu", help="cpu or cuda")
     bench.add_argument("--out", default="docs", help="folder for benchmarks.json, benchmarks.md and benchmarks.png")
     bench.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         from benchmarks.run import run_bench
 
-        return run_bench(quick=args.quick, device=args.device, out=args.out, as_json=args.json)
+        return run_bench(quick=args.quick, device=args.device, out=args.out, as_json=args.json, grid_name=args.grid)
     from property_tests.fuzz import main as fuzz_main
 
     return fuzz_main(["--minutes", str(args.minutes)])

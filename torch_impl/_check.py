@@ -223,8 +223,9 @@ def _print_report(report: dict[str, Any], out: TextIO) -> None:
     print(f"  result: {'all identical' if report['agree'] else 'MISMATCH'}", file=out)
 
 
-def run_check(dump: str | None, candidate: str | None, as_json: bool, out: TextIO = sys.stdout) -> int:
+def run_check(dump: str | None, candidate: str | None, as_json: bool, out: TextIO | None = None) -> int:
     """Exit code: 0 all identical, 1 a mismatch or inputs rebatch rejects, 2 an unusable dump or candidate."""
+    out = out or sys.stdout
     try:
         report = _dump_check(dump, candidate) if dump else _default_check()
     except DumpError as err:

@@ -1,0 +1,107 @@
+"""The benchmark grid and its inputs: long-tailed row lengths like RL rollouts, with a fixed seed."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+import torch_impl
+
+__all__ = ["Case", "Inputs", "grid", "make_inputs", "GRIDS"]
+
+
+class Case(NamedTuple):
+    rows: int  # B
+    mean_length: int
+    micro_batches: int  # M
+    keys: int
+    dtype: str
+    ndim: int  # 2: [B, (j)]; 3: [B, (j), 5]
+
+    @property
+    def name(self) -> str:
+        return f"B={self.rows} L={self.mean_length} M={self.micro_batches} keys={self.keys} {self.dtype} {self.ndim}-D"
+
+    @property
+    def elements(self) -> int:
+        """Output elements, all keys (expected value)."""
+        return self.rows * self.mean_length * self.keys * (5 if self.ndim == 3 else 1)
+
+    def bytes(self) -> int:
+        return self.elements * torch.empty((), dtype=getattr(torch, self.dtype)).element_size()
+
+
+class Inputs(NamedTuple):
+    output_lst: list[dict[str, Any]]
+    indices: list[list[int]]
+    output_bytes: int
+    output_elements: int
+
+
+def lengths_for(case: Case, seed: int = 0) -> np.ndarray:
+    """Log-normal lengths (sigma 1: a long tail of a few very long rows), scaled to the mean, >= 1."""
+    rng = np.random.default_rng(seed)
+    raw = rng.lognormal(0.0, 1.0, size=case.rows)
+    return np.maximum(1, np.round(raw / raw.mean() * case.mean_length)).astype(np.int64)
+
+
+def make_inputs(case: Case, device: str = "cpu", seed: int = 0) -> Inputs:
+    """``output_lst``/``indices`` for the case: a random permutation cut into M micro-batches of about
+    equal row counts, each key's rows split with ``torch_impl.split``."""
+    rng = np.random.default_rng(seed + 1)
+    lengths = lengths_for(case, seed)
+    perm = rng.permutation(case.rows)
+    bounds = np.linspace(0, case.rows, case.micro_batches + 1).astype(int)
+    indices = [sorted(perm[bounds[m] : bounds[m + 1]].tolist()) for m in range(case.micro_batches)]
+    offsets = torch.zeros(case.rows + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(torch.from_numpy(lengths), 0)
+    total = int(offsets[-1])
+    feature = (5,) if case.ndim == 3 else ()
+    outs: list[dict[str, Any]] = [{"model_output": {}, "loss": torch.tensor(0.0)} for _ in indices]
+    for k in range(case.keys):
+        values = torch.randn((total, *feature), generator=torch.Generator().manual_seed(seed + k)).to(getattr(torch, case.dtype))
+        whole = torch.nested.nested_tensor_from_jagged(values.to(device), offsets.to(device))
+        for o, piece in zip(outs, torch_impl.split(whole, indices), strict=True):
+            o["model_output"][f"key{k}"] = piece
+        del whole, values
+    elements = total * case.keys * (5 if case.ndim == 3 else 1)
+    return Inputs(outs, indices, elements * torch.empty((), dtype=getattr(torch, case.dtype)).element_size(), elements)
+
+
+def _product(rows, lengths, mbs, keys=(1,), dtypes=("float32",), ndims=(2,)) -> list[Case]:
+    return [Case(*c) for c in itertools.product(rows, lengths, mbs, keys, dtypes, ndims)]
+
+
+MAX_BYTES = 3 * 2**30  # output bytes per case on a 24 GiB machine: inputs, output and the baseline's copies fit
+
+
+def grid(name: str) -> list[Case]:
+    """``quick``: a minute; ``standard``: B x L x M for one float32 2-D key, plus the key/dtype/ndim
+    variations at every B for L=512, M=16, plus the target cases; ``full``: the whole factorial grid.
+    Cases whose output would exceed ``MAX_BYTES`` are left out."""
+    if name == "smoke":  # for the test suite: the harness end to end in seconds
+        cases = [Case(8, 16, 2, 1, "float32", 2), Case(64, 16, 4, 2, "bfloat16", 3)]
+    elif name == "quick":
+        cases = _product((8, 512), (16, 512), (1, 4)) + [Case(1024, 512, 16, 1, "float32", 2)]
+    elif name == "standard":
+        cases = _product((8, 64, 512, 4096, 16384), (16, 512, 4096), (1, 4, 16, 64))
+        cases += _product((8, 64, 512, 4096, 16384), (512,), (16,), (3,), ("float32", "bfloat16"), (2, 3))
+        cases += [Case(1024, 512, 16, 1, "float32", 2), Case(16384, 16, 16, 1, "float32", 2)]
+    elif name == "full":
+        cases = _product((8, 64, 512, 4096, 16384), (16, 512, 4096), (1, 4, 16, 64), (1, 3), ("float32", "bfloat16"), (2, 3))
+        cases += [Case(1024, 512, 16, 1, "float32", 2)]
+    else:
+        raise ValueError(f"unknown grid {name!r}: quick, standard or full")
+    seen: set[Case] = set()
+    out = []
+    for c in cases:
+        if c not in seen and c.micro_batches <= c.rows and c.bytes() <= MAX_BYTES:
+            seen.add(c)
+            out.append(c)
+    return out
+
+
+GRIDS = ("smoke", "quick", "standard", "full")

@@ -1,0 +1,210 @@
+"""Run the benchmark grid: torch_impl, the per-row baseline (verl's algorithm), the copy limit and the
+jit-compiled JAX reference, timed in one run on the same inputs; peak extra memory for torch_impl and
+the baseline. Writes ``benchmarks.json``, ``benchmarks.md`` and ``benchmarks.png`` (time against B).
+
+    python -m benchmarks.run [--grid quick|standard|full] [--device cuda] [--out docs]
+    rebatch bench [--quick]                      # the same, standard grid (quick with --quick)
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import torch_impl
+from property_tests.baseline import verl_postprocess_batch_func
+
+from .cases import GRIDS, Case, grid, make_inputs
+from .memory import peak_extra_bytes
+
+__all__ = ["run_bench", "measure", "main"]
+
+JAX_MAX_ELEMENTS = 16 * 2**20  # the JAX reference is timed up to this many output elements (its gather is slow on 2 cores)
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _median_time(fn: Callable[[], Any], device: str, *, min_time: float = 0.3, max_runs: int = 15) -> float:
+    """Median seconds per call after one warm-up call: at least 3 runs, more until ``min_time`` is spent."""
+    fn()
+    _sync(device)
+    times: list[float] = []
+    while len(times) < 3 or (sum(times) < min_time and len(times) < max_runs):
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _copy_limit(outs: list[dict[str, Any]]) -> Callable[[], Any]:
+    """One clone of a buffer with the output's bytes (each key's values, concatenated beforehand)."""
+    keys = list(outs[0]["model_output"])
+    whole = [torch.cat([o["model_output"][k].values() for o in outs]) for k in keys]
+    return lambda: [w.clone() for w in whole]
+
+
+def _jax_reference(outs: list[dict[str, Any]], indices: list[list[int]]) -> Callable[[], Any] | None:
+    import jax
+
+    import ref
+    from ref import interop
+
+    converted = [{"model_output": o["model_output"]} for o in interop.outputs_from_torch(outs)]
+    fn = jax.jit(lambda o: ref.postprocess_batch(o, indices)["model_output"])
+    fn(converted)  # compile outside the timing
+
+    def run() -> Any:
+        return jax.block_until_ready(fn(converted))
+
+    return run
+
+
+def measure(case: Case, device: str = "cpu", *, with_jax: bool = True) -> dict[str, Any]:
+    inputs = make_inputs(case, device)
+    outs, indices = inputs.output_lst, inputs.indices
+    row: dict[str, Any] = {"case": case._asdict(), "name": case.name, "output_bytes": inputs.output_bytes,
+                           "output_elements": inputs.output_elements}
+    impl = lambda: torch_impl.postprocess_batch_func(outs, indices, None)  # noqa: E731
+    base = lambda: verl_postprocess_batch_func(outs, indices, None)  # noqa: E731
+    seconds = {"torch_impl": _median_time(impl, device), "per_row_baseline": _median_time(base, device, max_runs=5),
+               "copy_limit": _median_time(_copy_limit(outs), device)}
+    if with_jax and device == "cpu" and inputs.output_elements <= JAX_MAX_ELEMENTS:
+        jax_fn = _jax_reference(outs, indices)
+        seconds["jax_reference_jit"] = _median_time(jax_fn, device, max_runs=5)
+    row["seconds"] = seconds
+    row["speedup_vs_baseline"] = seconds["per_row_baseline"] / seconds["torch_impl"]
+    row["ratio_to_copy_limit"] = seconds["torch_impl"] / seconds["copy_limit"]
+    gc.collect()
+    row["peak_extra_bytes"] = {"torch_impl": peak_extra_bytes(impl, device), "per_row_baseline": peak_extra_bytes(base, device)}
+    if row["peak_extra_bytes"]["torch_impl"] is not None:
+        row["peak_extra_over_output"] = row["peak_extra_bytes"]["torch_impl"] / inputs.output_bytes
+    del outs, inputs
+    gc.collect()
+    return row
+
+
+def _fmt_ms(s: float | None) -> str:
+    return "" if s is None else f"{s * 1e3:.3g}"
+
+
+def _fmt_mib(b: int | None) -> str:
+    return "" if b is None else f"{b / 2**20:.1f}"
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Machine: {results['machine']}; device {results['device']}; torch {results['torch']}; grid `{results['grid']}`; "
+        f"{results['date']}. Regenerate with `rebatch bench` (or `python -m benchmarks.run --grid {results['grid']}`).",
+        "",
+        "Times are medians in milliseconds, measured in one run on the same inputs. *baseline* follows verl's "
+        "algorithm row by row (unbind, rebuild, unbind, rebuild in inverse order); *copy* is one clone of the "
+        "output's bytes; *JAX* is the reference under `jax.jit`, timed after compilation (up to "
+        f"{JAX_MAX_ELEMENTS // 2**20}M output elements). Peak extra memory is the resident-set high-water mark "
+        "over the call minus the resident set before it, the output included.",
+        "",
+        "![time against B](benchmarks.png)",
+        "",
+        "| B | mean len | M | keys | dtype | jagged | torch_impl ms | baseline ms | copy ms | JAX ms | speed-up vs baseline | x copy | torch_impl peak MiB | baseline peak MiB | output MiB | peak / output |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results["rows"]:
+        c, s, p = r["case"], r["seconds"], r["peak_extra_bytes"]
+        lines.append(
+            f"| {c['rows']} | {c['mean_length']} | {c['micro_batches']} | {c['keys']} | {c['dtype']} | {c['ndim']}-D | "
+            f"{_fmt_ms(s['torch_impl'])} | {_fmt_ms(s['per_row_baseline'])} | {_fmt_ms(s['copy_limit'])} | "
+            f"{_fmt_ms(s.get('jax_reference_jit'))} | {r['speedup_vs_baseline']:.1f}x | {r['ratio_to_copy_limit']:.2f} | "
+            f"{_fmt_mib(p['torch_impl'])} | {_fmt_mib(p['per_row_baseline'])} | {_fmt_mib(r['output_bytes'])} | "
+            f"{r.get('peak_extra_over_output', float('nan')):.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    base = [r for r in results["rows"] if r["case"]["keys"] == 1 and r["case"]["dtype"] == "float32" and r["case"]["ndim"] == 2]
+    lengths = sorted({r["case"]["mean_length"] for r in base})
+    mb = max({r["case"]["micro_batches"] for r in base if r["case"]["micro_batches"] <= 16} or {1})
+    fig, axes = plt.subplots(1, len(lengths), figsize=(5 * len(lengths), 4), squeeze=False)
+    styles = {"torch_impl": "o-", "per_row_baseline": "s--", "copy_limit": "k:", "jax_reference_jit": "^-."}
+    for ax, length in zip(axes[0], lengths, strict=True):
+        rows = sorted((r for r in base if r["case"]["mean_length"] == length and r["case"]["micro_batches"] == mb),
+                      key=lambda r: r["case"]["rows"])
+        for impl, style in styles.items():
+            pts = [(r["case"]["rows"], r["seconds"][impl]) for r in rows if impl in r["seconds"]]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), style, label=impl.replace("_", " "))
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("rows B")
+        ax.set_ylabel("seconds (median)")
+        ax.set_title(f"mean length {length}, M={mb}, 1 key float32")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_bench(*, quick: bool = False, device: str = "cpu", out: str = "docs", as_json: bool = False,
+              grid_name: str | None = None, with_jax: bool = True) -> int:
+    name = grid_name or ("quick" if quick else "standard")
+    cases = grid(name)
+    results: dict[str, Any] = {
+        "grid": name, "device": device, "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "machine": f"{platform.machine()}, {torch.get_num_threads()} threads", "date": time.strftime("%Y-%m-%d"),
+        "rows": [],
+    }
+    start = time.perf_counter()
+    for i, case in enumerate(cases, 1):
+        row = measure(case, device, with_jax=with_jax)
+        results["rows"].append(row)
+        elapsed = time.perf_counter() - start
+        bar = "#" * int(20 * i / len(cases))
+        print(f"\r[{bar:<20}] {i}/{len(cases)} {elapsed:6.0f}s  {case.name}: {row['speedup_vs_baseline']:.1f}x vs baseline, "
+              f"{row['ratio_to_copy_limit']:.2f}x copy", end="\n" if not sys.stderr.isatty() else "", file=sys.stderr, flush=True)
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "benchmarks.json").write_text(json.dumps(results, indent=1))
+    (folder / "benchmarks.md").write_text(markdown(results))
+    plot(results, folder / "benchmarks.png")
+    if as_json:
+        print(json.dumps(results, indent=1))
+    else:
+        print(f"wrote {folder / 'benchmarks.json'}, {folder / 'benchmarks.md'}, {folder / 'benchmarks.png'}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--grid", choices=GRIDS, default="standard")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", default="docs")
+    parser.add_argument("--no-jax", action="store_true", help="leave out the JAX reference")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    return run_bench(device=args.device, out=args.out, as_json=args.json, grid_name=args.grid, with_jax=not args.no_jax)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
