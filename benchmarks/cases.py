@@ -62,7 +62,9 @@ def make_inputs(case: Case, device: str = "cpu", seed: int = 0) -> Inputs:
     feature = (5,) if case.ndim == 3 else ()
     outs: list[dict[str, Any]] = [{"model_output": {}, "loss": torch.tensor(0.0)} for _ in indices]
     for k in range(case.keys):
-        values = torch.randn((total, *feature), generator=torch.Generator().manual_seed(seed + k)).to(getattr(torch, case.dtype))
+        values = torch.randn((total, *feature), generator=torch.Generator().manual_seed(seed + k)).to(
+            getattr(torch, case.dtype)
+        )
         whole = torch.nested.nested_tensor_from_jagged(values.to(device), offsets.to(device))
         for o, piece in zip(outs, torch_impl.split(whole, indices), strict=True):
             o["model_output"][f"key{k}"] = piece
@@ -91,7 +93,9 @@ def grid(name: str) -> list[Case]:
         cases += _product((8, 64, 512, 4096, 16384), (512,), (16,), (3,), ("float32", "bfloat16"), (2, 3))
         cases += [Case(1024, 512, 16, 1, "float32", 2), Case(16384, 16, 16, 1, "float32", 2)]
     elif name == "full":
-        cases = _product((8, 64, 512, 4096, 16384), (16, 512, 4096), (1, 4, 16, 64), (1, 3), ("float32", "bfloat16"), (2, 3))
+        cases = _product(
+            (8, 64, 512, 4096, 16384), (16, 512, 4096), (1, 4, 16, 64), (1, 3), ("float32", "bfloat16"), (2, 3)
+        )
         cases += [Case(1024, 512, 16, 1, "float32", 2)]
     else:
         raise ValueError(f"unknown grid {name!r}: quick, standard or full")

@@ -29,7 +29,9 @@ from .memory import peak_extra_bytes
 
 __all__ = ["run_bench", "measure", "main"]
 
-JAX_MAX_ELEMENTS = 16 * 2**20  # the JAX reference is timed up to this many output elements (its gather is slow on 2 cores)
+JAX_MAX_ELEMENTS = (
+    16 * 2**20
+)  # the JAX reference is timed up to this many output elements (its gather is slow on 2 cores)
 
 
 def _sync(device: str) -> None:
@@ -76,12 +78,19 @@ def _jax_reference(outs: list[dict[str, Any]], indices: list[list[int]]) -> Call
 def measure(case: Case, device: str = "cpu", *, with_jax: bool = True) -> dict[str, Any]:
     inputs = make_inputs(case, device)
     outs, indices = inputs.output_lst, inputs.indices
-    row: dict[str, Any] = {"case": case._asdict(), "name": case.name, "output_bytes": inputs.output_bytes,
-                           "output_elements": inputs.output_elements}
+    row: dict[str, Any] = {
+        "case": case._asdict(),
+        "name": case.name,
+        "output_bytes": inputs.output_bytes,
+        "output_elements": inputs.output_elements,
+    }
     impl = lambda: torch_impl.postprocess_batch_func(outs, indices, None)  # noqa: E731
     base = lambda: verl_postprocess_batch_func(outs, indices, None)  # noqa: E731
-    seconds = {"torch_impl": _median_time(impl, device), "per_row_baseline": _median_time(base, device, max_runs=5),
-               "copy_limit": _median_time(_copy_limit(outs), device)}
+    seconds = {
+        "torch_impl": _median_time(impl, device),
+        "per_row_baseline": _median_time(base, device, max_runs=5),
+        "copy_limit": _median_time(_copy_limit(outs), device),
+    }
     if with_jax and device == "cpu" and inputs.output_elements <= JAX_MAX_ELEMENTS:
         jax_fn = _jax_reference(outs, indices)
         seconds["jax_reference_jit"] = _median_time(jax_fn, device, max_runs=5)
@@ -89,7 +98,10 @@ def measure(case: Case, device: str = "cpu", *, with_jax: bool = True) -> dict[s
     row["speedup_vs_baseline"] = seconds["per_row_baseline"] / seconds["torch_impl"]
     row["ratio_to_copy_limit"] = seconds["torch_impl"] / seconds["copy_limit"]
     gc.collect()
-    row["peak_extra_bytes"] = {"torch_impl": peak_extra_bytes(impl, device), "per_row_baseline": peak_extra_bytes(base, device)}
+    row["peak_extra_bytes"] = {
+        "torch_impl": peak_extra_bytes(impl, device),
+        "per_row_baseline": peak_extra_bytes(base, device),
+    }
     if row["peak_extra_bytes"]["torch_impl"] is not None:
         row["peak_extra_over_output"] = row["peak_extra_bytes"]["torch_impl"] / inputs.output_bytes
     del outs, inputs
@@ -141,14 +153,20 @@ def plot(results: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    base = [r for r in results["rows"] if r["case"]["keys"] == 1 and r["case"]["dtype"] == "float32" and r["case"]["ndim"] == 2]
+    base = [
+        r
+        for r in results["rows"]
+        if r["case"]["keys"] == 1 and r["case"]["dtype"] == "float32" and r["case"]["ndim"] == 2
+    ]
     lengths = sorted({r["case"]["mean_length"] for r in base})
     mb = max({r["case"]["micro_batches"] for r in base if r["case"]["micro_batches"] <= 16} or {1})
     fig, axes = plt.subplots(1, len(lengths), figsize=(5 * len(lengths), 4), squeeze=False)
     styles = {"torch_impl": "o-", "per_row_baseline": "s--", "copy_limit": "k:", "jax_reference_jit": "^-."}
     for ax, length in zip(axes[0], lengths, strict=True):
-        rows = sorted((r for r in base if r["case"]["mean_length"] == length and r["case"]["micro_batches"] == mb),
-                      key=lambda r: r["case"]["rows"])
+        rows = sorted(
+            (r for r in base if r["case"]["mean_length"] == length and r["case"]["micro_batches"] == mb),
+            key=lambda r: r["case"]["rows"],
+        )
         for impl, style in styles.items():
             pts = [(r["case"]["rows"], r["seconds"][impl]) for r in rows if impl in r["seconds"]]
             if pts:
@@ -165,13 +183,24 @@ def plot(results: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def run_bench(*, quick: bool = False, device: str = "cpu", out: str = "docs", as_json: bool = False,
-              grid_name: str | None = None, with_jax: bool = True) -> int:
+def run_bench(
+    *,
+    quick: bool = False,
+    device: str = "cpu",
+    out: str = "docs",
+    as_json: bool = False,
+    grid_name: str | None = None,
+    with_jax: bool = True,
+) -> int:
     name = grid_name or ("quick" if quick else "standard")
     cases = grid(name)
     results: dict[str, Any] = {
-        "grid": name, "device": device, "torch": torch.__version__, "threads": torch.get_num_threads(),
-        "machine": f"{platform.machine()}, {torch.get_num_threads()} threads", "date": time.strftime("%Y-%m-%d"),
+        "grid": name,
+        "device": device,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "machine": f"{platform.machine()}, {torch.get_num_threads()} threads",
+        "date": time.strftime("%Y-%m-%d"),
         "rows": [],
     }
     start = time.perf_counter()
@@ -180,8 +209,13 @@ def run_bench(*, quick: bool = False, device: str = "cpu", out: str = "docs", as
         results["rows"].append(row)
         elapsed = time.perf_counter() - start
         bar = "#" * int(20 * i / len(cases))
-        print(f"\r[{bar:<20}] {i}/{len(cases)} {elapsed:6.0f}s  {case.name}: {row['speedup_vs_baseline']:.1f}x vs baseline, "
-              f"{row['ratio_to_copy_limit']:.2f}x copy", end="\n" if not sys.stderr.isatty() else "", file=sys.stderr, flush=True)
+        print(
+            f"\r[{bar:<20}] {i}/{len(cases)} {elapsed:6.0f}s  {case.name}: {row['speedup_vs_baseline']:.1f}x vs baseline, "
+            f"{row['ratio_to_copy_limit']:.2f}x copy",
+            end="\n" if not sys.stderr.isatty() else "",
+            file=sys.stderr,
+            flush=True,
+        )
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "benchmarks.json").write_text(json.dumps(results, indent=1))
@@ -195,8 +229,9 @@ def run_bench(*, quick: bool = False, device: str = "cpu", out: str = "docs", as
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--grid", choices=GRIDS, default="standard")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", default="docs")

@@ -50,19 +50,23 @@ def test_dump_with_the_verl_baseline_as_candidate(tmp_path, capsys) -> None:
     for o in outs:
         del o["model_output"]["v"]  # verl cannot take dense outputs
     torch.save((outs, indices, data), path)
-    assert main(["check", "--dump", str(path), "--candidate", "property_tests.baseline:verl_postprocess_batch_func"]) == 0
+    assert (
+        main(["check", "--dump", str(path), "--candidate", "property_tests.baseline:verl_postprocess_batch_func"]) == 0
+    )
     assert "candidate: identical" in capsys.readouterr().out
 
 
 def test_candidate_that_swaps_rows_is_named(tmp_path, monkeypatch, capsys) -> None:
-    (tmp_path / "swapper.py").write_text(textwrap.dedent("""
+    (tmp_path / "swapper.py").write_text(
+        textwrap.dedent("""
         import torch, torch_impl
         def postprocess(output_lst, indices, data):
             res = torch_impl.postprocess_batch_func(output_lst, indices, data)
             lp = res["model_output"]["lp"]
             res["model_output"]["lp"] = torch_impl.take(lp, [0, 2, 1, 3])  # rows 1 and 2 swapped
             return res
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     code = main(["check", "--dump", str(_dump(tmp_path / "d.pt")), "--candidate", "swapper:postprocess"])
     out = capsys.readouterr().out

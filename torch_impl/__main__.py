@@ -38,7 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="print the report as JSON")
     bench = sub.add_parser("bench", help="run the benchmark grid; write JSON, a Markdown table and a plot")
     bench.add_argument("--quick", action="store_true", help="a small grid (about a minute)")
-    bench.add_argument("--grid", choices=["quick", "standard", "full"], help="the grid (default standard; --quick = quick)")
+    bench.add_argument(
+        "--grid", choices=["quick", "standard", "full"], help="the grid (default standard; --quick = quick)"
+    )
     bench.add_argument("--device", default="cpu", help="cpu or cuda")
     bench.add_argument("--out", default="docs", help="folder for benchmarks.json, benchmarks.md and benchmarks.png")
     bench.add_argument("--json", action="store_true", help="print the results as JSON")

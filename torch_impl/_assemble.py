@@ -1,13 +1,20 @@
 """The one data-movement kernel: micro-batch parts written once each into the output, in any row order.
 
-Every output element is written exactly once (``index_copy_`` of each part into an uninitialised
-output), and the number of torch operations depends on the number of parts, never on the number of
-rows. The index arithmetic happens on the parts' device from host-known sizes, so no host-device
-synchronisation is needed.
+Every output element is written exactly once into an uninitialised output, and the number of torch
+operations depends on the number of parts, never on the number of rows. Two ways, chosen by shape:
+
+- element indices (any device, differentiable): per value, its destination, computed on the parts'
+  device from host-known sizes (no host-device synchronisation), then one ``index_copy_`` per part;
+- row copies (CPU, long rows, no autograd): the output and the parts are split into row views by one
+  ``torch.split`` each, and one ``torch._foreach_copy_`` copies every row with a contiguous copy. No
+  index buffer (peak memory is the output), memcpy speed; the per-row views are made in C++.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,12 +22,30 @@ import torch
 
 from ._parts import Part, check_offsets
 
-__all__ = ["assemble", "gather_jagged", "njt", "zero_prefixed_cumsum"]
+#: Mean elements per row (values per row times trailing size) from which CPU row copies beat indices.
+ROW_COPY_MIN_ELEMENTS = 1024
+
+__all__ = ["assemble", "gather_jagged", "njt", "runs_to_indices", "zero_prefixed_cumsum"]
 
 
 def njt(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """A jagged nested tensor ``[B, (j), *F]`` over ``values`` ``[N, *F]`` and ``offsets`` ``[B + 1]``."""
     return torch.nested.nested_tensor_from_jagged(values, offsets)
+
+
+def runs_to_indices(starts: torch.Tensor, lengths: torch.Tensor, total: int) -> torch.Tensor:
+    """Runs laid end to end, as one index per element: ``[s + j for s, n in zip(starts, lengths) for j in range(n)]``.
+
+    ``starts``, ``lengths``: int64 ``[R]``; ``total == sum(lengths)`` (host-known). Built as the running
+    sum of steps (1 inside a run, a jump at each run's first element; zero-length runs telescope away),
+    so it costs one fill, one ``index_add_`` of ``R`` jumps and one in-place ``cumsum``.
+    """
+    ends = starts + lengths
+    previous_ends = torch.cat([ends.new_ones(1), ends[:-1]])  # 1 folds the running sum's -1 into run 0
+    positions = zero_prefixed_cumsum(lengths)[:-1]
+    steps = torch.ones(total + 1, dtype=torch.int64, device=starts.device)  # + 1: trailing empty runs land here
+    steps.index_add_(0, positions, starts - previous_ends)
+    return steps[:-1].cumsum_(0)
 
 
 def zero_prefixed_cumsum(lengths: torch.Tensor) -> torch.Tensor:
@@ -59,19 +84,43 @@ def assemble(parts: Sequence[Part], perm: torch.Tensor | None, key: Any = None) 
         out_offsets = torch.cat([parts[0].offsets[:1]] + [p.offsets[1:] + b for p, b in zip(parts, bases, strict=True)])
         return njt(torch.cat([p.values for p in parts]) if len(parts) > 1 else first, out_offsets)
 
-    # Row k of the concatenation starts at src_start[k] and goes to output row perm[k], which starts
-    # at out_offsets[perm[k]]; every value of row k moves by the same shift.
     inv = torch.empty_like(perm)
     inv[perm] = torch.arange(perm.numel(), device=device)
-    out_offsets = zero_prefixed_cumsum(lengths[inv])
-    src_start = torch.cat([p.offsets[:-1] + b for p, b in zip(parts, bases, strict=True)])
-    shift = out_offsets[:-1][perm] - src_start
-    dest = torch.repeat_interleave(shift, lengths, output_size=total)
-    dest += torch.arange(total, device=device)
+    out_lengths = lengths[inv]
+    out_offsets = zero_prefixed_cumsum(out_lengths)
+    if _row_copies_pay(parts, total, perm.numel()):
+        return njt(_copy_rows(parts, perm, out_lengths, total), out_offsets)
+    # Row k of the concatenation occupies [src_start[k], src_start[k] + lengths[k]) and goes to output
+    # row perm[k], which starts at out_offsets[perm[k]].
+    dest = runs_to_indices(out_offsets[:-1][perm], lengths, total)
     out_values = first.new_empty((total, *first.shape[1:]))
     for p, b in zip(parts, bases, strict=True):
         out_values.index_copy_(0, dest[b : b + p.values.shape[0]], p.values)
     return njt(out_values, out_offsets)
+
+
+def _row_copies_pay(parts: Sequence[Part], total: int, rows: int) -> bool:
+    """Row copies: on the CPU, without autograd, when rows are long enough to amortise a view per row."""
+    first = parts[0].values
+    if (
+        first.device.type != "cpu"
+        or rows == 0
+        or (torch.is_grad_enabled() and any(p.values.requires_grad for p in parts))
+    ):
+        return False
+    row_elements = total * math.prod(first.shape[1:]) / rows
+    return row_elements >= ROW_COPY_MIN_ELEMENTS
+
+
+def _copy_rows(parts: Sequence[Part], perm: torch.Tensor, out_lengths: torch.Tensor, total: int) -> torch.Tensor:
+    """Output values ``[N, *F]``: row ``k`` of the concatenation copied to output row ``perm[k]``, as whole rows."""
+    first = parts[0].values
+    out = first.new_empty((total, *first.shape[1:]))
+    destinations = torch.split(out, out_lengths.tolist())  # output rows, in output order
+    in_concat_order = operator.itemgetter(*perm.tolist())(destinations) if perm.numel() > 1 else destinations
+    sources = itertools.chain.from_iterable(torch.split(p.values, p.offsets.diff().tolist()) for p in parts)
+    torch._foreach_copy_(list(in_concat_order), list(sources))
+    return out
 
 
 def gather_jagged(x: Part, rows: torch.Tensor, total: int | None = None) -> torch.Tensor:
@@ -86,6 +135,5 @@ def gather_jagged(x: Part, rows: torch.Tensor, total: int | None = None) -> torc
     new_offsets = zero_prefixed_cumsum(new_lengths)
     if total is None:
         total = int(new_offsets[-1])
-    src = torch.repeat_interleave(x.offsets[:-1][rows] - new_offsets[:-1], new_lengths, output_size=total)
-    src += torch.arange(total, device=x.values.device)
+    src = runs_to_indices(x.offsets[:-1][rows], new_lengths, total)
     return njt(x.values.index_select(0, src), new_offsets)
