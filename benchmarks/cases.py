@@ -87,7 +87,7 @@ def grid(name: str) -> list[Case]:
     if name == "smoke":  # for the test suite: the harness end to end in seconds
         cases = [Case(8, 16, 2, 1, "float32", 2), Case(64, 16, 4, 2, "bfloat16", 3)]
     elif name == "quick":
-        cases = _product((8, 512), (16, 512), (1, 4)) + [Case(1024, 512, 16, 1, "float32", 2)]
+        cases = [*_product((8, 512), (16, 512), (1, 4)), Case(1024, 512, 16, 1, "float32", 2)]
     elif name == "standard":
         cases = _product((8, 64, 512, 4096, 16384), (16, 512, 4096), (1, 4, 16, 64))
         cases += _product((8, 64, 512, 4096, 16384), (512,), (16,), (3,), ("float32", "bfloat16"), (2, 3))

@@ -104,8 +104,6 @@ def measure(case: Case, device: str = "cpu", *, with_jax: bool = True) -> dict[s
     }
     if row["peak_extra_bytes"]["torch_impl"] is not None:
         row["peak_extra_over_output"] = row["peak_extra_bytes"]["torch_impl"] / inputs.output_bytes
-    del outs, inputs
-    gc.collect()
     return row
 
 
