@@ -246,6 +246,21 @@ def error_cases() -> list[ErrorCase]:
             r"micro-batch 0: an output must be a dict",
         ),
         ErrorCase("concat_nothing", "concat", lambda: (([],), {}), e.UnsupportedSettingError, r"at least one part"),
+        # -- the token budget
+        ErrorCase(
+            "row_over_budget",
+            "balanced_partitions",
+            lambda: (([3, 9, 2], 8), {}),
+            e.TokenBudgetError,
+            r"row 1: length 9 exceeds the token budget of 8",
+        ),
+        ErrorCase(
+            "more_micro_batches_than_rows",
+            "balanced_partitions",
+            lambda: (([3, 2], 8), {"min_num_micro_batches": 3}),
+            e.TokenBudgetError,
+            r"3 micro-batches are needed .* only 2 rows",
+        ),
         # -- take
         ErrorCase(
             "take_negative_row",

@@ -26,6 +26,7 @@ OPERATIONS = (
     "split",
     "append_to_dict",
     "postprocess_batch",
+    "balanced_partitions",
 )
 
 
@@ -170,6 +171,9 @@ def op_samples() -> Iterator[OpSample]:
     yield OpSample("restore", "dense", (d, [[1, 0], [4, 3, 2]]))
     yield OpSample("split", "jagged", (x, [[4, 1], [], [0, 3, 2]]))
     yield OpSample("split", "dense", (d, [[1, 0], [4, 3, 2]]))
+    yield OpSample("balanced_partitions", "long_tail", ([5, 1, 9, 3, 3, 12, 0, 7, 2], 16))
+    yield OpSample("balanced_partitions", "all_in_one", ([1, 2, 3], 100), [[0, 1, 2]])
+    yield OpSample("balanced_partitions", "empty", ([], 8), [])
     yield OpSample(
         "append_to_dict",
         "lists_scalars_metrics",

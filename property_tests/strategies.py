@@ -27,11 +27,13 @@ __all__ = [
     "Partitions",
     "MicrobatchOutputs",
     "MalformedInput",
+    "TensorDictBatch",
     "DEFECTS",
     "jagged_batches",
     "partitions",
     "microbatch_outputs",
     "malformed_inputs",
+    "tensordict_batches",
 ]
 
 
@@ -406,3 +408,36 @@ def strided_nested(rows: list[torch.Tensor]) -> torch.Tensor:
 
 def _rows(x: torch.Tensor) -> int:
     return int(x.size(0))
+
+
+class TensorDictBatch(NamedTuple):
+    """A verl-like batch: jagged ``input_ids`` ``[B, (j)]``, jagged ``top_k`` ``[B, (j), 3]``, dense
+    ``advantages`` ``[B]`` and a non-tensor stack ``uid``; ``lengths`` are the rows' token counts."""
+
+    data: Any
+    lengths: list[int]
+
+
+@st.composite
+def tensordict_batches(
+    draw: st.DrawFn, *, min_rows: int = 0, max_rows: int = 10, min_length: int = 0, max_length: int = 8
+) -> TensorDictBatch:
+    """TensorDicts of ``min_rows..max_rows`` rows of ``min_length..max_length`` tokens (zero-length rows included)."""
+    from tensordict import NonTensorStack, TensorDict
+
+    _check_bounds("rows", min_rows, max_rows)
+    _check_bounds("length", min_length, max_length)
+    lengths = draw(st.lists(st.integers(min_length, max_length), min_size=min_rows, max_size=max_rows))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    n, b = sum(lengths), len(lengths)
+    data = TensorDict(
+        {
+            "input_ids": jagged(random_tensor(rng, (n,), "int64"), lengths),
+            "top_k": jagged(random_tensor(rng, (n, 3), "float32"), lengths),
+            "advantages": random_tensor(rng, (b,), "float32"),
+        },
+        batch_size=[b],
+    )
+    if b:
+        data["uid"] = NonTensorStack(*[f"row{i}" for i in range(b)])
+    return TensorDictBatch(data, lengths)

@@ -43,6 +43,9 @@ from .errors import (
     ShapeMismatchError as ShapeMismatchError,
 )
 from .errors import (
+    TokenBudgetError as TokenBudgetError,
+)
+from .errors import (
     UnsupportedSettingError as UnsupportedSettingError,
 )
 
@@ -51,6 +54,7 @@ if TYPE_CHECKING:
     from ._jagged import Jagged as Jagged
     from ._jagged import validate_jagged as validate_jagged
     from ._metrics import append_to_dict as append_to_dict
+    from ._partition import balanced_partitions as balanced_partitions
     from ._permutation import flatten_partitions as flatten_partitions
     from ._permutation import inverse_permutation as inverse_permutation
     from ._postprocess import postprocess_batch as postprocess_batch
@@ -70,6 +74,7 @@ _LAZY = {
     "split": "._restore",
     "append_to_dict": "._metrics",
     "postprocess_batch": "._postprocess",
+    "balanced_partitions": "._partition",
 }
 
 __all__ = sorted([*_LAZY, "errors", *(n for n in errors.__all__ if n != "where")])

@@ -23,6 +23,7 @@ __all__ = [
     "InvalidJaggedError",
     "UnsupportedSettingError",
     "RowIndexError",
+    "TokenBudgetError",
     "where",
 ]
 
@@ -85,6 +86,11 @@ class RowIndexError(RebatchError):
 
     Negative indices are rejected rather than wrapped: a wrapped index is how misaligned rows go unseen.
     """
+
+
+class TokenBudgetError(RebatchError):
+    """Rows that cannot be packed under the token budget: a single row longer than the budget, or more
+    micro-batches needed than there are rows."""
 
 
 def where(key: Any = None, micro_batch: int | None = None) -> str:

@@ -73,6 +73,7 @@ def test_candidate_that_swaps_rows_is_named(tmp_path, monkeypatch, capsys) -> No
     assert code == 1
     assert "MISMATCH" in out
     assert "key 'lp' first differs at original row 1" in out
+    assert "differing original rows: 1, 2)" in out
 
 
 def test_corrupted_dump_is_a_clear_error(tmp_path, capsys) -> None:

@@ -17,16 +17,22 @@ from ._permutation import flatten_partitions as flatten_partitions
 from ._permutation import inverse_permutation as inverse_permutation
 from ._postprocess import postprocess_batch as postprocess_batch
 from ._postprocess import postprocess_batch_func as postprocess_batch_func
+from ._prepare import balanced_partitions as balanced_partitions
+from ._prepare import prepare_micro_batches as prepare_micro_batches
+from ._prepare import row_lengths as row_lengths
 
 __all__ = [
     "append_to_dict",
+    "balanced_partitions",
     "concat",
     "errors",
     "flatten_partitions",
     "inverse_permutation",
     "postprocess_batch",
     "postprocess_batch_func",
+    "prepare_micro_batches",
     "restore",
+    "row_lengths",
     "split",
     "take",
 ]

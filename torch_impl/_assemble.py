@@ -23,7 +23,7 @@ import torch
 from ._parts import Part, check_offsets
 
 #: Mean elements per row (values per row times trailing size) from which CPU row copies beat indices.
-ROW_COPY_MIN_ELEMENTS = 1024
+ROW_COPY_MIN_ELEMENTS = 256
 
 __all__ = ["assemble", "gather_jagged", "njt", "runs_to_indices", "zero_prefixed_cumsum"]
 
