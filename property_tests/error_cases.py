@@ -45,6 +45,12 @@ def _call(
     return build
 
 
+def _padding() -> Any:
+    from ref import PADDING
+
+    return PADDING
+
+
 def _bad_offsets() -> torch.Tensor:
     return torch.nested.nested_tensor_from_jagged(torch.zeros(3), torch.tensor([0, 3, 2]))
 
@@ -129,6 +135,13 @@ def error_cases() -> list[ErrorCase]:
             _call(mb0, mb1, indices=((1,), (0, 2))),
             e.PartitionMismatchError,
             r"key 'lp', micro-batch 0: 2 rows, but its partition has 1 indices",
+        ),
+        ErrorCase(
+            "padding_without_its_output",
+            "postprocess_batch",
+            lambda: (([{"model_output": _ok()[0]}], [[1, 0], _padding()]), {}),
+            e.PartitionMismatchError,
+            r"2 partitions \(padding included\) for 1 micro-batch outputs",
         ),
         # -- outputs that disagree
         ErrorCase(

@@ -134,6 +134,22 @@ def postprocess_samples() -> list[PostprocessSample]:
     ]
 
 
+def _with_padding(lp: torch.Tensor) -> PostprocessSample:
+    """A padding micro-batch (partition PADDING) between two real ones: its rows, loss and metrics vanish."""
+    from ref import PADDING
+
+    real = _call(
+        "padding_micro_batch",
+        {"lp": lp},
+        [[4, 1], [0, 3, 2]],
+        extras=[{"loss": 1.0, "metrics": {"n": 1}}, {"loss": 3.0, "metrics": {"n": 3}}],
+        expected_extra={"loss": [1.0, 3.0], "metrics": {"n": [1, 3]}},
+    )
+    filler = {"model_output": {"lp": jagged(_ramp(7) + 100, [7])}, "loss": 2.0, "metrics": {"n": 2, "pad": True}}
+    outs = [real.output_lst[0], filler, real.output_lst[1]]
+    return real._replace(output_lst=outs, indices=[real.indices[0], PADDING, real.indices[1]])
+
+
 def _metric(aggregation: str, values: list[Any]) -> FakeMetric:
     m = FakeMetric(aggregation)
     m.extend(values)

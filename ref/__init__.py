@@ -12,6 +12,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from . import errors as errors
+from ._structure import PADDING as PADDING
 from .errors import (
     DeviceMismatchError as DeviceMismatchError,
 )
@@ -77,7 +78,7 @@ _LAZY = {
     "balanced_partitions": "._partition",
 }
 
-__all__ = sorted([*_LAZY, "errors", *(n for n in errors.__all__ if n != "where")])
+__all__ = sorted([*_LAZY, "errors", "PADDING", *(n for n in errors.__all__ if n != "where")])
 
 
 def __getattr__(name: str) -> Any:

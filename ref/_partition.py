@@ -14,7 +14,16 @@ from typing import Any
 
 from .errors import TokenBudgetError
 
-__all__ = ["balanced_partitions", "karmarkar_karp", "workload"]
+__all__ = [
+    "balanced_partitions",
+    "check_lengths",
+    "fits",
+    "initial_count",
+    "karmarkar_karp",
+    "partition_into",
+    "pipeline_order",
+    "workload",
+]
 
 
 def workload(length: int) -> int:
@@ -78,6 +87,46 @@ def karmarkar_karp(values: Sequence[int], k: int) -> list[list[int]]:
     return [[i for i, _ in s.items] for s in final.sets]
 
 
+def check_lengths(lengths: Sequence[int], max_tokens: int) -> list[int]:
+    """``lengths`` as ints, each non-negative and within ``max_tokens`` (`TokenBudgetError`)."""
+    out = [int(n) for n in lengths]
+    if max_tokens <= 0:
+        raise TokenBudgetError(f"max_tokens must be positive, got {max_tokens}")
+    for i, n in enumerate(out):
+        if n < 0:
+            raise TokenBudgetError(f"row {i}: length {n} is negative")
+        if n > max_tokens:
+            raise TokenBudgetError(f"row {i}: length {n} exceeds the token budget of {max_tokens}")
+    return out
+
+
+def initial_count(
+    lengths: Sequence[int], max_tokens: int, *, min_num_micro_batches: int | None = None, multiple_of: int | None = None
+) -> int:
+    """``min(B, ceil(total / max_tokens))``, raised to ``min_num_micro_batches``, rounded up to ``multiple_of``."""
+    count = min(len(lengths), math.ceil(sum(lengths) / max_tokens))
+    if min_num_micro_batches is not None:
+        count = max(count, min_num_micro_batches)
+    count = max(count, 1) if lengths else count
+    step = multiple_of or 1
+    return math.ceil(count / step) * step if count else 0
+
+
+def partition_into(lengths: Sequence[int], count: int) -> list[list[int]]:
+    """``count`` micro-batches by `karmarkar_karp` on `workload`, indices ascending in each."""
+    return [sorted(p) for p in karmarkar_karp([workload(n) for n in lengths], count)] if count else []
+
+
+def fits(lengths: Sequence[int], parts: Sequence[Sequence[int]], max_tokens: int) -> bool:
+    return all(sum(lengths[i] for i in p) <= max_tokens for p in parts)
+
+
+def pipeline_order(lengths: Sequence[int], parts: list[list[int]]) -> list[list[int]]:
+    """Heaviest first, then interleaved ``p[::2][::-1] + p[1::2]``: the lightest at both ends."""
+    parts = sorted(parts, key=lambda p: sum(workload(lengths[i]) for i in p), reverse=True)
+    return parts[::2][::-1] + parts[1::2]
+
+
 def balanced_partitions(
     lengths: Sequence[int],
     max_tokens: int,
@@ -95,32 +144,15 @@ def balanced_partitions(
     interleaved ``p[::2][::-1] + p[1::2]`` so the lightest sit at both ends. Deterministic.
     Raises `TokenBudgetError` for a row longer than ``max_tokens`` or more micro-batches than rows.
     """
-    lengths = [int(n) for n in lengths]
-    if max_tokens <= 0:
-        raise TokenBudgetError(f"max_tokens must be positive, got {max_tokens}")
-    for i, n in enumerate(lengths):
-        if n < 0:
-            raise TokenBudgetError(f"row {i}: length {n} is negative")
-        if n > max_tokens:
-            raise TokenBudgetError(f"row {i}: length {n} exceeds the token budget of {max_tokens}")
-    b = len(lengths)
-    step = multiple_of or 1
-    count = min(b, math.ceil(sum(lengths) / max_tokens))
-    if min_num_micro_batches is not None:
-        count = max(count, min_num_micro_batches)
-    count = max(count, 1) if b else count
-    count = math.ceil(count / step) * step if count else 0
-    loads = [workload(n) for n in lengths]
+    lengths = check_lengths(lengths, max_tokens)
+    count = initial_count(lengths, max_tokens, min_num_micro_batches=min_num_micro_batches, multiple_of=multiple_of)
     while True:
-        if count > b:
+        if count > len(lengths):
             raise TokenBudgetError(
-                f"{count} micro-batches are needed for the token budget of {max_tokens}, but there are only {b} rows"
+                f"{count} micro-batches are needed for the token budget of {max_tokens}, but there are only {len(lengths)} rows"
             )
-        parts = [sorted(p) for p in karmarkar_karp(loads, count)] if count else []
-        if all(sum(lengths[i] for i in p) <= max_tokens for p in parts):
+        parts = partition_into(lengths, count)
+        if fits(lengths, parts, max_tokens):
             break
-        count += step
-    if balance and parts:
-        parts = sorted(parts, key=lambda p: sum(loads[i] for i in p), reverse=True)
-        parts = parts[::2][::-1] + parts[1::2]
-    return parts
+        count += multiple_of or 1
+    return pipeline_order(lengths, parts) if balance and parts else parts

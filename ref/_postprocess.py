@@ -10,7 +10,7 @@ from ._metrics import append_to_dict
 from ._parts import check_parts, num_rows
 from ._permutation import check_permutation
 from ._restore import restore
-from ._structure import check_partition_count, check_settings, model_outputs
+from ._structure import check_partition_count, check_settings, drop_padding, model_outputs
 from ._x64 import exact
 from .errors import PartitionMismatchError, ShapeMismatchError, where
 
@@ -42,6 +42,7 @@ def postprocess_batch(
     key and micro-batch: layout, dtype, device, trailing shape, and row count against the partition.
     """
     check_settings(use_dynamic_bsz, pad_mode, indices)
+    output_lst, indices = drop_padding(output_lst, indices)
     outs = model_outputs(output_lst)
     if use_dynamic_bsz:
         check_partition_count(indices, len(outs))

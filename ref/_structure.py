@@ -12,10 +12,42 @@ from typing import Any
 
 from .errors import KeyMismatchError, PartitionMismatchError, UnsupportedSettingError, where
 
-__all__ = ["PAD_MODES", "check_settings", "model_outputs", "check_partition_count"]
+__all__ = ["PAD_MODES", "PADDING", "check_settings", "drop_padding", "model_outputs", "check_partition_count"]
 
 #: The values of verl's ``DatasetPadMode`` (a str Enum: its members compare equal to these strings).
 PAD_MODES = ("no_padding", "right", "left_right")
+
+
+class _Padding:
+    """The partition of a padding micro-batch: one a data-parallel rank runs only so that every rank runs
+    the same number of micro-batches. Its outputs, loss and metrics are left out of the result."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "PADDING"
+
+    def __reduce__(self) -> str:
+        return "PADDING"  # unpickles as this module's singleton
+
+
+#: Marks a padding micro-batch in ``indices`` (``indices[m] is PADDING``).
+PADDING = _Padding()
+
+
+def drop_padding(output_lst: Any, indices: Any) -> tuple[Any, Any]:
+    """Step 1b: micro-batches whose partition is `PADDING` left out, outputs and partition together."""
+    if isinstance(indices, (str, bytes, Mapping)) or not isinstance(indices, Sequence):
+        return output_lst, indices
+    if not any(p is PADDING for p in indices):
+        return output_lst, indices
+    if not isinstance(output_lst, Sequence) or len(indices) != len(output_lst):
+        raise PartitionMismatchError(
+            f"{len(indices)} partitions (padding included) for {len(output_lst)} micro-batch outputs: "
+            "with padding micro-batches, indices must have one entry per output"
+        )
+    keep = [m for m, p in enumerate(indices) if p is not PADDING]
+    return [output_lst[m] for m in keep], [indices[m] for m in keep]
 
 
 def check_settings(use_dynamic_bsz: Any, pad_mode: Any, indices: Any) -> None:

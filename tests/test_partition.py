@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from collections import Counter
-
 import pytest
 import torch
 from tensordict import NonTensorStack, TensorDict
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import ref
 import torch_impl
 from property_tests.data import jagged
+from property_tests.opcount import CountOps
 from ref._partition import karmarkar_karp, workload
 from ref.errors import TokenBudgetError, UnsupportedSettingError
 
@@ -106,16 +104,6 @@ def test_row_lengths_from_a_dense_mask() -> None:
         torch_impl.prepare_micro_batches(data)
 
 
-class _Count(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: Counter[str] = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[str(func)] += 1
-        return func(*args, **(kwargs or {}))
-
-
 def _gathers(fields: int, parts: int) -> int:
     b = 64
     lengths = [(i * 7) % 11 for i in range(b)]
@@ -123,7 +111,7 @@ def _gathers(fields: int, parts: int) -> int:
         {f"f{k}": jagged(torch.arange(float(sum(lengths))), lengths) for k in range(fields)}, batch_size=[b]
     )
     partitions = [list(range(i, b, parts)) for i in range(parts)]
-    with _Count() as counter:
+    with CountOps() as counter:
         torch_impl.split(td, partitions)
     return counter.ops["aten.index_select.default"]
 

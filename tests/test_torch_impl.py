@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 from tensordict import NonTensorData, TensorDict
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import torch_impl
 from property_tests.baseline import verl_postprocess_batch_func
 from property_tests.compare import assert_same
 from property_tests.data import jagged, random_tensor, rows_of
 from property_tests.metric import FakeMetric
+from property_tests.opcount import CountOps
 from ref import errors
 
 
@@ -140,21 +140,11 @@ def test_take_and_split_on_a_tensordict() -> None:
     assert taken.get("tag").data == "rollout"
 
 
-class _CountOps(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: Counter[str] = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[str(func)] += 1
-        return func(*args, **(kwargs or {}))
-
-
 def _count(b: int) -> Counter[str]:
     outs, parts = _outputs(b, 8, seed=b, keys=2)
     for o in outs:
         o["model_output"]["dense"] = torch.zeros(o["model_output"]["k0"].size(0), 3)
-    with _CountOps() as counter:
+    with CountOps() as counter:
         torch_impl.postprocess_batch(outs, parts)
     return counter.ops
 
@@ -185,7 +175,7 @@ def test_long_rows_take_the_row_copy_path_and_match_verl() -> None:
 
 def _count_long(b: int) -> Counter[str]:
     outs, parts = _outputs(b, 8, seed=b, mean_len=1500)
-    with _CountOps() as counter:
+    with CountOps() as counter:
         torch_impl.postprocess_batch(outs, parts)
     return counter.ops
 
@@ -194,3 +184,12 @@ def test_operation_count_does_not_grow_with_rows_on_the_row_copy_path() -> None:
     small, large = _count_long(64), _count_long(512)
     assert "aten._foreach_copy_.default" in small
     assert small == large, f"ops differ: {small - large} vs {large - small}"
+
+
+def test_padding_marker_survives_pickling() -> None:
+    import pickle
+
+    from ref import PADDING
+
+    assert pickle.loads(pickle.dumps(PADDING)) is PADDING
+    assert torch_impl.PADDING is PADDING

@@ -7,7 +7,12 @@ reference ``ref`` under the same names. Never imports JAX; errors are the classe
 from __future__ import annotations
 
 from ref import errors as errors
+from ref._structure import PADDING as PADDING
 
+from ._distributed import broadcast_from_last_stage as broadcast_from_last_stage
+from ._distributed import gather_batch as gather_batch
+from ._distributed import prepare_micro_batches_dp as prepare_micro_batches_dp
+from ._distributed import sync_micro_batch_count as sync_micro_batch_count
 from ._metrics import append_to_dict as append_to_dict
 from ._ops import concat as concat
 from ._ops import restore as restore
@@ -22,7 +27,12 @@ from ._prepare import prepare_micro_batches as prepare_micro_batches
 from ._prepare import row_lengths as row_lengths
 
 __all__ = [
+    "PADDING",
     "append_to_dict",
+    "broadcast_from_last_stage",
+    "gather_batch",
+    "prepare_micro_batches_dp",
+    "sync_micro_batch_count",
     "balanced_partitions",
     "concat",
     "errors",

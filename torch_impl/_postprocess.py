@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from tensordict import NonTensorData
 
-from ref._structure import check_partition_count, check_settings, model_outputs
+from ref._structure import check_partition_count, check_settings, drop_padding, model_outputs
 from ref.errors import PartitionMismatchError, ShapeMismatchError, where
 
 from ._assemble import assemble
@@ -39,6 +39,7 @@ def postprocess_batch(
     if isinstance(pad_mode, Enum):
         pad_mode = pad_mode.value
     check_settings(use_dynamic_bsz, pad_mode, indices)
+    output_lst, indices = drop_padding(output_lst, indices)
     outs = model_outputs(output_lst)
     perm = None
     if use_dynamic_bsz:

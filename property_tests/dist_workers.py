@@ -1,0 +1,122 @@
+"""Worker processes for the multi-rank tests (importable, so ``torch.multiprocessing`` can spawn them).
+
+Each rank takes its shard of one deterministic global batch, makes data-parallel micro-batches, runs a
+stand-in model (element-wise, so any batching gives the same rows), reassembles, gathers, broadcasts,
+and checks every result against the single-process answer; a mismatch raises in the worker.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from tensordict import TensorDict
+
+from .compare import assert_same
+from .data import jagged, random_tensor
+
+__all__ = ["global_batch", "shard_bounds", "stand_in_model", "check_rank", "raise_on_one_rank"]
+
+MAX_TOKENS = 20
+
+
+def global_batch(rows: int = 37, seed: int = 0) -> TensorDict:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 13, size=rows).tolist()
+    n = sum(lengths)
+    return TensorDict(
+        {
+            "input_ids": jagged(random_tensor(rng, (n,), "int64"), lengths),
+            "top_k": jagged(random_tensor(rng, (n, 3), "float32"), lengths),
+        },
+        batch_size=[rows],
+    )
+
+
+def shard_bounds(rows: int, world: int) -> list[tuple[int, int]]:
+    """Uneven shards; the last rank gets a single row (fewer than the synchronised micro-batch count)."""
+    if world == 1:
+        return [(0, rows)]
+    rest = rows - 1
+    cuts = [round(rest * i / (world - 1)) for i in range(world)]
+    return [(cuts[i], cuts[i + 1]) for i in range(world - 1)] + [(rest, rows)]
+
+
+def stand_in_model(mb: TensorDict) -> dict[str, torch.Tensor]:
+    ids = mb["input_ids"]
+    values = ids.values()
+    logp = -((values % 1009).to(torch.float32) / 97.0)
+    return {
+        "log_probs": torch.nested.nested_tensor_from_jagged(logp, ids.offsets()),
+        "top_k": mb["top_k"],
+        "value": ids.offsets().diff().to(torch.float64) * 0.5,
+    }
+
+
+def _init(rank: int, world: int, port: int, timeout_s: float) -> None:
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+
+
+def check_rank(rank: int, world: int, port: int) -> None:
+    import torch_impl
+
+    _init(rank, world, port, 60)
+    try:
+        data = global_batch()
+        lo, hi = shard_bounds(data.batch_size[0], world)[rank]
+        shard = torch_impl.take(data, list(range(lo, hi)))
+        micro = torch_impl.prepare_micro_batches_dp(shard, max_token_len=MAX_TOKENS)
+        counts: list[Any] = [None] * world
+        dist.all_gather_object(counts, len(micro.batches))
+        assert len(set(counts)) == 1, f"micro-batch counts differ between ranks: {counts}"
+        padded = [m for m, p in enumerate(micro.indices) if p is torch_impl.PADDING]
+        if hi - lo < counts[0]:
+            assert padded, f"rank {rank}: {hi - lo} rows for {counts[0]} micro-batches but no padding"
+        output_lst = [
+            {
+                "model_output": stand_in_model(mb),
+                "loss": torch.tensor(float(100 * rank + m)),
+                "metrics": {"padding": [p is torch_impl.PADDING], "rank": rank},
+            }
+            for m, (mb, p) in enumerate(zip(micro.batches, micro.indices, strict=True))
+        ]
+        result = torch_impl.postprocess_batch_func(output_lst, micro.indices, None)
+        # the rank's own shard, exactly as one process computes it
+        assert_same(result["model_output"], stand_in_model(shard))
+        kept = [m for m in range(len(micro.indices)) if m not in padded]
+        assert_same(result["loss"], [torch.tensor(float(100 * rank + m)) for m in kept])
+        assert result["metrics"].get("padding", []) == [False] * len(kept), "a padding micro-batch leaked into metrics"
+        # the whole global batch, in global order, on every rank
+        whole = torch_impl.gather_batch(result)
+        assert_same(whole["model_output"], stand_in_model(data))
+        assert len(whole["loss"]) == sum(1 for _ in whole["metrics"].get("rank", []))
+        # pipeline parallelism: only the last stage has a result; broadcast gives it to all
+        last = world - 1
+        mine = result if rank == last else {}
+        got = torch_impl.broadcast_from_last_stage(mine)
+        expected_last = torch_impl.take(data, list(range(*shard_bounds(data.batch_size[0], world)[last])))
+        assert_same(got["model_output"], stand_in_model(expected_last))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def raise_on_one_rank(rank: int, world: int, port: int, timeout_s: float) -> None:
+    """Rank 1 fails before the collective; the others must fail too, by the group's timeout, not hang."""
+    import torch_impl
+
+    _init(rank, world, port, timeout_s)
+    if rank == 1:
+        raise RuntimeError("rank 1 failed on purpose")
+    torch_impl.gather_batch({"model_output": {"x": torch.zeros(2)}, "loss": [], "metrics": {}})
