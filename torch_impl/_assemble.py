@@ -23,7 +23,7 @@ import torch
 from ._parts import Part, check_offsets
 
 #: Mean elements per row (values per row times trailing size) from which CPU row copies beat indices.
-ROW_COPY_MIN_ELEMENTS = 256
+ROW_COPY_MIN_ELEMENTS = 512
 
 __all__ = ["assemble", "gather_jagged", "njt", "runs_to_indices", "zero_prefixed_cumsum"]
 
@@ -90,12 +90,17 @@ def assemble(parts: Sequence[Part], perm: torch.Tensor | None, key: Any = None) 
     out_offsets = zero_prefixed_cumsum(out_lengths)
     if _row_copies_pay(parts, total, perm.numel()):
         return njt(_copy_rows(parts, perm, out_lengths, total), out_offsets)
-    # Row k of the concatenation occupies [src_start[k], src_start[k] + lengths[k]) and goes to output
-    # row perm[k], which starts at out_offsets[perm[k]].
-    dest = runs_to_indices(out_offsets[:-1][perm], lengths, total)
+    # Row k of the concatenation goes to output row perm[k], which starts at out_offsets[perm[k]]. The
+    # destination of every value is built one part at a time, so the index buffer never exceeds the
+    # largest part's values (not the whole output's).
+    dest_starts = out_offsets[:-1][perm]
     out_values = first.new_empty((total, *first.shape[1:]))
-    for p, b in zip(parts, bases, strict=True):
-        out_values.index_copy_(0, dest[b : b + p.values.shape[0]], p.values)
+    row = 0
+    for p in parts:
+        dest = runs_to_indices(dest_starts[row : row + p.rows], lengths[row : row + p.rows], p.values.shape[0])
+        out_values.index_copy_(0, dest, p.values)
+        del dest
+        row += p.rows
     return njt(out_values, out_offsets)
 
 
