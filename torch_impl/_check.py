@@ -48,12 +48,14 @@ def first_bad_row(got: Any, want: torch.Tensor) -> tuple[int | None, str]:
     if got.is_nested != want.is_nested or got.dtype != want.dtype:
         return 0, f"layout or dtype differs: {got.dtype} nested={got.is_nested} vs {want.dtype} nested={want.is_nested}"
     g, w = _rows(got.detach()), _rows(want.detach())
-    for i, (a, b) in enumerate(zip(g, w, strict=False)):
-        if not _same_bits(a, b):
-            return (
-                i,
-                f"got {a.tolist()[:8]}{'...' if a.numel() > 8 else ''}, expected {b.tolist()[:8]}{'...' if b.numel() > 8 else ''}",
-            )
+    bad = [i for i, (a, b) in enumerate(zip(g, w, strict=False)) if not _same_bits(a, b)]
+    if bad:
+        a, b = g[bad[0]], w[bad[0]]
+        rows = ", ".join(map(str, bad[:10])) + (f" and {len(bad) - 10} more" if len(bad) > 10 else "")
+        return bad[0], (
+            f"got {a.tolist()[:8]}{'...' if a.numel() > 8 else ''}, "
+            f"expected {b.tolist()[:8]}{'...' if b.numel() > 8 else ''} (differing original rows: {rows})"
+        )
     if len(g) != len(w):
         return min(len(g), len(w)), f"{len(g)} rows, expected {len(w)}"
     return None, ""
