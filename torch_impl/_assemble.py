@@ -76,11 +76,9 @@ def assemble(parts: Sequence[Part], perm: torch.Tensor | None, key: Any = None) 
         return out
 
     lengths = check_offsets(parts, key)
-    bases = [0]
-    for p in parts[:-1]:
-        bases.append(bases[-1] + p.values.shape[0])
-    total = bases[-1] + parts[-1].values.shape[0]
-    if perm is None:
+    total = sum(p.values.shape[0] for p in parts)
+    if perm is None:  # each part's offsets shifted by the values of the parts before it
+        bases = itertools.accumulate((p.values.shape[0] for p in parts[:-1]), initial=0)
         out_offsets = torch.cat([parts[0].offsets[:1]] + [p.offsets[1:] + b for p, b in zip(parts, bases, strict=True)])
         return njt(torch.cat([p.values for p in parts]) if len(parts) > 1 else first, out_offsets)
 
