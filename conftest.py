@@ -3,7 +3,7 @@
 - JAX sees two CPU devices (set before JAX starts), so device mismatches can be tested in ``ref``.
 - Hypothesis profiles: ``dev`` (quick), ``ci`` (derandomized, no deadline, ``print_blob=True``) and
   ``fuzz`` (many examples). Choose with ``--hypothesis-profile NAME`` or the environment variable
-  ``REBATCH_HYPOTHESIS_PROFILE``; the default is ``ci`` under CI (``CI`` set) and ``dev`` otherwise.
+  ``REBATCH_HYPOTHESIS_PROFILE``; the default is ``ci``, so the README's test command and CI run the same.
 """
 
 from __future__ import annotations

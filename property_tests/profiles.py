@@ -36,5 +36,4 @@ def register_profiles() -> None:
         phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
         suppress_health_check=_SLOW_OK,
     )
-    default = "ci" if os.environ.get("CI") else "dev"
-    settings.load_profile(os.environ.get(PROFILE_ENV, default))
+    settings.load_profile(os.environ.get(PROFILE_ENV, "ci"))
