@@ -124,6 +124,7 @@ def postprocess_samples() -> list[PostprocessSample]:
                 },
             },
         ),
+        _with_padding(lp),
         _call(
             "metrics_without_outputs",
             {},
