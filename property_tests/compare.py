@@ -15,6 +15,8 @@ _AS_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 def bits(t: torch.Tensor) -> torch.Tensor:
     """The raw bits of a dense tensor, as integers of the same width (NaN payloads compare exactly)."""
     t = t.detach().contiguous()
+    if t.is_complex():
+        return bits(torch.view_as_real(t.resolve_conj()))
     if t.dtype in (torch.bool, torch.uint8, torch.int8):
         return t.to(torch.uint8) if t.dtype == torch.bool else t
     if t.dtype.is_floating_point:

@@ -155,17 +155,123 @@ def test_operation_count_does_not_grow_with_rows() -> None:
     assert small == large, f"ops differ: {small - large} vs {large - small}"
 
 
-@pytest.mark.parametrize("threshold", [0, 10**12], ids=["row_copies", "element_indices"])
-def test_both_kernels_give_every_sample(threshold, monkeypatch) -> None:
-    """Each data-movement path, forced on, reproduces every named sample bit for bit."""
+@pytest.fixture
+def two_threads():
+    """At least two intra-op threads, so the row copies are shared among threads (as on any multi-core CI)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(2, before))
+    yield
+    torch.set_num_threads(before)
+
+
+KERNELS = {  # data-movement path -> settings of torch_impl._assemble / torch_impl._rowcopy that force it
+    "row_copies": {"ROW_COPY_MIN_ELEMENTS": 0, "THREADS_MIN_BYTES": 10**15},
+    "row_copies_in_threads": {"ROW_COPY_MIN_ELEMENTS": 0, "THREADS_MIN_BYTES": 0},
+    "element_indices": {"ROW_COPY_MIN_ELEMENTS": 10**12},
+    "element_indices_one_value_per_chunk": {
+        "ROW_COPY_MIN_ELEMENTS": 10**12,
+        "INDEX_MIN_CHUNK": 1,
+        "INDEX_BYTES_FRACTION": 0.0,
+    },
+}
+
+
+def _force(monkeypatch, settings: dict[str, float]) -> None:
     import torch_impl._assemble as kernel
+    import torch_impl._rowcopy as rowcopy
+
+    for name, value in settings.items():
+        monkeypatch.setattr(kernel if hasattr(kernel, name) else rowcopy, name, value)
+
+
+@pytest.mark.parametrize("path", list(KERNELS))
+def test_every_kernel_gives_every_sample(path, monkeypatch, two_threads) -> None:
+    """Each data-movement path, forced on, reproduces every named sample bit for bit."""
     from property_tests.convert import torch_postprocess
     from property_tests.samples import postprocess_samples
 
-    monkeypatch.setattr(kernel, "ROW_COPY_MIN_ELEMENTS", threshold)
+    _force(monkeypatch, KERNELS[path])
     for s in postprocess_samples():
         got = torch_postprocess(s.output_lst, s.indices, use_dynamic_bsz=s.use_dynamic_bsz, pad_mode=s.pad_mode)
         assert_same(got, s.expected)
+
+
+@pytest.mark.parametrize("path", list(KERNELS))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int64", "bool", "complex64"])
+def test_every_kernel_on_long_rows_of_each_dtype(path, dtype, monkeypatch, two_threads) -> None:
+    _force(monkeypatch, KERNELS[path])
+    rng = np.random.default_rng(3)
+    outs, parts = _outputs(40, 3, mean_len=60)
+    for o in outs:  # a 3-D key of the dtype beside the float32 one
+        lengths = o["model_output"]["k0"].offsets().diff().tolist()
+        o["model_output"]["x"] = jagged(random_tensor(rng, (sum(lengths), 3), dtype), lengths)
+    if path == "element_indices_one_value_per_chunk":
+        outs = [{"model_output": {"x": o["model_output"]["x"]}} for o in outs]  # one value per op: keep it short
+    assert_same(torch_impl.postprocess_batch(outs, parts), verl_postprocess_batch_func(outs, parts, None))
+
+
+class _LargestIndex(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the largest index tensor given to ``index_copy_``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.index_copy_.default:
+            self.largest = max(self.largest, args[2].numel())
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("micro_batches", [1, 4])
+def test_index_buffer_is_a_bounded_fraction_of_the_output(micro_batches, monkeypatch) -> None:
+    """Peak memory on the index path: destinations for at most 1/8 of the output's bytes at a time."""
+    import torch_impl._assemble as kernel
+
+    monkeypatch.setattr(kernel, "INDEX_MIN_CHUNK", 64)  # the constant floor, small enough to see chunks here
+    outs, parts = _outputs(256, micro_batches, mean_len=40)
+    total = sum(o["model_output"]["k0"].values().shape[0] for o in outs)
+    with _LargestIndex() as seen:
+        got = torch_impl.postprocess_batch(outs, parts)
+    assert_same(got, verl_postprocess_batch_func(outs, parts, None))
+    output_bytes = total * 4
+    assert 0 < seen.largest * 8 <= output_bytes / 8, (seen.largest, total)
+
+
+def test_row_copies_in_threads_under_inference_mode(monkeypatch, two_threads) -> None:
+    _force(monkeypatch, KERNELS["row_copies_in_threads"])
+    outs, parts = _outputs(64, 4, mean_len=50, keys=3)
+    want = verl_postprocess_batch_func(outs, parts, None)
+    with torch.inference_mode():
+        got = torch_impl.postprocess_batch(outs, parts)
+    assert_same(got, want)
+    assert got["model_output"]["k0"].values().is_inference()
+
+
+def test_an_error_on_a_later_key_waits_for_the_copies_before_it(monkeypatch, two_threads) -> None:
+    _force(monkeypatch, KERNELS["row_copies_in_threads"])
+    outs, parts = _outputs(64, 4, mean_len=50, keys=2)
+    outs[2]["model_output"]["k1"] = outs[2]["model_output"]["k1"].to(torch.float64)
+    with pytest.raises(errors.DtypeMismatchError, match="key 'k1', micro-batch 2"):
+        torch_impl.postprocess_batch(outs, parts)
+
+
+def test_copy_threads_are_made_again_in_a_forked_child(monkeypatch, two_threads) -> None:
+    """A forked child has none of its parent's threads: the pool is keyed by process id and remade.
+    (Simulated with another process id: forking a test process that has loaded JAX may deadlock.)"""
+    import os
+
+    import torch_impl._rowcopy as rowcopy
+
+    _force(monkeypatch, KERNELS["row_copies_in_threads"])
+    outs, parts = _outputs(64, 4, mean_len=50)
+    want = verl_postprocess_batch_func(outs, parts, None)
+    assert_same(torch_impl.postprocess_batch(outs, parts), want)
+    parent_pool = rowcopy._pool[2]
+    parent_pid = os.getpid()
+    monkeypatch.setattr(rowcopy.os, "getpid", lambda: parent_pid + 1)
+    assert_same(torch_impl.postprocess_batch(outs, parts), want)
+    assert rowcopy._pool[0] == parent_pid + 1 and rowcopy._pool[2] is not parent_pool
 
 
 def test_long_rows_take_the_row_copy_path_and_match_verl() -> None:
@@ -182,7 +288,7 @@ def _count_long(b: int) -> Counter[str]:
 
 def test_operation_count_does_not_grow_with_rows_on_the_row_copy_path() -> None:
     small, large = _count_long(64), _count_long(512)
-    assert "aten._foreach_copy_.default" in small
+    assert "aten.cat.out" in small
     assert small == large, f"ops differ: {small - large} vs {large - small}"
 
 

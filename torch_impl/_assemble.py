@@ -5,25 +5,32 @@ operations depends on the number of parts, never on the number of rows. Two ways
 
 - element indices (any device, differentiable): per value, its destination, computed on the parts'
   device from host-known sizes (no host-device synchronisation), then one ``index_copy_`` per part;
-- row copies (CPU, long rows, no autograd): the output and the parts are split into row views by one
-  ``torch.split`` each, and one ``torch._foreach_copy_`` copies every row with a contiguous copy. No
-  index buffer (peak memory is the output), memcpy speed; the per-row views are made in C++.
+- row copies (CPU, long rows, no autograd): one contiguous copy per row, shared among the CPU
+  threads (`torch_impl._rowcopy`). No index buffer: peak memory is the output.
+
+On the index path the destinations are built for at most `index_chunk` values at a time, so the index
+buffer stays a small fraction of the output's bytes whatever the number of micro-batches.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-import operator
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import torch
 
 from ._parts import Part, check_offsets
+from ._rowcopy import copy_rows
 
 #: Mean elements per row (values per row times trailing size) from which CPU row copies beat indices.
 ROW_COPY_MIN_ELEMENTS = 512
+#: The index path's destinations never exceed this fraction of the output's bytes ...
+INDEX_BYTES_FRACTION = 1 / 8
+#: ... or this many values, whichever is larger (a constant: small outputs take one chunk per part).
+INDEX_MIN_CHUNK = 2**16
 
 __all__ = ["assemble", "gather_jagged", "njt", "runs_to_indices", "zero_prefixed_cumsum"]
 
@@ -55,8 +62,13 @@ def zero_prefixed_cumsum(lengths: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def assemble(parts: Sequence[Part], perm: torch.Tensor | None, key: Any = None) -> torch.Tensor:
+def assemble(
+    parts: Sequence[Part], perm: torch.Tensor | None, key: Any = None, pending: list[Future[None]] | None = None
+) -> torch.Tensor:
     """Concatenate ``parts`` (checked by `check_parts`), then put row ``k`` at row ``perm[k]``.
+
+    ``pending``: where row copies may be left running (see `torch_impl._rowcopy.copy_rows`); the
+    result must not be read before they finish. None: the result is complete on return.
 
     ``perm``: ``None`` (plain concatenation) or a checked permutation of ``range(B)`` (any device).
     Jagged parts ``[b_m, (j), *F]`` give ``[B, (j), *F]``; dense ``[b_m, *F]`` give ``[B, *F]``.
@@ -87,43 +99,51 @@ def assemble(parts: Sequence[Part], perm: torch.Tensor | None, key: Any = None) 
     out_lengths = lengths[inv]
     out_offsets = zero_prefixed_cumsum(out_lengths)
     if _row_copies_pay(parts, total, perm.numel()):
-        return njt(_copy_rows(parts, perm, out_lengths, total), out_offsets)
+        return njt(copy_rows(parts, inv, out_offsets, total, pending), out_offsets)
     # Row k of the concatenation goes to output row perm[k], which starts at out_offsets[perm[k]]. The
-    # destination of every value is built one part at a time, so the index buffer never exceeds the
-    # largest part's values (not the whole output's).
+    # destination of every value is built one chunk of a part's values at a time (rows cut at the
+    # chunk's edges), so the index buffer stays a bounded fraction of the output.
     dest_starts = out_offsets[:-1][perm]
     out_values = first.new_empty((total, *first.shape[1:]))
+    chunk = index_chunk(total, first)
     row = 0
     for p in parts:
-        dest = runs_to_indices(dest_starts[row : row + p.rows], lengths[row : row + p.rows], p.values.shape[0])
-        out_values.index_copy_(0, dest, p.values)
-        del dest
+        n = p.values.shape[0]
+        starts, lens = dest_starts[row : row + p.rows], lengths[row : row + p.rows]
+        if n <= chunk:
+            out_values.index_copy_(0, runs_to_indices(starts, lens, n), p.values)
+        else:
+            src_starts = p.offsets[:-1]
+            src_ends = p.offsets[1:]
+            for a in range(0, n, chunk):
+                b = min(a + chunk, n)
+                # each row's run clipped to the values [a, b) of this part
+                skip = (a - src_starts).clamp_(min=0)
+                clipped = (torch.clamp(src_ends, max=b) - torch.clamp(src_starts, min=a)).clamp_(min=0)
+                out_values.index_copy_(0, runs_to_indices(starts + skip, clipped, b - a), p.values[a:b])
         row += p.rows
     return njt(out_values, out_offsets)
 
 
+def index_chunk(total: int, values: torch.Tensor) -> int:
+    """Values per destination buffer: int64 indices of at most `INDEX_BYTES_FRACTION` of the output's
+    bytes (``total`` rows of ``values[0]``'s size), and at least `INDEX_MIN_CHUNK`."""
+    row_bytes = values.element_size() * math.prod(values.shape[1:])
+    return max(INDEX_MIN_CHUNK, int(total * row_bytes * INDEX_BYTES_FRACTION) // 8)
+
+
 def _row_copies_pay(parts: Sequence[Part], total: int, rows: int) -> bool:
-    """Row copies: on the CPU, without autograd, when rows are long enough to amortise a view per row."""
+    """Row copies: on the CPU, without autograd, contiguous values, rows long enough to amortise a view each."""
     first = parts[0].values
     if (
         first.device.type != "cpu"
         or rows == 0
         or (torch.is_grad_enabled() and any(p.values.requires_grad for p in parts))
+        or not all(p.values.is_contiguous() for p in parts)
     ):
         return False
     row_elements = total * math.prod(first.shape[1:]) / rows
     return row_elements >= ROW_COPY_MIN_ELEMENTS
-
-
-def _copy_rows(parts: Sequence[Part], perm: torch.Tensor, out_lengths: torch.Tensor, total: int) -> torch.Tensor:
-    """Output values ``[N, *F]``: row ``k`` of the concatenation copied to output row ``perm[k]``, as whole rows."""
-    first = parts[0].values
-    out = first.new_empty((total, *first.shape[1:]))
-    destinations = torch.split(out, out_lengths.tolist())  # output rows, in output order
-    in_concat_order = operator.itemgetter(*perm.tolist())(destinations) if perm.numel() > 1 else destinations
-    sources = itertools.chain.from_iterable(torch.split(p.values, p.offsets.diff().tolist()) for p in parts)
-    torch._foreach_copy_(list(in_concat_order), list(sources))
-    return out
 
 
 def gather_jagged(x: Part, rows: torch.Tensor, total: int | None = None) -> torch.Tensor:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from enum import Enum
 from typing import Any
 
@@ -16,6 +17,7 @@ from ._assemble import assemble
 from ._metrics import fold_metrics
 from ._parts import check_parts
 from ._permutation import check_permutation
+from ._rowcopy import finish
 
 __all__ = ["postprocess_batch", "postprocess_batch_func"]
 
@@ -48,13 +50,34 @@ def postprocess_batch(
 
     model_output: dict[str, Any] = {}
     keys = list(outs[0]) if outs else []
+    pending: list[Future[None]] = []  # row copies still running; each key's views are made meanwhile
+    try:
+        _assemble_keys(outs, keys, indices, perm, pad_mode, model_output, pending)
+    finally:
+        finish(pending)
+
+    losses = [o["loss"] for o in output_lst if "loss" in o]
+    metrics = fold_metrics(o["metrics"] for o in output_lst if "metrics" in o)
+    return {"model_output": model_output, "loss": losses, "metrics": metrics}
+
+
+def _assemble_keys(
+    outs: Sequence[Mapping[str, Any]],
+    keys: list[Any],
+    indices: Sequence[Sequence[int]] | None,
+    perm: torch.Tensor | None,
+    pad_mode: str,
+    model_output: dict[str, Any],
+    pending: list[Future[None]],
+) -> None:
+    """Check and assemble each key into ``model_output`` (``perm`` None: no dynamic batch size)."""
     first_rows: list[int] = []
     for key in keys:
         parts = check_parts([mo[key] for mo in outs], key, allow_jagged=pad_mode == "no_padding")
         if key == keys[0]:
             first_rows = [p.rows for p in parts]
         for m, part in enumerate(parts):
-            if use_dynamic_bsz:
+            if perm is not None:
                 if part.rows != len(indices[m]):
                     raise PartitionMismatchError(
                         f"{where(key, m)}{part.rows} rows, but its partition has {len(indices[m])} indices"
@@ -63,11 +86,7 @@ def postprocess_batch(
                 raise ShapeMismatchError(
                     f"{where(key, m)}{part.rows} rows, but key {keys[0]!r} has {first_rows[m]} there"
                 )
-        model_output[key] = assemble(parts, perm, key)
-
-    losses = [o["loss"] for o in output_lst if "loss" in o]
-    metrics = fold_metrics(o["metrics"] for o in output_lst if "metrics" in o)
-    return {"model_output": model_output, "loss": losses, "metrics": metrics}
+        model_output[key] = assemble(parts, perm, key, pending)
 
 
 def _setting(data: Any, key: str, default: Any) -> Any:
