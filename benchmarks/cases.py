@@ -77,12 +77,14 @@ def _product(rows, lengths, mbs, keys=(1,), dtypes=("float32",), ndims=(2,)) -> 
     return [Case(*c) for c in itertools.product(rows, lengths, mbs, keys, dtypes, ndims)]
 
 
+LARGE_ELEMENTS = 64_000_000  # the copy-limit target's size: "at least 64M output elements"
 MAX_BYTES = 3 * 2**30  # output bytes per case on a 24 GiB machine: inputs, output and the baseline's copies fit
 
 
 def grid(name: str) -> list[Case]:
     """``quick``: a minute; ``standard``: B x L x M for one float32 2-D key, plus the key/dtype/ndim
-    variations at every B for L=512, M=16, plus the target cases; ``full``: the whole factorial grid.
+    variations at every B for L=512, M=16, plus the target cases; ``large``: the full grid's cases of
+    at least 64M output elements at M=16; ``full``: the whole factorial grid.
     Cases whose output would exceed ``MAX_BYTES`` are left out."""
     if name == "smoke":  # for the test suite: the harness end to end in seconds
         cases = [Case(8, 16, 2, 1, "float32", 2), Case(64, 16, 4, 2, "bfloat16", 3)]
@@ -92,13 +94,15 @@ def grid(name: str) -> list[Case]:
         cases = _product((8, 64, 512, 4096, 16384), (16, 512, 4096), (1, 4, 16, 64))
         cases += _product((8, 64, 512, 4096, 16384), (512,), (16,), (3,), ("float32", "bfloat16"), (2, 3))
         cases += [Case(1024, 512, 16, 1, "float32", 2), Case(16384, 16, 16, 1, "float32", 2)]
+    elif name == "large":  # every case of the full grid with at least 64M output elements, at M=16
+        cases = [c for c in grid("full") if c.elements >= LARGE_ELEMENTS and c.micro_batches == 16]
     elif name == "full":
         cases = _product(
             (8, 64, 512, 4096, 16384), (16, 512, 4096), (1, 4, 16, 64), (1, 3), ("float32", "bfloat16"), (2, 3)
         )
         cases += [Case(1024, 512, 16, 1, "float32", 2)]
     else:
-        raise ValueError(f"unknown grid {name!r}: quick, standard or full")
+        raise ValueError(f"unknown grid {name!r}: one of {', '.join(GRIDS)}")
     seen: set[Case] = set()
     out = []
     for c in cases:
@@ -108,4 +112,4 @@ def grid(name: str) -> list[Case]:
     return out
 
 
-GRIDS = ("smoke", "quick", "standard", "full")
+GRIDS = ("smoke", "quick", "standard", "large", "full")

@@ -256,6 +256,32 @@ def test_an_error_on_a_later_key_waits_for_the_copies_before_it(monkeypatch, two
         torch_impl.postprocess_batch(outs, parts)
 
 
+def test_a_failure_while_making_row_views_releases_the_copy_threads(monkeypatch, two_threads) -> None:
+    """The copy threads wait for the row views; if making them fails, they are released (no hang) and
+    the error reaches the caller."""
+    import threading
+
+    import torch_impl._rowcopy as rowcopy
+
+    _force(monkeypatch, KERNELS["row_copies_in_threads"])
+    outs, parts = _outputs(64, 4, mean_len=50)
+    want = verl_postprocess_batch_func(outs, parts, None)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no views today")
+
+    with monkeypatch.context() as m:
+        m.setattr(rowcopy.torch, "unsafe_split_with_sizes", broken)
+        with pytest.raises(RuntimeError, match="no views today"):
+            torch_impl.postprocess_batch(outs, parts)
+    got = []
+    later = threading.Thread(target=lambda: got.append(torch_impl.postprocess_batch(outs, parts)), daemon=True)
+    later.start()
+    later.join(timeout=60)
+    assert got, "the copy threads are still blocked"
+    assert_same(got[0], want)
+
+
 def test_copy_threads_are_made_again_in_a_forked_child(monkeypatch, two_threads) -> None:
     """A forked child has none of its parent's threads: the pool is keyed by process id and remade.
     (Simulated with another process id: forking a test process that has loaded JAX may deadlock.)"""

@@ -53,8 +53,10 @@ def postprocess_batch(
     pending: list[Future[None]] = []  # row copies still running; each key's views are made meanwhile
     try:
         _assemble_keys(outs, keys, indices, perm, pad_mode, model_output, pending)
-    finally:
-        finish(pending)
+    except BaseException:
+        finish(pending, raise_errors=False)  # the copies already started end before the error leaves
+        raise
+    finish(pending)
 
     losses = [o["loss"] for o in output_lst if "loss" in o]
     metrics = fold_metrics(o["metrics"] for o in output_lst if "metrics" in o)

@@ -53,7 +53,8 @@ def _one_intra_op_thread() -> None:
 
 
 def _workers(threads: int) -> ThreadPoolExecutor:
-    """The process's copy threads (made again after a fork, or when torch's thread count changes)."""
+    """The process's copy threads, one per intra-op thread (made again after a fork, or when torch's
+    thread count changes)."""
     global _pool
     with _lock:
         if _pool is None or _pool[0] != os.getpid() or _pool[1] != threads:
@@ -74,9 +75,17 @@ def _threads_allowed(parts: Sequence[Part], out: torch.Tensor) -> bool:
     )
 
 
-def _cat_into(rows: Sequence[torch.Tensor], out: torch.Tensor, inference: bool) -> None:
+PAGE_BYTES = 4096
+
+
+def _fill(piece: torch.Tensor, rows: Future[list[torch.Tensor]], inference: bool) -> None:
+    """On a copy thread: touch one element per page of ``piece`` (a fresh buffer's pages are mapped on
+    first write, most of the cost of filling it), then, once the calling thread has made them, copy
+    ``rows`` into ``piece`` back to back."""
+    step = max(1, PAGE_BYTES // piece.element_size())
     with torch.inference_mode(inference), torch.no_grad():
-        torch.cat(rows, out=out)
+        piece[::step].zero_()
+        torch.cat(rows.result(), out=piece)
 
 
 @contextlib.contextmanager
@@ -90,15 +99,16 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def finish(pending: list[Future[None]]) -> None:
-    """Wait for every copy left running (all of them, even if one failed), then raise the first error."""
+def finish(pending: list[Future[None]], *, raise_errors: bool = True) -> None:
+    """Wait for every copy left running (all of them, even if one failed), then raise the first error
+    (unless ``raise_errors`` is false: the caller is already raising one of its own)."""
     error: BaseException | None = None
     while pending:
         try:
             pending.pop(0).result()
         except BaseException as e:  # re-raised below, once the other copies have ended
             error = error or e
-    if error is not None:
+    if error is not None and raise_errors:
         raise error
 
 
@@ -120,30 +130,45 @@ def copy_rows(
     inner = math.prod(first.shape[1:])
     out = first.new_empty((total, *first.shape[1:]))
     flat = out.view(-1)
-    with _collector_paused():
-        rows = tuple(
-            itertools.chain.from_iterable(
-                torch.unsafe_split_with_sizes(p.values.view(-1), (p.offsets.diff() * inner).tolist()) for p in parts
-            )
-        )
-        ordered = [rows[k] for k in inv.tolist()]
-        del rows
-        if not _threads_allowed(parts, out):
-            torch.cat(ordered, out=flat)
-            return out
-        threads = min(torch.get_num_threads(), len(ordered))
-        # Cut points: the output row where each thread's share of the elements begins.
+    threaded = _threads_allowed(parts, out)
+    futures: list[Future[None]] = []
+    views: list[Future[list[torch.Tensor]]] = []  # each thread's rows, handed over once made
+    if threaded:
+        # One range of output rows per thread, with about equal numbers of elements. The threads
+        # start by touching their range's pages (the kernel's work of a fresh buffer) while this
+        # thread makes the row views, then copy the rows.
+        threads = min(torch.get_num_threads(), out_offsets.numel() - 1)
         targets = torch.linspace(0, total, threads + 1, dtype=torch.float64)[1:-1].round().to(torch.int64)
-        cuts = [0, *torch.searchsorted(out_offsets, targets).tolist(), len(ordered)]
+        cuts = [0, *torch.searchsorted(out_offsets, targets).tolist(), out_offsets.numel() - 1]
         starts = (out_offsets[cuts] * inner).tolist()
-        inference = torch.is_inference_mode_enabled()
-        pool = _workers(threads)
-        futures = [
-            pool.submit(_cat_into, ordered[cuts[t] : cuts[t + 1]], flat[starts[t] : starts[t + 1]], inference)
-            for t in range(threads)
-            if cuts[t] < cuts[t + 1]
+        ranges = [
+            (cuts[t], cuts[t + 1], flat[starts[t] : starts[t + 1]]) for t in range(threads) if cuts[t] < cuts[t + 1]
         ]
-        del ordered
+        pool = _workers(torch.get_num_threads())
+        views = [Future() for _ in ranges]
+        inference = torch.is_inference_mode_enabled()
+        futures = [pool.submit(_fill, piece, v, inference) for (_, _, piece), v in zip(ranges, views, strict=True)]
+    try:
+        with _collector_paused():
+            rows = tuple(
+                itertools.chain.from_iterable(
+                    torch.unsafe_split_with_sizes(p.values.view(-1), (p.offsets.diff() * inner).tolist()) for p in parts
+                )
+            )
+            ordered = [rows[k] for k in inv.tolist()]
+            del rows
+            if not threaded:
+                torch.cat(ordered, out=flat)
+                return out
+            for (a, b, _), v in zip(ranges, views, strict=True):
+                v.set_result(ordered[a:b])
+            del ordered
+    except BaseException as e:
+        for v in views:
+            if not v.done():
+                v.set_exception(e)
+        finish(futures, raise_errors=False)
+        raise
     if pending is None:
         finish(futures)
     else:
