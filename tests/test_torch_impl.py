@@ -297,7 +297,8 @@ def test_copy_threads_are_made_again_in_a_forked_child(monkeypatch, two_threads)
     parent_pid = os.getpid()
     monkeypatch.setattr(rowcopy.os, "getpid", lambda: parent_pid + 1)
     assert_same(torch_impl.postprocess_batch(outs, parts), want)
-    assert rowcopy._pool[0] == parent_pid + 1 and rowcopy._pool[2] is not parent_pool
+    assert rowcopy._pool[0] == parent_pid + 1
+    assert rowcopy._pool[2] is not parent_pool
 
 
 def test_long_rows_take_the_row_copy_path_and_match_verl() -> None:

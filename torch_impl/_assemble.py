@@ -28,7 +28,7 @@ from ._rowcopy import copy_rows
 #: Mean elements per row (values per row times trailing size) from which CPU row copies beat indices.
 ROW_COPY_MIN_ELEMENTS = 512
 #: The index path's destinations never exceed this fraction of the output's bytes ...
-INDEX_BYTES_FRACTION = 1 / 8
+INDEX_BYTES_FRACTION = 1 / 16
 #: ... or this many values, whichever is larger (a constant: small outputs take one chunk per part).
 INDEX_MIN_CHUNK = 2**16
 

@@ -1,0 +1,73 @@
+"""The benchmark harness's own measurements: memory peaks, the alternating timer, the targets summary."""
+
+from __future__ import annotations
+
+import torch
+
+from benchmarks.cases import LARGE_ELEMENTS, grid
+from benchmarks.memory import peak_tensor_bytes
+from benchmarks.run import _median_times, memory_allowance, targets
+
+
+def test_peak_tensor_bytes_counts_what_was_alive_at_once() -> None:
+    def work() -> torch.Tensor:
+        kept = torch.empty(1000, dtype=torch.float32)  # 4,000 bytes, returned
+        scratch = torch.empty(3000, dtype=torch.int64)  # 24,000 bytes, freed before the end
+        del scratch
+        more = torch.empty(500, dtype=torch.int64)  # 4,000 bytes, freed: after the peak
+        del more
+        return kept
+
+    assert peak_tensor_bytes(work) == 28_000
+
+
+def test_alternating_timer_runs_each_function_equally_often() -> None:
+    calls = {"a": 0, "b": 0}
+
+    def bump(name: str):
+        return lambda: calls.__setitem__(name, calls[name] + 1)
+
+    seconds = _median_times({"a": bump("a"), "b": bump("b")}, "cpu", min_time=0.0)
+    assert set(seconds) == {"a", "b"}
+    assert calls["a"] == calls["b"] >= 6  # one warm-up, then at least 5 rounds
+
+
+def _row(name: str, **values) -> dict:
+    case = {"rows": 16384, "mean_length": 4096, "micro_batches": 16, "keys": 1, "dtype": "float32", "ndim": 2}
+    row = {
+        "name": name,
+        "case": case,
+        "output_bytes": 256 * 2**20,
+        "output_elements": 64 * 2**20,
+        "speedup_vs_baseline": 6.0,
+        "ratio_to_copy_limit": 1.2,
+        "peak_extra_bytes": {"torch_impl": 256 * 2**20},
+        "peak_extra_over_output": 1.0,
+    }
+    row.update(values)
+    return row
+
+
+def test_targets_report_met_and_missed_with_the_offending_cases() -> None:
+    good = _row("good")
+    slow = _row("slow", ratio_to_copy_limit=1.7)
+    fat = _row("fat", peak_extra_bytes={"torch_impl": 400 * 2**20}, peak_extra_over_output=400 / 256)
+    text = "\n".join(targets({"rows": [good]}))
+    assert "**missed**" not in text
+    assert text.count("**met**") == 3
+    text = "\n".join(targets({"rows": [good, slow, fat]}))
+    assert "worst 1.70x, **missed** (over 1.5x: slow: 1.70x)" in text
+    assert "**missed** (over: fat: 400.0 MiB for 256.0 MiB)" in text
+
+
+def test_memory_allowance_is_1_2x_the_output_plus_order_b() -> None:
+    small = _row("x", output_bytes=0)
+    assert memory_allowance(small) == 128 * 16384 + 2**20
+    assert memory_allowance(_row("y")) == 1.2 * 256 * 2**20 + 128 * 16384 + 2**20
+
+
+def test_large_grid_is_the_full_grid_at_64m_elements_and_more() -> None:
+    large = grid("large")
+    assert large
+    assert all(c.elements >= LARGE_ELEMENTS and c.micro_batches == 16 for c in large)
+    assert {c for c in grid("full") if c.elements >= LARGE_ELEMENTS and c.micro_batches == 16} == set(large)
