@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-__all__ = ["peak_tensor_bytes", "peak_rss_bytes"]
+__all__ = ["peak_tensor_bytes", "peak_rss_bytes", "release_free_memory"]
 
 _STATUS = Path("/proc/self/status")
 _CLEAR = Path("/proc/self/clear_refs")
@@ -59,7 +59,7 @@ def _status_kib(field: str) -> int:
     return int(match.group(1))
 
 
-def _release_free_memory() -> None:
+def release_free_memory() -> None:
     """Hand the C heap's free pages back to the kernel (glibc ``malloc_trim``), so memory the call
     allocates shows in the resident set instead of being served, unseen, from freed pages."""
     with contextlib.suppress(OSError, AttributeError):  # not glibc: the reading may be lower than the truth
@@ -73,7 +73,7 @@ def peak_rss_bytes(fn: Callable[[], Any], device: str = "cpu") -> int | None:
     if device != "cpu" or not _CLEAR.exists():
         return None
     gc.collect()
-    _release_free_memory()
+    release_free_memory()
     before = _status_kib("VmRSS")
     _CLEAR.write_text("5")  # reset the high-water mark to the current resident set
     result = fn()

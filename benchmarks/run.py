@@ -25,7 +25,7 @@ import torch_impl
 from property_tests.baseline import verl_postprocess_batch_func
 
 from .cases import GRIDS, LARGE_ELEMENTS, Case, grid, make_inputs
-from .memory import peak_rss_bytes, peak_tensor_bytes
+from .memory import peak_rss_bytes, peak_tensor_bytes, release_free_memory
 
 __all__ = ["run_bench", "measure", "main"]
 
@@ -44,6 +44,9 @@ def _median_times(
 ) -> dict[str, float]:
     """Median seconds per call of each function, timed in alternation (one call of each per round),
     so that all of them meet the same state of the machine (allocator, page cache, clock speed).
+    Before each call the C heap's free pages go back to the kernel (untimed), so that every call's
+    fresh output is mapped afresh, as a training step's is, instead of landing, by chance, on pages
+    another call freed.
 
     One warm-up call each, then at least 5 rounds, more until ``min_time`` is spent or ``max_rounds``.
     """
@@ -54,6 +57,8 @@ def _median_times(
     spent = 0.0
     while len(next(iter(times.values()))) < 5 or (spent < min_time and len(next(iter(times.values()))) < max_rounds):
         for name, fn in fns.items():
+            if device == "cpu":
+                release_free_memory()
             start = time.perf_counter()
             fn()
             _sync(device)

@@ -18,6 +18,7 @@ from .baseline import verl_postprocess_batch_func
 from .compare import assert_same
 from .convert import _outputs_to_ref, ref_postprocess, result_to_torch, to_ref, torch_postprocess
 from .data import DTYPES, ListModel, rows_of
+from .kernels import KERNELS, forced
 from .strategies import (
     JaggedBatch,
     MalformedInput,
@@ -63,6 +64,17 @@ def postprocess_agrees(case: MicrobatchOutputs) -> None:
         assert_same(
             got, verl_postprocess_batch_func(case.output_lst, case.indices, {"use_dynamic_bsz": case.use_dynamic_bsz})
         )
+
+
+def every_kernel_agrees(drawn: tuple[MicrobatchOutputs, str]) -> None:
+    """Each data-movement path of torch_impl, forced on, gives the original rows bit for bit (row
+    copies on and off the copy threads, element indices in one chunk per micro-batch or one value each)."""
+    case, path = drawn
+    with forced(path):
+        got = torch_postprocess(
+            case.output_lst, case.indices, use_dynamic_bsz=case.use_dynamic_bsz, pad_mode=case.pad_mode
+        )
+    assert_same(got["model_output"], case.expected)
 
 
 def ref_matches_list_model(drawn: tuple[JaggedBatch, Partitions]) -> None:
@@ -292,6 +304,11 @@ PROPERTIES: dict[str, Property] = {
     p.name: p
     for p in [
         Property("postprocess_agrees", microbatch_outputs(use_dynamic_bsz=None), postprocess_agrees),
+        Property(
+            "every_kernel_agrees",
+            st.tuples(microbatch_outputs(use_dynamic_bsz=None), st.sampled_from(sorted(KERNELS))),
+            every_kernel_agrees,
+        ),
         Property("ref_matches_list_model", _batches_with_partitions(), ref_matches_list_model),
         Property("split_then_postprocess_is_identity", _batches_with_partitions(), split_then_postprocess_is_identity),
         Property("restore_undoes_take", _batches_with_partitions(), restore_undoes_take),

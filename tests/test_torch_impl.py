@@ -3,6 +3,7 @@ take/split, non-contiguous nested tensors, and a constant number of torch operat
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from collections import Counter
 
@@ -15,6 +16,7 @@ import torch_impl
 from property_tests.baseline import verl_postprocess_batch_func
 from property_tests.compare import assert_same
 from property_tests.data import jagged, random_tensor, rows_of
+from property_tests.kernels import KERNELS, forced
 from property_tests.metric import FakeMetric
 from property_tests.opcount import CountOps
 from ref import errors
@@ -164,33 +166,20 @@ def two_threads():
     torch.set_num_threads(before)
 
 
-KERNELS = {  # data-movement path -> settings of torch_impl._assemble / torch_impl._rowcopy that force it
-    "row_copies": {"ROW_COPY_MIN_ELEMENTS": 0, "THREADS_MIN_BYTES": 10**15},
-    "row_copies_in_threads": {"ROW_COPY_MIN_ELEMENTS": 0, "THREADS_MIN_BYTES": 0},
-    "element_indices": {"ROW_COPY_MIN_ELEMENTS": 10**12},
-    "element_indices_one_value_per_chunk": {
-        "ROW_COPY_MIN_ELEMENTS": 10**12,
-        "INDEX_MIN_CHUNK": 1,
-        "INDEX_BYTES_FRACTION": 0.0,
-    },
-}
-
-
-def _force(monkeypatch, settings: dict[str, float]) -> None:
-    import torch_impl._assemble as kernel
-    import torch_impl._rowcopy as rowcopy
-
-    for name, value in settings.items():
-        monkeypatch.setattr(kernel if hasattr(kernel, name) else rowcopy, name, value)
+@pytest.fixture
+def force(two_threads):
+    """``force(path)``: torch_impl takes that data-movement path until the test ends."""
+    with contextlib.ExitStack() as stack:
+        yield lambda path: stack.enter_context(forced(path))
 
 
 @pytest.mark.parametrize("path", list(KERNELS))
-def test_every_kernel_gives_every_sample(path, monkeypatch, two_threads) -> None:
+def test_every_kernel_gives_every_sample(path, force) -> None:
     """Each data-movement path, forced on, reproduces every named sample bit for bit."""
     from property_tests.convert import torch_postprocess
     from property_tests.samples import postprocess_samples
 
-    _force(monkeypatch, KERNELS[path])
+    force(path)
     for s in postprocess_samples():
         got = torch_postprocess(s.output_lst, s.indices, use_dynamic_bsz=s.use_dynamic_bsz, pad_mode=s.pad_mode)
         assert_same(got, s.expected)
@@ -198,8 +187,8 @@ def test_every_kernel_gives_every_sample(path, monkeypatch, two_threads) -> None
 
 @pytest.mark.parametrize("path", list(KERNELS))
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int64", "bool", "complex64"])
-def test_every_kernel_on_long_rows_of_each_dtype(path, dtype, monkeypatch, two_threads) -> None:
-    _force(monkeypatch, KERNELS[path])
+def test_every_kernel_on_long_rows_of_each_dtype(path, dtype, force) -> None:
+    force(path)
     rng = np.random.default_rng(3)
     outs, parts = _outputs(40, 3, mean_len=60)
     for o in outs:  # a 3-D key of the dtype beside the float32 one
@@ -225,7 +214,8 @@ class _LargestIndex(torch.utils._python_dispatch.TorchDispatchMode):
 
 @pytest.mark.parametrize("micro_batches", [1, 4])
 def test_index_buffer_is_a_bounded_fraction_of_the_output(micro_batches, monkeypatch) -> None:
-    """Peak memory on the index path: destinations for at most 1/8 of the output's bytes at a time."""
+    """Peak memory on the index path: destinations for at most `INDEX_BYTES_FRACTION` (1/16) of the
+    output's bytes at a time, however few micro-batches hold the rows."""
     import torch_impl._assemble as kernel
 
     monkeypatch.setattr(kernel, "INDEX_MIN_CHUNK", 64)  # the constant floor, small enough to see chunks here
@@ -235,11 +225,12 @@ def test_index_buffer_is_a_bounded_fraction_of_the_output(micro_batches, monkeyp
         got = torch_impl.postprocess_batch(outs, parts)
     assert_same(got, verl_postprocess_batch_func(outs, parts, None))
     output_bytes = total * 4
-    assert 0 < seen.largest * 8 <= output_bytes / 8, (seen.largest, total)
+    assert kernel.INDEX_BYTES_FRACTION == 1 / 16
+    assert 0 < seen.largest * 8 <= output_bytes * kernel.INDEX_BYTES_FRACTION, (seen.largest, total)
 
 
-def test_row_copies_in_threads_under_inference_mode(monkeypatch, two_threads) -> None:
-    _force(monkeypatch, KERNELS["row_copies_in_threads"])
+def test_row_copies_in_threads_under_inference_mode(force) -> None:
+    force("row_copies_in_threads")
     outs, parts = _outputs(64, 4, mean_len=50, keys=3)
     want = verl_postprocess_batch_func(outs, parts, None)
     with torch.inference_mode():
@@ -248,22 +239,22 @@ def test_row_copies_in_threads_under_inference_mode(monkeypatch, two_threads) ->
     assert got["model_output"]["k0"].values().is_inference()
 
 
-def test_an_error_on_a_later_key_waits_for_the_copies_before_it(monkeypatch, two_threads) -> None:
-    _force(monkeypatch, KERNELS["row_copies_in_threads"])
+def test_an_error_on_a_later_key_waits_for_the_copies_before_it(force) -> None:
+    force("row_copies_in_threads")
     outs, parts = _outputs(64, 4, mean_len=50, keys=2)
     outs[2]["model_output"]["k1"] = outs[2]["model_output"]["k1"].to(torch.float64)
     with pytest.raises(errors.DtypeMismatchError, match="key 'k1', micro-batch 2"):
         torch_impl.postprocess_batch(outs, parts)
 
 
-def test_a_failure_while_making_row_views_releases_the_copy_threads(monkeypatch, two_threads) -> None:
+def test_a_failure_while_making_row_views_releases_the_copy_threads(monkeypatch, force) -> None:
     """The copy threads wait for the row views; if making them fails, they are released (no hang) and
     the error reaches the caller."""
     import threading
 
     import torch_impl._rowcopy as rowcopy
 
-    _force(monkeypatch, KERNELS["row_copies_in_threads"])
+    force("row_copies_in_threads")
     outs, parts = _outputs(64, 4, mean_len=50)
     want = verl_postprocess_batch_func(outs, parts, None)
 
@@ -282,14 +273,14 @@ def test_a_failure_while_making_row_views_releases_the_copy_threads(monkeypatch,
     assert_same(got[0], want)
 
 
-def test_copy_threads_are_made_again_in_a_forked_child(monkeypatch, two_threads) -> None:
+def test_copy_threads_are_made_again_in_a_forked_child(monkeypatch, force) -> None:
     """A forked child has none of its parent's threads: the pool is keyed by process id and remade.
     (Simulated with another process id: forking a test process that has loaded JAX may deadlock.)"""
     import os
 
     import torch_impl._rowcopy as rowcopy
 
-    _force(monkeypatch, KERNELS["row_copies_in_threads"])
+    force("row_copies_in_threads")
     outs, parts = _outputs(64, 4, mean_len=50)
     want = verl_postprocess_batch_func(outs, parts, None)
     assert_same(torch_impl.postprocess_batch(outs, parts), want)

@@ -39,7 +39,9 @@ def _parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="run the benchmark grid; write JSON, a Markdown table and a plot")
     bench.add_argument("--quick", action="store_true", help="a small grid (about a minute)")
     bench.add_argument(
-        "--grid", choices=["quick", "standard", "full"], help="the grid (default standard; --quick = quick)"
+        "--grid",
+        choices=["quick", "standard", "large", "full"],
+        help="the grid (default standard; --quick = quick; large: outputs of at least 64M elements)",
     )
     bench.add_argument("--device", default="cpu", help="cpu or cuda")
     bench.add_argument("--out", default="docs", help="folder for benchmarks.json, benchmarks.md and benchmarks.png")
