@@ -22,6 +22,7 @@ import torch_impl._assemble as assemble_mod
 import torch_impl._metrics as metrics_mod
 import torch_impl._ops as ops_mod
 import torch_impl._postprocess as post_mod
+import torch_impl._rowcopy as rowcopy_mod
 
 from .properties import DIFFERENTIAL, PROPERTIES
 
@@ -121,6 +122,20 @@ def _metrics_appended() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _pages_touched_after_copy() -> Iterator[None]:
+    """A copy thread's ordering bug: it touches its range's pages (writing zeros) after copying the
+    rows instead of before. Only the threaded row-copy path has it."""
+
+    def mutated(piece: torch.Tensor, rows: Any, inference: bool) -> None:
+        with torch.inference_mode(inference), torch.no_grad():
+            torch.cat(rows.result(), out=piece)
+            piece[:: max(1, rowcopy_mod.PAGE_BYTES // piece.element_size())].zero_()
+
+    with mock.patch.object(rowcopy_mod, "_fill", mutated):
+        yield
+
+
 MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "two_rows_swapped": lambda: _patch_assemble(_rows_swapped),
     "offsets_off_by_one": _offsets_off_by_one,
@@ -128,6 +143,7 @@ MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "dtype_cast": lambda: _patch_assemble(_dtype_cast),
     "inverse_not_inverted": _inverse_not_inverted,
     "metrics_appended_not_extended": _metrics_appended,
+    "pages_touched_after_copy": _pages_touched_after_copy,
 }
 
 
