@@ -39,14 +39,23 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def _timed(fn: Callable[[], Any], device: str) -> float:
+    """Seconds for one call. Before it (untimed), the C heap's free pages go back to the kernel, so
+    every call's fresh buffers are mapped afresh, as a training step's are, instead of landing by
+    chance on pages that the previous call freed. Every implementation is timed this way."""
+    if device == "cpu":
+        release_free_memory()
+    start = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - start
+
+
 def _median_times(
     fns: dict[str, Callable[[], Any]], device: str, *, min_time: float = 0.3, max_rounds: int = 15
 ) -> dict[str, float]:
     """Median seconds per call of each function, timed in alternation (one call of each per round),
     so that all of them meet the same state of the machine (allocator, page cache, clock speed).
-    Before each call the C heap's free pages go back to the kernel (untimed), so that every call's
-    fresh output is mapped afresh, as a training step's is, instead of landing, by chance, on pages
-    another call freed.
 
     One warm-up call each, then at least 5 rounds, more until ``min_time`` is spent or ``max_rounds``.
     """
@@ -57,12 +66,7 @@ def _median_times(
     spent = 0.0
     while len(next(iter(times.values()))) < 5 or (spent < min_time and len(next(iter(times.values()))) < max_rounds):
         for name, fn in fns.items():
-            if device == "cpu":
-                release_free_memory()
-            start = time.perf_counter()
-            fn()
-            _sync(device)
-            elapsed = time.perf_counter() - start
+            elapsed = _timed(fn, device)
             times[name].append(elapsed)
             spent += elapsed
     return {name: statistics.median(t) for name, t in times.items()}
@@ -74,10 +78,7 @@ def _median_time(fn: Callable[[], Any], device: str, *, min_time: float = 0.3, m
     _sync(device)
     times: list[float] = []
     while len(times) < 3 or (sum(times) < min_time and len(times) < max_runs):
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - start)
+        times.append(_timed(fn, device))
     return statistics.median(times)
 
 
@@ -215,7 +216,8 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         "Times are medians in milliseconds, measured in one run on the same inputs; torch_impl and the copy "
         "limit are timed in alternation (one call of each per round, at least 5 rounds) so their ratio "
-        "compares like with like. *baseline* follows verl's "
+        "compares like with like. Before every timed call (of any implementation) the C heap's free pages are "
+        "returned to the kernel, so each call maps its fresh buffers as a training step does. *baseline* follows verl's "
         "algorithm row by row (unbind, rebuild, unbind, rebuild in inverse order); *copy* is one clone of the "
         "output's bytes; *JAX* is the reference under `jax.jit`, timed after compilation (up to "
         f"{JAX_MAX_ELEMENTS // 2**20}M output elements). *peak* is the most bytes of tensors the call "
