@@ -34,7 +34,7 @@ import torch
 from ._parts import Part
 
 #: Output bytes from which the copies are shared among the CPU threads.
-THREADS_MIN_BYTES = 4 * 2**20
+THREADS_MIN_BYTES = 2**19
 
 __all__ = ["copy_rows", "finish", "THREADS_MIN_BYTES"]
 
