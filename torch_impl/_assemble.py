@@ -26,7 +26,7 @@ from ._parts import Part, check_offsets
 from ._rowcopy import copy_rows
 
 #: Mean elements per row (values per row times trailing size) from which CPU row copies beat indices.
-ROW_COPY_MIN_ELEMENTS = 512
+ROW_COPY_MIN_ELEMENTS = 384
 #: The index path's destinations never exceed this fraction of the output's bytes ...
 INDEX_BYTES_FRACTION = 1 / 16
 #: ... or this many values, whichever is larger (a constant: small outputs take one chunk per part).
@@ -99,7 +99,7 @@ def assemble(
     out_lengths = lengths[inv]
     out_offsets = zero_prefixed_cumsum(out_lengths)
     if _row_copies_pay(parts, total, perm.numel()):
-        return njt(copy_rows(parts, inv, out_offsets, total, pending), out_offsets)
+        return njt(copy_rows(parts, lengths, inv, out_offsets, total, pending), out_offsets)
     # Row k of the concatenation goes to output row perm[k], which starts at out_offsets[perm[k]]. The
     # destination of every value is built one chunk of a part's values at a time (rows cut at the
     # chunk's edges), so the index buffer stays a bounded fraction of the output.

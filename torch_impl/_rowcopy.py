@@ -114,14 +114,16 @@ def finish(pending: list[Future[None]], *, raise_errors: bool = True) -> None:
 
 def copy_rows(
     parts: Sequence[Part],
+    lengths: torch.Tensor,
     inv: torch.Tensor,
     out_offsets: torch.Tensor,
     total: int,
     pending: list[Future[None]] | None = None,
 ) -> torch.Tensor:
     """Output values ``[N, *F]`` (CPU, contiguous parts): ``[rows[k] for k in inv]`` laid end to end,
-    where ``rows`` are the parts' rows in concatenation order and ``inv`` ``[B]`` is the inverse
-    permutation; ``out_offsets`` ``[B + 1]`` are the output's offsets (in rows of ``values``).
+    where ``rows`` are the parts' rows in concatenation order (``lengths`` ``[B]``: their lengths, in
+    rows of ``values``) and ``inv`` ``[B]`` is the inverse permutation; ``out_offsets`` ``[B + 1]`` are
+    the output's offsets (in rows of ``values``).
 
     With ``pending`` (a list), copies run on the copy threads may be left running: their futures are
     appended, and the output must not be read before `finish` (pending).
@@ -150,9 +152,12 @@ def copy_rows(
         futures = [pool.submit(_fill, piece, v, inference) for (_, _, piece), v in zip(ranges, views, strict=True)]
     try:
         with _collector_paused():
+            sizes = (lengths * inner).tolist()  # every row's element count, all parts at once
+            bounds = list(itertools.accumulate((p.rows for p in parts), initial=0))
             rows = tuple(
                 itertools.chain.from_iterable(
-                    torch.unsafe_split_with_sizes(p.values.view(-1), (p.offsets.diff() * inner).tolist()) for p in parts
+                    torch.unsafe_split_with_sizes(p.values.view(-1), sizes[a:b])
+                    for p, a, b in zip(parts, bounds[:-1], bounds[1:], strict=True)
                 )
             )
             ordered = [rows[k] for k in inv.tolist()]
