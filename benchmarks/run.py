@@ -52,34 +52,37 @@ def _timed(fn: Callable[[], Any], device: str) -> float:
 
 
 def _median_times(
-    fns: dict[str, Callable[[], Any]], device: str, *, min_time: float = 0.3, max_rounds: int = 15
+    fns: dict[str, Callable[[], Any]],
+    device: str,
+    *,
+    min_time: float = 0.3,
+    min_rounds: int = 5,
+    max_rounds: int = 15,
 ) -> dict[str, float]:
     """Median seconds per call of each function, timed in alternation (one call of each per round),
     so that all of them meet the same state of the machine (allocator, page cache, clock speed).
 
-    One warm-up call each, then at least 5 rounds, more until ``min_time`` is spent or ``max_rounds``.
+    One warm-up call each, then at least ``min_rounds`` rounds, more until ``min_time`` is spent or
+    ``max_rounds``.
     """
     for fn in fns.values():
         fn()
         _sync(device)
     times: dict[str, list[float]] = {name: [] for name in fns}
     spent = 0.0
-    while len(next(iter(times.values()))) < 5 or (spent < min_time and len(next(iter(times.values()))) < max_rounds):
+    rounds = 0
+    while rounds < min_rounds or (spent < min_time and rounds < max_rounds):
         for name, fn in fns.items():
             elapsed = _timed(fn, device)
             times[name].append(elapsed)
             spent += elapsed
+        rounds += 1
     return {name: statistics.median(t) for name, t in times.items()}
 
 
 def _median_time(fn: Callable[[], Any], device: str, *, min_time: float = 0.3, max_runs: int = 15) -> float:
-    """Median seconds per call after one warm-up call: at least 3 runs, more until ``min_time`` is spent."""
-    fn()
-    _sync(device)
-    times: list[float] = []
-    while len(times) < 3 or (sum(times) < min_time and len(times) < max_runs):
-        times.append(_timed(fn, device))
-    return statistics.median(times)
+    """Median seconds per call of one function: at least 3 runs, more until ``min_time`` is spent."""
+    return _median_times({"fn": fn}, device, min_time=min_time, min_rounds=3, max_rounds=max_runs)["fn"]
 
 
 def _copy_limit(outs: list[dict[str, Any]]) -> Callable[[], Any]:
