@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -23,6 +24,7 @@ from typing import Any
 import torch
 
 from ._parts import Part, check_offsets
+from ._permutation import invert
 from ._rowcopy import copy_rows
 
 #: Mean elements per row (values per row times trailing size) from which CPU row copies beat indices.
@@ -94,16 +96,20 @@ def assemble(
         out_offsets = torch.cat([parts[0].offsets[:1]] + [p.offsets[1:] + b for p, b in zip(parts, bases, strict=True)])
         return njt(torch.cat([p.values for p in parts]) if len(parts) > 1 else first, out_offsets)
 
-    inv = torch.empty_like(perm)
-    inv[perm] = torch.arange(perm.numel(), device=device)
-    out_lengths = lengths[inv]
+    if os.environ.get("RB_OLD"):
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(perm.numel(), device=device)
+        out_lengths = lengths[inv]
+    else:
+        inv = invert(perm)
+        out_lengths = lengths.index_select(0, inv)
     out_offsets = zero_prefixed_cumsum(out_lengths)
     if _row_copies_pay(parts, total, perm.numel()):
         return njt(copy_rows(parts, lengths, inv, out_offsets, total, pending), out_offsets)
     # Row k of the concatenation goes to output row perm[k], which starts at out_offsets[perm[k]]. The
     # destination of every value is built one chunk of a part's values at a time (rows cut at the
     # chunk's edges), so the index buffer stays a bounded fraction of the output.
-    dest_starts = out_offsets[:-1][perm]
+    dest_starts = out_offsets[:-1].index_select(0, perm)
     out_values = first.new_empty((total, *first.shape[1:]))
     chunk = index_chunk(total, first)
     row = 0
@@ -154,9 +160,9 @@ def gather_jagged(x: Part, rows: torch.Tensor, total: int | None = None) -> torc
     the device (a synchronisation on an accelerator).
     """
     lengths = check_offsets([x])
-    new_lengths = lengths[rows]
+    new_lengths = lengths.index_select(0, rows)
     new_offsets = zero_prefixed_cumsum(new_lengths)
     if total is None:
         total = int(new_offsets[-1])
-    src = runs_to_indices(x.offsets[:-1][rows], new_lengths, total)
+    src = runs_to_indices(x.offsets[:-1].index_select(0, rows), new_lengths, total)
     return njt(x.values.index_select(0, src), new_offsets)

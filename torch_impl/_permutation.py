@@ -77,16 +77,17 @@ def check_permutation(partitions: Sequence[Any], num_rows: int) -> torch.Tensor:
     perm, sizes = _flat_indices(partitions)
     n = perm.numel()
     if n:
-        bad = (perm < 0) | (perm >= num_rows)
-        if bool(bad.any()):
+        lo, hi = torch.aminmax(perm)
+        if int(lo) < 0 or int(hi) >= num_rows:
+            bad = (perm < 0) | (perm >= num_rows)
             j = int(bad.nonzero()[0, 0])
             m, pos = _locate(j, sizes)
             i = int(perm[j])
             what = "is negative (negative indices are not wrapped)" if i < 0 else f"is out of range for {num_rows} rows"
             raise NotAPermutationError(f"micro-batch {m}, position {pos}: index {i} {what}")
-        sorted_perm, order = torch.sort(perm, stable=True)
-        repeated = sorted_perm[1:] == sorted_perm[:-1]
-        if bool(repeated.any()):
+        if bool((torch.bincount(perm, minlength=num_rows) > 1).any()):
+            sorted_perm, order = torch.sort(perm, stable=True)
+            repeated = sorted_perm[1:] == sorted_perm[:-1]
             j = int(order[1:][repeated].min())  # earliest position that repeats an earlier one
             i = int(perm[j])
             j0 = int((perm == i).nonzero()[0, 0])
@@ -118,11 +119,12 @@ def inverse_permutation(perm: Any) -> torch.Tensor:
     """
     device = perm.device if isinstance(perm, torch.Tensor) else torch.device("cpu")
     p = check_permutation([perm], len(perm))
-    return _invert(p).to(device)
+    return invert(p).to(device)
 
 
-def _invert(perm: torch.Tensor) -> torch.Tensor:
-    """The inverse of a checked permutation (one scatter)."""
-    inv = torch.empty_like(perm)
-    inv[perm] = torch.arange(perm.numel(), dtype=perm.dtype, device=perm.device)
-    return inv
+def invert(perm: torch.Tensor) -> torch.Tensor:
+    """The inverse of a checked permutation: one ``scatter_``, not ``inv[perm] = ...``, whose CPU
+    kernel goes parallel from a few thousand rows and leaves torch's OpenMP threads spinning for
+    milliseconds afterwards, on cores the row copies need."""
+    ar = torch.arange(perm.numel(), dtype=perm.dtype, device=perm.device)
+    return torch.empty_like(perm).scatter_(0, perm, ar)
