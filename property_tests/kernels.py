@@ -21,6 +21,7 @@ __all__ = ["KERNELS", "forced"]
 KERNELS: dict[str, dict[str, float]] = {
     "row_copies": {"ROW_COPY_MIN_ELEMENTS": 0, "THREADS_MIN_BYTES": 10**15},
     "row_copies_in_threads": {"ROW_COPY_MIN_ELEMENTS": 0, "THREADS_MIN_BYTES": 0},
+    "row_copies_in_threads_pages_written": {"ROW_COPY_MIN_ELEMENTS": 0, "THREADS_MIN_BYTES": 0, "POPULATE": False},
     "element_indices": {"ROW_COPY_MIN_ELEMENTS": 10**12},
     "element_indices_one_value_per_chunk": {
         "ROW_COPY_MIN_ELEMENTS": 10**12,
@@ -43,7 +44,7 @@ def forced(path: str) -> Iterator[None]:
     try:
         for name, value in KERNELS[path].items():
             setattr(_home(name), name, value)
-        if path == "row_copies_in_threads" and threads < 2:
+        if path.startswith("row_copies_in_threads") and threads < 2:
             torch.set_num_threads(2)
         yield
     finally:

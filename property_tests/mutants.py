@@ -124,15 +124,16 @@ def _metrics_appended() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _pages_touched_after_copy() -> Iterator[None]:
-    """A copy thread's ordering bug: it touches its range's pages (writing zeros) after copying the
-    rows instead of before. Only the threaded row-copy path has it."""
+    """A copy thread's ordering bug: it maps its range's pages after copying the rows instead of
+    before. Harmless where ``madvise`` maps them; where pages are mapped by writing one element each
+    (kernels without ``MADV_POPULATE_WRITE``: forced here), it zeroes copied values."""
 
     def mutated(piece: torch.Tensor, rows: Any, inference: bool) -> None:
         with torch.inference_mode(inference), torch.no_grad():
             torch.cat(rows.result(), out=piece)
-            piece[:: max(1, rowcopy_mod.PAGE_BYTES // piece.element_size())].zero_()
+            rowcopy_mod.map_pages(piece)
 
-    with mock.patch.object(rowcopy_mod, "_fill", mutated):
+    with mock.patch.object(rowcopy_mod, "_fill", mutated), mock.patch.object(rowcopy_mod, "POPULATE", False):
         yield
 
 

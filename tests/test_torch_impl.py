@@ -292,6 +292,57 @@ def test_copy_threads_are_made_again_in_a_forked_child(monkeypatch, force) -> No
     assert rowcopy._pool[2] is not parent_pool
 
 
+def test_map_pages_maps_a_range_without_changing_it() -> None:
+    """On Linux (5.14 and later) the copy threads map pages with ``madvise(MADV_POPULATE_WRITE)``, which
+    must leave every value as it was; elsewhere they write one element per page."""
+    import sys
+
+    import torch_impl._rowcopy as rowcopy
+
+    x = torch.arange(5 * rowcopy.PAGE_BYTES, dtype=torch.int32)
+    piece = x[3 : 3 + 4 * rowcopy.PAGE_BYTES]  # starts and ends inside a page
+    rowcopy.map_pages(piece)
+    assert torch.equal(x, torch.arange(5 * rowcopy.PAGE_BYTES, dtype=torch.int32))
+    if sys.platform.startswith("linux"):
+        assert rowcopy._madvise is not None
+    with_writes = torch.full((3 * rowcopy.PAGE_BYTES // 4,), 7, dtype=torch.int32)  # 3 pages of int32
+    try:
+        rowcopy.POPULATE = False
+        rowcopy.map_pages(with_writes)
+    finally:
+        rowcopy.POPULATE = True
+    assert int((with_writes == 0).sum()) == 3, "one element written per 4 KiB page"
+
+
+def test_the_collector_is_paused_during_the_call_and_restored_after(force) -> None:
+    import gc
+
+    import torch_impl._rowcopy as rowcopy
+
+    force("row_copies_in_threads")
+    outs, parts = _outputs(64, 4, mean_len=50)
+    seen = []
+    real = rowcopy._fill
+
+    def spy(*args):
+        seen.append(gc.isenabled())
+        return real(*args)
+
+    assert gc.isenabled()
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(rowcopy, "_fill", spy)
+        torch_impl.postprocess_batch(outs, parts)
+        assert seen
+        assert not any(seen)
+        assert gc.isenabled()
+        gc.disable()
+        try:
+            torch_impl.postprocess_batch(outs, parts)
+            assert not gc.isenabled(), "a collector the caller turned off stays off"
+        finally:
+            gc.enable()
+
+
 def test_long_rows_take_the_row_copy_path_and_match_verl() -> None:
     outs, parts = _outputs(48, 4, mean_len=2048)
     assert_same(torch_impl.postprocess_batch(outs, parts), verl_postprocess_batch_func(outs, parts, None))

@@ -17,7 +17,7 @@ from ._assemble import assemble
 from ._metrics import fold_metrics
 from ._parts import check_parts
 from ._permutation import check_permutation
-from ._rowcopy import finish
+from ._rowcopy import collector_paused, finish
 
 __all__ = ["postprocess_batch", "postprocess_batch_func"]
 
@@ -51,12 +51,13 @@ def postprocess_batch(
     model_output: dict[str, Any] = {}
     keys = list(outs[0]) if outs else []
     pending: list[Future[None]] = []  # row copies still running; each key's views are made meanwhile
-    try:
-        _assemble_keys(outs, keys, indices, perm, pad_mode, model_output, pending)
-    except BaseException:
-        finish(pending, raise_errors=False)  # the copies already started end before the error leaves
-        raise
-    finish(pending)
+    with collector_paused():  # until the copies have ended and released their row views
+        try:
+            _assemble_keys(outs, keys, indices, perm, pad_mode, model_output, pending)
+        except BaseException:
+            finish(pending, raise_errors=False)  # the copies already started end before the error leaves
+            raise
+        finish(pending)
 
     losses = [o["loss"] for o in output_lst if "loss" in o]
     metrics = fold_metrics(o["metrics"] for o in output_lst if "metrics" in o)

@@ -25,9 +25,11 @@ import gc
 import itertools
 import math
 import os
+import sys
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import torch
 
@@ -36,7 +38,7 @@ from ._parts import Part
 #: Output bytes from which the copies are shared among the CPU threads.
 THREADS_MIN_BYTES = 2**19
 
-__all__ = ["copy_rows", "finish", "THREADS_MIN_BYTES"]
+__all__ = ["collector_paused", "copy_rows", "finish", "map_pages", "POPULATE", "THREADS_MIN_BYTES"]
 
 _lock = threading.Lock()
 _pool: tuple[int, int, ThreadPoolExecutor] | None = None  # (pid, threads, pool)
@@ -76,20 +78,56 @@ def _threads_allowed(parts: Sequence[Part], out: torch.Tensor) -> bool:
 
 
 PAGE_BYTES = 4096
+#: Map a fresh range's pages with one ``madvise(MADV_POPULATE_WRITE)`` call (Linux >= 5.14) rather
+#: than one fault per page; measured about 8% faster on the longest copies. False: one write per page.
+POPULATE = True
+_MADV_POPULATE_WRITE = 23
+
+
+def _find_madvise() -> Any:
+    """libc's ``madvise`` (Linux only), or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (AttributeError, OSError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_madvise = _find_madvise()
+
+
+def map_pages(piece: torch.Tensor) -> None:
+    """Have the kernel map ``piece``'s pages before it is written: a fresh buffer's pages are
+    otherwise mapped on first write, one fault per 4 KiB page, most of the cost of filling it. The
+    whole pages inside ``piece`` are mapped by one ``madvise(MADV_POPULATE_WRITE)``, which leaves
+    their contents alone; where the kernel refuses it (older than 5.14, or not Linux), one element
+    per page is written instead. Either way the rows are copied over the range afterwards."""
+    start = piece.data_ptr()
+    first = -(-start // PAGE_BYTES) * PAGE_BYTES
+    end = (start + piece.nbytes) // PAGE_BYTES * PAGE_BYTES
+    if POPULATE and _madvise is not None and end > first and _madvise(first, end - first, _MADV_POPULATE_WRITE) == 0:
+        return
+    piece[:: max(1, PAGE_BYTES // piece.element_size())].zero_()
 
 
 def _fill(piece: torch.Tensor, rows: Future[list[torch.Tensor]], inference: bool) -> None:
-    """On a copy thread: touch one element per page of ``piece`` (a fresh buffer's pages are mapped on
-    first write, most of the cost of filling it), then, once the calling thread has made them, copy
-    ``rows`` into ``piece`` back to back."""
-    step = max(1, PAGE_BYTES // piece.element_size())
+    """On a copy thread: map ``piece``'s pages (`map_pages`), then, once the calling thread has made
+    them, copy ``rows`` into ``piece`` back to back."""
     with torch.inference_mode(inference), torch.no_grad():
-        piece[::step].zero_()
+        map_pages(piece)
         torch.cat(rows.result(), out=piece)
 
 
 @contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off (process-wide) within the block. The row views are tens
+    of thousands of short-lived tensors; a collection set off while they are alive would walk every
+    object of the process. `postprocess_batch` keeps it paused until its copies have finished and
+    their views are released: measured about 4% faster on the longest copies."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -151,7 +189,7 @@ def copy_rows(
         inference = torch.is_inference_mode_enabled()
         futures = [pool.submit(_fill, piece, v, inference) for (_, _, piece), v in zip(ranges, views, strict=True)]
     try:
-        with _collector_paused():
+        with collector_paused():
             sizes = (lengths * inner).tolist()  # every row's element count, all parts at once
             bounds = list(itertools.accumulate((p.rows for p in parts), initial=0))
             rows = tuple(
