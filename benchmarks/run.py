@@ -12,6 +12,7 @@ import argparse
 import gc
 import json
 import platform
+import random
 import statistics
 import sys
 import time
@@ -55,12 +56,16 @@ def _median_times(
     fns: dict[str, Callable[[], Any]],
     device: str,
     *,
-    min_time: float = 0.3,
+    min_time: float = 0.5,
     min_rounds: int = 5,
     max_rounds: int = 15,
+    seed: int = 0,
 ) -> dict[str, float]:
-    """Median seconds per call of each function, timed in alternation (one call of each per round),
-    so that all of them meet the same state of the machine (allocator, page cache, clock speed).
+    """Median seconds per call of each function, timed in alternation: each round calls every
+    function once, in an order shuffled afresh each round (``random.Random(seed)``), so all of them
+    meet the same state of the machine (clock speed, allocator, page cache) and none always runs
+    right after the same other one (a call that follows a ``clone`` meets different freed memory
+    than one that follows a call of the baseline).
 
     One warm-up call each, then at least ``min_rounds`` rounds, more until ``min_time`` is spent or
     ``max_rounds``.
@@ -69,11 +74,14 @@ def _median_times(
         fn()
         _sync(device)
     times: dict[str, list[float]] = {name: [] for name in fns}
+    order = list(fns)
+    rng = random.Random(seed)
     spent = 0.0
     rounds = 0
     while rounds < min_rounds or (spent < min_time and rounds < max_rounds):
-        for name, fn in fns.items():
-            elapsed = _timed(fn, device)
+        rng.shuffle(order)
+        for name in order:
+            elapsed = _timed(fns[name], device)
             times[name].append(elapsed)
             spent += elapsed
         rounds += 1
@@ -119,10 +127,8 @@ def measure(case: Case, device: str = "cpu", *, with_jax: bool = True) -> dict[s
     }
     impl = lambda: torch_impl.postprocess_batch_func(outs, indices, None)  # noqa: E731
     base = lambda: verl_postprocess_batch_func(outs, indices, None)  # noqa: E731
-    # torch_impl and the copy limit alternate, so their ratio compares like with like; the slow
-    # baseline is timed on its own, with fewer runs.
-    seconds = _median_times({"torch_impl": impl, "copy_limit": _copy_limit(outs)}, device)
-    seconds["per_row_baseline"] = _median_time(base, device, max_runs=5)
+    # The three alternate (shuffled order each round), so both ratios compare like with like.
+    seconds = _median_times({"torch_impl": impl, "copy_limit": _copy_limit(outs), "per_row_baseline": base}, device)
     if with_jax and device == "cpu" and inputs.output_elements <= JAX_MAX_ELEMENTS:
         jax_fn = _jax_reference(outs, indices)
         seconds["jax_reference_jit"] = _median_time(jax_fn, device, max_runs=5)
@@ -217,9 +223,9 @@ def markdown(results: dict[str, Any]) -> str:
         f"Machine: {results['machine']}; device {results['device']}; torch {results['torch']}; grid `{results['grid']}`; "
         f"{results['date']}. Regenerate with `rebatch bench` (or `python -m benchmarks.run --grid {results['grid']}`).",
         "",
-        "Times are medians in milliseconds, measured in one run on the same inputs; torch_impl and the copy "
-        "limit are timed in alternation (one call of each per round, at least 5 rounds) so their ratio "
-        "compares like with like. Before every timed call (of any implementation) the C heap's free pages are "
+        "Times are medians in milliseconds, measured in one run on the same inputs; torch_impl, the baseline "
+        "and the copy limit are timed in alternation (one call of each per round, in an order shuffled afresh "
+        "each round with a fixed seed, at least 5 rounds), so their ratios compare like with like. Before every timed call (of any implementation) the C heap's free pages are "
         "returned to the kernel, so each call maps its fresh buffers as a training step does. *baseline* follows verl's "
         "algorithm row by row (unbind, rebuild, unbind, rebuild in inverse order); *copy* is one clone of the "
         "output's bytes; *JAX* is the reference under `jax.jit`, timed after compilation (up to "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from benchmarks.cases import LARGE_ELEMENTS, grid
@@ -30,6 +32,19 @@ def test_alternating_timer_runs_each_function_equally_often() -> None:
     seconds = _median_times({"a": bump("a"), "b": bump("b")}, "cpu", min_time=0.0)
     assert set(seconds) == {"a", "b"}
     assert calls["a"] == calls["b"] >= 6  # one warm-up, then at least 5 rounds
+
+
+def test_alternating_timer_shuffles_the_order_of_each_round() -> None:
+    """No function always runs right after the same other one: over the rounds, each of three is
+    preceded by each of the others."""
+    sequence: list[str] = []
+    fns = {name: (lambda name=name: sequence.append(name)) for name in "abc"}
+    _median_times(fns, "cpu", min_time=0.0, min_rounds=12, max_rounds=12)
+    rounds = [sequence[i : i + 3] for i in range(3, len(sequence), 3)]  # after the warm-up calls
+    assert len(rounds) == 12
+    assert all(sorted(r) == ["a", "b", "c"] for r in rounds)
+    followed = {(x, y) for r in rounds for x, y in itertools.pairwise(r)}
+    assert followed == {(x, y) for x in "abc" for y in "abc" if x != y}
 
 
 def _row(name: str, **values) -> dict:
