@@ -129,11 +129,13 @@ def check_offsets(parts: Sequence[Part], key: Any = None) -> torch.Tensor:
     steps = flat.diff()
     if len(parts) == 1:
         lengths = steps
-    else:  # row r of part m is step r + m of `flat`
-        part_of_row = torch.repeat_interleave(
-            torch.arange(len(parts), device=device), torch.tensor(rows, device=device), output_size=total_rows
-        )
-        lengths = steps.index_select(0, torch.arange(total_rows, device=device) + part_of_row)
+    else:  # row r (counted over all parts) of part m is step r + m of `flat`: a running sum of 1 per
+        # row and 1 more where each part after the first begins (trailing empty parts land past the end)
+        begins = torch.tensor(list(itertools.accumulate(rows[:-1])), device=device)
+        step_of_row = torch.ones(total_rows + 1, dtype=torch.int64, device=device)
+        step_of_row[0] = 0
+        step_of_row.index_add_(0, begins, torch.ones_like(begins))
+        lengths = steps.index_select(0, step_of_row.cumsum_(0)[:-1])
     if device.type == "cpu":
         firsts = list(itertools.accumulate((r + 1 for r in rows[:-1]), initial=0))
         ends = torch.tensor([f + r for f, r in zip(firsts, rows, strict=True)] + firsts)
