@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -96,13 +95,8 @@ def assemble(
         out_offsets = torch.cat([parts[0].offsets[:1]] + [p.offsets[1:] + b for p, b in zip(parts, bases, strict=True)])
         return njt(torch.cat([p.values for p in parts]) if len(parts) > 1 else first, out_offsets)
 
-    if os.environ.get("RB_OLD"):
-        inv = torch.empty_like(perm)
-        inv[perm] = torch.arange(perm.numel(), device=device)
-        out_lengths = lengths[inv]
-    else:
-        inv = invert(perm)
-        out_lengths = lengths.index_select(0, inv)
+    inv = invert(perm)
+    out_lengths = lengths.index_select(0, inv)
     out_offsets = zero_prefixed_cumsum(out_lengths)
     if _row_copies_pay(parts, total, perm.numel()):
         return njt(copy_rows(parts, lengths, inv, out_offsets, total, pending), out_offsets)
