@@ -3,11 +3,11 @@
 The output ``[N, *F]`` is cut into one contiguous range of rows per CPU thread (about equal numbers of
 elements); each thread fills its range with one ``torch.cat(rows, out=range)``, where ``rows`` are views
 of the source rows in output order. Run in threads with a single intra-op thread each, ``cat`` takes
-its serial path (one ``memcpy`` per row), and the threads touch the fresh output's pages in parallel,
-which is most of the cost of writing a new buffer. The per-row views come from one split per
-micro-batch (made in C++, without autograd's view tracking: nothing here is differentiated), with
-Python's cyclic garbage collector paused while they are made (tens of thousands of short-lived
-tensors would otherwise set off full collections).
+its serial path (one ``memcpy`` per row), and the threads have the kernel map the fresh output's pages
+in parallel (`map_pages`), which is most of the cost of writing a new buffer. The per-row views come
+from one split per micro-batch (made in C++, without autograd's view tracking: nothing here is
+differentiated), with Python's cyclic garbage collector paused (`collector_paused`: tens of thousands
+of short-lived tensors would otherwise set off full collections).
 
 The copies may be left running (``pending``): the caller prepares the next key's views meanwhile and
 waits for every copy before any output is handed out.
@@ -186,7 +186,7 @@ def copy_rows(
     views: list[Future[list[torch.Tensor]]] = []  # each thread's rows, handed over once made
     if threaded:
         # One range of output rows per thread, with about equal numbers of elements. The threads
-        # start by touching their range's pages (the kernel's work of a fresh buffer) while this
+        # start by mapping their range's pages (the kernel's work of a fresh buffer) while this
         # thread makes the row views, then copy the rows.
         threads = min(torch.get_num_threads(), out_offsets.numel() - 1)
         targets = torch.linspace(0, total, threads + 1, dtype=torch.float64)[1:-1].round().to(torch.int64)
