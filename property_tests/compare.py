@@ -7,9 +7,11 @@ from typing import Any
 
 import torch
 
-__all__ = ["bits", "same_tensor", "assert_same", "first_difference"]
+from ref.dtypes import bits_dtype
 
-_AS_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+from .data import offsets_of
+
+__all__ = ["bits", "same_tensor", "assert_same", "first_difference"]
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -17,10 +19,10 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     t = t.detach().contiguous()
     if t.is_complex():
         return bits(torch.view_as_real(t.resolve_conj()))
-    if t.dtype in (torch.bool, torch.uint8, torch.int8):
-        return t.to(torch.uint8) if t.dtype == torch.bool else t
+    if t.dtype == torch.bool:
+        return t.to(torch.uint8)
     if t.dtype.is_floating_point:
-        return t.view(_AS_INT[t.element_size()])
+        return t.view(getattr(torch, bits_dtype(t.element_size(), dtype=t.dtype)))
     return t
 
 
@@ -36,8 +38,9 @@ def same_tensor(a: torch.Tensor, b: torch.Tensor) -> str | None:
         if a.size(0) != b.size(0) or a.shape[2:] != b.shape[2:]:
             return f"shape differs: {tuple(a.shape)} vs {tuple(b.shape)}"
         a, b = a.contiguous(), b.contiguous()
-        if not torch.equal(a.offsets().to(torch.int64), b.offsets().to(torch.int64)):
-            return f"offsets differ: {a.offsets().tolist()} vs {b.offsets().tolist()}"
+        oa, ob = offsets_of(a).to(torch.int64), offsets_of(b).to(torch.int64)
+        if not torch.equal(oa, ob):
+            return f"offsets differ: {oa.tolist()} vs {ob.tolist()}"
         a, b = a.values(), b.values()
     if a.shape != b.shape:
         return f"shape differs: {tuple(a.shape)} vs {tuple(b.shape)}"

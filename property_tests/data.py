@@ -12,11 +12,10 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["DTYPES", "FLOAT_DTYPES", "random_tensor", "jagged", "rows_of", "ListModel"]
+__all__ = ["DTYPES", "ListModel", "jagged", "offsets_of", "random_tensor", "rows_of"]
 
 #: Every dtype both torch and JAX have, by torch name.
 DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64")
-FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 def random_tensor(rng: np.random.Generator, shape: Sequence[int], dtype: str) -> torch.Tensor:
@@ -40,11 +39,17 @@ def jagged(values: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
     return torch.nested.nested_tensor_from_jagged(values, offsets)
 
 
+def offsets_of(x: torch.Tensor) -> torch.Tensor:
+    """A jagged nested tensor's offsets ``[B + 1]`` (``x.offsets()``, which torch's type stubs lack)."""
+    nested: Any = x
+    return nested.offsets()
+
+
 def rows_of(x: torch.Tensor) -> list[torch.Tensor]:
     """The rows of a jagged or dense tensor, as a list (per-row: for tests only)."""
     if x.is_nested:
         x = x.contiguous()
-        o = x.offsets().tolist()
+        o = offsets_of(x).tolist()
         v = x.values()
         return [v[o[i] : o[i + 1]] for i in range(len(o) - 1)]
     return list(x.unbind(0))

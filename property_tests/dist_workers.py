@@ -1,7 +1,7 @@
 """Worker processes for the multi-rank tests (importable, so ``torch.multiprocessing`` can spawn them).
 
 Each rank takes its shard of one deterministic global batch, makes data-parallel micro-batches, runs a
-stand-in model (element-wise, so any batching gives the same rows), reassembles, gathers, broadcasts,
+stand-in model (`property_tests.models`: element-wise, so any batching gives the same rows), reassembles, gathers, broadcasts,
 and checks every result against the single-process answer; a mismatch raises in the worker.
 """
 
@@ -18,8 +18,9 @@ from tensordict import TensorDict
 
 from .compare import assert_same
 from .data import jagged, random_tensor
+from .models import stand_in_model
 
-__all__ = ["global_batch", "shard_bounds", "stand_in_model", "check_rank", "raise_on_one_rank"]
+__all__ = ["global_batch", "shard_bounds", "check_rank", "raise_on_one_rank"]
 
 MAX_TOKENS = 20
 
@@ -44,17 +45,6 @@ def shard_bounds(rows: int, world: int) -> list[tuple[int, int]]:
     rest = rows - 1
     cuts = [round(rest * i / (world - 1)) for i in range(world)]
     return [(cuts[i], cuts[i + 1]) for i in range(world - 1)] + [(rest, rows)]
-
-
-def stand_in_model(mb: TensorDict) -> dict[str, torch.Tensor]:
-    ids = mb["input_ids"]
-    values = ids.values()
-    logp = -((values % 1009).to(torch.float32) / 97.0)
-    return {
-        "log_probs": torch.nested.nested_tensor_from_jagged(logp, ids.offsets()),
-        "top_k": mb["top_k"],
-        "value": ids.offsets().diff().to(torch.float64) * 0.5,
-    }
 
 
 def _init(rank: int, world: int, port: int, timeout_s: float) -> None:
@@ -85,7 +75,7 @@ def check_rank(rank: int, world: int, port: int) -> None:
             assert padded, f"rank {rank}: {hi - lo} rows for {counts[0]} micro-batches but no padding"
         output_lst = [
             {
-                "model_output": stand_in_model(mb),
+                "model_output": stand_in_model(mb["input_ids"]),
                 "loss": torch.tensor(float(100 * rank + m)),
                 "metrics": {"padding": [p is torch_impl.PADDING], "rank": rank},
             }
@@ -93,20 +83,20 @@ def check_rank(rank: int, world: int, port: int) -> None:
         ]
         result = torch_impl.postprocess_batch_func(output_lst, micro.indices, None)
         # the rank's own shard, exactly as one process computes it
-        assert_same(result["model_output"], stand_in_model(shard))
+        assert_same(result["model_output"], stand_in_model(shard["input_ids"]))
         kept = [m for m in range(len(micro.indices)) if m not in padded]
         assert_same(result["loss"], [torch.tensor(float(100 * rank + m)) for m in kept])
         assert result["metrics"].get("padding", []) == [False] * len(kept), "a padding micro-batch leaked into metrics"
         # the whole global batch, in global order, on every rank
         whole = torch_impl.gather_batch(result)
-        assert_same(whole["model_output"], stand_in_model(data))
+        assert_same(whole["model_output"], stand_in_model(data["input_ids"]))
         assert len(whole["loss"]) == sum(1 for _ in whole["metrics"].get("rank", []))
         # pipeline parallelism: only the last stage has a result; broadcast gives it to all
         last = world - 1
         mine = result if rank == last else {}
         got = torch_impl.broadcast_from_last_stage(mine)
         expected_last = torch_impl.take(data, list(range(*shard_bounds(data.batch_size[0], world)[last])))
-        assert_same(got["model_output"], stand_in_model(expected_last))
+        assert_same(got["model_output"], stand_in_model(expected_last["input_ids"]))
         dist.barrier()
     finally:
         dist.destroy_process_group()

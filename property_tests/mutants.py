@@ -18,12 +18,12 @@ from unittest import mock
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
 
+import ref.metrics as metrics_mod
 import torch_impl._assemble as assemble_mod
-import torch_impl._metrics as metrics_mod
 import torch_impl._ops as ops_mod
 import torch_impl._postprocess as post_mod
-import torch_impl._rowcopy as rowcopy_mod
 
+from .data import offsets_of
 from .properties import DIFFERENTIAL, PROPERTIES
 
 __all__ = ["MUTANTS", "run_mutant", "main"]
@@ -70,7 +70,7 @@ def _dtype_cast(out: torch.Tensor) -> torch.Tensor:
     if not out.dtype.is_floating_point or out.dtype == torch.float64:
         return out
     if out.is_nested:
-        return torch.nested.nested_tensor_from_jagged(out.values().to(torch.float64), out.offsets())
+        return torch.nested.nested_tensor_from_jagged(out.values().to(torch.float64), offsets_of(out))
     return out.to(torch.float64)
 
 
@@ -112,28 +112,26 @@ def _inverse_not_inverted() -> Iterator[None]:
 def _metrics_appended() -> Iterator[None]:
     """A list of metric values appended as one item instead of extending the key's list."""
 
-    def mutated(acc: dict[str, Any], new: Any) -> None:
+    def mutated(acc: dict[str, Any], new: Any, prefix: str = "") -> None:
         for key, value in new.items():
             if key not in acc:
                 acc[key] = value.init_list() if hasattr(value, "init_list") else []
             acc[key].append(value)
 
-    with mock.patch.object(metrics_mod, "_fold_into", mutated):
+    with mock.patch.object(metrics_mod, "append_to_dict", mutated):
         yield
 
 
 @contextlib.contextmanager
-def _pages_touched_after_copy() -> Iterator[None]:
-    """A copy thread's ordering bug: it maps its range's pages after copying the rows instead of
-    before. Harmless where ``madvise`` maps them; where pages are mapped by writing one element each
-    (kernels without ``MADV_POPULATE_WRITE``: forced here), it zeroes copied values."""
+def _row_copies_in_concatenation_order() -> Iterator[None]:
+    """The row-copy path copies the rows in micro-batch order (the inverse permutation ignored); the
+    offsets are still right, so only the values are misplaced."""
+    real = assemble_mod.permute_by_rows
 
-    def mutated(piece: torch.Tensor, rows: Any, inference: bool) -> None:
-        with torch.inference_mode(inference), torch.no_grad():
-            torch.cat(rows.result(), out=piece)
-            rowcopy_mod.map_pages(piece)
+    def mutated(parts: Any, lengths: torch.Tensor, inv: torch.Tensor, total: int) -> torch.Tensor:
+        return real(parts, lengths, torch.arange(inv.numel()), total)
 
-    with mock.patch.object(rowcopy_mod, "_fill", mutated), mock.patch.object(rowcopy_mod, "POPULATE", False):
+    with mock.patch.object(assemble_mod, "permute_by_rows", mutated):
         yield
 
 
@@ -144,7 +142,7 @@ MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "dtype_cast": lambda: _patch_assemble(_dtype_cast),
     "inverse_not_inverted": _inverse_not_inverted,
     "metrics_appended_not_extended": _metrics_appended,
-    "pages_touched_after_copy": _pages_touched_after_copy,
+    "row_copies_in_concatenation_order": _row_copies_in_concatenation_order,
 }
 
 

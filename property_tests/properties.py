@@ -234,6 +234,7 @@ def split_side_round_trip(drawn: tuple[TensorDictBatch, int]) -> None:
     batch, budget = drawn
     data = batch.data
     micro, indices = torch_impl.prepare_micro_batches(data, max_token_len=budget)
+    assert indices is not None
     keys = ["input_ids", "top_k", "advantages"]
     for mb, part in zip(micro, indices, strict=True):
         for k in keys:
@@ -264,8 +265,8 @@ def partitions_respect_the_budget(drawn: tuple[list[int], int]) -> None:
     13 give a spread of 24,587 against greedy's 24,575; see `test_partition.py`.)"""
     import ref
     import torch_impl
-    from ref._partition import workload
     from ref.errors import TokenBudgetError
+    from ref.partition import workload
 
     lengths, budget = drawn
     if any(n > budget for n in lengths):

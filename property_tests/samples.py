@@ -24,7 +24,7 @@ OPERATIONS = (
     "flatten_partitions",
     "restore",
     "split",
-    "append_to_dict",
+    "merge_metrics",
     "postprocess_batch",
     "balanced_partitions",
 )
@@ -33,7 +33,7 @@ OPERATIONS = (
 class PostprocessSample(NamedTuple):
     name: str
     output_lst: list[dict[str, Any]]
-    indices: list[list[int]] | None
+    indices: list[Any] | None  # partitions (lists of ints), or `PADDING`
     use_dynamic_bsz: bool
     pad_mode: str
     expected: dict[str, Any]
@@ -148,7 +148,8 @@ def _with_padding(lp: torch.Tensor) -> PostprocessSample:
     )
     filler = {"model_output": {"lp": jagged(_ramp(7) + 100, [7])}, "loss": 2.0, "metrics": {"n": 2, "pad": True}}
     outs = [real.output_lst[0], filler, real.output_lst[1]]
-    return real._replace(output_lst=outs, indices=[real.indices[0], PADDING, real.indices[1]])
+    first, last = real.indices or ([], [])
+    return real._replace(output_lst=outs, indices=[first, PADDING, last])
 
 
 def _metric(aggregation: str, values: list[Any]) -> FakeMetric:
@@ -192,7 +193,7 @@ def op_samples() -> Iterator[OpSample]:
     yield OpSample("balanced_partitions", "all_in_one", ([1, 2, 3], 100), [[0, 1, 2]])
     yield OpSample("balanced_partitions", "empty", ([], 8), [])
     yield OpSample(
-        "append_to_dict",
+        "merge_metrics",
         "lists_scalars_metrics",
         ({"a": [1], "m": _metric("max", [1.0])}, {"a": [2, 3], "b": 4, "m": FakeMetric("max", 5.0)}),
         {"a": [1, 2, 3], "m": _metric("max", [1.0, 5.0]), "b": [4]},

@@ -19,7 +19,7 @@ from hypothesis.errors import InvalidArgument
 
 from ref import errors
 
-from .data import DTYPES, from_rows, jagged, random_tensor, rows_of
+from .data import DTYPES, from_rows, jagged, offsets_of, random_tensor, rows_of
 from .metric import FakeMetric
 
 __all__ = [
@@ -236,7 +236,7 @@ def _mo(o: dict[str, Any]) -> dict[str, Any]:
 
 def _retype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if x.is_nested:
-        return torch.nested.nested_tensor_from_jagged(x.values().to(dtype), x.offsets())
+        return torch.nested.nested_tensor_from_jagged(x.values().to(dtype), offsets_of(x))
     return x.to(dtype)
 
 
@@ -247,7 +247,7 @@ def _other_dtype(x: torch.Tensor) -> torch.dtype:
 def _reshape_trailing(x: torch.Tensor) -> torch.Tensor:
     if x.is_nested:
         v = x.values()
-        return torch.nested.nested_tensor_from_jagged(torch.stack([v, v], dim=-1), x.offsets())
+        return torch.nested.nested_tensor_from_jagged(torch.stack([v, v], dim=-1), offsets_of(x))
     return torch.stack([x, x], dim=-1)
 
 
@@ -260,7 +260,7 @@ def _relayout(x: torch.Tensor) -> torch.Tensor:
 
 
 def _bad_offsets(x: torch.Tensor) -> torch.Tensor:
-    o = x.offsets().clone()
+    o = offsets_of(x).clone()
     o[-1] += 1  # offsets[-1] no longer equals len(values)
     return torch.nested.nested_tensor_from_jagged(x.values(), o)
 

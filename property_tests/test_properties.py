@@ -14,7 +14,7 @@ from property_tests.properties import PROPERTIES, Property
 
 def _make_test(prop: Property) -> Any:
     test = given(prop.strategy)(prop.check)
-    current = settings.default
+    current = settings()  # the profile in force
     if prop.max_examples is not None and settings._current_profile != "fuzz":
         test = settings(current, max_examples=min(current.max_examples, prop.max_examples))(test)
     test.__name__ = f"test_{prop.name}"

@@ -71,6 +71,7 @@ def test_partitions_form_a_permutation(p: Partitions) -> None:
 def test_microbatch_outputs_are_consistent(case: MicrobatchOutputs) -> None:
     assert isinstance(case, MicrobatchOutputs)
     assert len(case.output_lst) == 2
+    assert case.indices is not None
     assert sum(len(p) for p in case.indices) == next(iter(case.expected.values())).size(0)
 
 

@@ -1,9 +1,9 @@
 """rebatch's reference specification in JAX: how micro-batch outputs are joined and put back in order.
 
 Pure functions, no global state; each docstring gives its meaning as a Python list expression.
-``import ref`` imports neither torch nor, until a function is used, JAX: `ref.errors` is pure Python
-so that the production package `torch_impl` can raise the same errors without JAX. Only
-`ref.interop` imports torch.
+``import ref`` imports neither torch nor, until a JAX-backed function is used, JAX. The pure-Python
+public modules `ref.errors`, `ref.structure`, `ref.partition` and `ref.metrics` are shared with the
+production package `torch_impl`, which imports them without JAX. Only `ref.interop` imports torch.
 """
 
 from __future__ import annotations
@@ -11,59 +11,38 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from . import errors as errors
-from ._structure import PADDING as PADDING
+from . import errors as errors, metrics as metrics, partition as partition, structure as structure
 from .errors import (
     DeviceMismatchError as DeviceMismatchError,
-)
-from .errors import (
     DtypeMismatchError as DtypeMismatchError,
-)
-from .errors import (
     InvalidJaggedError as InvalidJaggedError,
-)
-from .errors import (
     KeyMismatchError as KeyMismatchError,
-)
-from .errors import (
     NotAPermutationError as NotAPermutationError,
-)
-from .errors import (
     OutputMismatchError as OutputMismatchError,
-)
-from .errors import (
     PartitionMismatchError as PartitionMismatchError,
-)
-from .errors import (
     RebatchError as RebatchError,
-)
-from .errors import (
     RowIndexError as RowIndexError,
-)
-from .errors import (
     ShapeMismatchError as ShapeMismatchError,
-)
-from .errors import (
     TokenBudgetError as TokenBudgetError,
-)
-from .errors import (
     UnsupportedSettingError as UnsupportedSettingError,
 )
+from .metrics import (
+    append_to_dict as append_to_dict,
+    fold_metrics as fold_metrics,
+    merge_metrics as merge_metrics,
+)
+from .partition import balanced_partitions as balanced_partitions
+from .structure import PADDING as PADDING
 
 if TYPE_CHECKING:
     from ._concat import concat as concat
-    from ._jagged import Jagged as Jagged
-    from ._jagged import validate_jagged as validate_jagged
-    from ._metrics import append_to_dict as append_to_dict
-    from ._partition import balanced_partitions as balanced_partitions
-    from ._permutation import flatten_partitions as flatten_partitions
-    from ._permutation import inverse_permutation as inverse_permutation
+    from ._jagged import Jagged as Jagged, validate_jagged as validate_jagged
+    from ._permutation import flatten_partitions as flatten_partitions, inverse_permutation as inverse_permutation
     from ._postprocess import postprocess_batch as postprocess_batch
-    from ._restore import restore as restore
-    from ._restore import split as split
+    from ._restore import restore as restore, split as split
     from ._take import take as take
 
-# The JAX-backed names, imported on first use (PEP 562) so that `import ref.errors` stays JAX-free.
+# The names that need JAX, imported on first use (PEP 562) so that `import ref` stays JAX-free.
 _LAZY = {
     "Jagged": "._jagged",
     "validate_jagged": "._jagged",
@@ -73,12 +52,24 @@ _LAZY = {
     "flatten_partitions": "._permutation",
     "restore": "._restore",
     "split": "._restore",
-    "append_to_dict": "._metrics",
     "postprocess_batch": "._postprocess",
-    "balanced_partitions": "._partition",
 }
 
-__all__ = sorted([*_LAZY, "errors", "PADDING", *(n for n in errors.__all__ if n != "where")])
+__all__ = sorted(
+    [
+        *_LAZY,
+        "errors",
+        "metrics",
+        "partition",
+        "structure",
+        "PADDING",
+        "balanced_partitions",
+        "append_to_dict",
+        "fold_metrics",
+        "merge_metrics",
+        *(n for n in errors.__all__ if n != "where"),
+    ]
+)
 
 
 def __getattr__(name: str) -> Any:

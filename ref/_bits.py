@@ -15,17 +15,18 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from .dtypes import bits_dtype
+
 __all__ = ["move"]
 
-_UINT = {2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
 
 Mover = Callable[..., jax.Array]
 
 
 def _on_bits(fn: Mover, arrays: Sequence[jax.Array], *args: Any) -> jax.Array:
     dtype = arrays[0].dtype
-    uint = _UINT[jnp.dtype(dtype).itemsize]
-    moved = fn([jax.lax.bitcast_convert_type(a, uint) for a in arrays], *args)
+    as_int = getattr(jnp, bits_dtype(jnp.dtype(dtype).itemsize, dtype=dtype))
+    moved = fn([jax.lax.bitcast_convert_type(a, as_int) for a in arrays], *args)
     return jax.lax.bitcast_convert_type(moved, dtype)
 
 

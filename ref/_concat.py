@@ -28,9 +28,9 @@ def concat(parts: Sequence[Part], *, key: Any = None) -> Part:
     checked = check_parts(parts, key)
     if not checked:
         raise UnsupportedSettingError("concat needs at least one part, got none")
-    if not isinstance(checked[0], Jagged):
-        return move(concatenate, checked)
-    jagged: list[Jagged] = checked  # type: ignore[assignment]
+    jagged = [p for p in checked if isinstance(p, Jagged)]
+    if not jagged:  # all dense (check_parts: one layout)
+        return move(concatenate, [p for p in checked if not isinstance(p, Jagged)])
     values = move(concatenate, [p.values for p in jagged])
     # Row boundaries of part m, shifted by the values of the parts before it (a static count).
     pieces: list[jax.Array] = [jnp.zeros((1,), jnp.int64)]

@@ -41,6 +41,7 @@ def check_permutation(partitions: Sequence[Any], num_rows: int) -> list[int]:
                 raise NotAPermutationError(f"{at} is negative (negative indices are not wrapped)")
             if i >= num_rows:
                 raise NotAPermutationError(f"{at} is out of range for {num_rows} rows")
+            i = int(i)
             if i in seen:
                 m0, j0 = seen[i]
                 raise NotAPermutationError(f"{at} duplicates micro-batch {m0}, position {j0}")

@@ -6,13 +6,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ._concat import concat
-from ._metrics import append_to_dict
 from ._parts import check_parts, num_rows
 from ._permutation import check_permutation
 from ._restore import restore
-from ._structure import check_partition_count, check_settings, drop_padding, model_outputs
 from ._x64 import exact
 from .errors import PartitionMismatchError, ShapeMismatchError, where
+from .metrics import fold_metrics
+from .structure import check_partition_count, check_settings, drop_padding, model_outputs
 
 __all__ = ["postprocess_batch"]
 
@@ -35,7 +35,7 @@ def postprocess_batch(
       row ``perm[n]`` of the result is row ``n`` of the concatenation (plain ``concat`` when
       ``use_dynamic_bsz`` is off);
     - ``loss = [o["loss"] for o in output_lst if "loss" in o]``;
-    - ``metrics``: ``append_to_dict`` folded over ``[o["metrics"] for o in output_lst if "metrics" in o]``.
+    - ``metrics = fold_metrics([o["metrics"] for o in output_lst if "metrics" in o])``.
 
     Checked in this order, each check raising its `RebatchError` subclass: settings; outputs are dicts
     and carry the same keys; one partition per micro-batch; the partitions form a permutation; then per
@@ -69,8 +69,5 @@ def postprocess_batch(
         model_output[key] = restore(joined, indices) if use_dynamic_bsz else joined
 
     losses = [o["loss"] for o in output_lst if "loss" in o]
-    metrics: dict[str, Any] = {}
-    for o in output_lst:
-        if "metrics" in o:
-            metrics = append_to_dict(metrics, o["metrics"])
+    metrics = fold_metrics(o["metrics"] for o in output_lst if "metrics" in o)
     return {"model_output": model_output, "loss": losses, "metrics": metrics}

@@ -45,11 +45,12 @@ def from_torch(t: torch.Tensor, *, key: Any = None, micro_batch: int | None = No
     at = where(key, micro_batch)
     if t.layout != torch.jagged:
         raise InvalidJaggedError(f"{at}a nested tensor must use the jagged layout, got {t.layout}")
-    if t._ragged_idx != 1:
-        raise InvalidJaggedError(f"{at}the ragged dimension must be 1, got {t._ragged_idx}")
-    if t.lengths() is not None:
-        t = t.contiguous()
-    return Jagged(_to_jax(t.values()), _to_jax(t.offsets()), key=key, micro_batch=micro_batch)
+    nested: Any = t  # a jagged nested tensor: torch's stubs lack its methods
+    if nested._ragged_idx != 1:
+        raise InvalidJaggedError(f"{at}the ragged dimension must be 1, got {nested._ragged_idx}")
+    if nested.lengths() is not None:
+        nested = nested.contiguous()
+    return Jagged(_to_jax(nested.values()), _to_jax(nested.offsets()), key=key, micro_batch=micro_batch)
 
 
 def _to_tensor(x: jax.Array) -> torch.Tensor:

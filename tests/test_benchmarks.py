@@ -6,9 +6,9 @@ import itertools
 
 import torch
 
-from benchmarks.cases import LARGE_ELEMENTS, grid
-from benchmarks.memory import peak_tensor_bytes
-from benchmarks.run import _median_times, memory_allowance, targets
+from rebatch.bench.cases import LARGE_ELEMENTS, grid
+from rebatch.bench.memory import peak_tensor_bytes
+from rebatch.bench.run import _median_times, memory_allowance, targets
 
 
 def test_peak_tensor_bytes_counts_what_was_alive_at_once() -> None:

@@ -11,7 +11,7 @@ import torch
 from tensordict import NonTensorData, TensorDict
 
 from property_tests.data import jagged
-from torch_impl.__main__ import main
+from rebatch.cli import main
 
 
 def _dump(path: Path, indices=((2, 0), (1, 3))) -> Path:
@@ -114,7 +114,7 @@ def test_help(command, capsys) -> None:
 
 
 def test_bench_writes_json_table_and_plot(tmp_path) -> None:
-    from benchmarks.run import run_bench
+    from rebatch.bench.run import run_bench
 
     assert run_bench(grid_name="smoke", out=str(tmp_path)) == 0
     results = json.loads((tmp_path / "benchmarks.json").read_text())

@@ -13,6 +13,7 @@ import ref
 from property_tests.compare import assert_same, bits
 from property_tests.data import DTYPES, jagged, random_tensor
 from ref import interop
+from ref.dtypes import bits_dtype
 
 
 @pytest.fixture(autouse=True)
@@ -53,7 +54,7 @@ def test_caller_x64_on_stays_on() -> None:
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
 def test_nan_payloads_move_exactly(dtype: str) -> None:
     width = {"float16": 16, "bfloat16": 16, "float32": 32, "float64": 64}[dtype]
-    as_int = {16: torch.int16, 32: torch.int32, 64: torch.int64}[width]
+    as_int = getattr(torch, bits_dtype(width // 8))
     exp_bits = {"float16": 5, "bfloat16": 8, "float32": 8, "float64": 11}[dtype]
     mantissa = width - 1 - exp_bits
     nan_all_ones = ((1 << exp_bits) - 1) << mantissa

@@ -53,9 +53,19 @@ def test_list_model_agrees(sample: OpSample) -> None:
     assert ListModel.equal(got, want)
 
 
-def test_append_to_dict_is_pure() -> None:
+def test_merge_metrics_is_pure() -> None:
     acc = {"a": [1]}
     for impl in (ref, torch_impl):
-        out = impl.append_to_dict(acc, {"a": [2], "b": 3})
+        out = impl.merge_metrics(acc, {"a": [2], "b": 3})
         assert out == {"a": [1, 2], "b": [3]}
         assert acc == {"a": [1]}
+
+
+def test_append_to_dict_mutates_in_place_as_verl() -> None:
+    """verl's ``append_to_dict(data, new_data, prefix="")``: folds into ``data``, returns None."""
+    for impl in (ref, torch_impl):
+        acc: dict = {"a": [1]}
+        assert impl.append_to_dict(acc, {"a": [2], "b": 3}) is None
+        assert acc == {"a": [1, 2], "b": [3]}
+        impl.append_to_dict(acc, {"a": (4, 5), "c": [6]}, prefix="x/")
+        assert acc == {"a": [1, 2], "b": [3], "x/a": [(4, 5)], "x/c": [6]}

@@ -10,8 +10,8 @@ import ref
 import torch_impl
 from property_tests.data import jagged
 from property_tests.opcount import CountOps
-from ref._partition import karmarkar_karp, workload
 from ref.errors import TokenBudgetError, UnsupportedSettingError
+from ref.partition import karmarkar_karp, workload
 
 
 def test_count_starts_from_the_budget_and_respects_minimum_and_multiple() -> None:

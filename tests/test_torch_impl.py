@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import math
 from collections import Counter
 
 import numpy as np
@@ -158,16 +159,7 @@ def test_operation_count_does_not_grow_with_rows() -> None:
 
 
 @pytest.fixture
-def two_threads():
-    """At least two intra-op threads, so the row copies are shared among threads (as on any multi-core CI)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(max(2, before))
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture
-def force(two_threads):
+def force():
     """``force(path)``: torch_impl takes that data-movement path until the test ends."""
     with contextlib.ExitStack() as stack:
         yield lambda path: stack.enter_context(forced(path))
@@ -214,23 +206,22 @@ class _LargestIndex(torch.utils._python_dispatch.TorchDispatchMode):
 
 @pytest.mark.parametrize("micro_batches", [1, 4])
 def test_index_buffer_is_a_bounded_fraction_of_the_output(micro_batches, monkeypatch) -> None:
-    """Peak memory on the index path: destinations for at most `INDEX_BYTES_FRACTION` (1/16) of the
+    """Peak memory on the index path: destinations for at most ``Settings.index_bytes_fraction`` (1/16) of the
     output's bytes at a time, however few micro-batches hold the rows."""
-    import torch_impl._assemble as kernel
-
-    monkeypatch.setattr(kernel, "INDEX_MIN_CHUNK", 64)  # the constant floor, small enough to see chunks here
     outs, parts = _outputs(256, micro_batches, mean_len=40)
     total = sum(o["model_output"]["k0"].values().shape[0] for o in outs)
-    with _LargestIndex() as seen:
+    # the constant floor small enough to see chunks here; element indices forced
+    with torch_impl.use_settings(index_min_chunk=64, row_copy_min_elements=math.inf), _LargestIndex() as seen:
         got = torch_impl.postprocess_batch(outs, parts)
     assert_same(got, verl_postprocess_batch_func(outs, parts, None))
     output_bytes = total * 4
-    assert kernel.INDEX_BYTES_FRACTION == 1 / 16
-    assert 0 < seen.largest * 8 <= output_bytes * kernel.INDEX_BYTES_FRACTION, (seen.largest, total)
+    fraction = torch_impl.get_settings().index_bytes_fraction
+    assert fraction == 1 / 16
+    assert 0 < seen.largest * 8 <= output_bytes * fraction, (seen.largest, total)
 
 
-def test_row_copies_in_threads_under_inference_mode(force) -> None:
-    force("row_copies_in_threads")
+def test_row_copies_under_inference_mode(force) -> None:
+    force("row_copies")
     outs, parts = _outputs(64, 4, mean_len=50, keys=3)
     want = verl_postprocess_batch_func(outs, parts, None)
     with torch.inference_mode():
@@ -239,108 +230,12 @@ def test_row_copies_in_threads_under_inference_mode(force) -> None:
     assert got["model_output"]["k0"].values().is_inference()
 
 
-def test_an_error_on_a_later_key_waits_for_the_copies_before_it(force) -> None:
-    force("row_copies_in_threads")
+def test_an_error_on_a_later_key_is_raised_after_earlier_keys_were_copied(force) -> None:
+    force("row_copies")
     outs, parts = _outputs(64, 4, mean_len=50, keys=2)
     outs[2]["model_output"]["k1"] = outs[2]["model_output"]["k1"].to(torch.float64)
     with pytest.raises(errors.DtypeMismatchError, match="key 'k1', micro-batch 2"):
         torch_impl.postprocess_batch(outs, parts)
-
-
-def test_a_failure_while_making_row_views_releases_the_copy_threads(monkeypatch, force) -> None:
-    """The copy threads wait for the row views; if making them fails, they are released (no hang) and
-    the error reaches the caller."""
-    import threading
-
-    import torch_impl._rowcopy as rowcopy
-
-    force("row_copies_in_threads")
-    outs, parts = _outputs(64, 4, mean_len=50)
-    want = verl_postprocess_batch_func(outs, parts, None)
-
-    def broken(*args, **kwargs):
-        raise RuntimeError("no views today")
-
-    with monkeypatch.context() as m:
-        m.setattr(rowcopy.torch, "unsafe_split_with_sizes", broken)
-        with pytest.raises(RuntimeError, match="no views today"):
-            torch_impl.postprocess_batch(outs, parts)
-    got = []
-    later = threading.Thread(target=lambda: got.append(torch_impl.postprocess_batch(outs, parts)), daemon=True)
-    later.start()
-    later.join(timeout=60)
-    assert got, "the copy threads are still blocked"
-    assert_same(got[0], want)
-
-
-def test_copy_threads_are_made_again_in_a_forked_child(monkeypatch, force) -> None:
-    """A forked child has none of its parent's threads: the pool is keyed by process id and remade.
-    (Simulated with another process id: forking a test process that has loaded JAX may deadlock.)"""
-    import os
-
-    import torch_impl._rowcopy as rowcopy
-
-    force("row_copies_in_threads")
-    outs, parts = _outputs(64, 4, mean_len=50)
-    want = verl_postprocess_batch_func(outs, parts, None)
-    assert_same(torch_impl.postprocess_batch(outs, parts), want)
-    parent_pool = rowcopy._pool[2]
-    parent_pid = os.getpid()
-    monkeypatch.setattr(rowcopy.os, "getpid", lambda: parent_pid + 1)
-    assert_same(torch_impl.postprocess_batch(outs, parts), want)
-    assert rowcopy._pool[0] == parent_pid + 1
-    assert rowcopy._pool[2] is not parent_pool
-
-
-def test_map_pages_maps_a_range_without_changing_it() -> None:
-    """On Linux (5.14 and later) the copy threads map pages with ``madvise(MADV_POPULATE_WRITE)``, which
-    must leave every value as it was; elsewhere they write one element per page."""
-    import sys
-
-    import torch_impl._rowcopy as rowcopy
-
-    x = torch.arange(5 * rowcopy.PAGE_BYTES, dtype=torch.int32)
-    piece = x[3 : 3 + 4 * rowcopy.PAGE_BYTES]  # starts and ends inside a page
-    rowcopy.map_pages(piece)
-    assert torch.equal(x, torch.arange(5 * rowcopy.PAGE_BYTES, dtype=torch.int32))
-    if sys.platform.startswith("linux"):
-        assert rowcopy._madvise is not None
-    with_writes = torch.full((3 * rowcopy.PAGE_BYTES // 4,), 7, dtype=torch.int32)  # 3 pages of int32
-    try:
-        rowcopy.POPULATE = False
-        rowcopy.map_pages(with_writes)
-    finally:
-        rowcopy.POPULATE = True
-    assert int((with_writes == 0).sum()) == 3, "one element written per 4 KiB page"
-
-
-def test_the_collector_is_paused_during_the_call_and_restored_after(force) -> None:
-    import gc
-
-    import torch_impl._rowcopy as rowcopy
-
-    force("row_copies_in_threads")
-    outs, parts = _outputs(64, 4, mean_len=50)
-    seen = []
-    real = rowcopy._fill
-
-    def spy(*args):
-        seen.append(gc.isenabled())
-        return real(*args)
-
-    assert gc.isenabled()
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(rowcopy, "_fill", spy)
-        torch_impl.postprocess_batch(outs, parts)
-        assert seen
-        assert not any(seen)
-        assert gc.isenabled()
-        gc.disable()
-        try:
-            torch_impl.postprocess_batch(outs, parts)
-            assert not gc.isenabled(), "a collector the caller turned off stays off"
-        finally:
-            gc.enable()
 
 
 def test_long_rows_take_the_row_copy_path_and_match_verl() -> None:

@@ -15,11 +15,11 @@ import torch
 import torch.distributed as dist
 from tensordict import TensorDictBase
 
-from ref._partition import check_lengths, fits, initial_count, partition_into, pipeline_order
-from ref._structure import PADDING
+from ref.metrics import fold_metrics
+from ref.partition import check_lengths, fits, initial_count, partition_into, pipeline_order
+from ref.structure import PADDING
 
-from ._assemble import njt
-from ._metrics import fold_metrics
+from ._jagged import njt
 from ._ops import concat, split, take
 from ._prepare import row_lengths
 

@@ -6,15 +6,16 @@ Same names and meanings as in ``ref``; shapes ``[B, (j), *F]`` (jagged) or ``[B,
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import torch
 from tensordict import TensorDictBase
 
 from ref.errors import RowIndexError, UnsupportedSettingError
 
-from ._assemble import assemble, gather_jagged, njt
-from ._parts import Part, check_parts, unpack
+from ._assemble import assemble
+from ._jagged import gather_jagged, njt
+from ._parts import DensePart, Part, check_parts, unpack
 from ._permutation import check_permutation
 
 __all__ = ["concat", "take", "restore", "split"]
@@ -52,7 +53,7 @@ def _checked_rows(rows: Any, n: int, device: torch.device) -> torch.Tensor:
 
 def _take_part(x: Part, rows: Any, *, total: int | None = None) -> torch.Tensor:
     idx = _checked_rows(rows, x.rows, x.values.device)
-    if not x.jagged:
+    if isinstance(x, DensePart):
         return x.values.index_select(0, idx)
     return gather_jagged(x, idx, total)
 
@@ -94,7 +95,13 @@ def restore(x: torch.Tensor, partitions: Sequence[Sequence[int]]) -> torch.Tenso
     return assemble([part], check_permutation(partitions, part.rows))
 
 
-def split(x: T, partitions: Sequence[Sequence[int]]) -> list[T]:
+@overload
+def split(x: TensorDictBase, partitions: Sequence[Sequence[int]]) -> list[TensorDictBase]: ...
+@overload
+def split(x: torch.Tensor, partitions: Sequence[Sequence[int]]) -> list[torch.Tensor]: ...
+def split(
+    x: torch.Tensor | TensorDictBase, partitions: Sequence[Sequence[int]]
+) -> list[torch.Tensor] | list[TensorDictBase]:
     """``out = [take(x, p) for p in partitions]``: the micro-batches of ``x``, the inverse of `restore`.
 
     One gather per field for all partitions together (the rows in micro-batch order), then cheap
@@ -110,13 +117,13 @@ def split(x: T, partitions: Sequence[Sequence[int]]) -> list[T]:
 
 def _whole_in_order(part: Part, perm: torch.Tensor) -> torch.Tensor:
     """All rows in micro-batch order, one gather (a permutation keeps the number of values)."""
-    return _take_part(part, perm, total=part.values.shape[0] if part.jagged else None)
+    return _take_part(part, perm, total=None if isinstance(part, DensePart) else part.values.shape[0])
 
 
 def _cut(x: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
     """``x`` cut into consecutive pieces of ``sizes`` rows (views of its data)."""
     part = unpack(x)
-    if not part.jagged:
+    if isinstance(part, DensePart):
         return list(torch.split(x, sizes))
     row_bounds = [0]
     for s in sizes:

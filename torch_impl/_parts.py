@@ -13,6 +13,10 @@ from typing import Any, NamedTuple
 
 import torch
 
+# The jagged nested tensor class (torch >= 2.2; this package needs >= 2.6): the attributes read
+# below (``_values``, ``_offsets``, ``_lengths``, ``_ragged_idx``) are its own.
+from torch.nested._internal.nested_tensor import NestedTensor as _NJT
+
 from ref.errors import (
     DeviceMismatchError,
     DtypeMismatchError,
@@ -22,32 +26,43 @@ from ref.errors import (
     where,
 )
 
-try:  # the jagged nested tensor class (torch >= 2.2); attributes read below are its own
-    from torch.nested._internal.nested_tensor import NestedTensor as _NJT
-except ImportError:  # pragma: no cover - every torch this package supports has it
-    _NJT = None
-
-__all__ = ["Part", "check_parts", "unpack", "check_offsets"]
+__all__ = ["DensePart", "JaggedPart", "Part", "check_offsets", "check_parts", "unpack"]
 
 
-class Part(NamedTuple):
-    """One micro-batch's output for one key.
-
-    ``values``: ``[N, *F]`` for jagged data (the packed rows) or the dense tensor ``[b, *F]`` itself;
-    ``offsets``: int64 ``[b + 1]`` (jagged) or None (dense); ``rows``: ``b``.
-    """
+class JaggedPart(NamedTuple):
+    """One micro-batch's jagged output for one key: ``values`` ``[N, *F]`` (the packed rows),
+    ``offsets`` int64 ``[b + 1]``, ``rows`` ``b``."""
 
     values: torch.Tensor
-    offsets: torch.Tensor | None
+    offsets: torch.Tensor
     rows: int
 
     @property
     def jagged(self) -> bool:
-        return self.offsets is not None
+        return True
 
     @property
     def trailing(self) -> tuple[int, ...]:
         return tuple(self.values.shape[1:])
+
+
+class DensePart(NamedTuple):
+    """One micro-batch's dense output for one key: ``values`` ``[b, *F]`` itself, ``rows`` ``b``."""
+
+    values: torch.Tensor
+    rows: int
+
+    @property
+    def jagged(self) -> bool:
+        return False
+
+    @property
+    def trailing(self) -> tuple[int, ...]:
+        return tuple(self.values.shape[1:])
+
+
+#: One micro-batch's output for one key; ``isinstance(p, JaggedPart)`` narrows it.
+Part = JaggedPart | DensePart
 
 
 def unpack(x: Any, key: Any = None, micro_batch: int | None = None, *, allow_jagged: bool = True) -> Part:
@@ -58,7 +73,7 @@ def unpack(x: Any, key: Any = None, micro_batch: int | None = None, *, allow_jag
     if not isinstance(x, torch.Tensor):
         raise ShapeMismatchError(f"{at}an output must be a tensor, got {type(x).__name__}")
     with torch._C.DisableTorchFunctionSubclass():
-        if _NJT is not None and isinstance(x, _NJT):
+        if isinstance(x, _NJT):
             if x._ragged_idx != 1:
                 raise InvalidJaggedError(f"{at}the ragged dimension must be 1, got {x._ragged_idx}")
             if not allow_jagged:
@@ -71,12 +86,12 @@ def unpack(x: Any, key: Any = None, micro_batch: int | None = None, *, allow_jag
             offsets = x._offsets
             if offsets.dim() != 1 or offsets.dtype.is_floating_point or offsets.dtype == torch.bool:
                 raise InvalidJaggedError(f"{at}offsets must be 1-D integers, got {offsets.dtype}{list(offsets.shape)}")
-            return Part(values, offsets.to(torch.int64), int(offsets.shape[0]) - 1)
+            return JaggedPart(values, offsets.to(torch.int64), int(offsets.shape[0]) - 1)
         if x.is_nested:
             raise InvalidJaggedError(f"{at}a nested tensor must use the jagged layout, got {x.layout}")
         if x.dim() == 0:
             raise ShapeMismatchError(f"{at}a dense output needs a leading batch dimension, got a scalar")
-        return Part(x, None, int(x.shape[0]))
+        return DensePart(x, int(x.shape[0]))
 
 
 def check_parts(parts: Sequence[Any], key: Any = None, *, allow_jagged: bool = True) -> list[Part]:
@@ -110,7 +125,7 @@ def check_parts(parts: Sequence[Any], key: Any = None, *, allow_jagged: bool = T
     return out
 
 
-def check_offsets(parts: Sequence[Part], key: Any = None) -> torch.Tensor:
+def check_offsets(parts: Sequence[JaggedPart], key: Any = None) -> torch.Tensor:
     """The one validator of the jagged invariants on the torch side; returns all row lengths ``[B]``.
 
     ``offsets[0] == 0``, non-decreasing, ``offsets[-1] == len(values)`` (`InvalidJaggedError`; 1-D
@@ -145,7 +160,7 @@ def check_offsets(parts: Sequence[Part], key: Any = None) -> torch.Tensor:
     return lengths
 
 
-def _explain_bad_offsets(parts: Sequence[Part], key: Any) -> None:
+def _explain_bad_offsets(parts: Sequence[JaggedPart], key: Any) -> None:
     """Raise `InvalidJaggedError` for the first part whose offsets break an invariant (error path only)."""
     for m, p in enumerate(parts):
         at, o, n = where(key, m), p.offsets, p.values.shape[0]

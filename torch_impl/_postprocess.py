@@ -3,23 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future
 from enum import Enum
 from typing import Any
 
 import torch
 from tensordict import NonTensorData
 
-from ref._structure import check_partition_count, check_settings, drop_padding, model_outputs
 from ref.errors import PartitionMismatchError, ShapeMismatchError, where
+from ref.metrics import fold_metrics
+from ref.structure import check_partition_count, check_settings, drop_padding, model_outputs
 
 from ._assemble import assemble
-from ._metrics import fold_metrics
 from ._parts import check_parts
 from ._permutation import check_permutation
-from ._rowcopy import collector_paused, finish
 
-__all__ = ["postprocess_batch", "postprocess_batch_func"]
+__all__ = ["postprocess_batch", "postprocess_batch_func", "read_setting"]
 
 
 def postprocess_batch(
@@ -50,14 +48,8 @@ def postprocess_batch(
 
     model_output: dict[str, Any] = {}
     keys = list(outs[0]) if outs else []
-    pending: list[Future[None]] = []  # row copies still running; each key's views are made meanwhile
-    with collector_paused():  # until the copies have ended and released their row views
-        try:
-            _assemble_keys(outs, keys, indices, perm, pad_mode, model_output, pending)
-        except BaseException:
-            finish(pending, raise_errors=False)  # the copies already started end before the error leaves
-            raise
-        finish(pending)
+    sizes = [len(p) for p in indices] if perm is not None and indices is not None else None
+    _assemble_keys(outs, keys, sizes, perm, pad_mode, model_output)
 
     losses = [o["loss"] for o in output_lst if "loss" in o]
     metrics = fold_metrics(o["metrics"] for o in output_lst if "metrics" in o)
@@ -67,32 +59,32 @@ def postprocess_batch(
 def _assemble_keys(
     outs: Sequence[Mapping[str, Any]],
     keys: list[Any],
-    indices: Sequence[Sequence[int]] | None,
+    sizes: list[int] | None,
     perm: torch.Tensor | None,
     pad_mode: str,
     model_output: dict[str, Any],
-    pending: list[Future[None]],
 ) -> None:
-    """Check and assemble each key into ``model_output`` (``perm`` None: no dynamic batch size)."""
+    """Check and assemble each key into ``model_output``; ``sizes``: each partition's size (None, as
+    ``perm``, without dynamic batch size)."""
     first_rows: list[int] = []
     for key in keys:
         parts = check_parts([mo[key] for mo in outs], key, allow_jagged=pad_mode == "no_padding")
         if key == keys[0]:
             first_rows = [p.rows for p in parts]
         for m, part in enumerate(parts):
-            if perm is not None:
-                if part.rows != len(indices[m]):
+            if sizes is not None:
+                if part.rows != sizes[m]:
                     raise PartitionMismatchError(
-                        f"{where(key, m)}{part.rows} rows, but its partition has {len(indices[m])} indices"
+                        f"{where(key, m)}{part.rows} rows, but its partition has {sizes[m]} indices"
                     )
             elif part.rows != first_rows[m]:
                 raise ShapeMismatchError(
                     f"{where(key, m)}{part.rows} rows, but key {keys[0]!r} has {first_rows[m]} there"
                 )
-        model_output[key] = assemble(parts, perm, key, pending)
+        model_output[key] = assemble(parts, perm, key)
 
 
-def _setting(data: Any, key: str, default: Any) -> Any:
+def read_setting(data: Any, key: str, default: Any) -> Any:
     """A setting read as verl reads it: ``data.get(key, default)``, unwrapping ``NonTensorData``."""
     if data is None:
         return default
@@ -110,8 +102,8 @@ def postprocess_batch_func(
     ``data`` (a TensorDict, or None) carries ``use_dynamic_bsz`` (default True) and ``pad_mode``
     (default ``"no_padding"``; a string or verl's ``DatasetPadMode``) as ``NonTensorData``.
     """
-    use_dynamic_bsz = _setting(data, "use_dynamic_bsz", True)
-    pad_mode = _setting(data, "pad_mode", "no_padding")
+    use_dynamic_bsz = read_setting(data, "use_dynamic_bsz", True)
+    pad_mode = read_setting(data, "pad_mode", "no_padding")
     if isinstance(use_dynamic_bsz, torch.Tensor) and use_dynamic_bsz.numel() == 1:
         use_dynamic_bsz = bool(use_dynamic_bsz.item())
     return postprocess_batch(output_lst, indices, use_dynamic_bsz=use_dynamic_bsz, pad_mode=pad_mode)

@@ -7,11 +7,11 @@ from collections.abc import Sequence
 import torch
 from tensordict import TensorDictBase
 
-from ref._partition import balanced_partitions as _balanced_partitions
 from ref.errors import UnsupportedSettingError
+from ref.partition import balanced_partitions as _balanced_partitions
 
 from ._ops import split
-from ._parts import unpack
+from ._parts import JaggedPart, unpack
 
 __all__ = ["balanced_partitions", "prepare_micro_batches", "row_lengths"]
 
@@ -43,7 +43,7 @@ def row_lengths(data: TensorDictBase, key: str | None = None) -> torch.Tensor:
     if key not in data.keys():
         raise UnsupportedSettingError(f"key {key!r}: no such field to count tokens with")
     part = unpack(data.get(key), key)
-    if part.jagged:
+    if isinstance(part, JaggedPart):
         return part.offsets.diff()
     return part.values.reshape(part.rows, -1).sum(dim=1).to(torch.int64)
 
@@ -65,14 +65,14 @@ def prepare_micro_batches(
     with ``use_dynamic_bsz`` off). Either way ``postprocess_batch_func`` on the micro-batches' outputs
     with these ``indices`` gives rows in ``data``'s order.
     """
-    if (max_token_len is None) == (micro_batch_size is None):
-        raise UnsupportedSettingError("give exactly one of max_token_len (dynamic) and micro_batch_size (fixed)")
     b = int(data.batch_size[0])
-    if micro_batch_size is not None:
+    if micro_batch_size is not None and max_token_len is None:
         if micro_batch_size <= 0:
             raise UnsupportedSettingError(f"micro_batch_size must be positive, got {micro_batch_size}")
         chunks = [list(range(i, min(i + micro_batch_size, b))) for i in range(0, b, micro_batch_size)]
         return split(data, chunks), None
+    if max_token_len is None or micro_batch_size is not None:
+        raise UnsupportedSettingError("give exactly one of max_token_len (dynamic) and micro_batch_size (fixed)")
     parts = balanced_partitions(
         row_lengths(data, length_key),
         int(max_token_len),

@@ -1,8 +1,9 @@
-"""The ``rebatch`` command (also ``python -m torch_impl``): check, bench, fuzz."""
+"""The ``rebatch`` command (also ``python -m rebatch``): check, bench, fuzz."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 
 __all__ = ["main"]
@@ -54,16 +55,27 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "check":
-        from ._check import run_check
+        from .check import run_check
 
         return run_check(args.dump, args.candidate, args.json)
     if args.command == "bench":
-        from benchmarks.run import run_bench
+        if missing := _missing("matplotlib"):
+            print(f"rebatch bench needs {missing}: pip install 'rebatch[test]'", file=sys.stderr)
+            return 2
+        from .bench.run import run_bench
 
         return run_bench(quick=args.quick, device=args.device, out=args.out, as_json=args.json, grid_name=args.grid)
+    if missing := _missing("hypothesis"):
+        print(f"rebatch fuzz needs {missing}: pip install 'rebatch[test]'", file=sys.stderr)
+        return 2
     from property_tests.fuzz import main as fuzz_main
 
     return fuzz_main(["--minutes", str(args.minutes)])
+
+
+def _missing(*modules: str) -> str:
+    """The first of ``modules`` that cannot be imported ("" if all can)."""
+    return next((m for m in modules if importlib.util.find_spec(m) is None), "")
 
 
 if __name__ == "__main__":

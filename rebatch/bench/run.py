@@ -2,7 +2,7 @@
 jit-compiled JAX reference, timed in one run on the same inputs; peak extra memory for torch_impl and
 the baseline. Writes ``benchmarks.json``, ``benchmarks.md`` and ``benchmarks.png`` (time against B).
 
-    python -m benchmarks.run [--grid quick|standard|large|full] [--device cuda] [--out docs]
+    python -m rebatch.bench.run [--grid quick|standard|large|full] [--device cuda] [--out docs]
     rebatch bench [--quick]                      # the same, standard grid (quick with --quick)
 """
 
@@ -131,7 +131,8 @@ def measure(case: Case, device: str = "cpu", *, with_jax: bool = True) -> dict[s
     seconds = _median_times({"torch_impl": impl, "copy_limit": _copy_limit(outs), "per_row_baseline": base}, device)
     if with_jax and device == "cpu" and inputs.output_elements <= JAX_MAX_ELEMENTS:
         jax_fn = _jax_reference(outs, indices)
-        seconds["jax_reference_jit"] = _median_time(jax_fn, device, max_runs=5)
+        if jax_fn is not None:
+            seconds["jax_reference_jit"] = _median_time(jax_fn, device, max_runs=5)
     row["seconds"] = seconds
     row["speedup_vs_baseline"] = seconds["per_row_baseline"] / seconds["torch_impl"]
     row["ratio_to_copy_limit"] = seconds["torch_impl"] / seconds["copy_limit"]
@@ -221,7 +222,7 @@ def markdown(results: dict[str, Any]) -> str:
         "# Benchmarks",
         "",
         f"Machine: {results['machine']}; device {results['device']}; torch {results['torch']}; grid `{results['grid']}`; "
-        f"{results['date']}. Regenerate with `rebatch bench` (or `python -m benchmarks.run --grid {results['grid']}`).",
+        f"{results['date']}. Regenerate with `rebatch bench` (or `python -m rebatch.bench.run --grid {results['grid']}`).",
         "",
         "Times are medians in milliseconds, measured in one run on the same inputs; torch_impl, the baseline "
         "and the copy limit are timed in alternation (one call of each per round, in an order shuffled afresh "
@@ -349,7 +350,7 @@ def run_bench(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m rebatch.bench.run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--grid", choices=GRIDS, default="standard")
     parser.add_argument("--device", default="cpu")

@@ -2,7 +2,7 @@
 a per-partition ``index_select`` baseline (one gather per field per partition, rows unbound per
 partition as verl does for jagged fields), timed in one run on the same inputs.
 
-    python -m benchmarks.split [--out docs]      # writes split.json and split.md
+    python -m rebatch.bench.split [--out docs]      # writes split.json and split.md
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def per_partition_baseline(data: TensorDict, partitions: list[list[int]]) -> lis
     out = []
     for part in partitions:
         idx = torch.tensor(part, dtype=torch.int64)
-        fields = {}
+        fields: dict[Any, torch.Tensor] = {}
         for key in data.keys():
             x = data.get(key)
             if x.is_nested:
@@ -57,7 +57,7 @@ def _data(case: Case) -> tuple[TensorDict, list[int]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.split", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m rebatch.bench.split", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", default="docs")
     args = parser.parse_args(argv)
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{time.strftime('%Y-%m-%d')}, torch {torch.__version__}, {torch.get_num_threads()} threads. "
         "`torch_impl.split` of a TensorDict (jagged float32 fields plus a dense one) into token-budget partitions, "
         "against a per-partition baseline (unbind and rebuild per partition for jagged fields, `index_select` for "
-        "dense). Medians in milliseconds. Regenerate: `python -m benchmarks.split`.",
+        "dense). Medians in milliseconds. Regenerate: `python -m rebatch.bench.split`.",
         "",
         "| B | mean len | jagged fields | partitions | torch_impl ms | baseline ms | speed-up |",
         "|---|---|---|---|---|---|---|",

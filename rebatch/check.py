@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import statistics
 import sys
@@ -13,9 +14,10 @@ from typing import Any, TextIO
 
 import torch
 
+from property_tests.compare import same_tensor
+from property_tests.data import rows_of
 from ref.errors import RebatchError
-
-from ._postprocess import _setting, postprocess_batch_func
+from torch_impl import postprocess_batch_func, read_setting
 
 __all__ = ["run_check", "first_bad_row", "DumpError"]
 
@@ -24,31 +26,14 @@ class DumpError(Exception):
     """A dump file that cannot be used (unreadable, or not ``(output_lst, indices, data)``)."""
 
 
-def _rows(x: torch.Tensor) -> list[torch.Tensor]:
-    if x.is_nested:
-        x = x.contiguous()
-        o = x.offsets().tolist()
-        return [x.values()[o[i] : o[i + 1]] for i in range(len(o) - 1)]
-    return list(x.unbind(0))
-
-
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    if a.dtype.is_floating_point:
-        width = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-        return torch.equal(a.contiguous().view(width), b.contiguous().view(width))
-    return torch.equal(a, b)
-
-
 def first_bad_row(got: Any, want: torch.Tensor) -> tuple[int | None, str]:
     """The first original row where ``got`` differs from ``want`` (None if identical), and what differs."""
     if not isinstance(got, torch.Tensor):
         return 0, f"not a tensor: {type(got).__name__}"
     if got.is_nested != want.is_nested or got.dtype != want.dtype:
         return 0, f"layout or dtype differs: {got.dtype} nested={got.is_nested} vs {want.dtype} nested={want.is_nested}"
-    g, w = _rows(got.detach()), _rows(want.detach())
-    bad = [i for i, (a, b) in enumerate(zip(g, w, strict=False)) if not _same_bits(a, b)]
+    g, w = rows_of(got.detach()), rows_of(want.detach())
+    bad = [i for i, (a, b) in enumerate(zip(g, w, strict=False)) if same_tensor(a, b) is not None]
     if bad:
         a, b = g[bad[0]], w[bad[0]]
         rows = ", ".join(map(str, bad[:10])) + (f" and {len(bad) - 10} more" if len(bad) > 10 else "")
@@ -84,8 +69,8 @@ def _ref_postprocess(output_lst: Any, indices: Any, data: Any) -> Callable[[], d
     from ref import interop
 
     converted = interop.outputs_from_torch(output_lst)
-    dynamic = _setting(data, "use_dynamic_bsz", True)
-    pad_mode = _setting(data, "pad_mode", "no_padding")
+    dynamic = read_setting(data, "use_dynamic_bsz", True)
+    pad_mode = read_setting(data, "pad_mode", "no_padding")
     pad_mode = getattr(pad_mode, "value", pad_mode)
 
     def run() -> dict[str, Any]:
@@ -95,19 +80,30 @@ def _ref_postprocess(output_lst: Any, indices: Any, data: Any) -> Callable[[], d
     return run
 
 
+#: The one-line note printed when the JAX reference cannot be compared.
+NO_JAX_NOTE = "JAX reference comparison skipped: jax is not installed (pip install 'rebatch[jax]')"
+
+
+def _have_jax() -> bool:
+    return importlib.util.find_spec("jax") is not None
+
+
 def _default_check() -> dict[str, Any]:
     from property_tests.baseline import verl_postprocess_batch_func
 
-    from ._demo import make_step
+    from .demo import make_step
 
     step = make_step()
     result, t_torch = _timed(lambda: postprocess_batch_func(step.output_lst, step.indices, step.data), 5)
     mo = result["model_output"]
-    ref_mo, t_ref = _timed(_ref_postprocess(step.output_lst, step.indices, step.data), 2)
+    ref_mo: dict[str, Any] = {}
+    t_ref = None
+    if _have_jax():
+        ref_mo, t_ref = _timed(_ref_postprocess(step.output_lst, step.indices, step.data), 2)
     jagged_keys = [k for k, v in step.expected.items() if v.is_nested]
     jagged_only = [{**o, "model_output": {k: o["model_output"][k] for k in jagged_keys}} for o in step.output_lst]
     base, t_base = _timed(lambda: verl_postprocess_batch_func(jagged_only, step.indices, step.data), 1)
-    report = {
+    report: dict[str, Any] = {
         "source": "embedded RL step (256 prompts x 8 responses)",
         "rows": step.rows,
         "tokens": step.tokens,
@@ -127,6 +123,8 @@ def _default_check() -> dict[str, Any]:
         },
         "seconds": {"torch_impl": t_torch, "ref": t_ref, "per_row_baseline": t_base},
     }
+    if t_ref is None:
+        report["note"] = NO_JAX_NOTE
     report["agree"] = all(
         all(c is None or c["agree"] for c in (v["vs_original_rows"], v["vs_ref"], v["vs_per_row_baseline"]))
         for v in report["keys"].values()
@@ -175,9 +173,12 @@ def _dump_check(path: str, candidate: str | None) -> dict[str, Any]:
         return report
     report["rows"] = next((int(v.size(0)) for v in truth.values()), 0)
     report["keys"] = {k: {"dtype": str(v.dtype).removeprefix("torch.")} for k, v in truth.items()}
-    ref_mo = _ref_postprocess(output_lst, indices, data)()
-    for k, c in _compare(ref_mo, truth).items():
-        report["keys"][k]["vs_ref"] = c
+    if _have_jax():
+        ref_mo = _ref_postprocess(output_lst, indices, data)()
+        for k, c in _compare(ref_mo, truth).items():
+            report["keys"][k]["vs_ref"] = c
+    else:
+        report["note"] = NO_JAX_NOTE
     if cand is not None:
         report["candidate"] = candidate
         try:
@@ -216,12 +217,15 @@ def _print_report(report: dict[str, Any], out: TextIO) -> None:
         print(f"  candidate raised {report['candidate_error']}", file=out)
     if "seconds" in report:
         s = report["seconds"]
+        ref_time = "not run" if s["ref"] is None else f"{s['ref'] * 1e3:.1f} ms"
         print(
-            f"  time: torch_impl {s['torch_impl'] * 1e3:.1f} ms, ref (JAX, eager) {s['ref'] * 1e3:.1f} ms, "
+            f"  time: torch_impl {s['torch_impl'] * 1e3:.1f} ms, ref (JAX, eager) {ref_time}, "
             f"per-row baseline {s['per_row_baseline'] * 1e3:.1f} ms "
             f"({s['per_row_baseline'] / s['torch_impl']:.1f}x slower than torch_impl)",
             file=out,
         )
+    if "note" in report:
+        print(f"  note: {report['note']}", file=out)
     print(f"  result: {'all identical' if report['agree'] else 'MISMATCH'}", file=out)
 
 
