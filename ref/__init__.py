@@ -31,7 +31,11 @@ from .metrics import (
     fold_metrics as fold_metrics,
     merge_metrics as merge_metrics,
 )
-from .partition import balanced_partitions as balanced_partitions
+from .partition import (
+    balanced_partitions as balanced_partitions,
+    get_group_balanced_partitions as get_group_balanced_partitions,
+    get_seqlen_balanced_partitions as get_seqlen_balanced_partitions,
+)
 from .structure import PADDING as PADDING
 
 if TYPE_CHECKING:
@@ -64,6 +68,8 @@ __all__ = sorted(
         "structure",
         "PADDING",
         "balanced_partitions",
+        "get_group_balanced_partitions",
+        "get_seqlen_balanced_partitions",
         "append_to_dict",
         "fold_metrics",
         "merge_metrics",

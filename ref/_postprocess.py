@@ -41,7 +41,7 @@ def postprocess_batch(
     and carry the same keys; one partition per micro-batch; the partitions form a permutation; then per
     key and micro-batch: layout, dtype, device, trailing shape, and row count against the partition.
     """
-    check_settings(use_dynamic_bsz, pad_mode, indices)
+    use_dynamic_bsz = check_settings(use_dynamic_bsz, pad_mode, indices)
     output_lst, indices = drop_padding(output_lst, indices)
     outs = model_outputs(output_lst)
     if use_dynamic_bsz:

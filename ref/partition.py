@@ -1,27 +1,37 @@
-"""`balanced_partitions`: verl's token-budget micro-batch partitioner (pure Python: no JAX, no torch).
+"""verl 0.9.1's token-budget micro-batch partitioner (pure Python: no JAX, no torch; shared by `ref` and
+`torch_impl`).
 
-Rows are packed into micro-batches by the largest differencing method (Karmarkar-Karp) on verl's
-workload estimate ``24576 * len + len**2``; the count of micro-batches starts at
-``min(B, ceil(total / max_tokens))`` and grows until every micro-batch fits the budget.
+Rows (or groups of ``force_group_size`` consecutive rows, kept together) are packed into micro-batches
+by the largest differencing method (Karmarkar-Karp) on verl's workload estimate
+``24576 * len + len**2``. The number of micro-batches starts at ``min(groups, ceil(total / budget))``,
+is raised to a minimum, synchronised over data-parallel ranks (the largest), rounded up to a multiple,
+and then grows until every micro-batch fits the budget. With balancing, micro-batches are ordered by
+``(workload, first index)``, heaviest first, and interleaved so the lightest sit at both ends.
+
+The names ``karmarkar_karp``, ``get_seqlen_balanced_partitions``, ``get_group_balanced_partitions`` and
+the rule of ``rearrange_micro_batches`` (`plan_micro_batches`) are verl's, with verl's results, order
+included; where verl fails an ``assert`` (or raises ``ValueError``), these raise a `RebatchError`
+subclass. Data-parallel synchronisation is a parameter (`CountSync`), so this module stays pure.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Hashable, Sequence
+from typing import Any, Protocol
 
-from .errors import TokenBudgetError
+from .errors import TokenBudgetError, UnsupportedSettingError
+from .structure import PADDING
 
 __all__ = [
+    "CountSync",
     "balanced_partitions",
-    "check_lengths",
-    "fits",
-    "initial_count",
+    "get_group_balanced_partitions",
+    "get_seqlen_balanced_partitions",
     "karmarkar_karp",
-    "partition_into",
     "pipeline_order",
+    "plan_micro_batches",
     "workload",
 ]
 
@@ -32,7 +42,8 @@ def workload(length: int) -> int:
 
 
 class _Set:
-    """One micro-batch in the making: its items ``(index, value)`` and their sum."""
+    """One partition in the making: its items ``(index, value)`` in insertion order, and their sum.
+    Sets compare by ``(sum, number of items, items)``, as verl's."""
 
     __slots__ = ("items", "total")
 
@@ -67,18 +78,24 @@ class _State:
         return _State([_Set(self.sets[i].items + other.sets[k - 1 - i].items) for i in range(k)])
 
 
-def karmarkar_karp(values: Sequence[int], k: int) -> list[list[int]]:
-    """Indices of ``values`` in ``k`` sets of near-equal sums (the largest differencing method).
+def karmarkar_karp(seqlen_list: Sequence[int], k_partitions: int, equal_size: bool = False) -> list[list[int]]:
+    """Indices of ``seqlen_list`` in ``k_partitions`` sets of near-equal sums (largest differencing), as verl.
 
-    Start with one state per value (the value alone in one set, ``k - 1`` empty sets), in ascending
-    order of ``(value, index)``; repeatedly merge the two states of largest spread; the last state's
-    sets are the partition, largest sum first.
+    Start from one state per value (the value alone in one set, the other sets empty), or with
+    ``equal_size`` one state per run of ``k`` consecutive values in ascending order (one value per
+    set), values taken in ascending order of ``(value, index)``; repeatedly merge the two states of
+    largest spread; the last state's sets are the partition, largest sum first, each in insertion order.
     """
-    heap = [
-        _State([_Set([(i, v)])] + [_Set() for _ in range(k - 1)])
-        for v, i in sorted((v, i) for i, v in enumerate(values))
-    ]
-    heapq.heapify(heap)
+    k = k_partitions
+    ordered = sorted((v, i) for i, v in enumerate(seqlen_list))
+    if equal_size:
+        if len(ordered) % k:
+            raise UnsupportedSettingError(f"equal_size needs a multiple of {k} items, got {len(ordered)}")
+        groups = [ordered[a : a + k] for a in range(0, len(ordered), k)]
+    else:
+        groups = [[vi] for vi in ordered]
+    heap = [_State([_Set([(i, v)]) for v, i in g] + [_Set() for _ in range(k - len(g))]) for g in groups]
+    heapq.heapify(heap)  # distinct states never compare equal, so the pop order is the same as verl's pushes
     while len(heap) > 1:
         a = heapq.heappop(heap)
         b = heapq.heappop(heap)
@@ -87,44 +104,165 @@ def karmarkar_karp(values: Sequence[int], k: int) -> list[list[int]]:
     return [[i for i, _ in s.items] for s in final.sets]
 
 
-def check_lengths(lengths: Sequence[int], max_tokens: int) -> list[int]:
-    """``lengths`` as ints, each non-negative and within ``max_tokens`` (`TokenBudgetError`)."""
-    out = [int(n) for n in lengths]
-    if max_tokens <= 0:
-        raise TokenBudgetError(f"max_tokens must be positive, got {max_tokens}")
-    for i, n in enumerate(out):
-        if n < 0:
-            raise TokenBudgetError(f"row {i}: length {n} is negative")
-        if n > max_tokens:
-            raise TokenBudgetError(f"row {i}: length {n} exceeds the token budget of {max_tokens}")
-    return out
+def get_seqlen_balanced_partitions(seqlen_list: Sequence[int], k_partitions: int, equal_size: bool) -> list[list[int]]:
+    """verl's: `karmarkar_karp`, each partition's indices sorted ascending (partitions kept in its order).
+
+    ``out == [sorted(p) for p in karmarkar_karp(seqlen_list, k_partitions, equal_size)]``; raises
+    `UnsupportedSettingError` for fewer items than partitions (or, with ``equal_size``, a count that
+    does not divide) and `TokenBudgetError` if a partition comes out empty.
+    """
+    if k_partitions < 1 or len(seqlen_list) < k_partitions:
+        raise UnsupportedSettingError(
+            f"k_partitions must be between 1 and the number of items ({len(seqlen_list)}), got {k_partitions}"
+        )
+    parts = [sorted(p) for p in karmarkar_karp(seqlen_list, k_partitions, equal_size)]
+    for i, p in enumerate(parts):
+        if not p:
+            raise TokenBudgetError(f"partition {i} of {k_partitions} is empty")
+    return parts
 
 
-def initial_count(
-    lengths: Sequence[int], max_tokens: int, *, min_num_micro_batches: int | None = None, multiple_of: int | None = None
-) -> int:
-    """``min(B, ceil(total / max_tokens))``, raised to ``min_num_micro_batches``, rounded up to ``multiple_of``."""
-    count = min(len(lengths), math.ceil(sum(lengths) / max_tokens))
-    if min_num_micro_batches is not None:
-        count = max(count, min_num_micro_batches)
-    count = max(count, 1) if lengths else count
-    step = multiple_of or 1
-    return math.ceil(count / step) * step if count else 0
+def get_group_balanced_partitions(
+    seqlen_list: Sequence[int], uid_list: Sequence[Hashable], k_partitions: int
+) -> list[list[int]]:
+    """verl's: ``k_partitions`` partitions of rows keeping runs of equal consecutive ``uid`` together.
+
+    Each run of equal consecutive uids is a group whose workload is the sum of its rows' `workload`;
+    groups are split by `get_seqlen_balanced_partitions` with ``equal_size=True``; each partition lists
+    its rows ascending. Raises `UnsupportedSettingError` for lists of different lengths or fewer groups
+    than partitions.
+    """
+    if len(seqlen_list) != len(uid_list):
+        raise UnsupportedSettingError(
+            f"seqlen_list and uid_list must have the same length, got {len(seqlen_list)} and {len(uid_list)}"
+        )
+    groups: list[list[int]] = []
+    for i, uid in enumerate(uid_list):
+        if groups and uid == uid_list[groups[-1][0]]:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    if len(groups) < k_partitions:
+        raise UnsupportedSettingError(f"{len(groups)} uid groups for {k_partitions} partitions: need at least as many")
+    loads = [sum(workload(int(seqlen_list[i])) for i in g) for g in groups]
+    parts = get_seqlen_balanced_partitions(loads, k_partitions, equal_size=True)
+    return [sorted(i for g in p for i in groups[g]) for p in parts]
 
 
-def partition_into(lengths: Sequence[int], count: int) -> list[list[int]]:
-    """``count`` micro-batches by `karmarkar_karp` on `workload`, indices ascending in each."""
-    return [sorted(p) for p in karmarkar_karp([workload(n) for n in lengths], count)] if count else []
+class CountSync(Protocol):
+    """The data-parallel agreement `plan_micro_batches` needs: element-wise MAX and MIN over the ranks."""
 
+    def max(self, values: list[int]) -> list[int]: ...
 
-def fits(lengths: Sequence[int], parts: Sequence[Sequence[int]], max_tokens: int) -> bool:
-    return all(sum(lengths[i] for i in p) <= max_tokens for p in parts)
+    def min(self, values: list[int]) -> list[int]: ...
 
 
 def pipeline_order(lengths: Sequence[int], parts: list[list[int]]) -> list[list[int]]:
-    """Heaviest first, then interleaved ``p[::2][::-1] + p[1::2]``: the lightest at both ends."""
-    parts = sorted(parts, key=lambda p: sum(workload(lengths[i]) for i in p), reverse=True)
+    """verl's order: by ``(workload, first index)``, heaviest first, then interleaved
+    ``p[::2][::-1] + p[1::2]`` (the lightest at both ends)."""
+    parts = sorted(parts, key=lambda p: (sum(workload(lengths[i]) for i in p), p[0] if p else 0), reverse=True)
     return parts[::2][::-1] + parts[1::2]
+
+
+def plan_micro_batches(
+    lengths: Sequence[int],
+    max_token_len: int,
+    *,
+    num_batches_divided_by: int | None = None,
+    min_num_micro_batch: int | None = None,
+    use_dynamic_bsz_balance: bool = True,
+    force_group_size: int = 1,
+    max_seq_len: int | None = None,
+    sync: CountSync | None = None,
+    pad_to_count: bool = False,
+) -> list[Any]:
+    """The micro-batches of verl 0.9.1's ``rearrange_micro_batches`` (same partitions, same order).
+
+    ``lengths``: tokens per row; ``max_seq_len``: the longest row as verl measures it (the padded width
+    of a dense batch; default ``max(lengths)``); ``sync``: the data-parallel group's agreement, or None.
+
+    1. ``max_seq_len <= max_token_len`` and ``B % force_group_size == 0`` (`TokenBudgetError`; with
+       ``sync``, a failure on any rank is raised on every rank);
+    2. ``count = min(groups, ceil(total / max_token_len))``, raised to ``min_num_micro_batch`` (and to
+       1 when there are rows), the largest over the ranks, rounded up to ``num_batches_divided_by``;
+    3. no group longer than the budget and ``count <= groups``, on every rank (`TokenBudgetError`);
+    4. groups split by `get_seqlen_balanced_partitions` on the groups' workloads; while a micro-batch
+       on any rank holds more than ``max_token_len`` tokens, ``count`` grows by ``num_batches_divided_by``
+       (or 1), checked again by 3;
+    5. groups expanded to their rows; with ``use_dynamic_bsz_balance``, `pipeline_order`.
+
+    ``pad_to_count``: a rank with fewer groups than the agreed count is not an error (3): it gets each
+    group alone, then `PADDING` for each micro-batch it lacks (a padding micro-batch), while still
+    taking part in every agreement. Every rank makes the same ``sync`` calls whatever its data.
+    """
+    fgs = force_group_size
+    if max_token_len <= 0:
+        raise TokenBudgetError(f"max_token_len must be positive, got {max_token_len}")
+    if fgs < 1:
+        raise TokenBudgetError(f"force_group_size must be at least 1, got {fgs}")
+    lengths = [int(n) for n in lengths]
+    b = len(lengths)
+    longest = max(lengths, default=0) if max_seq_len is None else int(max_seq_len)
+    problem = ""
+    if any(n < 0 for n in lengths):
+        i = next(i for i, n in enumerate(lengths) if n < 0)
+        problem = f"row {i}: length {lengths[i]} is negative"
+    elif any(n > max_token_len for n in lengths):
+        i = next(i for i, n in enumerate(lengths) if n > max_token_len)
+        problem = f"row {i}: length {lengths[i]} exceeds the token budget of {max_token_len}"
+    elif longest > max_token_len:  # a dense batch's padded width, which verl compares with the budget
+        problem = f"the padded width {longest} exceeds the token budget of {max_token_len}"
+    elif b % fgs:
+        problem = f"batch size {b} must be divisible by force_group_size {fgs}"
+    num_groups = b // fgs
+    count = min(num_groups, math.ceil(sum(lengths) / max_token_len))
+    if min_num_micro_batch is not None:
+        count = max(min_num_micro_batch, count)
+    count = max(count, 1) if b else count
+    if sync is not None:  # the count and any rank's fatal problem, agreed in one collective
+        count, failed = sync.max([count, int(bool(problem))])
+        if failed and not problem:
+            problem = "another rank of the data-parallel group rejected its batch (its error names the row)"
+    if problem:
+        raise TokenBudgetError(problem)
+    step = num_batches_divided_by or 1
+    if num_batches_divided_by is not None:
+        count = math.ceil(count / num_batches_divided_by) * num_batches_divided_by
+    group_tokens = [sum(lengths[g * fgs : (g + 1) * fgs]) for g in range(num_groups)]
+    group_loads = [sum(workload(n) for n in lengths[g * fgs : (g + 1) * fgs]) for g in range(num_groups)]
+    longest_group, fewest_groups = max(group_tokens, default=0), num_groups
+    if sync is not None:  # verl's fatal constraints, agreed before any rank raises
+        longest_group, neg = sync.max([longest_group, -num_groups])
+        fewest_groups = -neg
+    if longest_group > max_token_len:
+        raise TokenBudgetError(
+            f"a forced group of {longest_group} tokens exceeds max_token_len={max_token_len} and cannot be split"
+        )
+    parts: list[Any] = []
+    while True:
+        if count > fewest_groups and not pad_to_count:
+            who = "a rank of the data-parallel group has" if sync is not None else "there are"
+            what = "rows" if fgs == 1 else f"groups of force_group_size={fgs} rows"
+            raise TokenBudgetError(
+                f"{count} micro-batches are needed for the token budget of {max_token_len}, "
+                f"but {who} only {fewest_groups} {what}"
+            )
+        if count > num_groups or count == 0:  # every group alone (each fits: checked above), then padding
+            parts = [[g] for g in range(num_groups)] + [PADDING] * (count - num_groups)
+            fits = True
+        else:
+            parts = get_seqlen_balanced_partitions(group_loads, count, equal_size=False)
+            fits = all(sum(group_tokens[g] for g in p) <= max_token_len for p in parts)
+        if sync is not None:
+            (fits_everywhere,) = sync.min([int(fits)])
+            fits = bool(fits_everywhere)
+        if fits:
+            break
+        count += step
+    if any(p is PADDING for p in parts):
+        return [p if p is PADDING else list(range(p[0] * fgs, (p[0] + 1) * fgs)) for p in parts]
+    rows = [[r for g in p for r in range(g * fgs, (g + 1) * fgs)] for p in parts]
+    return pipeline_order(lengths, rows) if use_dynamic_bsz_balance and rows else rows
 
 
 def balanced_partitions(
@@ -134,25 +272,24 @@ def balanced_partitions(
     min_num_micro_batches: int | None = None,
     multiple_of: int | None = None,
     balance: bool = True,
+    force_group_size: int = 1,
 ) -> list[list[int]]:
-    """Micro-batches of row indices, each holding at most ``max_tokens`` tokens (verl's semantics).
+    """Micro-batches of row indices, each holding at most ``max_tokens`` tokens: verl's
+    ``rearrange_micro_batches`` on one rank (`plan_micro_batches` without synchronisation).
 
-    ``count = min(B, ceil(sum(lengths) / max_tokens))``, raised to ``min_num_micro_batches`` and rounded
-    up to ``multiple_of``; rows are split into ``count`` sets by `karmarkar_karp` on `workload`; while a
-    set exceeds the budget, ``count`` grows by ``multiple_of`` (or 1). Indices ascend inside each
-    micro-batch. With ``balance``, micro-batches are ordered by workload, heaviest first, then
-    interleaved ``p[::2][::-1] + p[1::2]`` so the lightest sit at both ends. Deterministic.
-    Raises `TokenBudgetError` for a row longer than ``max_tokens`` or more micro-batches than rows.
+    ``count = min(groups, ceil(sum(lengths) / max_tokens))``, raised to ``min_num_micro_batches`` and
+    rounded up to ``multiple_of``; groups of ``force_group_size`` consecutive rows are split into
+    ``count`` sets by `karmarkar_karp` on `workload`; while a set exceeds the budget, ``count`` grows by
+    ``multiple_of`` (or 1). Indices ascend inside each micro-batch. With ``balance``, `pipeline_order`.
+    Deterministic. Raises `TokenBudgetError` for a row (or forced group) longer than ``max_tokens``,
+    or more micro-batches than groups.
     """
-    lengths = check_lengths(lengths, max_tokens)
-    count = initial_count(lengths, max_tokens, min_num_micro_batches=min_num_micro_batches, multiple_of=multiple_of)
-    while True:
-        if count > len(lengths):
-            raise TokenBudgetError(
-                f"{count} micro-batches are needed for the token budget of {max_tokens}, but there are only {len(lengths)} rows"
-            )
-        parts = partition_into(lengths, count)
-        if fits(lengths, parts, max_tokens):
-            break
-        count += multiple_of or 1
-    return pipeline_order(lengths, parts) if balance and parts else parts
+    parts: list[list[int]] = plan_micro_batches(
+        lengths,
+        max_tokens,
+        num_batches_divided_by=multiple_of,
+        min_num_micro_batch=min_num_micro_batches,
+        use_dynamic_bsz_balance=balance,
+        force_group_size=force_group_size,
+    )
+    return parts

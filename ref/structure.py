@@ -12,7 +12,15 @@ from typing import Any
 
 from .errors import KeyMismatchError, PartitionMismatchError, UnsupportedSettingError, where
 
-__all__ = ["PAD_MODES", "PADDING", "check_settings", "drop_padding", "model_outputs", "check_partition_count"]
+__all__ = [
+    "PAD_MODES",
+    "PADDING",
+    "as_flag",
+    "check_partition_count",
+    "check_settings",
+    "drop_padding",
+    "model_outputs",
+]
 
 #: The values of verl's ``DatasetPadMode`` (a str Enum: its members compare equal to these strings).
 PAD_MODES = ("no_padding", "right", "left_right")
@@ -50,14 +58,30 @@ def drop_padding(output_lst: Any, indices: Any) -> tuple[Any, Any]:
     return [output_lst[m] for m in keep], [indices[m] for m in keep]
 
 
-def check_settings(use_dynamic_bsz: Any, pad_mode: Any, indices: Any) -> None:
-    """Step 1: the settings (`UnsupportedSettingError`)."""
+def as_flag(value: Any, name: str) -> bool:
+    """A setting that verl tests for truth, as a bool: ``True``/``False``, or a bool-like equal to 1 or 0
+    (``numpy.bool_``, the ints 1 and 0, a one-element tensor). Anything else, a string such as
+    ``"False"`` included (whose truth would read as on), raises `UnsupportedSettingError`."""
+    if isinstance(value, bool):
+        return value
+    if value is not None and not isinstance(value, (str, bytes, float)):
+        try:
+            for flag in (True, False):
+                if bool(value == int(flag)):
+                    return flag
+        except (TypeError, ValueError, RuntimeError):  # not comparable with an int, or not one value
+            pass
+    raise UnsupportedSettingError(f"{name} must be a bool (or 0 or 1), got {value!r}")
+
+
+def check_settings(use_dynamic_bsz: Any, pad_mode: Any, indices: Any) -> bool:
+    """Step 1: the settings (`UnsupportedSettingError`); returns ``use_dynamic_bsz`` as a bool (`as_flag`)."""
     if not isinstance(pad_mode, str) or pad_mode not in PAD_MODES:
         raise UnsupportedSettingError(f"pad_mode must be one of {PAD_MODES}, got {pad_mode!r}")
-    if not isinstance(use_dynamic_bsz, bool):
-        raise UnsupportedSettingError(f"use_dynamic_bsz must be a bool, got {use_dynamic_bsz!r}")
-    if use_dynamic_bsz and indices is None:
+    dynamic = as_flag(use_dynamic_bsz, "use_dynamic_bsz")
+    if dynamic and indices is None:
         raise UnsupportedSettingError("indices is None while use_dynamic_bsz is on: the original order is unknown")
+    return dynamic
 
 
 def model_outputs(output_lst: Sequence[Any]) -> list[Mapping[str, Any]]:

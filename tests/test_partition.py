@@ -63,7 +63,7 @@ def test_largest_differencing_is_not_always_better_than_greedy() -> None:
 def test_budget_errors(impl) -> None:
     with pytest.raises(TokenBudgetError, match="row 1: length 9 exceeds the token budget of 8"):
         impl.balanced_partitions([3, 9, 2], 8)
-    with pytest.raises(TokenBudgetError, match="max_tokens must be positive"):
+    with pytest.raises(TokenBudgetError, match="max_token_len must be positive"):
         impl.balanced_partitions([3], 0)
 
 
@@ -100,7 +100,7 @@ def test_prepare_micro_batches_round_trip_dynamic_and_fixed() -> None:
 def test_row_lengths_from_a_dense_mask() -> None:
     data = TensorDict({"attention_mask": torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]])}, batch_size=[3])
     assert torch_impl.row_lengths(data).tolist() == [2, 1, 3]
-    with pytest.raises(UnsupportedSettingError, match="exactly one"):
+    with pytest.raises(UnsupportedSettingError, match="max_token_len_per_gpu must be set"):
         torch_impl.prepare_micro_batches(data)
 
 

@@ -1,13 +1,21 @@
 """rebatch's production PyTorch implementation: micro-batch outputs put back in order, vectorized and validated.
 
-A drop-in for verl's ``postprocess_batch_func`` (`postprocess_batch_func`), and the operations of the
-reference ``ref`` under the same names. Never imports JAX; errors are the classes of `ref.errors`.
+The operations of the reference ``ref`` under the same names, and drop-ins for every verl name around
+them, with verl 0.9.1's signatures and results on valid input (and a `ref.errors.RebatchError` where
+verl would silently misalign): ``postprocess_batch_func``, ``prepare_micro_batches`` (the engine's),
+``rearrange_micro_batches``, ``restore_dynamic_batch``, ``get_seqlen_balanced_partitions``,
+``get_group_balanced_partitions``, ``append_to_dict``. `torch_impl.integrations.verl.install` puts
+them into verl. Never imports JAX; errors are the classes of `ref.errors`.
 """
 
 from __future__ import annotations
 
 from ref import errors as errors
 from ref.metrics import append_to_dict as append_to_dict, fold_metrics as fold_metrics, merge_metrics as merge_metrics
+from ref.partition import (
+    get_group_balanced_partitions as get_group_balanced_partitions,
+    get_seqlen_balanced_partitions as get_seqlen_balanced_partitions,
+)
 from ref.structure import PADDING as PADDING
 
 from ._distributed import (
@@ -26,6 +34,8 @@ from ._postprocess import (
 from ._prepare import (
     balanced_partitions as balanced_partitions,
     prepare_micro_batches as prepare_micro_batches,
+    rearrange_micro_batches as rearrange_micro_batches,
+    restore_dynamic_batch as restore_dynamic_batch,
     row_lengths as row_lengths,
 )
 from ._settings import Settings as Settings, get_settings as get_settings, use_settings as use_settings
@@ -41,6 +51,8 @@ __all__ = [
     "flatten_partitions",
     "fold_metrics",
     "gather_batch",
+    "get_group_balanced_partitions",
+    "get_seqlen_balanced_partitions",
     "get_settings",
     "inverse_permutation",
     "merge_metrics",
@@ -49,7 +61,9 @@ __all__ = [
     "prepare_micro_batches",
     "prepare_micro_batches_dp",
     "read_setting",
+    "rearrange_micro_batches",
     "restore",
+    "restore_dynamic_batch",
     "row_lengths",
     "split",
     "sync_micro_batch_count",

@@ -16,12 +16,12 @@ import torch.distributed as dist
 from tensordict import TensorDictBase
 
 from ref.metrics import fold_metrics
-from ref.partition import check_lengths, fits, initial_count, partition_into, pipeline_order
+from ref.partition import plan_micro_batches
 from ref.structure import PADDING
 
 from ._jagged import njt
 from ._ops import concat, split, take
-from ._prepare import row_lengths
+from ._prepare import DistSync, row_lengths
 
 __all__ = ["sync_micro_batch_count", "prepare_micro_batches_dp", "broadcast_from_last_stage", "gather_batch"]
 
@@ -36,17 +36,8 @@ def _comm_device(group: Any) -> torch.device:
 
 def sync_micro_batch_count(count: int, group: Any = None) -> int:
     """The largest ``count`` over the ranks of ``group`` (an all-reduce MAX, as verl does)."""
-    t = torch.tensor([count], dtype=torch.int64, device=_comm_device(group))
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return int(t.item())
-
-
-def _fitting_count(lengths: list[int], max_tokens: int, count: int, step: int) -> int:
-    """The smallest count from ``count`` up (by ``step``) whose partition fits; at ``count >= B`` every
-    row is alone (and the rest are padding), which fits once each row fits."""
-    while count < len(lengths) and not fits(lengths, partition_into(lengths, count), max_tokens):
-        count += step
-    return count
+    (agreed,) = DistSync(group).max([count])
+    return agreed
 
 
 class MicroBatches(NamedTuple):
@@ -65,32 +56,29 @@ def prepare_micro_batches_dp(
     min_num_micro_batches: int | None = None,
     multiple_of: int | None = None,
     balance: bool = True,
+    force_group_size: int = 1,
 ) -> MicroBatches:
     """Token-budget micro-batches with one count for every rank of the data-parallel ``group``.
 
-    Each rank's count (``balanced_partitions``'s rule) is synchronised with an all-reduce MAX, then
-    raised until it fits the budget on every rank. A rank with fewer rows than the count gets padding
-    micro-batches (a copy of its first row, or no rows if it has none), marked `PADDING` in ``indices``;
-    ``postprocess_batch_func`` leaves their outputs, losses and metrics out.
+    verl's rule (`ref.partition.plan_micro_batches`, counts agreed by all-reduces); a rank with fewer
+    rows than the count gets padding micro-batches (a copy of its first row, or no rows if it has
+    none), marked `PADDING` in ``indices``; ``postprocess_batch_func`` leaves their outputs, losses and
+    metrics out. A row over budget on any rank raises `TokenBudgetError` on every rank.
     """
-    lengths = check_lengths(row_lengths(data, length_key).tolist(), max_token_len)
-    step = multiple_of or 1
-    local = initial_count(lengths, max_token_len, min_num_micro_batches=min_num_micro_batches, multiple_of=multiple_of)
-    count = sync_micro_batch_count(local, group)
-    while True:
-        agreed = sync_micro_batch_count(_fitting_count(lengths, max_token_len, count, step), group)
-        if agreed == count:
-            break
-        count = agreed
-    b = len(lengths)
-    if count <= b:
-        parts: list[Any] = partition_into(lengths, count)
-        parts = pipeline_order(lengths, parts) if balance and parts else parts
-    else:
-        parts = [[i] for i in range(b)] + [PADDING] * (count - b)
+    lengths_t = row_lengths(data, length_key)
+    parts: list[Any] = plan_micro_batches(
+        lengths_t.tolist(),
+        max_token_len,
+        num_batches_divided_by=multiple_of,
+        min_num_micro_batch=min_num_micro_batches,
+        use_dynamic_bsz_balance=balance,
+        force_group_size=force_group_size,
+        sync=DistSync(group),
+        pad_to_count=True,
+    )
     real = [p for p in parts if p is not PADDING]
     pieces = iter(split(data, real)) if real else iter(())
-    filler = take(data, [0] if b else [])
+    filler = take(data, [0] if lengths_t.numel() else [])
     return MicroBatches([filler if p is PADDING else next(pieces) for p in parts], parts)
 
 

@@ -7,13 +7,14 @@ from enum import Enum
 from typing import Any
 
 import torch
-from tensordict import NonTensorData
+from tensordict import NonTensorData, TensorDictBase
 
 from ref.errors import PartitionMismatchError, ShapeMismatchError, where
 from ref.metrics import fold_metrics
 from ref.structure import check_partition_count, check_settings, drop_padding, model_outputs
 
 from ._assemble import assemble
+from ._jagged import njt
 from ._parts import check_parts
 from ._permutation import check_permutation
 
@@ -38,7 +39,7 @@ def postprocess_batch(
     """
     if isinstance(pad_mode, Enum):
         pad_mode = pad_mode.value
-    check_settings(use_dynamic_bsz, pad_mode, indices)
+    use_dynamic_bsz = check_settings(use_dynamic_bsz, pad_mode, indices)
     output_lst, indices = drop_padding(output_lst, indices)
     outs = model_outputs(output_lst)
     perm = None
@@ -99,11 +100,37 @@ def postprocess_batch_func(
 ) -> dict[str, Any]:
     """Drop-in for verl's ``postprocess_batch_func(output_lst, indices, data)``: same call, same result.
 
-    ``data`` (a TensorDict, or None) carries ``use_dynamic_bsz`` (default True) and ``pad_mode``
-    (default ``"no_padding"``; a string or verl's ``DatasetPadMode``) as ``NonTensorData``.
+    ``data`` (a TensorDict, or None) carries ``use_dynamic_bsz`` (default True; a bool or a bool-like
+    0/1) and ``pad_mode`` (default ``"no_padding"``; a string or verl's ``DatasetPadMode``) as
+    ``NonTensorData``. A ``model_output`` may be a dict or a TensorDict. As verl, every output comes
+    back as a jagged nested tensor: a dense ``[B, S, *F]`` one as ``[B, (S), *F]`` (`postprocess_batch`
+    keeps it dense); a dense ``[B]`` one, which verl cannot nest, stays dense.
     """
     use_dynamic_bsz = read_setting(data, "use_dynamic_bsz", True)
     pad_mode = read_setting(data, "pad_mode", "no_padding")
-    if isinstance(use_dynamic_bsz, torch.Tensor) and use_dynamic_bsz.numel() == 1:
-        use_dynamic_bsz = bool(use_dynamic_bsz.item())
-    return postprocess_batch(output_lst, indices, use_dynamic_bsz=use_dynamic_bsz, pad_mode=pad_mode)
+    output_lst = [_plain_model_output(o) for o in output_lst] if isinstance(output_lst, list | tuple) else output_lst
+    result = postprocess_batch(output_lst, indices, use_dynamic_bsz=use_dynamic_bsz, pad_mode=pad_mode)
+    result["model_output"] = {k: _nested_like_verl(v) for k, v in result["model_output"].items()}
+    return result
+
+
+def _plain_model_output(o: Any) -> Any:
+    """``o`` with a TensorDict ``model_output`` as a dict of its entries (verl reads ``.items()``)."""
+    if isinstance(o, Mapping) and isinstance(o.get("model_output"), TensorDictBase):
+        td = o["model_output"]
+        return {**o, "model_output": {k: td.get(k) for k in td.keys()}}
+    return o
+
+
+def _nested_like_verl(x: torch.Tensor) -> torch.Tensor:
+    """A dense ``[B, S, *F]`` result as the jagged ``[B, (S), *F]`` verl returns (every row of length
+    ``S``; a view of the result's own fresh storage); jagged and ``[B]`` results as they are."""
+    if x.is_nested or x.dim() < 2:
+        return x
+    b, s = int(x.shape[0]), int(x.shape[1])
+    offsets = (
+        torch.arange(0, (b + 1) * s, s, dtype=torch.int64, device=x.device)
+        if s
+        else x.new_zeros(b + 1, dtype=torch.int64)
+    )
+    return njt(x.reshape(b * s, *x.shape[2:]), offsets)

@@ -1,19 +1,38 @@
-"""The split side: token-budget partitions and micro-batches of a TensorDict, as verl prepares them."""
+"""The split side: verl's micro-batches of a TensorDict (engine ``prepare_micro_batches``, the
+partitioner ``rearrange_micro_batches``) and its ``restore_dynamic_batch``, with verl's signatures.
+
+The partitions come from `ref.partition` (pure Python, shared with the reference): the same partitions,
+in the same order, as verl 0.9.1, and `TokenBudgetError` where verl fails an ``assert`` or raises
+``ValueError``. The micro-batches are cut by `torch_impl.split` (one gather per field). Across
+data-parallel ranks the counts are agreed with all-reduces (`DistSync`), as verl does, and a fatal
+problem on any rank is raised on every rank, never left to a collective's timeout.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
+import torch.distributed as dist
 from tensordict import TensorDictBase
 
 from ref.errors import UnsupportedSettingError
-from ref.partition import balanced_partitions as _balanced_partitions
+from ref.partition import balanced_partitions as _balanced_partitions, plan_micro_batches
+from ref.structure import PADDING
 
-from ._ops import split
+from ._ops import restore, split, take
 from ._parts import JaggedPart, unpack
+from ._postprocess import read_setting
 
-__all__ = ["balanced_partitions", "prepare_micro_batches", "row_lengths"]
+__all__ = [
+    "DistSync",
+    "balanced_partitions",
+    "prepare_micro_batches",
+    "rearrange_micro_batches",
+    "restore_dynamic_batch",
+    "row_lengths",
+]
 
 
 def balanced_partitions(
@@ -23,13 +42,19 @@ def balanced_partitions(
     min_num_micro_batches: int | None = None,
     multiple_of: int | None = None,
     balance: bool = True,
+    force_group_size: int = 1,
 ) -> list[list[int]]:
     """``ref.balanced_partitions`` (pure Python, shared: the same partitions by construction) on a list
     or a tensor of row lengths. See ``ref.balanced_partitions`` for the meaning."""
     if isinstance(lengths, torch.Tensor):
         lengths = lengths.tolist()
     return _balanced_partitions(
-        lengths, max_tokens, min_num_micro_batches=min_num_micro_batches, multiple_of=multiple_of, balance=balance
+        lengths,
+        max_tokens,
+        min_num_micro_batches=min_num_micro_batches,
+        multiple_of=multiple_of,
+        balance=balance,
+        force_group_size=force_group_size,
     )
 
 
@@ -48,36 +73,175 @@ def row_lengths(data: TensorDictBase, key: str | None = None) -> torch.Tensor:
     return part.values.reshape(part.rows, -1).sum(dim=1).to(torch.int64)
 
 
+def _longest(data: TensorDictBase, lengths: torch.Tensor, key: str | None) -> int:
+    """The longest row as verl measures it: a jagged row's length, or a dense batch's padded width."""
+    if key is None and not ("input_ids" in data.keys() and data.get("input_ids").is_nested):
+        return int(data.get("attention_mask").shape[-1]) if data.get("attention_mask").dim() > 1 else 1
+    return int(lengths.max()) if lengths.numel() else 0
+
+
+class DistSync:
+    """`ref.partition.CountSync` over ``torch.distributed``: element-wise all-reduces on ``group``
+    (on the current CUDA device for NCCL, else the CPU)."""
+
+    def __init__(self, group: Any) -> None:
+        self.group = group
+        nccl = dist.get_backend(group) == "nccl"
+        self.device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+
+    def _reduce(self, values: list[int], op: Any) -> list[int]:
+        t = torch.tensor(values, dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, op=op, group=self.group)
+        return [int(v) for v in t.tolist()]
+
+    def max(self, values: list[int]) -> list[int]:
+        return self._reduce(values, dist.ReduceOp.MAX)
+
+    def min(self, values: list[int]) -> list[int]:
+        return self._reduce(values, dist.ReduceOp.MIN)
+
+
 def prepare_micro_batches(
     data: TensorDictBase,
+    dp_group: Any = None,
+    num_batches_divided_by: int | None = None,
+    same_micro_num_in_dp: bool = True,
+    min_num_micro_batch: int | None = None,
+    use_dynamic_bsz_balance: bool = True,
     *,
     max_token_len: int | None = None,
     micro_batch_size: int | None = None,
     length_key: str | None = None,
-    min_num_micro_batches: int | None = None,
-    multiple_of: int | None = None,
-    balance: bool = True,
-) -> tuple[list[TensorDictBase], list[list[int]] | None]:
-    """Micro-batches of ``data`` and their ``indices``, as verl's engines make them.
+    pad_micro_batches: bool = False,
+) -> tuple[list[TensorDictBase], list[Any] | None]:
+    """verl's engine ``prepare_micro_batches``: the micro-batches of ``data`` and their ``indices``.
 
-    Dynamic (``max_token_len``): rows partitioned by `balanced_partitions` on `row_lengths`, returned
-    with the partitions. Fixed (``micro_batch_size``): consecutive chunks, ``indices`` None (as verl,
-    with ``use_dynamic_bsz`` off). Either way ``postprocess_batch_func`` on the micro-batches' outputs
-    with these ``indices`` gives rows in ``data``'s order.
+    Called as verl's engines call it, the settings come from ``data`` (non-tensor entries, as verl reads
+    them): ``use_dynamic_bsz`` (default True), ``max_token_len_per_gpu`` times ``sp_size`` (default 1)
+    as the token budget, ``micro_batch_size_per_gpu`` without dynamic batch size, and
+    ``force_group_size`` (default 1). Dynamic: `rearrange_micro_batches`'s partitions (verl's, in
+    verl's order; the count agreed over ``dp_group``). Fixed: consecutive chunks of
+    ``micro_batch_size_per_gpu * force_group_size`` rows, which must divide the batch, and ``indices``
+    None. Either way ``postprocess_batch_func`` on the micro-batches' outputs with these ``indices``
+    gives the rows in ``data``'s order.
+
+    Keyword-only extensions: ``max_token_len`` (the whole budget) or ``micro_batch_size`` (chunks; the
+    last may be shorter) override what ``data`` says; ``length_key`` names the field to count tokens
+    with; ``pad_micro_batches``: a rank with fewer rows than the count agreed over ``dp_group`` gets
+    `PADDING` micro-batches (a copy of its first row, or no rows) instead of verl's error. The engine
+    must then leave their loss out of the gradient; `postprocess_batch_func` drops their outputs.
     """
-    b = int(data.batch_size[0])
-    if micro_batch_size is not None and max_token_len is None:
-        if micro_batch_size <= 0:
-            raise UnsupportedSettingError(f"micro_batch_size must be positive, got {micro_batch_size}")
-        chunks = [list(range(i, min(i + micro_batch_size, b))) for i in range(0, b, micro_batch_size)]
-        return split(data, chunks), None
-    if max_token_len is None or micro_batch_size is not None:
-        raise UnsupportedSettingError("give exactly one of max_token_len (dynamic) and micro_batch_size (fixed)")
-    parts = balanced_partitions(
-        row_lengths(data, length_key),
+    use_dynamic = read_setting(data, "use_dynamic_bsz", True) if micro_batch_size is None else False
+    if max_token_len is not None:
+        use_dynamic = True
+    force_group_size = int(read_setting(data, "force_group_size", 1))
+    b = int(data.batch_size[0]) if data.batch_size else 0
+    if not use_dynamic:
+        if micro_batch_size is not None:
+            if micro_batch_size <= 0:
+                raise UnsupportedSettingError(f"micro_batch_size must be positive, got {micro_batch_size}")
+            chunks = [list(range(i, min(i + micro_batch_size, b))) for i in range(0, b, micro_batch_size)]
+            return split(data, chunks), None
+        mbs = read_setting(data, "micro_batch_size_per_gpu", None)
+        if mbs is None:
+            raise UnsupportedSettingError("micro_batch_size_per_gpu must be set when use_dynamic_bsz is off")
+        size = int(mbs) * force_group_size
+        if size <= 0 or b % size:
+            raise UnsupportedSettingError(
+                f"the batch size {b} must be divisible by force_group_size * micro_batch_size_per_gpu = {size}"
+            )
+        return split(data, [list(range(i, i + size)) for i in range(0, b, size)]), None
+    if max_token_len is None:
+        per_gpu = read_setting(data, "max_token_len_per_gpu", None)
+        if per_gpu is None:
+            raise UnsupportedSettingError("max_token_len_per_gpu must be set when use_dynamic_bsz is on")
+        max_token_len = int(per_gpu) * int(read_setting(data, "sp_size", 1))
+    return _rearrange(
+        data,
         int(max_token_len),
-        min_num_micro_batches=min_num_micro_batches,
-        multiple_of=multiple_of,
-        balance=balance,
+        dp_group=dp_group,
+        num_batches_divided_by=num_batches_divided_by,
+        same_micro_num_in_dp=same_micro_num_in_dp,
+        min_num_micro_batch=min_num_micro_batch,
+        use_dynamic_bsz_balance=use_dynamic_bsz_balance,
+        force_group_size=force_group_size,
+        length_key=length_key,
+        pad=pad_micro_batches,
     )
-    return split(data, parts), parts
+
+
+def rearrange_micro_batches(
+    batch: TensorDictBase,
+    max_token_len: int,
+    dp_group: Any = None,
+    num_batches_divided_by: int | None = None,
+    same_micro_num_in_dp: bool = True,
+    min_num_micro_batch: int | None = None,
+    use_dynamic_bsz_balance: bool = True,
+    force_group_size: int = 1,
+) -> tuple[list[TensorDictBase], list[list[int]]]:
+    """verl's ``rearrange_micro_batches``: ``batch`` split into micro-batches of at most ``max_token_len``
+    tokens (`ref.partition.plan_micro_batches`: verl's partitions and order), and their indices.
+
+    Tokens per row: jagged ``input_ids``' row lengths, else ``attention_mask``'s row sums (and, as in
+    verl, a dense batch's padded width must fit the budget). With ``dp_group`` (and
+    ``same_micro_num_in_dp``, ``torch.distributed`` initialised) the ranks agree on the count.
+    """
+    micro, parts = _rearrange(
+        batch,
+        max_token_len,
+        dp_group=dp_group,
+        num_batches_divided_by=num_batches_divided_by,
+        same_micro_num_in_dp=same_micro_num_in_dp,
+        min_num_micro_batch=min_num_micro_batch,
+        use_dynamic_bsz_balance=use_dynamic_bsz_balance,
+        force_group_size=force_group_size,
+        length_key=None,
+        pad=False,
+    )
+    return micro, parts
+
+
+def _rearrange(
+    batch: TensorDictBase,
+    max_token_len: int,
+    *,
+    dp_group: Any,
+    num_batches_divided_by: int | None,
+    same_micro_num_in_dp: bool,
+    min_num_micro_batch: int | None,
+    use_dynamic_bsz_balance: bool,
+    force_group_size: int,
+    length_key: str | None,
+    pad: bool,
+) -> tuple[list[TensorDictBase], list[Any]]:
+    lengths_t = row_lengths(batch, length_key)
+    lengths = lengths_t.tolist()
+    synced = same_micro_num_in_dp and dp_group is not None and dist.is_available() and dist.is_initialized()
+    sync = DistSync(dp_group) if synced else None
+    parts: list[Any] = plan_micro_batches(
+        lengths,
+        max_token_len,
+        num_batches_divided_by=num_batches_divided_by,
+        min_num_micro_batch=min_num_micro_batch,
+        use_dynamic_bsz_balance=use_dynamic_bsz_balance,
+        force_group_size=force_group_size,
+        max_seq_len=_longest(batch, lengths_t, length_key),
+        sync=sync,
+        pad_to_count=pad,
+    )
+    real = [p for p in parts if p is not PADDING]
+    pieces = iter(split(batch, real)) if real else iter(())
+    if len(real) == len(parts):
+        return [next(pieces) for _ in parts], parts
+    filler = take(batch, [0] if lengths else [])
+    return [filler if p is PADDING else next(pieces) for p in parts], parts
+
+
+def restore_dynamic_batch(data: torch.Tensor, batch_idx_list: Sequence[Sequence[int]]) -> torch.Tensor:
+    """verl's ``restore_dynamic_batch``: rows of ``data`` (micro-batch order) back in original order.
+
+    `torch_impl.restore`, validated: ``batch_idx_list`` must flatten to a permutation of ``range(B)``
+    (`NotAPermutationError`, where verl would silently misalign a duplicate or wrap a negative index).
+    """
+    return restore(data, batch_idx_list)

@@ -1,0 +1,1 @@
+"""Integrations of ``torch_impl`` into trainers; each imports its trainer only when called."""
