@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from tensordict import NonTensorData, NonTensorStack, TensorDictBase
 
 from ref.dtypes import bits_dtype
 
@@ -49,7 +50,32 @@ def same_tensor(a: torch.Tensor, b: torch.Tensor) -> str | None:
     return None
 
 
+def _same_tensordict(a: TensorDictBase, b: TensorDictBase, path: str) -> str | None:
+    """Same class, batch size and keys; entries compared as values (non-tensor data by value). The keys'
+    order is not compared: it is an artefact of how tensordict builds a TensorDict (verl's own
+    selection and chunking order them differently), never a key's meaning."""
+    if type(a) is not type(b) or a.batch_size != b.batch_size:
+        return f"{path}: {type(a).__name__}{list(a.batch_size)} vs {type(b).__name__}{list(b.batch_size)}"
+    keys_a, keys_b = sorted(a.keys(), key=str), sorted(b.keys(), key=str)
+    if keys_a != keys_b:
+        return f"{path}: keys {keys_a} vs {keys_b}"
+    for k in keys_a:
+        x, y = a.get(k), b.get(k)
+        if isinstance(x, NonTensorData) or isinstance(y, NonTensorData):
+            x, y = getattr(x, "data", x), getattr(y, "data", y)
+        elif isinstance(x, NonTensorStack) or isinstance(y, NonTensorStack):
+            x, y = getattr(x, "tolist", lambda: x)(), getattr(y, "tolist", lambda: y)()
+        why = _same(x, y, f"{path}[{k!r}]")
+        if why:
+            return why
+    return None
+
+
 def _same(a: Any, b: Any, path: str) -> str | None:
+    if isinstance(a, TensorDictBase) or isinstance(b, TensorDictBase):
+        if not (isinstance(a, TensorDictBase) and isinstance(b, TensorDictBase)):
+            return f"{path}: {type(a).__name__} vs {type(b).__name__}"
+        return _same_tensordict(a, b, path)
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
             return f"{path}: {type(a).__name__} vs {type(b).__name__}"

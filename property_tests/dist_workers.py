@@ -20,7 +20,7 @@ from .compare import assert_same
 from .data import jagged, random_tensor
 from .models import stand_in_model
 
-__all__ = ["global_batch", "shard_bounds", "check_rank", "raise_on_one_rank"]
+__all__ = ["check_rank", "compare_with_verl", "global_batch", "raise_on_one_rank", "shard_bounds"]
 
 MAX_TOKENS = 20
 
@@ -110,3 +110,43 @@ def raise_on_one_rank(rank: int, world: int, port: int, timeout_s: float) -> Non
     if rank == 1:
         raise RuntimeError("rank 1 failed on purpose")
     torch_impl.gather_batch({"model_output": {"x": torch.zeros(2)}, "loss": [], "metrics": {}})
+
+
+def compare_with_verl(rank: int, world: int, port: int) -> None:
+    """Each rank (different lengths per rank) plans with rebatch's and verl's ``rearrange_micro_batches``
+    over the whole group, for several budgets and options: the same partitions on every rank, or both
+    raise. verl builds its all-reduce tensors on ``get_device_name()`` ("cuda" even without a GPU):
+    pointed at the CPU here, as verl's own CPU test does."""
+    import verl.utils.seqlen_balancing as verl_sb
+
+    import torch_impl
+
+    verl_sb.get_device_name = lambda: "cpu"
+    _init(rank, world, port, 60.0)
+    try:
+        rng = np.random.default_rng(100 + rank)
+        for trial in range(12):
+            rows = int(rng.integers(2 + rank, 9 + 2 * rank))
+            lengths = [int(n) for n in rng.choice([1, 2, 3, 5, 8], size=rows)]
+            n = sum(lengths)
+            data = TensorDict({"input_ids": jagged(torch.arange(n), lengths)}, batch_size=[rows])
+            budget = int(rng.integers(8, 14))
+            kwargs = {
+                "dp_group": dist.group.WORLD,
+                "min_num_micro_batch": [None, 2, 3][trial % 3],
+                "num_batches_divided_by": [None, 2][trial % 2],
+                "use_dynamic_bsz_balance": bool(trial % 4),
+            }
+            outcomes = []
+            for fn in (torch_impl.rearrange_micro_batches, verl_sb.rearrange_micro_batches):
+                try:
+                    outcomes.append(("ok", fn(data, budget, **kwargs)[1]))
+                except Exception as err:  # compared below: both raise, or the same partitions
+                    outcomes.append(("raised", type(err).__name__))
+            (ours_kind, ours), (theirs_kind, theirs) = outcomes
+            assert ours_kind == theirs_kind, (rank, trial, outcomes)
+            if ours_kind == "ok":
+                assert ours == theirs, (rank, trial, lengths, budget, kwargs, ours, theirs)
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()

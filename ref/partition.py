@@ -235,8 +235,9 @@ def plan_micro_batches(
         longest_group, neg = sync.max([longest_group, -num_groups])
         fewest_groups = -neg
     if longest_group > max_token_len:
-        raise TokenBudgetError(
-            f"a forced group of {longest_group} tokens exceeds max_token_len={max_token_len} and cannot be split"
+        raise TokenBudgetError(  # verl's words, so that what matches verl's message matches this one
+            "A forced group exceeds max_token_len and cannot be split. "
+            f"Got max_group_token_len={longest_group} and max_token_len={max_token_len}."
         )
     parts: list[Any] = []
     while True:
@@ -244,8 +245,9 @@ def plan_micro_batches(
             who = "a rank of the data-parallel group has" if sync is not None else "there are"
             what = "rows" if fgs == 1 else f"groups of force_group_size={fgs} rows"
             raise TokenBudgetError(
-                f"{count} micro-batches are needed for the token budget of {max_token_len}, "
-                f"but {who} only {fewest_groups} {what}"
+                "Cannot satisfy max_token_len while keeping forced groups atomic and using the same micro-batch "
+                f"count across DP ranks: {count} micro-batches are needed for the token budget of "
+                f"{max_token_len}, but {who} only {fewest_groups} {what}"
             )
         if count > num_groups or count == 0:  # every group alone (each fits: checked above), then padding
             parts = [[g] for g in range(num_groups)] + [PADDING] * (count - num_groups)

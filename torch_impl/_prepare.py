@@ -113,7 +113,7 @@ def prepare_micro_batches(
     micro_batch_size: int | None = None,
     length_key: str | None = None,
     pad_micro_batches: bool = False,
-) -> tuple[list[TensorDictBase], list[Any] | None]:
+) -> tuple[Sequence[TensorDictBase], list[Any] | None]:
     """verl's engine ``prepare_micro_batches``: the micro-batches of ``data`` and their ``indices``.
 
     Called as verl's engines call it, the settings come from ``data`` (non-tensor entries, as verl reads
@@ -121,8 +121,8 @@ def prepare_micro_batches(
     as the token budget, ``micro_batch_size_per_gpu`` without dynamic batch size, and
     ``force_group_size`` (default 1). Dynamic: `rearrange_micro_batches`'s partitions (verl's, in
     verl's order; the count agreed over ``dp_group``). Fixed: consecutive chunks of
-    ``micro_batch_size_per_gpu * force_group_size`` rows, which must divide the batch, and ``indices``
-    None. Either way ``postprocess_batch_func`` on the micro-batches' outputs with these ``indices``
+    ``micro_batch_size_per_gpu * force_group_size`` rows, which must divide the batch (a tuple, as
+    verl's), and ``indices`` None. Either way ``postprocess_batch_func`` on the micro-batches' outputs with these ``indices``
     gives the rows in ``data``'s order.
 
     Keyword-only extensions: ``max_token_len`` (the whole budget) or ``micro_batch_size`` (chunks; the
@@ -150,7 +150,8 @@ def prepare_micro_batches(
             raise UnsupportedSettingError(
                 f"the batch size {b} must be divisible by force_group_size * micro_batch_size_per_gpu = {size}"
             )
-        return split(data, [list(range(i, i + size)) for i in range(0, b, size)]), None
+        # verl chunks the TensorDict (a tuple of micro-batches)
+        return tuple(split(data, [list(range(i, i + size)) for i in range(0, b, size)])), None
     if max_token_len is None:
         per_gpu = read_setting(data, "max_token_len_per_gpu", None)
         if per_gpu is None:

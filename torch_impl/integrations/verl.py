@@ -4,7 +4,10 @@ verl's engines bind ``postprocess_batch_func`` and ``prepare_micro_batches`` at 
 (``from ..utils import postprocess_batch_func, prepare_micro_batches`` in the fsdp, megatron, automodel,
 torchtitan and veomni engines), so replacing them in ``verl.workers.engine.utils`` alone changes none
 of the engines already imported. `install` replaces them there (so every engine imported later binds
-rebatch's) and in every loaded ``verl`` module that bound verl's originals; it is idempotent, and
+rebatch's) and in every loaded ``verl`` module that bound verl's originals; the same for verl's
+partitioner functions (``rearrange_micro_batches``, ``restore_dynamic_batch``,
+``get_seqlen_balanced_partitions``, ``get_group_balanced_partitions`` in ``verl.utils.seqlen_balancing``)
+and ``append_to_dict`` (``verl.utils.py_functional``); it is idempotent, and
 `uninstall` puts verl's originals back wherever `install` replaced them.
 
 verl is imported only when `install` is called. In Ray worker processes (verl's workers are Ray
@@ -22,21 +25,31 @@ import sys
 import threading
 from typing import Any
 
-__all__ = ["ENGINE_UTILS", "install", "installed", "replacements", "uninstall"]
+__all__ = ["ENGINE_UTILS", "PY_FUNCTIONAL", "SEQLEN_BALANCING", "install", "installed", "replacements", "uninstall"]
 
-#: The module verl's engines import the two functions from.
+#: The verl modules whose functions `install` replaces (see `replacements`).
 ENGINE_UTILS = "verl.workers.engine.utils"
+SEQLEN_BALANCING = "verl.utils.seqlen_balancing"
+PY_FUNCTIONAL = "verl.utils.py_functional"
 
 _lock = threading.Lock()
 #: (module name, attribute, verl's original) for every replacement made, to undo them.
 _replaced: list[tuple[str, str, Any]] = []
 
 
-def replacements() -> dict[str, Any]:
-    """verl's name -> rebatch's function that `install` puts in its place."""
-    from torch_impl import postprocess_batch_func, prepare_micro_batches
+def replacements() -> dict[tuple[str, str], Any]:
+    """``(verl module, name) -> rebatch's function`` that `install` puts in verl's place."""
+    import torch_impl
 
-    return {"postprocess_batch_func": postprocess_batch_func, "prepare_micro_batches": prepare_micro_batches}
+    return {
+        (ENGINE_UTILS, "postprocess_batch_func"): torch_impl.postprocess_batch_func,
+        (ENGINE_UTILS, "prepare_micro_batches"): torch_impl.prepare_micro_batches,
+        (SEQLEN_BALANCING, "rearrange_micro_batches"): torch_impl.rearrange_micro_batches,
+        (SEQLEN_BALANCING, "restore_dynamic_batch"): torch_impl.restore_dynamic_batch,
+        (SEQLEN_BALANCING, "get_seqlen_balanced_partitions"): torch_impl.get_seqlen_balanced_partitions,
+        (SEQLEN_BALANCING, "get_group_balanced_partitions"): torch_impl.get_group_balanced_partitions,
+        (PY_FUNCTIONAL, "append_to_dict"): torch_impl.append_to_dict,
+    }
 
 
 def installed() -> bool:
@@ -45,23 +58,25 @@ def installed() -> bool:
 
 
 def install() -> None:
-    """Replace verl's ``postprocess_batch_func`` and ``prepare_micro_batches`` with rebatch's, in
-    ``verl.workers.engine.utils`` and in every loaded ``verl`` module that bound them. Idempotent."""
+    """Replace verl's functions (`replacements`) with rebatch's, in their verl modules and in every
+    loaded ``verl`` module that bound them. Idempotent; `uninstall` undoes it."""
     with _lock:
         if _replaced:
             return
-        utils = importlib.import_module(ENGINE_UTILS)
         ours = replacements()
-        originals = {name: getattr(utils, name) for name in ours}
+        # verl's function -> rebatch's, keyed by identity (verl's functions stay bound in verl's modules)
+        swap = {
+            id(getattr(importlib.import_module(m), n)): (getattr(sys.modules[m], n), f) for (m, n), f in ours.items()
+        }
         for module_name, module in list(sys.modules.items()):
             if module is None or not (module_name == "verl" or module_name.startswith("verl.")):
                 continue
             namespace = vars(module)
-            for name, original in originals.items():
-                for attr, value in list(namespace.items()):
-                    if value is original:
-                        namespace[attr] = ours[name]
-                        _replaced.append((module_name, attr, original))
+            for attr, value in list(namespace.items()):
+                theirs, mine = swap.get(id(value), (None, None))
+                if theirs is not None and value is theirs:
+                    namespace[attr] = mine
+                    _replaced.append((module_name, attr, value))
 
 
 def uninstall() -> None:
