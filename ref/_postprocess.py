@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ._concat import concat
-from ._parts import check_parts, num_rows
+from ._parts import check_invariants, check_parts, num_rows
 from ._permutation import check_permutation
 from ._restore import restore
 from ._x64 import exact
@@ -50,7 +50,7 @@ def postprocess_batch(
 
     model_output: dict[str, Any] = {}
     for key in outs[0] if outs else ():
-        parts = check_parts([mo[key] for mo in outs], key, allow_jagged=pad_mode == "no_padding")
+        parts = check_parts([mo[key] for mo in outs], key, allow_jagged=pad_mode == "no_padding", invariants=False)
         for m, part in enumerate(parts):
             if use_dynamic_bsz:
                 expected = len(list(indices[m]))
@@ -65,6 +65,7 @@ def postprocess_batch(
                     raise ShapeMismatchError(
                         f"{where(key, m)}{num_rows(part)} rows, but key {first_key!r} has {expected} there"
                     )
+        check_invariants(parts, key)
         joined = concat(parts, key=key)
         model_output[key] = restore(joined, indices) if use_dynamic_bsz else joined
 
