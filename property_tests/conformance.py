@@ -43,6 +43,7 @@ ENV_VAR = "REBATCH_CANDIDATE"
 def load_candidate(spec: str | Callable[..., Any]) -> Callable[..., Any]:
     """``module:function`` imported (a callable is returned as it is), adapted to ``postprocess_batch``'s
     call: a function with a ``data`` parameter is called as verl's ``postprocess_batch_func``."""
+    fn: Any
     if callable(spec):
         fn = spec
     else:

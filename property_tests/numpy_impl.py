@@ -48,10 +48,12 @@ def _restore(x: Output, perm: np.ndarray) -> Output:
     if not isinstance(x, NumpyJagged):
         return x[inv]
     starts = x.offsets[:-1].astype(np.int64)
-    lengths = np.diff(x.offsets.astype(np.int64))[inv]
+    lengths: np.ndarray = np.diff(x.offsets.astype(np.int64))[inv]
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     # value t of output row r is value (t - offsets[r]) of source row inv[r]
-    index = np.arange(int(offsets[-1]), dtype=np.int64) + np.repeat(starts[inv] - offsets[:-1], lengths)
+    index = np.arange(int(offsets[-1]), dtype=np.int64) + np.repeat(
+        starts[inv] - offsets[:-1], lengths.astype(np.int64)
+    )
     return NumpyJagged(x.values[index], offsets)
 
 

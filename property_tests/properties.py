@@ -71,7 +71,7 @@ def postprocess_agrees_with_numpy(case: MicrobatchOutputs) -> None:
     bit: each key's layout, dtype, values and offsets, the losses and the metrics."""
     from . import numpy_impl
 
-    kwargs = {"use_dynamic_bsz": case.use_dynamic_bsz, "pad_mode": case.pad_mode}
+    kwargs: dict[str, Any] = {"use_dynamic_bsz": case.use_dynamic_bsz, "pad_mode": case.pad_mode}
     got = torch_postprocess(case.output_lst, case.indices, **kwargs)
     want = numpy_impl.postprocess_batch(numpy_impl.to_numpy_tree(case.output_lst), case.indices, **kwargs)
     assert set(got["model_output"]) == set(want["model_output"]), "keys"
@@ -81,9 +81,13 @@ def postprocess_agrees_with_numpy(case: MicrobatchOutputs) -> None:
         assert result.dtype == like.dtype, f"{key}: dtype {result.dtype}, input {like.dtype}"
         assert result.is_nested == like.is_nested, f"{key}: layout"
         actual = numpy_impl.from_torch(result)
-        pairs = zip(actual, expected, strict=True) if like.is_nested else [(actual, expected)]
+        pairs: list[tuple[Any, Any]] = (
+            list(zip(actual, expected, strict=True)) if like.is_nested else [(actual, expected)]
+        )
         for a, e in pairs:
-            assert a.shape == e.shape and a.dtype == e.dtype and np.array_equal(a, e), f"{key}: differs from NumPy"
+            assert a.shape == e.shape, f"{key}: shape {a.shape}, NumPy {e.shape}"
+            assert a.dtype == e.dtype, f"{key}: dtype {a.dtype}, NumPy {e.dtype}"
+            assert np.array_equal(a, e), f"{key}: values differ from NumPy's"
     assert_same(got["loss"], want["loss"])
     assert_same(got["metrics"], want["metrics"])
 

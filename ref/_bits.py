@@ -5,6 +5,9 @@ XLA may canonicalise NaNs when it moves some float types (seen: bfloat16 ``conca
 reinterprets back afterwards: every bit, NaN payloads included, arrives unchanged. A custom JVP keeps
 the move differentiable in both modes: its tangent is the same move applied to the tangents (``jvp``,
 ``jacfwd``), and JAX transposes that linear move for reverse mode (``vjp``, ``grad``, ``jacrev``).
+One exception: float64 data of a caller without ``jax_enable_x64`` (possible only because ``ref`` makes
+64-bit data in its own scope) takes a custom VJP, whose backward pass runs in a 64-bit scope; forward
+mode there needs the caller's ``jax_enable_x64``, as any float64 ``jacfwd`` in JAX does.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from ._x64 import caller_x64
 from .dtypes import bits_dtype
 
 __all__ = ["move"]
@@ -45,14 +49,41 @@ def _jvp(fn: Mover, primals: tuple[Any, ...], tangents: tuple[Any, ...]) -> tupl
     return _on_bits(fn, arrays, *args), fn(list(tangent_arrays), *args)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _exact_float_move_rev(fn: Mover, arrays: Sequence[jax.Array], *args: Any) -> jax.Array:
+    return _on_bits(fn, arrays, *args)
+
+
+def _fwd(fn: Mover, arrays: Sequence[jax.Array], *args: Any) -> tuple[jax.Array, Any]:
+    return _on_bits(fn, arrays, *args), (arrays, args)
+
+
+def _bwd(fn: Mover, residual: Any, cotangent: jax.Array) -> tuple[Any, ...]:
+    arrays, args = residual
+    with jax.enable_x64(True):  # the backward pass runs outside the forward's scoped 64-bit context
+        _, transpose = jax.vjp(lambda xs: fn(xs, *args), arrays)
+        (grads,) = transpose(cotangent)
+    return (grads, *(None for _ in args))
+
+
+_exact_float_move_rev.defvjp(_fwd, _bwd)
+
+
 def move(fn: Mover, arrays: Sequence[jax.Array], *args: Any) -> jax.Array:
     """``fn(arrays, *args)``, bit-exact: floats move as their bit patterns (differentiable in ``arrays``).
 
     ``fn`` must be a module-level function that only moves data (gather, concatenate, index) and takes
     its index arrays as ``args``; all ``arrays`` share one dtype.
     """
-    if not jnp.issubdtype(arrays[0].dtype, jnp.floating):
+    dtype = jnp.dtype(arrays[0].dtype)
+    if not jnp.issubdtype(dtype, jnp.floating):
         return fn(list(arrays), *args)
+    if dtype.itemsize == 8 and not caller_x64():
+        # float64 for a caller without 64-bit types: JAX's own transpose (reverse mode) would build
+        # float64 zeros in the caller's 32-bit configuration, so reverse mode uses a custom VJP whose
+        # backward runs in a 64-bit scope; forward mode (jvp, jacfwd) of float64 needs the caller's
+        # jax_enable_x64, as it does everywhere in JAX.
+        return _exact_float_move_rev(fn, list(arrays), *args)
     return _exact_float_move(fn, list(arrays), *args)
 
 

@@ -288,3 +288,12 @@ def test_output_offsets_are_int64_in_both() -> None:
     assert ref.postprocess_batch([{"model_output": {"v": x}}], [[1, 0]])["model_output"]["v"].offsets.dtype == jnp.int64
     got = torch_impl.postprocess_batch([{"model_output": {"v": nt32}}], [[1, 0]])["model_output"]["v"]
     assert got.offsets().dtype == torch.int64
+
+
+def test_float64_jvp_with_caller_x64() -> None:
+    with jax.enable_x64(True):
+        v = jnp.arange(3.0, dtype=jnp.float64)
+        _, t = jax.jvp(lambda a: ref.take(a, [2, 0, 1]), (v,), (v + 1,))
+        assert t.dtype == jnp.float64
+        assert t.tolist() == [3.0, 1.0, 2.0]
+    # without the caller's x64, float64 reverse mode (vjp) is covered by the property gradients_match_vjp
