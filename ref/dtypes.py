@@ -28,8 +28,9 @@ def bits_dtype(itemsize: int, *, dtype: object = None) -> str:
 
 
 #: The dtypes rebatch moves, by name (the same in JAX, NumPy and torch where the framework has them):
-#: bool, the integers and the floats (float8 variants included) of 1, 2, 4 or 8 bytes, moved bit for bit.
-#: Complex, sub-byte (int4, float4) and other dtypes are refused (`UnsupportedSettingError`).
+#: bool, the integers and the floats (float8 variants included) of 1, 2, 4 or 8 bytes, moved bit for bit,
+#: and complex64/complex128 (moved as values). Sub-byte (int4, uint1, float4), quantized and other
+#: dtypes are refused (`UnsupportedSettingError`).
 SUPPORTED_DTYPES: frozenset[str] = frozenset(
     {
         "bool",
@@ -47,6 +48,8 @@ SUPPORTED_DTYPES: frozenset[str] = frozenset(
         "float8_e5m2fnuz",
         "float8_e3m4",
         "float8_e8m0fnu",
+        "complex64",
+        "complex128",
     }
 )
 
@@ -57,5 +60,6 @@ def check_dtype(dtype: object, *, at: str = "") -> None:
     name = str(dtype).removeprefix("torch.")
     if name not in SUPPORTED_DTYPES:
         raise UnsupportedSettingError(
-            f"{at}dtype {name} is not supported: rebatch moves bool, integer and floating dtypes of 1, 2, 4 or 8 bytes"
+            f"{at}dtype {name} is not supported: rebatch moves bool, integer, floating and complex dtypes "
+            "of whole bytes (ref.dtypes.SUPPORTED_DTYPES)"
         )

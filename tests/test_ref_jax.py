@@ -229,13 +229,15 @@ def test_float8_moves_exactly_in_ref(dtype: str) -> None:
 
 
 def test_unsupported_dtypes_raise_a_rebatch_error_in_both() -> None:
-    for x in (jnp.zeros((2, 3), jnp.complex64), jnp.zeros((2,), jnp.int4)):
-        with pytest.raises(ref.UnsupportedSettingError, match=r"dtype (complex64|int4) is not supported"):
+    for x in (jnp.zeros((2, 3), jnp.float4_e2m1fn), jnp.zeros((2,), jnp.int4)):
+        with pytest.raises(ref.UnsupportedSettingError, match=r"dtype (float4_e2m1fn|int4) is not supported"):
             ref.restore(x, [[1, 0]])
-    dense = torch.zeros(2, 3, dtype=torch.complex64)
-    for impl, arg in ((torch_impl.postprocess_batch, dense), (ref.postprocess_batch, to_ref(dense))):
-        with pytest.raises(ref.UnsupportedSettingError, match=r"key 'c', micro-batch 0: dtype complex64"):
-            impl([{"model_output": {"c": arg}}], [[1, 0]])
+    with pytest.raises(ref.UnsupportedSettingError, match=r"key 'c', micro-batch 0: dtype int4"):
+        ref.postprocess_batch([{"model_output": {"c": jnp.zeros((2,), jnp.int4)}}], [[1, 0]])
+    with pytest.raises(ref.UnsupportedSettingError, match=r"key 'c', micro-batch 0: dtype uint1"):
+        torch_impl.postprocess_batch([{"model_output": {"c": torch.zeros(2, dtype=torch.uint1)}}], [[1, 0]])
+    assert torch_impl.postprocess_batch([{"model_output": {"c": torch.zeros(2, dtype=torch.complex64)}}], [[1, 0]])
+    assert ref.restore(jnp.zeros((2,), jnp.complex64), [[1, 0]]).dtype == jnp.complex64
 
 
 def test_interop_copy_does_not_alias() -> None:
