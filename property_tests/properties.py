@@ -66,6 +66,32 @@ def postprocess_agrees(case: MicrobatchOutputs) -> None:
         )
 
 
+def postprocess_agrees_with_numpy(case: MicrobatchOutputs) -> None:
+    """torch_impl (or the conformance candidate) == the plain-NumPy implementation (`numpy_impl`), bit for
+    bit: each key's layout, dtype, values and offsets, the losses and the metrics."""
+    from . import numpy_impl
+
+    kwargs: dict[str, Any] = {"use_dynamic_bsz": case.use_dynamic_bsz, "pad_mode": case.pad_mode}
+    got = torch_postprocess(case.output_lst, case.indices, **kwargs)
+    want = numpy_impl.postprocess_batch(numpy_impl.to_numpy_tree(case.output_lst), case.indices, **kwargs)
+    assert set(got["model_output"]) == set(want["model_output"]), "keys"
+    for key, expected in want["model_output"].items():
+        result = got["model_output"][key]
+        like = next(o["model_output"][key] for o in case.output_lst if "model_output" in o)
+        assert result.dtype == like.dtype, f"{key}: dtype {result.dtype}, input {like.dtype}"
+        assert result.is_nested == like.is_nested, f"{key}: layout"
+        actual = numpy_impl.from_torch(result)
+        pairs: list[tuple[Any, Any]] = (
+            list(zip(actual, expected, strict=True)) if like.is_nested else [(actual, expected)]
+        )
+        for a, e in pairs:
+            assert a.shape == e.shape, f"{key}: shape {a.shape}, NumPy {e.shape}"
+            assert a.dtype == e.dtype, f"{key}: dtype {a.dtype}, NumPy {e.dtype}"
+            assert np.array_equal(a, e), f"{key}: values differ from NumPy's"
+    assert_same(got["loss"], want["loss"])
+    assert_same(got["metrics"], want["metrics"])
+
+
 def every_kernel_agrees(drawn: tuple[MicrobatchOutputs, str]) -> None:
     """Each data-movement path of torch_impl, forced on, gives the original rows bit for bit (row
     copies on and off the copy threads, element indices in one chunk per micro-batch or one value each)."""
@@ -305,6 +331,9 @@ PROPERTIES: dict[str, Property] = {
     p.name: p
     for p in [
         Property("postprocess_agrees", microbatch_outputs(use_dynamic_bsz=None), postprocess_agrees),
+        Property(
+            "postprocess_agrees_with_numpy", microbatch_outputs(use_dynamic_bsz=None), postprocess_agrees_with_numpy
+        ),
         Property(
             "every_kernel_agrees",
             st.tuples(microbatch_outputs(use_dynamic_bsz=None), st.sampled_from(sorted(KERNELS))),

@@ -39,6 +39,7 @@ from .partition import (
 from .structure import PADDING as PADDING
 
 if TYPE_CHECKING:
+    from ._checked import checked as checked
     from ._concat import concat as concat
     from ._jagged import Jagged as Jagged, validate_jagged as validate_jagged
     from ._permutation import flatten_partitions as flatten_partitions, inverse_permutation as inverse_permutation
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "Jagged": "._jagged",
     "validate_jagged": "._jagged",
+    "checked": "._checked",
     "concat": "._concat",
     "take": "._take",
     "inverse_permutation": "._permutation",

@@ -23,7 +23,12 @@ def concat(parts: Sequence[Part], *, key: Any = None) -> Part:
 
     ``parts``: `Jagged` ``[b_m, (j), *F]`` or dense ``[b_m, *F]``, all of one layout, dtype, device and
     trailing shape (checked by `check_parts`; ``key`` only names the output in error messages).
-    Returns ``[sum(b_m), (j), *F]`` (jagged) or ``[sum(b_m), *F]`` (dense).
+    Returns ``[sum(b_m), (j), *F]`` (jagged, offsets int64) or ``[sum(b_m), *F]`` (dense).
+
+    >>> parts = [Jagged.from_rows([[1, 2], []]), Jagged.from_rows([[3], [4, 5]])]
+    >>> rows_of = lambda y: [r.tolist() for r in y.rows()]
+    >>> rows_of(concat(parts)) == [row for p in parts for row in rows_of(p)]
+    True
     """
     checked = check_parts(parts, key)
     if not checked:

@@ -6,7 +6,8 @@ Layout ``[B, (j), *F]``: ``values`` has shape ``[N, *F]`` and ``offsets`` shape 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -97,24 +98,39 @@ class Jagged:
         return obj
 
     @classmethod
-    @exact
     def from_rows(cls, rows: Sequence[Any], *, dtype: Any = None, feature_shape: tuple[int, ...] = ()) -> Jagged:
-        """``Jagged`` whose ``rows()`` are ``rows`` (each ``[len_i, *F]``).
+        """``Jagged`` whose ``rows()`` are ``rows`` (each ``[len_i, *F]``, an array or a nested list).
 
-        ``dtype`` and ``feature_shape`` give the type of an empty batch (no rows); otherwise ``dtype``
-        defaults to the rows' dtype.
+        The dtype is ``dtype`` when given; otherwise the rows' common dtype by JAX's promotion, where an
+        empty row never counts and a row given as a Python list takes JAX's default dtype for its values
+        (int32 and float32 unless the caller enabled ``jax_enable_x64``); array rows keep theirs (int64 and
+        float64 too). With no non-empty row it is JAX's default float dtype. ``feature_shape`` gives the
+        trailing shape of a batch without non-empty rows; an empty row takes the others' trailing shape.
+
+        >>> rows = [[1, 2], [], [3]]
+        >>> x = Jagged.from_rows(rows)
+        >>> [r.tolist() for r in x.rows()] == rows, str(x.dtype)
+        (True, 'int32')
         """
-        arrays = [jnp.asarray(r) for r in rows]
-        if not arrays:
-            return cls(jnp.zeros((0, *feature_shape), dtype=dtype or jnp.float32), jnp.zeros((1,), jnp.int64))
-        lengths = [a.shape[0] if a.ndim else -1 for a in arrays]
-        if min(lengths) < 0:
-            i = lengths.index(-1)
-            raise InvalidJaggedError(f"row {i} must have at least 1 dimension, got a scalar")
-        values = jnp.concatenate(arrays, axis=0)
-        if dtype is not None:
-            values = values.astype(dtype)
-        return cls.from_lengths(values, lengths)
+        default_float = jnp.asarray(0.0).dtype  # JAX's default, in the caller's configuration
+        arrays = [np.asarray(r) if hasattr(r, "dtype") else np.asarray(jnp.asarray(r)) for r in rows]
+        for i, a in enumerate(arrays):
+            if a.ndim == 0:
+                raise InvalidJaggedError(f"row {i} must have at least 1 dimension, got a scalar")
+        filled = [a for a in arrays if a.size or a.ndim > 1]
+        with jax.enable_x64(True):
+            if dtype is None:
+                dtype = functools.reduce(jnp.promote_types, [a.dtype for a in filled]) if filled else default_float
+            dtype = jnp.dtype(dtype)
+            if filled:
+                feature_shape = tuple(filled[0].shape[1:])
+            pieces = [a.reshape(0, *feature_shape) if not (a.size or a.ndim > 1) else a for a in arrays]
+            values = (
+                np.concatenate([a.astype(dtype, copy=False) for a in pieces], axis=0)
+                if pieces
+                else np.zeros((0, *feature_shape), dtype=dtype)
+            )
+            return cls.from_lengths(jnp.asarray(values), [a.shape[0] for a in pieces])
 
     @classmethod
     @exact
@@ -126,6 +142,18 @@ class Jagged:
             i = int(np.argmax(np.asarray(lengths) < 0))
             raise InvalidJaggedError(f"row lengths must be non-negative, got lengths[{i}] = {int(lengths[i])}")
         return cls(values, offsets)
+
+    def map_values(self, fn: Callable[[jax.Array], Any]) -> Jagged:
+        """The same rows with ``fn`` applied to the values: ``Jagged(fn(values), offsets)``, validated.
+
+        Use it (not ``jax.tree_util.tree_map``, which maps the offsets too: ``tree_map(lambda a: a * 2, x)``
+        doubles them) for elementwise work on jagged data. ``fn`` must keep the packed length ``N``.
+
+        >>> x = Jagged.from_rows([[1, 2], [], [3]])
+        >>> [r.tolist() for r in x.map_values(lambda v: v * 2).rows()] == [[2 * a for a in r] for r in [[1, 2], [], [3]]]
+        True
+        """
+        return Jagged(fn(self.values), self.offsets)
 
     @property
     def num_rows(self) -> int:

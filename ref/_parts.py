@@ -8,10 +8,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ._jagged import Jagged, is_concrete
+from ._jagged import Jagged, is_concrete, validate_jagged
+from .dtypes import check_dtype
 from .errors import DeviceMismatchError, DtypeMismatchError, ShapeMismatchError, UnsupportedSettingError, where
 
-__all__ = ["check_parts", "num_rows", "Part"]
+__all__ = ["check_parts", "check_invariants", "num_rows", "Part"]
 
 Part = Jagged | jax.Array
 
@@ -32,13 +33,30 @@ def _describe(x: Part) -> str:
     return "jagged" if isinstance(x, Jagged) else "dense"
 
 
-def check_parts(parts: Sequence[Any], key: Any = None, *, allow_jagged: bool = True) -> list[Part]:
+def check_invariants(parts: Sequence[Part], key: Any = None) -> None:
+    """The jagged invariants of each `Jagged` part, in micro-batch order (`InvalidJaggedError`).
+
+    Every operation runs this on its inputs, however a `Jagged` was built (its constructor,
+    ``tree_unflatten``, ``jax.tree_util.tree_map``, a ``jax.jit`` output): the values-reading invariants
+    when the offsets are concrete, the others always.
+    """
+    for m, part in enumerate(parts):
+        if isinstance(part, Jagged):
+            validate_jagged(part.values, part.offsets, key=key, micro_batch=m)
+
+
+def check_parts(
+    parts: Sequence[Any], key: Any = None, *, allow_jagged: bool = True, invariants: bool = True
+) -> list[Part]:
     """``parts`` as `Jagged` or ``jax.Array``, checked to agree with ``parts[0]``.
 
     For each micro-batch ``m`` in order: a dense part needs a leading batch dimension
     (`ShapeMismatchError`); a jagged part needs ``allow_jagged`` (`UnsupportedSettingError`); then,
-    against micro-batch 0: the layout (`ShapeMismatchError`), the dtype (`DtypeMismatchError`), the device
-    (`DeviceMismatchError`) and the trailing shape (`ShapeMismatchError`).
+    against micro-batch 0: the layout (`ShapeMismatchError`), the dtype (`DtypeMismatchError`), the
+    device (`DeviceMismatchError`) and the trailing shape (`ShapeMismatchError`). Then the common dtype
+    must be supported (`UnsupportedSettingError`, `ref.dtypes.SUPPORTED_DTYPES`); then, with ``invariants``,
+    the jagged invariants of every part (`check_invariants`; ``postprocess_batch`` runs them itself,
+    after the row counts).
     """
     out: list[Part] = []
     for m, part in enumerate(parts):
@@ -65,4 +83,8 @@ def check_parts(parts: Sequence[Any], key: Any = None, *, allow_jagged: bool = T
             if trail != trail0:
                 raise ShapeMismatchError(f"{at}trailing shape {trail} differs from micro-batch 0's {trail0}")
         out.append(x)
+    if out:
+        check_dtype(out[0].dtype, at=where(key, 0))
+    if invariants:
+        check_invariants(out, key)
     return out

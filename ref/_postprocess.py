@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ._concat import concat
-from ._parts import check_parts, num_rows
+from ._parts import check_invariants, check_parts, num_rows
 from ._permutation import check_permutation
 from ._restore import restore
 from ._x64 import exact
@@ -39,7 +39,19 @@ def postprocess_batch(
 
     Checked in this order, each check raising its `RebatchError` subclass: settings; outputs are dicts
     and carry the same keys; one partition per micro-batch; the partitions form a permutation; then per
-    key and micro-batch: layout, dtype, device, trailing shape, and row count against the partition.
+    key: layout, dtype, device and trailing shape of every micro-batch, the dtype supported, every
+    micro-batch's row count (against its partition, or without dynamic batching against the first
+    key's), then every micro-batch's jagged invariants. Jagged results have int64 offsets.
+
+    >>> lp = [Jagged.from_rows([[1.0], [2.0, 3.0]]), Jagged.from_rows([[4.0, 5.0, 6.0]])]
+    >>> indices = [[2, 0], [1]]
+    >>> out = postprocess_batch([{"model_output": {"lp": p}, "loss": m} for m, p in enumerate(lp)], indices)
+    >>> joined = [r.tolist() for p in lp for r in p.rows()]
+    >>> perm = [i for p in indices for i in p]
+    >>> [r.tolist() for r in out["model_output"]["lp"].rows()] == [joined[perm.index(i)] for i in range(3)]
+    True
+    >>> out["loss"], str(out["model_output"]["lp"].offsets.dtype)
+    ([0, 1], 'int64')
     """
     use_dynamic_bsz = check_settings(use_dynamic_bsz, pad_mode, indices)
     output_lst, indices = drop_padding(output_lst, indices)
@@ -50,7 +62,7 @@ def postprocess_batch(
 
     model_output: dict[str, Any] = {}
     for key in outs[0] if outs else ():
-        parts = check_parts([mo[key] for mo in outs], key, allow_jagged=pad_mode == "no_padding")
+        parts = check_parts([mo[key] for mo in outs], key, allow_jagged=pad_mode == "no_padding", invariants=False)
         for m, part in enumerate(parts):
             if use_dynamic_bsz:
                 expected = len(list(indices[m]))
@@ -65,6 +77,7 @@ def postprocess_batch(
                     raise ShapeMismatchError(
                         f"{where(key, m)}{num_rows(part)} rows, but key {first_key!r} has {expected} there"
                     )
+        check_invariants(parts, key)
         joined = concat(parts, key=key)
         model_output[key] = restore(joined, indices) if use_dynamic_bsz else joined
 

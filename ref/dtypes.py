@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .errors import UnsupportedSettingError
 
-__all__ = ["BITS_DTYPE", "bits_dtype"]
+__all__ = ["BITS_DTYPE", "SUPPORTED_DTYPES", "bits_dtype", "check_dtype"]
 
 #: The integer dtype (by name, the same in JAX, NumPy and torch) whose items are as wide as a dtype's
 #: items, by item size in bytes.
@@ -25,3 +25,41 @@ def bits_dtype(itemsize: int, *, dtype: object = None) -> str:
         raise UnsupportedSettingError(
             f"{what}has {itemsize}-byte items; supported widths: {sorted(BITS_DTYPE)}"
         ) from None
+
+
+#: The dtypes rebatch moves, by name (the same in JAX, NumPy and torch where the framework has them):
+#: bool, the integers and the floats (float8 variants included) of 1, 2, 4 or 8 bytes, moved bit for bit,
+#: and complex64/complex128 (moved as values). Sub-byte (int4, uint1, float4), quantized and other
+#: dtypes are refused (`UnsupportedSettingError`).
+SUPPORTED_DTYPES: frozenset[str] = frozenset(
+    {
+        "bool",
+        *(f"int{w}" for w in (8, 16, 32, 64)),
+        *(f"uint{w}" for w in (8, 16, 32, 64)),
+        "float16",
+        "bfloat16",
+        "float32",
+        "float64",
+        "float8_e4m3fn",
+        "float8_e4m3fnuz",
+        "float8_e4m3b11fnuz",
+        "float8_e4m3",
+        "float8_e5m2",
+        "float8_e5m2fnuz",
+        "float8_e3m4",
+        "float8_e8m0fnu",
+        "complex64",
+        "complex128",
+    }
+)
+
+
+def check_dtype(dtype: object, *, at: str = "") -> None:
+    """`UnsupportedSettingError` unless ``dtype`` (a JAX, NumPy or torch dtype, or its name) is one of
+    `SUPPORTED_DTYPES`; ``at`` is the location prefix of the message (`ref.errors.where`)."""
+    name = str(dtype).removeprefix("torch.")
+    if name not in SUPPORTED_DTYPES:
+        raise UnsupportedSettingError(
+            f"{at}dtype {name} is not supported: rebatch moves bool, integer, floating and complex dtypes "
+            "of whole bytes (ref.dtypes.SUPPORTED_DTYPES)"
+        )

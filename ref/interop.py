@@ -5,6 +5,11 @@
 allows), keep the dtype bit for bit (bool, uint8, int8/16/32/64, float16, bfloat16, float32, float64)
 and run under a scoped 64-bit context, so int64 and float64 survive whatever the caller's
 ``jax_enable_x64`` is, and that setting is left as it was.
+
+Aliasing: by default both directions share memory (no copy) where DLPack allows. JAX treats arrays as
+immutable, so after ``x = from_torch(t)`` an in-place change of ``t`` (``t.add_(1)``) changes ``x``,
+and one of ``to_torch(x)`` changes ``x``. Pass ``copy=True`` when the tensor may change afterwards
+(the result then owns its memory).
 """
 
 from __future__ import annotations
@@ -23,25 +28,30 @@ from .errors import InvalidJaggedError, where
 __all__ = ["from_torch", "to_torch", "tree_from_torch", "tree_to_torch", "outputs_from_torch"]
 
 
-def _to_jax(t: torch.Tensor) -> jax.Array:
+def _to_jax(t: torch.Tensor, copy: bool = False) -> jax.Array:
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
+    elif copy:
+        t = t.clone(memory_format=torch.contiguous_format)
     if not t.is_contiguous():
         t = t.contiguous()
     return jax.dlpack.from_dlpack(t)
 
 
 @exact
-def from_torch(t: torch.Tensor, *, key: Any = None, micro_batch: int | None = None) -> Jagged | jax.Array:
+def from_torch(
+    t: torch.Tensor, *, copy: bool = False, key: Any = None, micro_batch: int | None = None
+) -> Jagged | jax.Array:
     """A jagged NJT ``[B, (j), *F]`` as `Jagged`; a dense tensor ``[B, *F]`` as ``jax.Array`` (same bits).
 
-    ``key`` and ``micro_batch`` only name the tensor in `InvalidJaggedError` messages.
+    Shares ``t``'s memory unless ``copy`` (see the module's note on aliasing). ``key`` and
+    ``micro_batch`` only name the tensor in `InvalidJaggedError` messages.
     """
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"from_torch takes a torch.Tensor, got {type(t).__name__}")
     if not t.is_nested:
-        return _to_jax(t)
+        return _to_jax(t, copy)
     at = where(key, micro_batch)
     if t.layout != torch.jagged:
         raise InvalidJaggedError(f"{at}a nested tensor must use the jagged layout, got {t.layout}")
@@ -50,20 +60,25 @@ def from_torch(t: torch.Tensor, *, key: Any = None, micro_batch: int | None = No
         raise InvalidJaggedError(f"{at}the ragged dimension must be 1, got {nested._ragged_idx}")
     if nested.lengths() is not None:
         nested = nested.contiguous()
-    return Jagged(_to_jax(nested.values()), _to_jax(nested.offsets()), key=key, micro_batch=micro_batch)
+    values, offsets = _to_jax(nested.values(), copy), _to_jax(nested.offsets(), copy)
+    return Jagged(values, offsets, key=key, micro_batch=micro_batch)
 
 
-def _to_tensor(x: jax.Array) -> torch.Tensor:
-    return torch.from_dlpack(x)
+def _to_tensor(x: jax.Array, copy: bool = False) -> torch.Tensor:
+    t = torch.from_dlpack(x)
+    return t.clone() if copy else t
 
 
 @exact
-def to_torch(x: Jagged | jax.Array) -> torch.Tensor:
-    """A `Jagged` as a jagged NJT (int64 offsets), a ``jax.Array`` as a tensor (same bits)."""
+def to_torch(x: Jagged | jax.Array, *, copy: bool = False) -> torch.Tensor:
+    """A `Jagged` as a jagged NJT (int64 offsets), a ``jax.Array`` as a tensor (same bits).
+
+    Shares ``x``'s memory unless ``copy`` (see the module's note on aliasing).
+    """
     if isinstance(x, Jagged):
-        offsets = _to_tensor(jnp.asarray(x.offsets, jnp.int64))
-        return torch.nested.nested_tensor_from_jagged(_to_tensor(x.values), offsets)
-    return _to_tensor(jnp.asarray(x))
+        offsets = _to_tensor(jnp.asarray(x.offsets, jnp.int64), copy)
+        return torch.nested.nested_tensor_from_jagged(_to_tensor(x.values, copy), offsets)
+    return _to_tensor(jnp.asarray(x), copy)
 
 
 def tree_from_torch(tree: Any) -> Any:

@@ -86,3 +86,14 @@ def test_large_grid_is_the_full_grid_at_64m_elements_and_more() -> None:
     assert large
     assert all(c.elements >= LARGE_ELEMENTS and c.micro_batches == 16 for c in large)
     assert {c for c in grid("full") if c.elements >= LARGE_ELEMENTS and c.micro_batches == 16} == set(large)
+
+
+def test_restore_side_by_side_row_on_a_tiny_size() -> None:
+    """The harness's jit(ref.restore) against torch_impl.restore row runs and checks bit-equality (a
+    tiny size: the ratio itself is measured only by the benchmark run)."""
+    from rebatch.bench.run import restore_markdown, restore_side_by_side
+
+    row = restore_side_by_side(64, 4096, 4)
+    assert set(row["seconds"]) == {"torch_impl_restore", "jax_ref_restore_jit"}
+    assert row["jit_over_torch"] > 0
+    assert "jit(ref.restore)" in "\n".join(restore_markdown(row))

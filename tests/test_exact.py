@@ -89,14 +89,23 @@ def test_jit_concat_take_restore_equal_eager() -> None:
     pairs = [
         (lambda a, b: ref.concat([a, b]), parts),
         (lambda a: ref.take(a, [3, 0, 4, 1, 2]), (x,)),
-        (lambda a, p: ref.take(a, p), (x, perm)),
         (lambda a: ref.restore(a, [[4, 1], [0, 3, 2]]), (x,)),
     ]
     for fn, args in pairs:
         eager = interop.to_torch(fn(*args))
         jitted = interop.to_torch(jax.jit(fn)(*args))
         assert_same(jitted, eager)
+    traced = [(lambda a, p: ref.take(a, p), (x, perm)), (lambda a, p: ref.restore(a, p), (x, perm))]
+    for fn, args in traced:  # traced indices: checked in the compiled program, through ref.checked
+        assert_same(interop.to_torch(ref.checked(fn)(*args)), interop.to_torch(fn(*args)))
     assert not jax.config.jax_enable_x64
+
+
+def test_traced_indices_in_a_plain_jit_are_refused_not_trusted() -> None:
+    """Without checkify (ref.checked), a traced index array cannot be checked, so it is refused when traced."""
+    x = _jagged_example()
+    with pytest.raises(ValueError, match="checkify"):
+        jax.jit(lambda a, p: ref.take(a, p))(x, jnp.asarray([3, 0, 4, 1, 2]))
 
 
 def test_jit_restore_dense() -> None:

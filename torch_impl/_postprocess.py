@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from tensordict import NonTensorData, TensorDictBase
 
+from ref.dtypes import check_dtype
 from ref.errors import PartitionMismatchError, ShapeMismatchError, where
 from ref.metrics import fold_metrics
 from ref.structure import check_partition_count, check_settings, drop_padding, model_outputs
@@ -70,6 +71,8 @@ def _assemble_keys(
     first_rows: list[int] = []
     for key in keys:
         parts = check_parts([mo[key] for mo in outs], key, allow_jagged=pad_mode == "no_padding")
+        if parts:
+            check_dtype(parts[0].values.dtype, at=where(key, 0))
         if key == keys[0]:
             first_rows = [p.rows for p in parts]
         for m, part in enumerate(parts):

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 import torch_impl
@@ -114,6 +115,79 @@ def _jax_reference(outs: list[dict[str, Any]], indices: list[list[int]]) -> Call
         return jax.block_until_ready(fn(converted))
 
     return run
+
+
+#: The side-by-side restore row's size by grid: B rows, N values, M micro-batches (issue #15's size
+#: everywhere but the test grids).
+RESTORE_SIZES: dict[str, tuple[int, int, int]] = {"smoke": (64, 4096, 4), "quick": (1024, 2**16, 4)}
+RESTORE_SIZE = (16384, 2**20, 4)
+
+
+def restore_side_by_side(rows: int, elements: int, micro_batches: int, *, seed: int = 0) -> dict[str, Any]:
+    """``jax.jit(ref.restore)`` against ``torch_impl.restore`` on the same data (CPU): one jagged float32
+    batch ``[B, (j)]`` of N values in micro-batch order and its partitions. The JAX side takes the
+    permutation as a traced argument (``ref.checked``: compiled once for every permutation, its values
+    checked in the compiled program), compiled and warmed up before timing; the two alternate as in
+    `_median_times`. Results are checked bit-equal first."""
+    import jax
+    import jax.numpy as jnp
+
+    import ref
+    from property_tests.compare import bits
+    from property_tests.data import offsets_of
+    from ref import interop
+
+    rng = np.random.default_rng(seed)
+    lengths = rng.multinomial(elements, np.full(rows, 1.0 / rows))
+    perm = rng.permutation(rows)
+    bounds = np.linspace(0, rows, micro_batches + 1).astype(int)
+    partitions = [sorted(perm[bounds[m] : bounds[m + 1]].tolist()) for m in range(micro_batches)]
+    flat = [i for p in partitions for i in p]
+    offsets = torch.zeros(rows + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(torch.from_numpy(lengths), 0)
+    values = torch.randn(elements, generator=torch.Generator().manual_seed(seed))
+    x = torch.nested.nested_tensor_from_jagged(values, offsets)
+    x_ref = interop.from_torch(x, copy=True)
+    perm_j = jnp.asarray(flat, dtype=jnp.int32)
+    jitted = ref.checked(lambda a, p: ref.restore(a, p))
+
+    def jax_restore() -> Any:
+        return jax.block_until_ready(jitted(x_ref, perm_j))
+
+    def torch_restore() -> Any:
+        return torch_impl.restore(x, partitions)
+
+    want = torch_restore()
+    got = interop.to_torch(jax_restore())
+    if not (torch.equal(bits(got.values()), bits(want.values())) and torch.equal(offsets_of(got), offsets_of(want))):
+        raise AssertionError("jit(ref.restore) and torch_impl.restore differ")
+    seconds = _median_times({"torch_impl_restore": torch_restore, "jax_ref_restore_jit": jax_restore}, "cpu")
+    return {
+        "rows": rows,
+        "elements": elements,
+        "micro_batches": micro_batches,
+        "seconds": seconds,
+        "jit_over_torch": seconds["jax_ref_restore_jit"] / seconds["torch_impl_restore"],
+    }
+
+
+def restore_markdown(row: dict[str, Any]) -> list[str]:
+    s = row["seconds"]
+    verdict = "met" if row["jit_over_torch"] <= 2.0 else "NOT met"
+    return [
+        "## jit(ref.restore) against torch_impl.restore",
+        "",
+        f"B = {row['rows']}, N = {row['elements']}, M = {row['micro_batches']}, float32 jagged, CPU. The JAX "
+        "reference takes the permutation as a traced argument (`ref.checked`, compiled once for every "
+        "permutation, values checked in the compiled program), timed warm; the two alternate in one run "
+        "after a bit-equality check. Target: within 2x of torch_impl.",
+        "",
+        "| torch_impl.restore ms | jit(ref.restore) ms | jit / torch | within 2x |",
+        "|---|---|---|---|",
+        f"| {_fmt_ms(s['torch_impl_restore'])} | {_fmt_ms(s['jax_ref_restore_jit'])} | "
+        f"{row['jit_over_torch']:.2f} | {verdict} |",
+        "",
+    ]
 
 
 def measure(case: Case, device: str = "cpu", *, with_jax: bool = True) -> dict[str, Any]:
@@ -240,6 +314,7 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         *targets(results),
         "",
+        *(restore_markdown(results["restore_side_by_side"]) if results.get("restore_side_by_side") else []),
         "![time against B](benchmarks.png)",
         "",
         "| B | mean len | M | keys | dtype | jagged | torch_impl ms | baseline ms | copy ms | JAX ms | speed-up vs baseline | x copy | torch_impl peak MiB | baseline peak MiB | output MiB | peak / output | torch_impl RSS MiB | baseline RSS MiB |",
@@ -336,6 +411,13 @@ def run_bench(
             file=sys.stderr,
             flush=True,
         )
+    if with_jax and device == "cpu":
+        size = RESTORE_SIZES.get(name, RESTORE_SIZE)
+        results["restore_side_by_side"] = restore_side_by_side(*size)
+        print(
+            f"jit(ref.restore) / torch_impl.restore: {results['restore_side_by_side']['jit_over_torch']:.2f}",
+            file=sys.stderr,
+        )
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "benchmarks.json").write_text(json.dumps(results, indent=1))
@@ -357,7 +439,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="docs")
     parser.add_argument("--no-jax", action="store_true", help="leave out the JAX reference")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--restore-only",
+        action="store_true",
+        help="only the side-by-side row, jit(ref.restore) against torch_impl.restore (B=16384, N=2^20, M=4)",
+    )
     args = parser.parse_args(argv)
+    if args.restore_only:
+        row = restore_side_by_side(*RESTORE_SIZE)
+        print("\n".join(restore_markdown(row)))
+        return 0
     return run_bench(device=args.device, out=args.out, as_json=args.json, grid_name=args.grid, with_jax=not args.no_jax)
 
 

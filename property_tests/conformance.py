@@ -1,0 +1,133 @@
+"""Run the differential properties against any candidate ``postprocess_batch``: a conformance suite.
+
+As array-api-tests runs against any array namespace, this runs the properties that compare
+``postprocess_batch`` results with the oracles (the original rows, ``ref``, the plain-NumPy
+implementation `property_tests.numpy_impl`, verl's algorithm where it applies, and the error classes of
+the table of defects) against a candidate named ``module:function``::
+
+    python -m property_tests.conformance --candidate torch_impl:postprocess_batch [--max-examples 100]
+    REBATCH_CANDIDATE=my_pkg.ops:postprocess_batch_func python -m pytest property_tests/test_conformance.py
+
+The candidate is called as ``postprocess_batch(output_lst, indices, *, use_dynamic_bsz, pad_mode)``, or,
+when its signature has a ``data`` parameter, as verl's ``postprocess_batch_func(output_lst, indices,
+data)`` with the settings in a TensorDict ``data`` (as ``NonTensorData``). Inputs and results are torch
+tensors (jagged nested tensors and dense tensors). The default candidate is ``torch_impl.postprocess_batch``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import inspect
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+from unittest import mock
+
+from hypothesis import HealthCheck, Phase, given, settings
+
+from . import properties as properties_mod
+from .properties import PROPERTIES
+
+__all__ = ["CONFORMANCE", "DEFAULT_CANDIDATE", "ENV_VAR", "load_candidate", "use_candidate", "run_conformance", "main"]
+
+#: The properties run against a candidate: each calls ``postprocess_batch`` only through the candidate.
+CONFORMANCE = ("postprocess_agrees", "postprocess_agrees_with_numpy", "malformed_rejected_alike")
+DEFAULT_CANDIDATE = "torch_impl:postprocess_batch"
+ENV_VAR = "REBATCH_CANDIDATE"
+
+
+def load_candidate(spec: str | Callable[..., Any]) -> Callable[..., Any]:
+    """``module:function`` imported (a callable is returned as it is), adapted to ``postprocess_batch``'s
+    call: a function with a ``data`` parameter is called as verl's ``postprocess_batch_func``."""
+    fn: Any
+    if callable(spec):
+        fn = spec
+    else:
+        module_name, sep, attr = spec.partition(":")
+        if not sep or not module_name or not attr:
+            raise ValueError(f"a candidate is given as module:function, got {spec!r}")
+        fn = importlib.import_module(module_name)
+        for part in attr.split("."):
+            fn = getattr(fn, part)
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        params = {}  # type: ignore[assignment]
+    if "data" not in params:
+        return fn
+
+    def as_postprocess_batch(
+        output_lst: Any, indices: Any, *, use_dynamic_bsz: Any = True, pad_mode: Any = "no_padding"
+    ) -> Any:
+        from tensordict import NonTensorData, TensorDict
+
+        data = TensorDict(
+            {"use_dynamic_bsz": NonTensorData(use_dynamic_bsz), "pad_mode": NonTensorData(pad_mode)}, batch_size=[]
+        )
+        return fn(output_lst, indices, data)
+
+    return as_postprocess_batch
+
+
+@contextlib.contextmanager
+def use_candidate(spec: str | Callable[..., Any]) -> Iterator[Callable[..., Any]]:
+    """Within the block, the properties call the candidate wherever they call ``torch_impl.postprocess_batch``."""
+    candidate = load_candidate(spec)
+    with mock.patch.object(properties_mod, "torch_postprocess", candidate):
+        yield candidate
+
+
+def run_conformance(
+    spec: str | Callable[..., Any], *, max_examples: int = 100, names: tuple[str, ...] = CONFORMANCE
+) -> dict[str, str | None]:
+    """Each conformance property run against the candidate: ``{name: None if it held, else the first
+    failure}`` (derandomized, no shrinking: pass or fail is what a conformance run reports)."""
+    report: dict[str, str | None] = {}
+    with use_candidate(spec):
+        for name in names:
+            prop = PROPERTIES[name]
+            test = settings(
+                max_examples=max_examples,
+                derandomize=True,
+                database=None,
+                deadline=None,
+                print_blob=False,
+                phases=[Phase.explicit, Phase.generate],
+                suppress_health_check=list(HealthCheck),
+            )(given(prop.strategy)(prop.check))
+            try:
+                test()
+            except Exception as err:
+                first = str(err).splitlines()[0][:200] if str(err) else ""
+                report[name] = f"{type(err).__name__}: {first}"
+            else:
+                report[name] = None
+    return report
+
+
+def candidate_from_env() -> str:
+    """The candidate named by ``REBATCH_CANDIDATE``, or the default (``torch_impl:postprocess_batch``)."""
+    return os.environ.get(ENV_VAR) or DEFAULT_CANDIDATE
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m property_tests.conformance", description=__doc__)
+    parser.add_argument("--candidate", default=candidate_from_env(), help="module:function (default: %(default)s)")
+    parser.add_argument("--max-examples", type=int, default=100)
+    args = parser.parse_args(argv)
+    failed = 0
+    for name in CONFORMANCE:
+        start = time.perf_counter()
+        why = run_conformance(args.candidate, max_examples=args.max_examples, names=(name,))[name]
+        print(f"{'ok  ' if why is None else 'FAIL'} {name:<32} {time.perf_counter() - start:5.1f}s  {why or ''}")
+        failed += why is not None
+    print(f"{args.candidate}: {len(CONFORMANCE) - failed} of {len(CONFORMANCE)} conformance properties hold")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,301 @@
+"""The JAX reference as a JAX library (issue #15): traced permutations compiled once and checked under
+jit, the jagged invariants checked however a `Jagged` was built, forward-mode AD, dtype hygiene,
+interop copies, and the spec's settled points in both implementations."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+import ref
+import torch_impl
+from property_tests.compare import assert_same, bits
+from property_tests.convert import result_to_torch, to_ref
+from property_tests.data import jagged, random_tensor
+from ref import interop
+
+
+@pytest.fixture(autouse=True)
+def _x64_untouched():
+    before = jax.config.jax_enable_x64
+    yield
+    assert jax.config.jax_enable_x64 == before, "rebatch changed the caller's jax_enable_x64"
+
+
+def _example(b: int = 5, seed: int = 3) -> tuple[torch.Tensor, ref.Jagged]:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 4, size=b).tolist()
+    nt = jagged(random_tensor(rng, (sum(lengths), 2), "float32"), lengths)
+    return nt, to_ref(nt)
+
+
+def _rows(x: ref.Jagged) -> list[list]:
+    return [r.tolist() for r in x.rows()]
+
+
+# 1. One compile for every permutation; traced indices checked under jit.
+
+
+def test_ten_permutations_of_one_shape_compile_once() -> None:
+    nt, x = _example(b=64)
+    traces = []
+
+    def step(a: ref.Jagged, perm: jax.Array) -> ref.Jagged:
+        traces.append(1)  # a Python side effect: runs once per trace
+        return ref.restore(a, perm)
+
+    fn = ref.checked(step)
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        perm = rng.permutation(64)
+        got = fn(x, jnp.asarray(perm, dtype=jnp.int32))
+        assert_same(result_to_torch(got), torch_impl.restore(nt, [perm.tolist()]))
+    assert len(traces) == 1
+
+
+def test_plain_jit_with_traced_partitions_array_compiles_once_for_dense() -> None:
+    d = jnp.arange(12.0).reshape(6, 2)
+    traces = []
+
+    def step(a: jax.Array, perm: jax.Array) -> jax.Array:
+        traces.append(1)
+        return ref.take(a, ref.inverse_permutation(perm))
+
+    fn = ref.checked(step)
+    for seed in range(10):
+        perm = np.random.default_rng(seed).permutation(6)
+        assert np.array_equal(np.asarray(fn(d, jnp.asarray(perm))), np.asarray(ref.restore(d, [perm.tolist()])))
+    assert len(traces) == 1
+
+
+@pytest.mark.parametrize(
+    ("bad", "error", "pattern"),
+    [
+        ([0, 0, 1, 2, 3], ref.NotAPermutationError, r"position 1: index 0 duplicates position 0"),
+        ([1, -1, 0, 2, 3], ref.NotAPermutationError, r"position 1: index -1 is out of range for 5 rows"),
+        ([5, 0, 1, 2, 3], ref.NotAPermutationError, r"position 0: index 5 is out of range for 5 rows"),
+    ],
+)
+def test_traced_bad_permutation_is_detected_under_jit(bad, error, pattern) -> None:
+    _, x = _example()
+    for fn in (
+        lambda a, p: ref.restore(a, p),
+        lambda a, p: ref.take(a, p),  # jagged take under jit needs a permutation
+        lambda a, p: ref.inverse_permutation(p),
+    ):
+        with pytest.raises(error if fn.__code__.co_names[-1] != "take" else (error, ref.RowIndexError), match=pattern):
+            ref.checked(fn)(x, jnp.asarray(bad))
+
+
+@pytest.mark.parametrize(
+    ("bad", "pattern"),
+    [([7, -1], r"position 0: index 7 is out of range for 3 rows"), ([0, -1], r"position 1: index -1 is out of range")],
+)
+def test_traced_dense_take_never_wraps_or_clamps(bad, pattern) -> None:
+    d = jnp.asarray([1.0, 2.0, 3.0])
+    with pytest.raises(ref.RowIndexError, match=pattern):
+        ref.checked(lambda a, r: ref.take(a, r))(d, jnp.asarray(bad))
+    # duplicates are fine for dense take
+    assert ref.checked(lambda a, r: ref.take(a, r))(d, jnp.asarray([2, 2, 0])).tolist() == [3.0, 3.0, 1.0]
+
+
+@pytest.mark.parametrize(("index", "pattern"), [(jnp.asarray([0.0, 1.0]), "integers"), (jnp.asarray([[0, 1]]), "1-D")])
+def test_traced_index_dtype_and_rank_are_checked_at_trace_time(index, pattern) -> None:
+    d = jnp.asarray([1.0, 2.0])
+    with pytest.raises(ref.RowIndexError, match=pattern):
+        jax.jit(lambda a, r: ref.take(a, r))(d, index)
+    with pytest.raises(ref.NotAPermutationError, match=pattern):
+        jax.jit(lambda a, p: ref.restore(a, p))(d, index)
+    with pytest.raises(ref.NotAPermutationError, match="holds 3 indices for 2 rows"):
+        jax.jit(lambda a, p: ref.restore(a, p))(d, jnp.asarray([0, 1, 2]))
+
+
+def test_flat_permutation_eager_equals_partitions() -> None:
+    nt, x = _example(b=6)
+    parts = [[4, 1], [0, 5, 3, 2]]
+    perm = np.asarray([i for p in parts for i in p])
+    for flat in (perm, jnp.asarray(perm), jnp.asarray(perm, dtype=jnp.int32)):
+        assert_same(result_to_torch(ref.restore(x, flat)), torch_impl.restore(nt, parts))
+    with pytest.raises(ref.NotAPermutationError, match="duplicates"):
+        ref.restore(x, np.asarray([0, 0, 1, 2, 3, 4]))
+
+
+# 2. Jagged take without a search: equal to the list expression, zero-length rows included.
+
+
+def test_jagged_take_by_repeat_matches_rows() -> None:
+    x = ref.Jagged.from_rows([[1, 2], [], [3], [], [4, 5, 6], []])
+    for rows in ([4, 0, 2, 1, 3, 5], [5, 1], [], [4, 4, 0]):
+        assert _rows(ref.take(x, rows)) == [_rows(x)[i] for i in rows]
+    empty = ref.Jagged.from_rows([], dtype=jnp.int32)
+    assert ref.take(empty, []).num_rows == 0
+
+
+# 3. The jagged invariants, however a Jagged was built.
+
+
+def test_postprocess_checks_invariants_of_unvalidated_jagged() -> None:
+    """The issue's input: micro-batch offsets [0, 1, 4] and [0, 3, 1]; both implementations refuse it."""
+    good = ref.Jagged.tree_unflatten(None, (jnp.arange(4.0), jnp.asarray([0, 1, 4])))
+    bad = ref.Jagged.tree_unflatten(None, (jnp.arange(1.0), jnp.asarray([0, 3, 1])))
+    outs = [{"model_output": {"lp": good}}, {"model_output": {"lp": bad}}]
+    with pytest.raises(ref.InvalidJaggedError, match=r"key 'lp', micro-batch 1: offsets must be non-decreasing"):
+        ref.postprocess_batch(outs, [[0, 3], [1, 2]])
+    nts = [torch.nested.nested_tensor_from_jagged(torch.arange(4.0), torch.tensor([0, 1, 4]))]
+    nts.append(torch.nested.nested_tensor_from_jagged(torch.arange(1.0), torch.tensor([0, 3, 1])))
+    with pytest.raises(ref.InvalidJaggedError):
+        torch_impl.postprocess_batch([{"model_output": {"lp": t}} for t in nts], [[0, 3], [1, 2]])
+
+
+def test_tree_map_on_offsets_is_caught_and_map_values_is_the_way() -> None:
+    x = ref.Jagged.from_rows([[1, 2], [3]])
+    with jax.enable_x64(True):  # the offsets are int64
+        doubled = jax.tree_util.tree_map(lambda a: a * 2, x)  # doubles the offsets too
+    for op in (lambda y: ref.restore(y, [[1, 0]]), lambda y: ref.take(y, [0]), lambda y: ref.concat([y])):
+        with pytest.raises(ref.InvalidJaggedError, match=r"offsets\[-1\] must equal len\(values\) = 3, got 6"):
+            op(doubled)
+    assert _rows(ref.restore(x.map_values(lambda v: v * 2), [[1, 0]])) == [[6], [2, 4]]
+    with pytest.raises(ref.InvalidJaggedError):
+        x.map_values(lambda v: v[:1])  # changes the packed length
+
+
+def test_jit_output_jagged_is_checked_when_used_eagerly() -> None:
+    x = ref.Jagged.from_rows([[1, 2], [3]])
+    broken = jax.jit(lambda y: ref.Jagged.tree_unflatten(None, (y.values, y.offsets[::-1])))(x)
+    with pytest.raises(ref.InvalidJaggedError, match=r"offsets\[0\] must be 0"):
+        ref.take(broken, [0, 1])
+
+
+# 4. Forward-mode AD, the forward pass still bit-exact.
+
+
+def test_jvp_and_jacfwd_of_restore_take_concat() -> None:
+    x = ref.Jagged.from_rows([[1.0, 2.0], [3.0], [4.0, 5.0, 6.0]])
+    tangent = jnp.arange(6.0) + 10
+
+    def restored(v: jax.Array) -> jax.Array:
+        return ref.restore(ref.Jagged.tree_unflatten(None, (v, x.offsets)), [[2, 0], [1]]).values
+
+    out, t_out = jax.jvp(restored, (x.values,), (tangent,))
+    assert out.tolist() == [3.0, 4.0, 5.0, 6.0, 1.0, 2.0]  # rows 1, 2, 0 in original order
+    assert t_out.tolist() == [12.0, 13.0, 14.0, 15.0, 10.0, 11.0]
+    jac = jax.jacfwd(restored)(x.values)
+    assert np.array_equal(np.asarray(jac), np.eye(6)[[2, 3, 4, 5, 0, 1]])
+    assert np.array_equal(np.asarray(jax.jacrev(restored)(x.values)), np.asarray(jac))
+    dense = jnp.arange(3.0)
+    _, t_take = jax.jvp(lambda d: ref.take(d, [2, 0]), (dense,), (jnp.ones(3) * 7,))
+    assert t_take.tolist() == [7.0, 7.0]
+    _, t_cat = jax.jvp(lambda a, b: ref.concat([a, b]), (dense, dense), (jnp.ones(3), jnp.zeros(3)))
+    assert t_cat.tolist() == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
+
+
+def test_jvp_forward_pass_keeps_nan_payloads() -> None:
+    raw = torch.tensor([0x7FC00001, 0x7F800003, -1], dtype=torch.int32)  # quiet and signalling NaNs
+    vals = jnp.asarray(raw.view(torch.float32).numpy())
+    out, _ = jax.jvp(lambda v: ref.take(v, [2, 1, 0]), (vals,), (jnp.ones(3),))
+    assert torch.equal(bits(torch.from_numpy(np.array(out))), raw.flip(0))
+
+
+# 5. Dtype hygiene.
+
+
+def test_from_rows_follows_jax_defaults_and_ignores_empty_rows() -> None:
+    assert ref.Jagged.from_rows([[1, 2], [], [3]]).dtype == jnp.int32
+    assert ref.Jagged.from_rows([np.array([1, 2], dtype=np.int32), []]).dtype == jnp.int32
+    assert ref.Jagged.from_rows([[1.5], []]).dtype == jnp.float32
+    assert ref.Jagged.from_rows([np.array([2**40], dtype=np.int64), []]).dtype == jnp.int64  # arrays keep theirs
+    assert ref.Jagged.from_rows([[], []]).dtype == jnp.float32
+    with jax.enable_x64(True):
+        assert ref.Jagged.from_rows([[1, 2], [], [3]]).dtype == jnp.int64
+    x = ref.Jagged.from_rows([np.ones((2, 3), dtype=np.float16), []])
+    assert x.values.shape == (2, 3)
+    assert x.dtype == jnp.float16
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
+def test_float8_moves_exactly_in_ref(dtype: str) -> None:
+    raw = np.arange(256, dtype=np.uint8)
+    values = jnp.asarray(raw.view(getattr(jnp, dtype)).reshape(64, 4))
+    x = ref.Jagged.from_lengths(values, [16, 0, 48])
+    for out in (ref.restore(x, [[2, 0], [1]]), ref.concat([x, x]), ref.take(x, [2, 1, 0])):
+        assert out.dtype == values.dtype
+    got = np.asarray(ref.restore(x, [[2], [0, 1]]).values).view(np.uint8).ravel()
+    assert np.array_equal(got, np.concatenate([raw[64:], raw[:64]]))
+    got_dense = np.asarray(ref.take(values, [63, 0])).view(np.uint8).ravel()
+    assert np.array_equal(got_dense, np.concatenate([raw[252:], raw[:4]]))
+
+
+def test_unsupported_dtypes_raise_a_rebatch_error_in_both() -> None:
+    for x in (jnp.zeros((2, 3), jnp.float4_e2m1fn), jnp.zeros((2,), jnp.int4)):
+        with pytest.raises(ref.UnsupportedSettingError, match=r"dtype (float4_e2m1fn|int4) is not supported"):
+            ref.restore(x, [[1, 0]])
+    with pytest.raises(ref.UnsupportedSettingError, match=r"key 'c', micro-batch 0: dtype int4"):
+        ref.postprocess_batch([{"model_output": {"c": jnp.zeros((2,), jnp.int4)}}], [[1, 0]])
+    with pytest.raises(ref.UnsupportedSettingError, match=r"key 'c', micro-batch 0: dtype uint1"):
+        torch_impl.postprocess_batch([{"model_output": {"c": torch.zeros(2, dtype=torch.uint1)}}], [[1, 0]])
+    assert torch_impl.postprocess_batch([{"model_output": {"c": torch.zeros(2, dtype=torch.complex64)}}], [[1, 0]])
+    assert ref.restore(jnp.zeros((2,), jnp.complex64), [[1, 0]]).dtype == jnp.complex64
+
+
+def test_interop_copy_does_not_alias() -> None:
+    a = torch.zeros(3)
+    shared, owned = interop.from_torch(a), interop.from_torch(a, copy=True)
+    a.add_(100)
+    assert shared.tolist() == [100.0] * 3  # the documented default: zero-copy, aliased
+    assert owned.tolist() == [0.0] * 3
+    nt = jagged(torch.zeros(3), [1, 2])
+    x = interop.from_torch(nt, copy=True)
+    nt.values().add_(1)
+    assert x.values.tolist() == [0.0] * 3
+    back = interop.to_torch(x, copy=True)
+    back.values().add_(5)
+    assert x.values.tolist() == [0.0] * 3
+
+
+# 6. The spec's settled points, in both implementations.
+
+
+def test_partition_count_is_free_without_model_output_but_must_be_a_permutation() -> None:
+    outs = [{"loss": 1.0}, {"loss": 2.0}]
+    for impl in (ref.postprocess_batch, torch_impl.postprocess_batch):
+        assert impl(outs, [[0, 1, 2]])["loss"] == [1.0, 2.0]
+        with pytest.raises(ref.NotAPermutationError):
+            impl(outs, [[0, 0]])
+
+
+def test_row_count_mismatch_without_dynamic_batching_is_a_shape_mismatch_in_both() -> None:
+    outs = [{"model_output": {"a": torch.zeros(2), "b": torch.zeros(3)}}]
+    for impl, arg in ((torch_impl.postprocess_batch, outs), (ref.postprocess_batch, to_ref(outs))):
+        with pytest.raises(ref.ShapeMismatchError, match=r"key 'b', micro-batch 0: 3 rows, but key 'a' has 2"):
+            impl(arg, None, use_dynamic_bsz=False)
+
+
+def test_all_layout_dtype_shape_checks_come_before_any_row_count() -> None:
+    """Micro-batch 0 has the wrong row count, micro-batch 1 the wrong dtype: the dtype is reported."""
+    outs = [{"model_output": {"lp": torch.zeros(3)}}, {"model_output": {"lp": torch.zeros(1, dtype=torch.float64)}}]
+    for impl, arg in ((torch_impl.postprocess_batch, outs), (ref.postprocess_batch, to_ref(outs))):
+        with pytest.raises(ref.DtypeMismatchError, match="micro-batch 1"):
+            impl(arg, [[0], [1]])
+
+
+def test_output_offsets_are_int64_in_both() -> None:
+    values = torch.arange(5.0)
+    nt32 = torch.nested.nested_tensor_from_jagged(values, torch.tensor([0, 2, 5], dtype=torch.int32))
+    x = ref.Jagged(jnp.arange(5.0), jnp.asarray([0, 2, 5], dtype=jnp.int32))
+    assert ref.restore(x, [[1, 0]]).offsets.dtype == jnp.int64
+    assert ref.concat([x]).offsets.dtype == jnp.int64
+    assert ref.postprocess_batch([{"model_output": {"v": x}}], [[1, 0]])["model_output"]["v"].offsets.dtype == jnp.int64
+    got = torch_impl.postprocess_batch([{"model_output": {"v": nt32}}], [[1, 0]])["model_output"]["v"]
+    assert got.offsets().dtype == torch.int64
+
+
+def test_float64_jvp_with_caller_x64() -> None:
+    with jax.enable_x64(True):
+        v = jnp.arange(3.0, dtype=jnp.float64)
+        _, t = jax.jvp(lambda a: ref.take(a, [2, 0, 1]), (v,), (v + 1,))
+        assert t.dtype == jnp.float64
+        assert t.tolist() == [3.0, 1.0, 2.0]
+    # without the caller's x64, float64 reverse mode (vjp) is covered by the property gradients_match_vjp
