@@ -63,8 +63,8 @@ def _same_tensordict(a: TensorDictBase, b: TensorDictBase, path: str) -> str | N
         x, y = a.get(k), b.get(k)
         if isinstance(x, NonTensorData) or isinstance(y, NonTensorData):
             x, y = getattr(x, "data", x), getattr(y, "data", y)
-        elif isinstance(x, NonTensorStack) or isinstance(y, NonTensorStack):
-            x, y = getattr(x, "tolist", lambda: x)(), getattr(y, "tolist", lambda: y)()
+        elif isinstance(x, NonTensorStack) and isinstance(y, NonTensorStack):
+            x, y = x.tolist(), y.tolist()
         why = _same(x, y, f"{path}[{k!r}]")
         if why:
             return why

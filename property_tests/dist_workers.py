@@ -131,7 +131,7 @@ def compare_with_verl(rank: int, world: int, port: int) -> None:
             n = sum(lengths)
             data = TensorDict({"input_ids": jagged(torch.arange(n), lengths)}, batch_size=[rows])
             budget = int(rng.integers(8, 14))
-            kwargs = {
+            kwargs: dict[str, Any] = {
                 "dp_group": dist.group.WORLD,
                 "min_num_micro_batch": [None, 2, 3][trial % 3],
                 "num_batches_divided_by": [None, 2][trial % 2],

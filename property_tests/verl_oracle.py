@@ -206,8 +206,10 @@ def metric_folds(draw: st.DrawFn, *, metric_cls: Any) -> tuple[dict[str, Any], l
     """A starting accumulator, dicts to fold in, and a prefix (some keys already carry it)."""
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     prefix = draw(st.sampled_from(["", "train/", "actor/"]))
-    news = [_metrics(draw, rng, metric_cls) for _ in range(draw(st.integers(1, 4)))]
-    if prefix and news and draw(st.booleans()):
+    count: int = draw(st.integers(1, 4))
+    news = [_metrics(draw, rng, metric_cls) for _ in range(count)]
+    carried: bool = draw(st.booleans())
+    if prefix and carried:
         news[0] = {f"{prefix}{k}": v for k, v in news[0].items()}
     return {}, news, prefix
 

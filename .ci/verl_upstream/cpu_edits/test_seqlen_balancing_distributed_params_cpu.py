@@ -7,6 +7,7 @@
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
 from verl import DataProto
 from verl.utils.model import create_random_mask
 from verl.utils.seqlen_balancing import ceildiv, get_reverse_idx
@@ -26,10 +27,7 @@ def _worker(rank, world_size, init_method, max_token_len, use_same_dp, min_mb):
     batch = DataProto.from_single_dict({"input_ids": input_ids, "attention_mask": attention_mask}).batch
 
     micros, idx_lst = sb.rearrange_micro_batches(
-        batch,
-        max_token_len=max_token_len,
-        dp_group=dist.group.WORLD,
-        same_micro_num_in_dp=use_same_dp,
+        batch, max_token_len=max_token_len, dp_group=dist.group.WORLD, same_micro_num_in_dp=use_same_dp,
         min_num_micro_batch=min_mb,
     )
     seq_len_effective = batch["attention_mask"].sum(dim=1)

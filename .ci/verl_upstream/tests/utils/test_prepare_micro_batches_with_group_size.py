@@ -26,6 +26,7 @@ Focuses on verifying that:
 
 import torch
 from tensordict import TensorDict
+
 from verl.utils import tensordict_utils as tu
 from verl.workers.engine.utils import prepare_micro_batches
 

@@ -21,6 +21,7 @@
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
 from verl import DataProto
 from verl.utils.device import get_device_name, get_nccl_backend, get_torch_device
 from verl.utils.model import create_random_mask

@@ -20,6 +20,7 @@ from unittest.mock import MagicMock, patch
 
 import numpy as np
 import torch
+
 from verl.trainer.ppo.metric_utils import (
     bootstrap_metric,
     calc_maj_val,
