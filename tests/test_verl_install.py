@@ -1,0 +1,103 @@
+"""`torch_impl.integrations.verl.install()`: one call turns rebatch on in verl, in the engine modules that
+bound verl's functions at import (loaded before or after), idempotently, undone by ``uninstall()``, and
+in Ray worker processes through Ray's setup hook. Needs verl (skipped, with the reason shown, without
+it; CI runs these in its pins environment, where a skip fails)."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+import torch_impl
+from property_tests import verl_oracle as vo
+from torch_impl.integrations import verl as integration
+
+VERL = vo.verl_or_skip()
+
+ENGINES = ["verl.workers.engine.fsdp.transformer_impl"]
+
+
+def _engine(name: str):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return importlib.import_module(name)
+
+
+@pytest.fixture(autouse=True)
+def _restored():
+    yield
+    integration.uninstall()
+
+
+def test_install_replaces_every_binding_and_uninstall_restores_them() -> None:
+    engine = _engine(ENGINES[0])  # imported before install: bound verl's functions
+    theirs_post, theirs_prep = engine.postprocess_batch_func, engine.prepare_micro_batches
+    assert theirs_post is not torch_impl.postprocess_batch_func
+    integration.install()
+    assert integration.installed()
+    assert engine.postprocess_batch_func is torch_impl.postprocess_batch_func
+    assert engine.prepare_micro_batches is torch_impl.prepare_micro_batches
+    assert VERL.engine_utils.postprocess_batch_func is torch_impl.postprocess_batch_func
+    assert VERL.seqlen_balancing.rearrange_micro_batches is torch_impl.rearrange_micro_batches
+    assert VERL.engine_utils.rearrange_micro_batches is torch_impl.rearrange_micro_batches  # bound in engine utils
+    assert VERL.py_functional.append_to_dict is torch_impl.append_to_dict
+    integration.install()  # idempotent: nothing recorded twice
+    integration.uninstall()
+    assert not integration.installed()
+    assert engine.postprocess_batch_func is theirs_post
+    assert engine.prepare_micro_batches is theirs_prep
+    assert VERL.engine_utils.postprocess_batch_func is theirs_post
+    integration.uninstall()  # idempotent too
+
+
+def test_an_engine_imported_after_install_binds_rebatch() -> None:
+    """In a fresh interpreter: install() first, then the engine module is imported."""
+    code = (
+        "import warnings; warnings.simplefilter('ignore')\n"
+        "import torch_impl\n"
+        "from torch_impl.integrations import verl\n"
+        "verl.install()\n"
+        "import verl.workers.engine.fsdp.transformer_impl as m\n"
+        "assert m.postprocess_batch_func is torch_impl.postprocess_batch_func\n"
+        "assert m.prepare_micro_batches is torch_impl.prepare_micro_batches\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
+def test_the_engine_call_reaches_rebatch_and_refuses_a_duplicate_index() -> None:
+    """After install(), the engine's own name rejects what verl's would silently misalign."""
+    import torch
+
+    from property_tests.data import jagged
+
+    engine = _engine(ENGINES[0])
+    integration.install()
+    outs = [{"model_output": {"lp": jagged(torch.arange(3.0), [1, 2])}}, {"model_output": {"lp": jagged(torch.ones(1), [1])}}]
+    data = vo.make_data({})
+    with pytest.raises(torch_impl.errors.NotAPermutationError, match="index 1 duplicates"):
+        engine.postprocess_batch_func(outs, [[0, 1], [1]], data)
+
+
+def test_ray_worker_setup_hook_installs_in_every_worker() -> None:
+    """Ray's ``worker_process_setup_hook`` pointing at install(): a worker process sees rebatch's
+    functions in verl's engine module (run in a fresh interpreter: Ray starts its own processes)."""
+    pytest.importorskip("ray", reason="ray is not installed")
+    code = (
+        "import ray, warnings; warnings.simplefilter('ignore')\n"
+        "ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,\n"
+        "         runtime_env={'worker_process_setup_hook': 'torch_impl.integrations.verl.install'})\n"
+        "@ray.remote\n"
+        "def probe():\n"
+        "    import torch_impl, verl.workers.engine.fsdp.transformer_impl as m\n"
+        "    return m.postprocess_batch_func is torch_impl.postprocess_batch_func\n"
+        "print('worker sees rebatch:', ray.get(probe.remote()))\n"
+        "ray.shutdown()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=300)
+    assert "worker sees rebatch: True" in done.stdout, (done.stdout[-2000:], done.stderr[-3000:])
