@@ -218,3 +218,34 @@ def test_gradients_on_every_kernel_path(path: str, case: MicrobatchOutputs) -> N
     with forced(path):
         gradients_match_vjp(case)
         gradients_match_vjp(NAMED_CASES[0])
+
+
+def test_fuzz_keeps_its_time_budget(tmp_path, monkeypatch) -> None:
+    """A round of 25 slow examples would take far longer than the 3 s share: it is cut short."""
+    import io
+    import time
+
+    from property_tests.fuzz import fuzz
+
+    monkeypatch.setenv("REBATCH_FUZZ_DB", str(tmp_path))
+    out = io.StringIO()
+    start = time.perf_counter()
+    assert fuzz(0.05, only=["gradients_match_vjp"], out=out) == 0
+    assert time.perf_counter() - start < 20, out.getvalue()
+    assert "ok   gradients_match_vjp" in out.getvalue()
+
+
+def test_append_to_dict_prefixes_keys_that_lack_the_prefix() -> None:
+    data: dict[str, Any] = {}
+    append_to_dict(data, {"loss": 1, "actor/kl": (2,)}, prefix="actor/")
+    assert data == {"actor/loss": [1], "actor/kl": [(2,)]}
+
+
+def test_indices_without_item_access_are_rejected() -> None:
+    """A sized but unindexable ``indices`` (dict keys) is no list of partitions, in both implementations."""
+    from ref.errors import PartitionMismatchError
+
+    outs = [{"model_output": {"x": torch.zeros(2)}}, {"model_output": {"x": torch.zeros(1)}}]
+    for impl in (torch_postprocess, ref_postprocess):
+        with pytest.raises(PartitionMismatchError):
+            impl(outs, {(1, 2): None, (0,): None}.keys())
