@@ -249,3 +249,14 @@ def test_indices_without_item_access_are_rejected() -> None:
     for impl in (torch_postprocess, ref_postprocess):
         with pytest.raises(PartitionMismatchError):
             impl(outs, {(1, 2): None, (0,): None}.keys())
+
+
+def test_padding_is_recognised_beside_numpy_partitions() -> None:
+    """A padding micro-batch is found by identity: NumPy partitions beside it must not be compared to it."""
+    import numpy as np
+
+    from ref import PADDING
+
+    outs = [{"model_output": {"x": torch.tensor([1.0, 0.0])}}, {"model_output": {"x": torch.zeros(1)}}]
+    got = torch_impl.postprocess_batch(outs, [np.array([1, 0]), PADDING])
+    assert_same(got["model_output"]["x"], torch.tensor([0.0, 1.0]))
