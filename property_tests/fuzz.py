@@ -65,7 +65,7 @@ def fuzz(minutes: float, *, only: list[str] | None = None, out: Any = None) -> i
             given(prop.strategy)(_counting(prop.check, counter, deadline))
         )
         while time.perf_counter() < deadline[0] and counter[0] < fuzz_profile.max_examples:
-            lines: list[str] = []
+            lines: list[object] = []
             try:
                 with with_reporter(lines.append):
                     test()
@@ -73,7 +73,7 @@ def fuzz(minutes: float, *, only: list[str] | None = None, out: Any = None) -> i
                 break  # what Hypothesis reported about the interrupted round (a seed) is no failure
             except Exception:
                 failed = True
-                print("\n".join(lines), file=out)
+                print("\n".join(map(str, lines)), file=out)
                 print(f"FAILED {name} after {counter[0]} examples:", file=out)
                 traceback.print_exc(file=out)
                 print(
@@ -83,7 +83,7 @@ def fuzz(minutes: float, *, only: list[str] | None = None, out: Any = None) -> i
                 )
                 break
             if lines:
-                print("\n".join(lines), file=out)
+                print("\n".join(map(str, lines)), file=out)
         elapsed = time.perf_counter() - start
         print(
             f"{'FAIL' if failed else 'ok  '} {name:<36} {counter[0]:>7} examples  {counter[0] / elapsed:8.1f} examples/s  ({elapsed:.0f} s)",
