@@ -20,7 +20,14 @@ from .compare import assert_same
 from .data import jagged, random_tensor
 from .models import stand_in_model
 
-__all__ = ["check_rank", "compare_with_verl", "global_batch", "raise_on_one_rank", "shard_bounds"]
+__all__ = [
+    "check_budget_and_rank_order",
+    "check_rank",
+    "compare_with_verl",
+    "global_batch",
+    "raise_on_one_rank",
+    "shard_bounds",
+]
 
 MAX_TOKENS = 20
 
@@ -148,5 +155,53 @@ def compare_with_verl(rank: int, world: int, port: int) -> None:
             if ours_kind == "ok":
                 assert ours == theirs, (rank, trial, lengths, budget, kwargs, ours, theirs)
             dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+#: Per-rank row lengths for a budget of 12: rank 0's initial count (2, of 24 tokens) does not fit (7 + 7
+#: cannot be apart in 2 sets with 7 as well), rank 1 fits in 1 and would keep 2; the count must be raised
+#: to 3 on every rank after the first MAX.
+BUDGET_LENGTHS = [[7, 7, 7, 1, 1, 1], [2, 3], [5, 5, 5, 5]]
+BUDGET = 12
+
+
+def check_budget_and_rank_order(rank: int, world: int, port: int) -> None:
+    """The token budget holds on every rank after the count sync; gather_batch keeps rank order for every
+    field (jagged and dense outputs, losses, list and tuple metrics)."""
+    from tensordict import TensorDict
+
+    import torch_impl
+
+    _init(rank, world, port, 60)
+    try:
+        lengths = BUDGET_LENGTHS[rank % len(BUDGET_LENGTHS)]
+        data = TensorDict({"input_ids": jagged(torch.arange(sum(lengths)), lengths)}, batch_size=[len(lengths)])
+        micro = torch_impl.prepare_micro_batches_dp(data, max_token_len=BUDGET)
+        counts: list[Any] = [None] * world
+        dist.all_gather_object(counts, len(micro.batches))
+        assert len(set(counts)) == 1, f"micro-batch counts differ between ranks: {counts}"
+        for p in micro.indices:
+            if p is not torch_impl.PADDING:
+                assert sum(lengths[i] for i in p) <= BUDGET, f"rank {rank}: {p} exceeds the budget {BUDGET}"
+        # a result whose every field names its rank
+        result = {
+            "model_output": {
+                "dense": torch.full((rank + 1, 2), float(rank)),
+                "jagged": jagged(torch.full((rank + 2,), rank), [rank + 2]),
+            },
+            "loss": [torch.tensor(float(rank)), float(rank) + 0.5],
+            "metrics": {"r": [rank, rank], "t": (rank,)},
+        }
+        whole = torch_impl.gather_batch(result)
+        ranks = range(world)
+        assert_same(whole["model_output"]["dense"], torch.cat([torch.full((r + 1, 2), float(r)) for r in ranks]))
+        assert_same(
+            whole["model_output"]["jagged"],
+            jagged(torch.cat([torch.full((r + 2,), r) for r in ranks]), [r + 2 for r in ranks]),
+        )
+        assert_same(whole["loss"], [x for r in ranks for x in (torch.tensor(float(r)), float(r) + 0.5)])
+        assert whole["metrics"] == {"r": [r for r in ranks for _ in range(2)], "t": [(r,) for r in ranks]}
+        dist.barrier()
     finally:
         dist.destroy_process_group()

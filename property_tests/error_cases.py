@@ -1,8 +1,10 @@
 """Bad inputs as data (OpInfo's ``error_inputs_func``): each named case, the operation it calls, the
 `RebatchError` subclass both implementations must raise, and a pattern its message must match.
 
-Inputs are built in torch; the reference gets them through ``ref.interop`` inside the call (so a
-conversion that rejects bad data counts as the reference rejecting it).
+The cases are `property_tests.defects.TABLE` applied to named valid calls: each defect's breaker,
+with its scripted choices, on the valid call it names (the same breakers `malformed_inputs` applies to
+drawn calls). Inputs are built in torch; the reference gets them through ``ref.interop`` inside the
+call (so a conversion that rejects bad data counts as the reference rejecting it).
 """
 
 from __future__ import annotations
@@ -10,12 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-import torch
-
 from ref import errors
 
-from .data import jagged
-from .strategies import strided_nested
+from .defects import TABLE, Defect, named_call
 
 __all__ = ["ErrorCase", "error_cases"]
 
@@ -28,265 +27,14 @@ class ErrorCase(NamedTuple):
     pattern: str
 
 
-def _lp(*lengths: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return jagged(torch.arange(sum(lengths)).to(dtype), list(lengths))
-
-
-def _call(
-    *parts: dict[str, torch.Tensor] | None, indices: Any = ((1, 2), (0,)), **kwargs: Any
-) -> Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]:
-    """A ``postprocess_batch`` call whose micro-batch ``m`` has model_output ``parts[m]``."""
-
+def _builder(defect: Defect) -> Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]:
     def build() -> tuple[tuple[Any, ...], dict[str, Any]]:
-        outs = [{"model_output": p} if p is not None else {"loss": 1.0} for p in parts]
-        idx = [list(p) for p in indices] if isinstance(indices, tuple) else indices
-        return (outs, idx), kwargs
+        call = named_call(defect)
+        return call.args, call.kwargs
 
     return build
 
 
-def _padding() -> Any:
-    from ref import PADDING
-
-    return PADDING
-
-
-def _bad_offsets() -> torch.Tensor:
-    return torch.nested.nested_tensor_from_jagged(torch.zeros(3), torch.tensor([0, 3, 2]))
-
-
-def _ok(**extra: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """Two valid micro-batches (2 rows, then 1 row) of key 'lp', plus ``extra`` keys in micro-batch 1."""
-    return {"lp": _lp(2, 0)}, {"lp": _lp(1), **extra}
-
-
 def error_cases() -> list[ErrorCase]:
-    e = errors
-    mb0, mb1 = _ok()
-    return [
-        # -- indices that are not a permutation of range(B)
-        ErrorCase(
-            "duplicate_index",
-            "postprocess_batch",
-            _call(mb0, mb1, indices=((1, 2), (1,))),
-            e.NotAPermutationError,
-            r"micro-batch 1, position 0: index 1 duplicates micro-batch 0, position 0",
-        ),
-        ErrorCase(
-            "negative_index",
-            "postprocess_batch",
-            _call(mb0, mb1, indices=((1, 2), (-1,))),
-            e.NotAPermutationError,
-            r"micro-batch 1, position 0: index -1 is negative",
-        ),
-        ErrorCase(
-            "out_of_range_index",
-            "postprocess_batch",
-            _call(mb0, mb1, indices=((1, 3), (0,))),
-            e.NotAPermutationError,
-            r"micro-batch 0, position 1: index 3 is out of range for 3 rows",
-        ),
-        ErrorCase(
-            "float_index",
-            "postprocess_batch",
-            _call(mb0, mb1, indices=((1.0, 2), (0,))),
-            e.NotAPermutationError,
-            r"micro-batch 0, position 0: index 1\.0 is not an integer",
-        ),
-        ErrorCase(
-            "missing_index",
-            "flatten_partitions",
-            lambda: (([[2], [0]], 3), {}),
-            e.NotAPermutationError,
-            r"index 1 is missing",
-        ),
-        ErrorCase(
-            "inverse_of_duplicate",
-            "inverse_permutation",
-            lambda: (([0, 0, 1],), {}),
-            e.NotAPermutationError,
-            r"index 0 duplicates",
-        ),
-        ErrorCase(
-            "restore_negative",
-            "restore",
-            lambda: ((_lp(1, 2), [[-1], [0]]), {}),
-            e.NotAPermutationError,
-            r"index -1 is negative",
-        ),
-        ErrorCase(
-            "split_duplicate",
-            "split",
-            lambda: ((_lp(1, 2), [[1], [1]]), {}),
-            e.NotAPermutationError,
-            r"index 1 duplicates",
-        ),
-        # -- partitions that do not match the micro-batches
-        ErrorCase(
-            "too_many_partitions",
-            "postprocess_batch",
-            _call(mb0, mb1, indices=((1, 2), (0,), ())),
-            e.PartitionMismatchError,
-            r"3 partitions for 2 micro-batches",
-        ),
-        ErrorCase(
-            "row_count",
-            "postprocess_batch",
-            _call(mb0, mb1, indices=((1,), (0, 2))),
-            e.PartitionMismatchError,
-            r"key 'lp', micro-batch 0: 2 rows, but its partition has 1 indices",
-        ),
-        ErrorCase(
-            "padding_without_its_output",
-            "postprocess_batch",
-            lambda: (([{"model_output": _ok()[0]}], [[1, 0], _padding()]), {}),
-            e.PartitionMismatchError,
-            r"2 partitions \(padding included\) for 1 micro-batch outputs",
-        ),
-        # -- outputs that disagree
-        ErrorCase(
-            "missing_key",
-            "postprocess_batch",
-            _call({"lp": _lp(2, 0), "v": torch.zeros(2)}, {"lp": _lp(1)}),
-            e.KeyMismatchError,
-            r"key 'v', micro-batch 1: missing",
-        ),
-        ErrorCase(
-            "extra_key",
-            "postprocess_batch",
-            _call(mb0, {"lp": _lp(1), "v": torch.zeros(1)}),
-            e.KeyMismatchError,
-            r"key 'v', micro-batch 1: present",
-        ),
-        ErrorCase(
-            "missing_model_output",
-            "postprocess_batch",
-            _call(mb0, None),
-            e.KeyMismatchError,
-            r"key 'model_output', micro-batch 1: missing",
-        ),
-        ErrorCase(
-            "dtype",
-            "postprocess_batch",
-            _call(mb0, {"lp": _lp(1, dtype=torch.float64)}),
-            e.DtypeMismatchError,
-            r"key 'lp', micro-batch 1: dtype .*float64 differs from micro-batch 0's .*float32",
-        ),
-        ErrorCase(
-            "device",
-            "postprocess_batch",
-            _call(mb0, {"lp": _lp(1).to("meta")}),
-            e.DeviceMismatchError,
-            r"key 'lp', micro-batch 1: device .* differs from micro-batch 0's",
-        ),
-        ErrorCase(
-            "trailing_shape",
-            "postprocess_batch",
-            _call(mb0, {"lp": jagged(torch.zeros(1, 2), [1])}),
-            e.ShapeMismatchError,
-            r"key 'lp', micro-batch 1: trailing shape \(2,\) differs from micro-batch 0's \(\)",
-        ),
-        ErrorCase(
-            "layout",
-            "postprocess_batch",
-            _call(mb0, {"lp": torch.zeros(1)}),
-            e.ShapeMismatchError,
-            r"key 'lp', micro-batch 1: layout dense differs from micro-batch 0's jagged",
-        ),
-        ErrorCase(
-            "scalar_output",
-            "postprocess_batch",
-            _call({"v": torch.tensor(1.0)}, {"v": torch.tensor(2.0)}),
-            e.ShapeMismatchError,
-            r"key 'v', micro-batch 0: a dense output needs a leading batch dimension",
-        ),
-        ErrorCase(
-            "concat_dtypes",
-            "concat",
-            lambda: (([_lp(1), _lp(2, dtype=torch.int32)],), {}),
-            e.DtypeMismatchError,
-            r"micro-batch 1: dtype",
-        ),
-        # -- invalid jagged data
-        ErrorCase(
-            "decreasing_offsets",
-            "postprocess_batch",
-            _call(mb0, {"lp": _bad_offsets()}, indices=((1, 2), (0, 3))),
-            e.InvalidJaggedError,
-            r"offsets must be non-decreasing, got offsets\[1\] = 3 > offsets\[2\] = 2",
-        ),
-        ErrorCase(
-            "strided_nested",
-            "postprocess_batch",
-            _call(mb0, {"lp": strided_nested([torch.zeros(1)])}),
-            e.InvalidJaggedError,
-            r"jagged layout",
-        ),
-        ErrorCase(
-            "restore_bad_offsets",
-            "restore",
-            lambda: ((_bad_offsets(), [[1], [0]]), {}),
-            e.InvalidJaggedError,
-            r"non-decreasing",
-        ),
-        # -- unsupported settings
-        ErrorCase(
-            "unknown_pad_mode",
-            "postprocess_batch",
-            _call(mb0, mb1, pad_mode="left"),
-            e.UnsupportedSettingError,
-            r"pad_mode must be one of .* got 'left'",
-        ),
-        ErrorCase(
-            "indices_none",
-            "postprocess_batch",
-            _call(mb0, mb1, indices=None),
-            e.UnsupportedSettingError,
-            r"indices is None while use_dynamic_bsz is on",
-        ),
-        ErrorCase(
-            "jagged_with_padding",
-            "postprocess_batch",
-            _call(mb0, mb1, pad_mode="right"),
-            e.UnsupportedSettingError,
-            r"key 'lp', micro-batch 0: jagged outputs need pad_mode 'no_padding'",
-        ),
-        ErrorCase(
-            "output_not_a_dict",
-            "postprocess_batch",
-            lambda: (([["model_output"]], [[0]]), {}),
-            e.UnsupportedSettingError,
-            r"micro-batch 0: an output must be a dict",
-        ),
-        ErrorCase("concat_nothing", "concat", lambda: (([],), {}), e.UnsupportedSettingError, r"at least one part"),
-        # -- the token budget
-        ErrorCase(
-            "row_over_budget",
-            "balanced_partitions",
-            lambda: (([3, 9, 2], 8), {}),
-            e.TokenBudgetError,
-            r"row 1: length 9 exceeds the token budget of 8",
-        ),
-        ErrorCase(
-            "more_micro_batches_than_rows",
-            "balanced_partitions",
-            lambda: (([3, 2], 8), {"min_num_micro_batches": 3}),
-            e.TokenBudgetError,
-            r"3 micro-batches are needed .* only 2 rows",
-        ),
-        # -- take
-        ErrorCase(
-            "take_negative_row",
-            "take",
-            lambda: ((_lp(1, 2), [0, -1]), {}),
-            e.RowIndexError,
-            r"position 1: row index -1 is out of range for 2 rows",
-        ),
-        ErrorCase(
-            "take_out_of_range",
-            "take",
-            lambda: ((torch.zeros(3), [3]), {}),
-            e.RowIndexError,
-            r"row index 3 is out of range for 3 rows",
-        ),
-    ]
+    """One named case per defect of the table, in the table's order."""
+    return [ErrorCase(d.name, d.op, _builder(d), d.error, d.pattern) for d in TABLE]

@@ -1,7 +1,8 @@
 """Fuzzing: every property under the ``fuzz`` profile for a time budget.
 
 ``python -m property_tests.fuzz --minutes N`` shares the budget between the properties and runs each in
-rounds of examples until its share is spent. Hypothesis's example database lives in
+rounds of examples until its share is spent; the
+round under way when the share runs out ends at its next example (so the budget holds). Hypothesis's example database lives in
 ``.hypothesis/fuzz-db`` (``REBATCH_FUZZ_DB`` overrides), so a failure found once is replayed first
 next time. On a failure it prints the shrunk example and the ``@reproduce_failure`` blob and exits 1.
 The same properties run under HypoFuzz (``hypothesis fuzz property_tests/test_properties.py``).
@@ -19,6 +20,7 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis.reporting import with_reporter
 
 from .profiles import FUZZ_DATABASE_DIR, register_profiles
 from .properties import PROPERTIES
@@ -28,8 +30,15 @@ __all__ = ["main", "fuzz"]
 ROUND = 25  # examples per round; rounds repeat until a property's share of the time is spent
 
 
-def _counting(check: Callable[[Any], None], counter: list[int]) -> Callable[[Any], None]:
+class _TimeUp(BaseException):
+    """Raised inside a round when a property's share of the time is spent: not an `Exception`, so
+    Hypothesis neither records nor shrinks it, and the round ends at once (rounds never overrun)."""
+
+
+def _counting(check: Callable[[Any], None], counter: list[int], deadline: list[float]) -> Callable[[Any], None]:
     def counted(drawn: Any) -> None:
+        if time.perf_counter() >= deadline[0]:
+            raise _TimeUp
         counter[0] += 1
         check(drawn)
 
@@ -50,17 +59,21 @@ def fuzz(minutes: float, *, only: list[str] | None = None, out: Any = None) -> i
     for name in names:
         prop = PROPERTIES[name]
         counter = [0]
-        test = settings(fuzz_profile, max_examples=ROUND, database=database)(
-            given(prop.strategy)(_counting(prop.check, counter))
-        )
         start = time.perf_counter()
-        rounds = 0
-        while time.perf_counter() - start < share and counter[0] < fuzz_profile.max_examples:
-            rounds += 1
+        deadline = [start + share]
+        test = settings(fuzz_profile, max_examples=ROUND, database=database)(
+            given(prop.strategy)(_counting(prop.check, counter, deadline))
+        )
+        while time.perf_counter() < deadline[0] and counter[0] < fuzz_profile.max_examples:
+            lines: list[object] = []
             try:
-                test()
+                with with_reporter(lines.append):
+                    test()
+            except _TimeUp:
+                break  # what Hypothesis reported about the interrupted round (a seed) is no failure
             except Exception:
                 failed = True
+                print("\n".join(map(str, lines)), file=out)
                 print(f"FAILED {name} after {counter[0]} examples:", file=out)
                 traceback.print_exc(file=out)
                 print(
@@ -69,6 +82,8 @@ def fuzz(minutes: float, *, only: list[str] | None = None, out: Any = None) -> i
                     file=out,
                 )
                 break
+            if lines:
+                print("\n".join(map(str, lines)), file=out)
         elapsed = time.perf_counter() - start
         print(
             f"{'FAIL' if failed else 'ok  '} {name:<36} {counter[0]:>7} examples  {counter[0] / elapsed:8.1f} examples/s  ({elapsed:.0f} s)",

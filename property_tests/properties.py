@@ -94,7 +94,7 @@ def postprocess_agrees_with_numpy(case: MicrobatchOutputs) -> None:
 
 def every_kernel_agrees(drawn: tuple[MicrobatchOutputs, str]) -> None:
     """Each data-movement path of torch_impl, forced on, gives the original rows bit for bit (row
-    copies on and off the copy threads, element indices in one chunk per micro-batch or one value each)."""
+    copies, element indices in one chunk per micro-batch, or in chunks of one or three values)."""
     case, path = drawn
     with forced(path):
         got = torch_postprocess(

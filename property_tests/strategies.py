@@ -8,7 +8,6 @@ micro-batch); tensor contents are random bits from a drawn seed (so floats inclu
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -19,7 +18,8 @@ from hypothesis.errors import InvalidArgument
 
 from ref import errors
 
-from .data import DTYPES, from_rows, jagged, offsets_of, random_tensor, rows_of
+from .data import DTYPES, from_rows, jagged, random_tensor, rows_of
+from .defects import DEFECT_ALIASES, Defect, apply, postprocess_call, postprocess_defects, strided_nested
 from .metric import FakeMetric
 
 __all__ = [
@@ -29,12 +29,25 @@ __all__ = [
     "MalformedInput",
     "TensorDictBatch",
     "DEFECTS",
+    "Drawing",
+    "strided_nested",
     "jagged_batches",
     "partitions",
     "microbatch_outputs",
     "malformed_inputs",
     "tensordict_batches",
 ]
+
+
+#: Past this many rows, row lengths and permutations come from a drawn seed rather than one draw each
+#: (so batches of thousands of rows stay within Hypothesis's data budget; small ones still shrink).
+SEEDED_ROWS = 64
+
+
+def _lengths(draw: st.DrawFn, rng: np.random.Generator, count: int, lo: int, hi: int) -> list[int]:
+    if count <= SEEDED_ROWS:
+        return draw(st.lists(st.integers(lo, hi), min_size=count, max_size=count))
+    return rng.integers(lo, hi + 1, size=count).tolist()
 
 
 def _check_bounds(name: str, lo: int, hi: int, *, floor: int = 0) -> None:
@@ -123,7 +136,12 @@ def partitions(
         count = draw(st.integers(0, max_micro_batches))
     else:
         count = draw(st.integers(max(min_micro_batches, 1), max(max_micro_batches, 1)))
-    perm = draw(st.permutations(range(num_rows))) if shuffle else list(range(num_rows))
+    if not shuffle:
+        perm = list(range(num_rows))
+    elif num_rows <= SEEDED_ROWS:
+        perm = draw(st.permutations(range(num_rows)))
+    else:  # a permutation of thousands of rows would overrun Hypothesis's data budget: seeded
+        perm = np.random.default_rng(draw(st.integers(0, 2**32 - 1))).permutation(num_rows).tolist()
     if count == 0:
         return Partitions([], num_rows)
     if allow_empty:
@@ -149,12 +167,16 @@ def _metrics(draw: st.DrawFn, rng: np.random.Generator) -> dict[str, Any]:
     keys = draw(st.lists(st.sampled_from(["lr", "grad_norm", "clip", "kl"]), unique=True, max_size=3))
     out: dict[str, Any] = {}
     for key in keys:
-        kind = draw(st.sampled_from(["scalar", "list", "metric", "tensor"]))
+        kind = draw(st.sampled_from(["scalar", "list", "tuple", "metric", "tensor", "vector"]))
         value = float(rng.standard_normal())
         if kind == "scalar":
             out[key] = value
         elif kind == "list":
             out[key] = [value, float(rng.standard_normal())]
+        elif kind == "tuple":  # appended whole, unlike a list (verl's rule)
+            out[key] = (value, float(rng.standard_normal()))
+        elif kind == "vector":
+            out[key] = torch.tensor([value, float(rng.standard_normal())])
         elif kind == "metric":
             out[key] = FakeMetric(draw(st.sampled_from(["mean", "sum", "max"])), value)
         else:
@@ -204,13 +226,14 @@ def microbatch_outputs(
         if dense and draw(st.booleans()):
             expected[key] = random_tensor(rng, (b, *feature), dtype)
         else:
-            lengths = draw(st.lists(st.integers(0, max_length), min_size=b, max_size=b))
+            lengths = _lengths(draw, rng, b, 0, max_length)
             expected[key] = jagged(random_tensor(rng, (sum(lengths), *feature), dtype), lengths)
     output_lst: list[dict[str, Any]] = []
+    rows = {k: rows_of(expected[k]) for k in keys}
     for part in parts:
         o: dict[str, Any] = {}
         if keys:
-            o["model_output"] = {k: from_rows([rows_of(expected[k])[i] for i in part], expected[k]) for k in keys}
+            o["model_output"] = {k: from_rows([rows[k][i] for i in part], expected[k]) for k in keys}
         if losses and draw(st.booleans()):
             o["loss"] = torch.tensor(float(rng.standard_normal())) if draw(st.booleans()) else float(rng.random())
         if metrics and draw(st.booleans()):
@@ -226,68 +249,34 @@ class MalformedInput(NamedTuple):
     error: type[errors.RebatchError]
     output_lst: list[dict[str, Any]]
     indices: Any
-    use_dynamic_bsz: bool
+    use_dynamic_bsz: Any
     pad_mode: Any
 
 
-def _mo(o: dict[str, Any]) -> dict[str, Any]:
-    return o["model_output"]
+#: The defects of ``postprocess_batch`` in `property_tests.defects.TABLE`, by name (each a `Defect`:
+#: its error class, message pattern, what it needs, and its breaker).
+DEFECTS: dict[str, Defect] = postprocess_defects()
 
 
-def _retype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    if x.is_nested:
-        return torch.nested.nested_tensor_from_jagged(x.values().to(dtype), offsets_of(x))
-    return x.to(dtype)
+class Drawing:
+    """The `property_tests.defects.Chooser` that draws every choice (so Hypothesis explores and shrinks it)."""
+
+    def __init__(self, draw: st.DrawFn) -> None:
+        self.draw = draw
+
+    def choice(self, options: Sequence[Any]) -> Any:
+        return self.draw(st.sampled_from(list(options)))
+
+    def integer(self, lo: int, hi: int) -> int:
+        return self.draw(st.integers(lo, hi))
 
 
-def _other_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.float32 if x.dtype != torch.float32 else torch.float64
-
-
-def _reshape_trailing(x: torch.Tensor) -> torch.Tensor:
-    if x.is_nested:
-        v = x.values()
-        return torch.nested.nested_tensor_from_jagged(torch.stack([v, v], dim=-1), offsets_of(x))
-    return torch.stack([x, x], dim=-1)
-
-
-def _relayout(x: torch.Tensor) -> torch.Tensor:
-    if x.is_nested:  # jagged -> dense with one entry per row
-        return torch.zeros(x.size(0), dtype=x.dtype)
-    return jagged(
-        x.reshape(x.shape[0], -1)[:, :1].reshape(-1).clone() if x.numel() else x.new_zeros(x.shape[0]), [1] * x.shape[0]
-    )
-
-
-def _bad_offsets(x: torch.Tensor) -> torch.Tensor:
-    o = offsets_of(x).clone()
-    o[-1] += 1  # offsets[-1] no longer equals len(values)
-    return torch.nested.nested_tensor_from_jagged(x.values(), o)
-
-
-#: name -> (error class, what it needs of the valid call, how to break it). The breakers work in place
-#: on a deep copy and draw what they choose.
-DEFECTS: dict[str, tuple[type[errors.RebatchError], str]] = {
-    "duplicate_index": (errors.NotAPermutationError, "two rows"),
-    "negative_index": (errors.NotAPermutationError, "one row"),
-    "out_of_range_index": (errors.NotAPermutationError, "one row"),
-    "missing_index": (errors.NotAPermutationError, "two rows, a jagged key"),
-    "float_index": (errors.NotAPermutationError, "one row"),
-    "extra_partition": (errors.PartitionMismatchError, "a key"),
-    "moved_index": (errors.PartitionMismatchError, "two micro-batches, a key"),
-    "missing_key": (errors.KeyMismatchError, "two micro-batches, a key"),
-    "extra_key": (errors.KeyMismatchError, "two micro-batches, a key"),
-    "missing_model_output": (errors.KeyMismatchError, "two micro-batches, a key"),
-    "dtype": (errors.DtypeMismatchError, "two micro-batches, a key"),
-    "device": (errors.DeviceMismatchError, "two micro-batches, a key"),
-    "trailing_shape": (errors.ShapeMismatchError, "two micro-batches, a key"),
-    "layout": (errors.ShapeMismatchError, "two micro-batches, a key"),
-    "bad_offsets": (errors.InvalidJaggedError, "a jagged key with a row"),
-    "strided_nested": (errors.InvalidJaggedError, "a jagged key"),
-    "unknown_pad_mode": (errors.UnsupportedSettingError, "nothing"),
-    "indices_none": (errors.UnsupportedSettingError, "nothing"),
-    "jagged_with_padding": (errors.UnsupportedSettingError, "a jagged key"),
-}
+def _defect_names(defects: Sequence[str]) -> list[str]:
+    if isinstance(defects, str) or not defects or any(DEFECT_ALIASES.get(d, d) not in DEFECTS for d in defects):
+        raise InvalidArgument(
+            f"defects must be a non-empty sequence of names of {tuple(DEFECTS)} (or {tuple(DEFECT_ALIASES)}), got {defects!r}"
+        )
+    return list(dict.fromkeys(DEFECT_ALIASES.get(d, d) for d in defects))
 
 
 @st.composite
@@ -300,15 +289,16 @@ def malformed_inputs(
     max_micro_batches: int = 4,
     defects: Sequence[str] = tuple(DEFECTS),
 ) -> MalformedInput:
-    """A valid dynamic-batch call broken by one defect drawn from ``defects`` (names of `DEFECTS`).
+    """A valid dynamic-batch call (`microbatch_outputs`) broken by one defect drawn from ``defects``
+    (names of `DEFECTS`), its breaker drawing every choice it makes.
 
     Each defect needs at least two rows and two micro-batches (the defaults' minimums) so that every
-    defect is reachable; ``min_rows`` must be >= 2 and ``min_micro_batches`` >= 2."""
+    defect is reachable; ``min_rows`` must be >= 2 and ``min_micro_batches`` >= 2. Batches of thousands
+    of rows are fine (``max_rows=5000``): rows past the first 64 take their sizes from a drawn seed."""
     _check_bounds("rows", min_rows, max_rows, floor=2)
     _check_bounds("micro_batches", min_micro_batches, max_micro_batches, floor=2)
-    if not defects or any(d not in DEFECTS for d in defects):
-        raise InvalidArgument(f"defects must be a non-empty subset of {tuple(DEFECTS)}, got {defects!r}")
-    name = draw(st.sampled_from(list(defects)))
+    names = _defect_names(defects)
+    defect = DEFECTS[draw(st.sampled_from(names))]
     base = draw(
         microbatch_outputs(
             min_rows=min_rows,
@@ -321,93 +311,16 @@ def malformed_inputs(
             dtypes=("float32", "int64", "bfloat16"),
         )
     )
-    outs = [dict(o, model_output=dict(o["model_output"])) for o in base.output_lst]
-    indices: Any = [list(p) for p in base.indices or []]
-    pad_mode: Any = "no_padding"
-    keys = list(_mo(outs[0]))
-    key = draw(st.sampled_from(keys))
-    nonempty = [m for m, p in enumerate(indices) if p]
-    b = sum(len(p) for p in indices)
-
-    def pick_position() -> tuple[int, int]:
-        m = draw(st.sampled_from(nonempty))
-        return m, draw(st.integers(0, len(indices[m]) - 1))
-
-    m_other = draw(st.integers(1, len(outs) - 1))
-    if name == "duplicate_index":
-        m, j = pick_position()
-        others = [i for i in range(b) if i != indices[m][j]]
-        indices[m][j] = draw(st.sampled_from(others))
-    elif name == "negative_index":
-        m, j = pick_position()
-        indices[m][j] = -draw(st.integers(1, b))
-    elif name == "out_of_range_index":
-        m, j = pick_position()
-        indices[m][j] = b + draw(st.integers(0, 3))
-    elif name == "missing_index":
-        # Drop one row that is not the last index from both the partition and every output.
-        m = next(m for m, p in enumerate(indices) if any(i != b - 1 for i in p))
-        j = next(j for j, i in enumerate(indices[m]) if i != b - 1)
-        keep = [r for r in range(len(indices[m])) if r != j]
-        del indices[m][j]
-        for k in keys:
-            x = _mo(outs[m])[k]
-            rows = rows_of(x)
-            _mo(outs[m])[k] = from_rows([rows[r] for r in keep], x)
-    elif name == "float_index":
-        m, j = pick_position()
-        indices[m][j] = float(indices[m][j])
-    elif name == "extra_partition":
-        indices.append([])
-    elif name == "moved_index":
-        m, j = pick_position()
-        target = draw(st.sampled_from([t for t in range(len(indices)) if t != m]))
-        indices[target].append(indices[m].pop(j))
-    elif name == "missing_key":
-        del _mo(outs[m_other])[key]
-    elif name == "extra_key":
-        _mo(outs[m_other])["unexpected"] = _mo(outs[m_other])[key]
-    elif name == "missing_model_output":
-        del outs[m_other]["model_output"]
-    elif name == "dtype":
-        x = _mo(outs[m_other])[key]
-        _mo(outs[m_other])[key] = _retype(x, _other_dtype(x))
-    elif name == "device":
-        _mo(outs[m_other])[key] = _mo(outs[m_other])[key].to("meta")
-    elif name == "trailing_shape":
-        _mo(outs[m_other])[key] = _reshape_trailing(_mo(outs[m_other])[key])
-    elif name == "layout":
-        _mo(outs[m_other])[key] = _relayout(_mo(outs[m_other])[key])
-    elif name in ("bad_offsets", "strided_nested", "jagged_with_padding"):
-        # A new jagged key "tokens" (one entry per row) in every micro-batch; then break one of them.
-        for o in outs:
-            n = _rows(_mo(o)[keys[0]])
-            _mo(o)["tokens"] = jagged(torch.zeros(n), [1] * n)
-        m = draw(st.sampled_from(nonempty))
-        n = _rows(_mo(outs[m])[keys[0]])
-        if name == "bad_offsets":
-            _mo(outs[m])["tokens"] = _bad_offsets(_mo(outs[m])["tokens"])
-        elif name == "strided_nested":
-            _mo(outs[m])["tokens"] = strided_nested([torch.zeros(1) for _ in range(n)])
-        else:
-            pad_mode = draw(st.sampled_from(["right", "left_right"]))
-    elif name == "unknown_pad_mode":
-        pad_mode = draw(st.sampled_from(["bogus", "NO_PADDING", 0, None]))
-    elif name == "indices_none":
-        indices = None
-    error = DEFECTS[name][0]
-    return MalformedInput(name, error, outs, indices, True, pad_mode)
-
-
-def strided_nested(rows: list[torch.Tensor]) -> torch.Tensor:
-    """A nested tensor with torch's older strided layout (not jagged), its prototype warning silenced."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.nested.nested_tensor(rows)
-
-
-def _rows(x: torch.Tensor) -> int:
-    return int(x.size(0))
+    call = apply(defect, postprocess_call(base.output_lst, base.indices), Drawing(draw))
+    output_lst, indices = call.args
+    return MalformedInput(
+        defect.name,
+        defect.error,
+        output_lst,
+        indices,
+        call.kwargs.get("use_dynamic_bsz", True),
+        call.kwargs.get("pad_mode", "no_padding"),
+    )
 
 
 class TensorDictBatch(NamedTuple):

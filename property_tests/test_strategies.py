@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis.errors import InvalidArgument
 
+from property_tests.defects import DEFECT_ALIASES
 from property_tests.strategies import (
     DEFECTS,
     JaggedBatch,
@@ -30,6 +31,9 @@ from property_tests.strategies import (
         lambda: microbatch_outputs(min_keys=2, max_keys=1),
         lambda: malformed_inputs(min_rows=1),
         lambda: malformed_inputs(defects=("no_such_defect",)),
+        lambda: malformed_inputs(defects=()),
+        lambda: malformed_inputs(defects="duplicate_index"),
+        lambda: malformed_inputs(min_micro_batches=1),
     ],
 )
 def test_bad_arguments_are_rejected(strategy) -> None:
@@ -79,4 +83,15 @@ def test_every_defect_is_reachable() -> None:
     for name in DEFECTS:
         case = _draw_one(malformed_inputs(defects=(name,)))
         assert case.name == name
-        assert case.error is DEFECTS[name][0]
+        assert case.error is DEFECTS[name].error
+
+
+def test_former_defect_names_are_accepted() -> None:
+    for old, new in DEFECT_ALIASES.items():
+        assert _draw_one(malformed_inputs(defects=(old,))).name == new
+
+
+@given(malformed_inputs(min_rows=1000, max_rows=3000, defects=("duplicate_index",)))
+@settings(max_examples=2)
+def test_malformed_inputs_reach_thousands_of_rows(case) -> None:
+    assert sum(len(p) for p in case.indices) >= 1000

@@ -25,6 +25,12 @@ def test_ranks_agree_with_one_process(world: int) -> None:
     mp.spawn(dist_workers.check_rank, args=(world, _free_port()), nprocs=world, join=True)
 
 
+def test_budget_on_every_rank_and_rank_order_of_every_field() -> None:
+    """The count synchronised by MAX is raised until it fits on every rank (rank 0 needs 3 where the MAX
+    of the first counts is 2); gather_batch joins outputs, losses and metrics in rank order."""
+    mp.spawn(dist_workers.check_budget_and_rank_order, args=(3, _free_port()), nprocs=3, join=True)
+
+
 def test_a_failing_rank_does_not_leave_the_others_hanging() -> None:
     ctx = mp.get_context("spawn")
     port = _free_port()

@@ -78,7 +78,10 @@ def test_the_engine_call_reaches_rebatch_and_refuses_a_duplicate_index() -> None
 
     engine = _engine(ENGINES[0])
     integration.install()
-    outs = [{"model_output": {"lp": jagged(torch.arange(3.0), [1, 2])}}, {"model_output": {"lp": jagged(torch.ones(1), [1])}}]
+    outs = [
+        {"model_output": {"lp": jagged(torch.arange(3.0), [1, 2])}},
+        {"model_output": {"lp": jagged(torch.ones(1), [1])}},
+    ]
     data = vo.make_data({})
     with pytest.raises(torch_impl.errors.NotAPermutationError, match="index 1 duplicates"):
         engine.postprocess_batch_func(outs, [[0, 1], [1]], data)
