@@ -67,7 +67,8 @@ def test_an_engine_imported_after_install_binds_rebatch() -> None:
         "print('ok')\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=300)
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().endswith("ok"), done.stdout[-2000:]
 
 
 def test_the_engine_call_reaches_rebatch_and_refuses_a_duplicate_index() -> None:
