@@ -105,3 +105,21 @@ def test_ray_worker_setup_hook_installs_in_every_worker() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=300)
     assert "worker sees rebatch: True" in done.stdout, (done.stdout[-2000:], done.stderr[-3000:])
+
+
+def test_install_can_dump_the_first_step_for_rebatch_check(tmp_path) -> None:
+    import torch
+
+    from property_tests.data import jagged
+    from rebatch.check import run_check
+
+    engine = _engine(ENGINES[0])
+    path = tmp_path / "step.pt"
+    integration.install(dump=str(path))
+    outs = [
+        {"model_output": {"lp": jagged(torch.arange(3.0), [1, 2])}},
+        {"model_output": {"lp": jagged(torch.ones(1), [1])}},
+    ]
+    engine.postprocess_batch_func(outs, [[2, 0], [1]], vo.make_data({}))
+    assert path.is_file()
+    assert run_check(str(path), None, as_json=True) == 0

@@ -20,6 +20,7 @@ actors), run it in every worker with Ray's setup hook::
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 import threading
@@ -37,12 +38,12 @@ _lock = threading.Lock()
 _replaced: list[tuple[str, str, Any]] = []
 
 
-def replacements() -> dict[tuple[str, str], Any]:
+def replacements(dump: str | None = None) -> dict[tuple[str, str], Any]:
     """``(verl module, name) -> rebatch's function`` that `install` puts in verl's place."""
     import torch_impl
 
     return {
-        (ENGINE_UTILS, "postprocess_batch_func"): torch_impl.postprocess_batch_func,
+        (ENGINE_UTILS, "postprocess_batch_func"): _dumping(torch_impl.postprocess_batch_func, dump),
         (ENGINE_UTILS, "prepare_micro_batches"): torch_impl.prepare_micro_batches,
         (SEQLEN_BALANCING, "rearrange_micro_batches"): torch_impl.rearrange_micro_batches,
         (SEQLEN_BALANCING, "restore_dynamic_batch"): torch_impl.restore_dynamic_batch,
@@ -57,13 +58,36 @@ def installed() -> bool:
     return bool(_replaced)
 
 
-def install() -> None:
+def _dumping(fn: Any, path: str | None) -> Any:
+    """``fn``, saving its first call's ``(output_lst, indices, data)`` to ``path`` (for ``rebatch check
+    --dump``) when a path is given."""
+    if path is None:
+        return fn
+    saved = threading.Event()
+
+    @functools.wraps(fn)
+    def postprocess_batch_func(output_lst: Any, indices: Any, data: Any) -> Any:
+        if not saved.is_set():
+            saved.set()
+            import torch
+
+            torch.save((output_lst, indices, data), path)
+        return fn(output_lst, indices, data)
+
+    return postprocess_batch_func
+
+
+def install(dump: str | None = None) -> None:
     """Replace verl's functions (`replacements`) with rebatch's, in their verl modules and in every
-    loaded ``verl`` module that bound them. Idempotent; `uninstall` undoes it."""
+    loaded ``verl`` module that bound them. Idempotent; `uninstall` undoes it.
+
+    ``dump``: a file to save the first step's ``(output_lst, indices, data)`` to, for
+    ``rebatch check --dump FILE`` (no edit of verl's source needed to capture a real step).
+    """
     with _lock:
         if _replaced:
             return
-        ours = replacements()
+        ours = replacements(dump)
         # verl's function -> rebatch's, keyed by identity (verl's functions stay bound in verl's modules)
         swap = {
             id(getattr(importlib.import_module(m), n)): (getattr(sys.modules[m], n), f) for (m, n), f in ours.items()
