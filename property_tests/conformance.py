@@ -27,10 +27,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from unittest import mock
 
-from hypothesis import HealthCheck, Phase, given, settings
-
 from . import properties as properties_mod
-from .properties import PROPERTIES
+from .properties import PROPERTIES, pass_or_fail
 
 __all__ = ["CONFORMANCE", "DEFAULT_CANDIDATE", "ENV_VAR", "load_candidate", "use_candidate", "run_conformance", "main"]
 
@@ -90,15 +88,7 @@ def run_conformance(
     with use_candidate(spec):
         for name in names:
             prop = PROPERTIES[name]
-            test = settings(
-                max_examples=max_examples,
-                derandomize=True,
-                database=None,
-                deadline=None,
-                print_blob=False,
-                phases=[Phase.explicit, Phase.generate],
-                suppress_health_check=list(HealthCheck),
-            )(given(prop.strategy)(prop.check))
+            test = pass_or_fail(prop, max_examples=max_examples)
             try:
                 test()
             except Exception as err:

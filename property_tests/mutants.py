@@ -16,7 +16,6 @@ from typing import Any
 from unittest import mock
 
 import torch
-from hypothesis import HealthCheck, Phase, given, settings
 
 import ref.metrics as metrics_mod
 import torch_impl._assemble as assemble_mod
@@ -24,7 +23,7 @@ import torch_impl._ops as ops_mod
 import torch_impl._postprocess as post_mod
 
 from .data import offsets_of
-from .properties import DIFFERENTIAL, PROPERTIES
+from .properties import DIFFERENTIAL, PROPERTIES, pass_or_fail
 
 __all__ = ["MUTANTS", "run_mutant", "main"]
 
@@ -150,15 +149,7 @@ def run_mutant(name: str, *, max_examples: int = 200) -> tuple[bool, str]:
     """Run the differential properties under mutant ``name``; (caught, by which property / why not)."""
     for prop_name in DIFFERENTIAL:
         prop = PROPERTIES[prop_name]
-        test = settings(
-            max_examples=max_examples,
-            derandomize=True,
-            database=None,
-            deadline=None,
-            print_blob=False,
-            phases=[Phase.explicit, Phase.generate],  # caught or not is all we need: no shrinking
-            suppress_health_check=list(HealthCheck),
-        )(given(prop.strategy)(prop.check))
+        test = pass_or_fail(prop, max_examples=max_examples)
         with MUTANTS[name]():
             try:
                 test()

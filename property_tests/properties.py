@@ -372,3 +372,19 @@ DIFFERENTIAL = (  # the quickest first: the first to fail ends a mutant's run
     "restore_undoes_take",
     "split_then_postprocess_is_identity",
 )
+
+
+def pass_or_fail(prop: Property, *, max_examples: int) -> Callable[[], None]:
+    """``prop`` as a plain test function for runs where passing or failing is all that matters (the
+    mutants, conformance): derandomized, no database, no deadline, no shrinking."""
+    from hypothesis import HealthCheck, Phase, given, settings
+
+    return settings(
+        max_examples=max_examples,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        print_blob=False,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )(given(prop.strategy)(prop.check))

@@ -157,17 +157,17 @@ def prepare_micro_batches(
         if per_gpu is None:
             raise UnsupportedSettingError("max_token_len_per_gpu must be set when use_dynamic_bsz is on")
         max_token_len = int(per_gpu) * int(read_setting(data, "sp_size", 1))
-    return _rearrange(
+    return rearrange_micro_batches(
         data,
         int(max_token_len),
-        dp_group=dp_group,
-        num_batches_divided_by=num_batches_divided_by,
-        same_micro_num_in_dp=same_micro_num_in_dp,
-        min_num_micro_batch=min_num_micro_batch,
-        use_dynamic_bsz_balance=use_dynamic_bsz_balance,
-        force_group_size=force_group_size,
+        dp_group,
+        num_batches_divided_by,
+        same_micro_num_in_dp,
+        min_num_micro_batch,
+        use_dynamic_bsz_balance,
+        force_group_size,
         length_key=length_key,
-        pad=pad_micro_batches,
+        pad_micro_batches=pad_micro_batches,
     )
 
 
@@ -180,62 +180,37 @@ def rearrange_micro_batches(
     min_num_micro_batch: int | None = None,
     use_dynamic_bsz_balance: bool = True,
     force_group_size: int = 1,
-) -> tuple[list[TensorDictBase], list[list[int]]]:
+    *,
+    length_key: str | None = None,
+    pad_micro_batches: bool = False,
+) -> tuple[list[TensorDictBase], list[Any]]:
     """verl's ``rearrange_micro_batches``: ``batch`` split into micro-batches of at most ``max_token_len``
     tokens (`ref.partition.plan_micro_batches`: verl's partitions and order), and their indices.
 
     Tokens per row: jagged ``input_ids``' row lengths, else ``attention_mask``'s row sums (and, as in
     verl, a dense batch's padded width must fit the budget). With ``dp_group`` (and
     ``same_micro_num_in_dp``, ``torch.distributed`` initialised) the ranks agree on the count.
+    Keyword-only extensions: ``length_key`` (the field to count tokens with) and
+    ``pad_micro_batches`` (see `prepare_micro_batches`).
     """
-    micro, parts = _rearrange(
-        batch,
-        max_token_len,
-        dp_group=dp_group,
-        num_batches_divided_by=num_batches_divided_by,
-        same_micro_num_in_dp=same_micro_num_in_dp,
-        min_num_micro_batch=min_num_micro_batch,
-        use_dynamic_bsz_balance=use_dynamic_bsz_balance,
-        force_group_size=force_group_size,
-        length_key=None,
-        pad=False,
-    )
-    return micro, parts
-
-
-def _rearrange(
-    batch: TensorDictBase,
-    max_token_len: int,
-    *,
-    dp_group: Any,
-    num_batches_divided_by: int | None,
-    same_micro_num_in_dp: bool,
-    min_num_micro_batch: int | None,
-    use_dynamic_bsz_balance: bool,
-    force_group_size: int,
-    length_key: str | None,
-    pad: bool,
-) -> tuple[list[TensorDictBase], list[Any]]:
     lengths_t = row_lengths(batch, length_key)
-    lengths = lengths_t.tolist()
     synced = same_micro_num_in_dp and dp_group is not None and dist.is_available() and dist.is_initialized()
-    sync = DistSync(dp_group) if synced else None
     parts: list[Any] = plan_micro_batches(
-        lengths,
+        lengths_t.tolist(),
         max_token_len,
         num_batches_divided_by=num_batches_divided_by,
         min_num_micro_batch=min_num_micro_batch,
         use_dynamic_bsz_balance=use_dynamic_bsz_balance,
         force_group_size=force_group_size,
         max_seq_len=_longest(batch, lengths_t, length_key),
-        sync=sync,
-        pad_to_count=pad,
+        sync=DistSync(dp_group) if synced else None,
+        pad_to_count=pad_micro_batches,
     )
     real = [p for p in parts if p is not PADDING]
     pieces = iter(split(batch, real)) if real else iter(())
     if len(real) == len(parts):
         return [next(pieces) for _ in parts], parts
-    filler = take(batch, [0] if lengths else [])
+    filler = take(batch, [0] if lengths_t.numel() else [])
     return [filler if p is PADDING else next(pieces) for p in parts], parts
 
 
