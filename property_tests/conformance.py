@@ -66,9 +66,27 @@ def load_candidate(spec: str | Callable[..., Any]) -> Callable[..., Any]:
         data = TensorDict(
             {"use_dynamic_bsz": NonTensorData(use_dynamic_bsz), "pad_mode": NonTensorData(pad_mode)}, batch_size=[]
         )
-        return fn(output_lst, indices, data)
+        return _dense_again(fn(output_lst, indices, data), output_lst)
 
     return as_postprocess_batch
+
+
+def _dense_again(result: Any, output_lst: Any) -> Any:
+    """verl's ``postprocess_batch_func`` returns a dense ``[B, S, *F]`` output as the jagged
+    ``[B, (S), *F]``; ``postprocess_batch`` keeps it dense. Such results are made dense again (rows of
+    ``S`` values each), so that a verl-signature candidate is held to ``postprocess_batch``'s meaning."""
+    import torch
+
+    first = next((o["model_output"] for o in output_lst if isinstance(o, dict) and "model_output" in o), None)
+    if not isinstance(result, dict) or not isinstance(result.get("model_output"), dict) or first is None:
+        return result
+    model_output = dict(result["model_output"])
+    for key, value in model_output.items():
+        given = first.get(key) if hasattr(first, "get") else None
+        dense_in = isinstance(given, torch.Tensor) and not given.is_nested and given.dim() >= 2
+        if dense_in and isinstance(value, torch.Tensor) and value.is_nested:
+            model_output[key] = value.values().reshape(value.size(0), *given.shape[1:])
+    return {**result, "model_output": model_output}
 
 
 @contextlib.contextmanager
