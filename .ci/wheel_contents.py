@@ -15,7 +15,9 @@ def main(path: str) -> int:
     tests_outside_kit = [n for n in names if "/test_" in n and not n.startswith("property_tests/")]
     print(f"{path}: top level {sorted(tops)}, {len(names)} files")
     if tops != ALLOWED or tests_outside_kit:
-        print(f"unexpected: top level {sorted(tops - ALLOWED)}, missing {sorted(ALLOWED - tops)}, tests {tests_outside_kit}")
+        print(
+            f"unexpected: top level {sorted(tops - ALLOWED)}, missing {sorted(ALLOWED - tops)}, tests {tests_outside_kit}"
+        )
         return 1
     return 0
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 from ref import errors
@@ -55,6 +56,18 @@ def _bad_offsets() -> torch.Tensor:
     return torch.nested.nested_tensor_from_jagged(torch.zeros(3), torch.tensor([0, 3, 2]))
 
 
+def _holed(lengths: list[int]) -> torch.Tensor:
+    """Two rows at offsets 0 and 4 of 10 values, with ``lengths`` (a non-contiguous nested tensor)."""
+    return torch.nested.nested_tensor_from_jagged(
+        torch.arange(10.0), torch.tensor([0, 4, 8]), lengths=torch.tensor(lengths)
+    )
+
+
+def _with_metrics(metrics: Any) -> Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]:
+    """A valid one-micro-batch call whose output carries ``metrics`` (a value that is not a dict)."""
+    return lambda: (([{"model_output": {"lp": _lp(1, 1)}, "metrics": metrics}], [[1, 0]]), {})
+
+
 def _ok(**extra: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Two valid micro-batches (2 rows, then 1 row) of key 'lp', plus ``extra`` keys in micro-batch 1."""
     return {"lp": _lp(2, 0)}, {"lp": _lp(1), **extra}
@@ -92,6 +105,27 @@ def error_cases() -> list[ErrorCase]:
             _call(mb0, mb1, indices=((1.0, 2), (0,))),
             e.NotAPermutationError,
             r"micro-batch 0, position 0: index 1\.0 is not an integer",
+        ),
+        ErrorCase(
+            "index_past_int64",
+            "postprocess_batch",
+            _call(mb0, mb1, indices=((1, 2**70), (0,))),
+            e.NotAPermutationError,
+            r"micro-batch 0, position 1: index 1180591620717411303424 is out of range for 3 rows",
+        ),
+        ErrorCase(
+            "uint64_index_not_wrapped",
+            "postprocess_batch",
+            _call(mb0, mb1, indices=[[1, 2], np.array([2**64 - 1], dtype=np.uint64)]),
+            e.NotAPermutationError,
+            r"micro-batch 1, position 0: index 18446744073709551615 is out of range for 3 rows",
+        ),
+        ErrorCase(
+            "float_index_after_a_tensor_partition",
+            "postprocess_batch",
+            _call(mb0, mb1, indices=[np.array([1, 2]), [0.0]]),
+            e.NotAPermutationError,
+            r"micro-batch 1, position 0: index 0\.0 is not an integer",
         ),
         ErrorCase(
             "missing_index",
@@ -216,6 +250,20 @@ def error_cases() -> list[ErrorCase]:
             r"offsets must be non-decreasing, got offsets\[1\] = 3 > offsets\[2\] = 2",
         ),
         ErrorCase(
+            "lengths_past_the_values",
+            "postprocess_batch",
+            _call({"lp": _holed([4, 7])}, indices=((1, 0),)),
+            e.InvalidJaggedError,
+            r"key 'lp', micro-batch 0: row 1 runs past the values: offsets\[1\] \+ lengths\[1\] = 4 \+ 7 > len\(values\) = 10",
+        ),
+        ErrorCase(
+            "negative_lengths",
+            "postprocess_batch",
+            _call(mb0, {"lp": _holed([-1, 2])}, indices=((1, 2), (0, 3))),
+            e.InvalidJaggedError,
+            r"key 'lp', micro-batch 1: lengths\[0\] = -1 is negative",
+        ),
+        ErrorCase(
             "strided_nested",
             "postprocess_batch",
             _call(mb0, {"lp": strided_nested([torch.zeros(1)])}),
@@ -257,6 +305,27 @@ def error_cases() -> list[ErrorCase]:
             lambda: (([["model_output"]], [[0]]), {}),
             e.UnsupportedSettingError,
             r"micro-batch 0: an output must be a dict",
+        ),
+        ErrorCase(
+            "metrics_none",
+            "postprocess_batch",
+            _with_metrics(None),
+            e.UnsupportedSettingError,
+            r"key 'metrics', micro-batch 0: metrics must be a dict, got NoneType",
+        ),
+        ErrorCase(
+            "metrics_a_list",
+            "postprocess_batch",
+            _with_metrics([1.0]),
+            e.UnsupportedSettingError,
+            r"key 'metrics', micro-batch 0: metrics must be a dict, got list",
+        ),
+        ErrorCase(
+            "metrics_a_tensor",
+            "postprocess_batch",
+            _with_metrics(torch.ones(2)),
+            e.UnsupportedSettingError,
+            r"key 'metrics', micro-batch 0: metrics must be a dict, got Tensor",
         ),
         ErrorCase("concat_nothing", "concat", lambda: (([],), {}), e.UnsupportedSettingError, r"at least one part"),
         # -- the token budget

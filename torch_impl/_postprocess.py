@@ -11,7 +11,7 @@ from tensordict import NonTensorData
 
 from ref.errors import PartitionMismatchError, ShapeMismatchError, where
 from ref.metrics import fold_metrics
-from ref.structure import check_partition_count, check_settings, drop_padding, model_outputs
+from ref.structure import check_metrics, check_partition_count, check_settings, drop_padding, model_outputs
 
 from ._assemble import assemble
 from ._parts import check_parts
@@ -41,6 +41,7 @@ def postprocess_batch(
     check_settings(use_dynamic_bsz, pad_mode, indices)
     output_lst, indices = drop_padding(output_lst, indices)
     outs = model_outputs(output_lst)
+    check_metrics(output_lst)
     perm = None
     if use_dynamic_bsz:
         check_partition_count(indices, len(outs))
