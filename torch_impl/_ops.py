@@ -14,6 +14,7 @@ from tensordict import TensorDictBase
 from ref.errors import RowIndexError, UnsupportedSettingError
 
 from ._assemble import assemble
+from ._entry import entry
 from ._jagged import gather_jagged, njt
 from ._parts import DensePart, Part, check_parts, unpack
 from ._permutation import check_permutation
@@ -23,6 +24,7 @@ __all__ = ["concat", "take", "restore", "split"]
 T = TypeVar("T", torch.Tensor, TensorDictBase)
 
 
+@entry
 def concat(parts: Sequence[torch.Tensor], *, key: Any = None) -> torch.Tensor:
     """``out = [row for p in parts for row in p.unbind()]``: micro-batch order, then row order.
 
@@ -74,6 +76,7 @@ def _take_tensordict(td: TensorDictBase, rows: Any) -> TensorDictBase:
     return out
 
 
+@entry
 def take(x: T, rows: Any) -> T:
     """``out = [x.unbind()[i] for i in rows]`` (jagged), ``x[rows]`` (dense), or each field so (TensorDict).
 
@@ -85,6 +88,7 @@ def take(x: T, rows: Any) -> T:
     return _take_part(unpack(x), rows)
 
 
+@entry
 def restore(x: torch.Tensor, partitions: Sequence[Sequence[int]]) -> torch.Tensor:
     """Rows of ``x`` (micro-batch order) back in original order: output row ``perm[k]`` is input row ``k``.
 
@@ -99,6 +103,7 @@ def restore(x: torch.Tensor, partitions: Sequence[Sequence[int]]) -> torch.Tenso
 def split(x: TensorDictBase, partitions: Sequence[Sequence[int]]) -> list[TensorDictBase]: ...
 @overload
 def split(x: torch.Tensor, partitions: Sequence[Sequence[int]]) -> list[torch.Tensor]: ...
+@entry
 def split(
     x: torch.Tensor | TensorDictBase, partitions: Sequence[Sequence[int]]
 ) -> list[torch.Tensor] | list[TensorDictBase]:

@@ -13,6 +13,8 @@ import torch
 
 from ref.errors import NotAPermutationError, PartitionMismatchError
 
+from ._entry import entry
+
 __all__ = ["flatten_partitions", "inverse_permutation", "check_permutation"]
 
 
@@ -120,6 +122,7 @@ def check_permutation(partitions: Sequence[Any], num_rows: int) -> torch.Tensor:
     return perm
 
 
+@entry
 def flatten_partitions(partitions: Sequence[Any], num_rows: int) -> torch.Tensor:
     """``perm = [i for p in partitions for i in p]``, int64 ``[B]`` on the CPU.
 
@@ -128,6 +131,7 @@ def flatten_partitions(partitions: Sequence[Any], num_rows: int) -> torch.Tensor
     return check_permutation(partitions, num_rows)
 
 
+@entry
 def inverse_permutation(perm: Any) -> torch.Tensor:
     """``inv = [perm.index(i) for i in range(len(perm))]``, i.e. ``inv[perm[k]] == k``.
 

@@ -14,12 +14,14 @@ from ref.metrics import fold_metrics
 from ref.structure import check_metrics, check_partition_count, check_settings, drop_padding, model_outputs
 
 from ._assemble import assemble
+from ._entry import entry
 from ._parts import check_parts
 from ._permutation import check_permutation
 
 __all__ = ["postprocess_batch", "postprocess_batch_func", "read_setting"]
 
 
+@entry
 def postprocess_batch(
     output_lst: Sequence[Mapping[str, Any]],
     indices: Sequence[Sequence[int]] | None,
@@ -95,6 +97,7 @@ def read_setting(data: Any, key: str, default: Any) -> Any:
     return value
 
 
+@entry
 def postprocess_batch_func(
     output_lst: Sequence[Mapping[str, Any]], indices: Sequence[Sequence[int]] | None, data: Any
 ) -> dict[str, Any]:
