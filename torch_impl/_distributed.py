@@ -15,10 +15,19 @@ import torch
 import torch.distributed as dist
 from tensordict import TensorDictBase
 
+from ref.errors import (
+    DtypeMismatchError,
+    KeyMismatchError,
+    RebatchError,
+    ShapeMismatchError,
+    UnsupportedSettingError,
+    where,
+)
 from ref.metrics import fold_metrics
 from ref.partition import check_lengths, fits, initial_count, partition_into, pipeline_order
 from ref.structure import PADDING
 
+from ._agree import Failure, agree, raise_first_failure
 from ._jagged import njt
 from ._ops import concat, split, take
 from ._prepare import row_lengths
@@ -73,10 +82,17 @@ def prepare_micro_batches_dp(
     micro-batches (a copy of its first row, or no rows if it has none), marked `PADDING` in ``indices``;
     ``postprocess_batch_func`` leaves their outputs, losses and metrics out.
     """
-    lengths = check_lengths(row_lengths(data, length_key).tolist(), max_token_len)
+    lengths: list[int] = []
+    local, failure = 0, None
+    try:  # every rank's own checks first; then all agree (a row over budget on one rank: all raise)
+        lengths = check_lengths(row_lengths(data, length_key).tolist(), max_token_len)
+        local = initial_count(
+            lengths, max_token_len, min_num_micro_batches=min_num_micro_batches, multiple_of=multiple_of
+        )
+    except Exception as err:
+        failure = err
+    count = max(agree(local, failure, group))
     step = multiple_of or 1
-    local = initial_count(lengths, max_token_len, min_num_micro_batches=min_num_micro_batches, multiple_of=multiple_of)
-    count = sync_micro_batch_count(local, group)
     while True:
         agreed = sync_micro_batch_count(_fitting_count(lengths, max_token_len, count, step), group)
         if agreed == count:
@@ -165,16 +181,77 @@ def _unpack(skeleton: _Skeleton, buffer: torch.Tensor) -> Any:
     return walk(skeleton.tree)
 
 
+def _check_result(result: Any) -> None:
+    """A result as `postprocess_batch` returns it (`UnsupportedSettingError` otherwise): a dict whose
+    ``model_output`` is a dict of tensors, ``loss`` a list and ``metrics`` a dict (each optional)."""
+    if not isinstance(result, Mapping):
+        raise UnsupportedSettingError(f"a result must be a dict, got {type(result).__name__}")
+    mo = result.get("model_output", {})
+    if not isinstance(mo, Mapping):
+        raise UnsupportedSettingError(f"model_output must be a dict, got {type(mo).__name__}")
+    for key, value in mo.items():
+        if not isinstance(value, torch.Tensor):
+            raise UnsupportedSettingError(f"{where(key)}an output must be a tensor, got {type(value).__name__}")
+        if not value.is_nested and value.dim() == 0:
+            raise ShapeMismatchError(f"{where(key)}a dense output needs a leading batch dimension, got a scalar")
+    if not isinstance(result.get("loss", []), list):
+        raise UnsupportedSettingError(f"loss must be a list, got {type(result['loss']).__name__}")
+    if not isinstance(result.get("metrics", {}), Mapping):
+        raise UnsupportedSettingError(f"metrics must be a dict, got {type(result['metrics']).__name__}")
+
+
+def _check_ranks_agree(skeletons: list[_Skeleton]) -> None:
+    """Every rank's outputs can be joined (the same checks on every rank, from the same skeletons, so
+    the same error everywhere): ranks with outputs have the same keys as the first of them, and each
+    key the same layout, dtype and trailing shape (messages name the rank, not a micro-batch)."""
+    outputs = [(r, s.tree.get("model_output", {})) for r, s in enumerate(skeletons)]
+    outputs = [(r, o) for r, o in outputs if o]
+    if not outputs:
+        return
+    r0, first = outputs[0]
+    for r, mo in outputs[1:]:
+        for key in first:
+            if key not in mo:
+                raise KeyMismatchError(f"{where(key, rank=r)}missing, while rank {r0} has it")
+        for key in mo:
+            if key not in first:
+                raise KeyMismatchError(f"{where(key, rank=r)}present, while rank {r0} lacks it")
+        for key, slot in mo.items():
+            slot0, at = first[key], where(key, rank=r)
+            kind, kind0 = ("jagged" if x.offsets is not None else "dense" for x in (slot, slot0))
+            if kind != kind0:
+                raise ShapeMismatchError(f"{at}layout {kind} differs from rank {r0}'s {kind0}")
+            if slot.dtype != slot0.dtype:
+                raise DtypeMismatchError(f"{at}dtype {slot.dtype} differs from rank {r0}'s {slot0.dtype}")
+            if slot.shape[1:] != slot0.shape[1:]:
+                raise ShapeMismatchError(
+                    f"{at}trailing shape {tuple(slot.shape[1:])} differs from rank {r0}'s {tuple(slot0.shape[1:])}"
+                )
+
+
 def broadcast_from_last_stage(result: Mapping[str, Any], group: Any = None) -> dict[str, Any]:
-    """The last pipeline stage's ``result`` on every rank of ``group`` (others pass ``{}``, as verl returns)."""
+    """The last pipeline stage's ``result`` on every rank of ``group`` (others pass ``{}``, as verl returns).
+
+    The last stage checks and packs its result first; if that fails, every rank raises (see `agree`).
+    """
     ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
     src = ranks[-1]
     device = _comm_device(group)
     holder: list[Any] = [None]
+    failure: BaseException | None = None
+    buffer = torch.zeros(0, dtype=torch.uint8)
     if dist.get_rank() == src:
-        skeleton, buffer = _pack(result)
-        holder = [skeleton]
+        try:
+            _check_result(result)
+            skeleton, buffer = _pack(result)
+            holder = [skeleton]
+        except Exception as err:
+            failure = err
+            holder = [Failure(type(err).__name__, isinstance(err, RebatchError), str(err))]
     dist.broadcast_object_list(holder, src=src, group=group)
+    statuses = [None] * len(ranks)
+    statuses[-1] = holder[0]
+    raise_first_failure(statuses, failure, ranks.index(dist.get_rank()))
     skeleton = holder[0]
     if dist.get_rank() != src:
         buffer = torch.empty(skeleton.nbytes, dtype=torch.uint8)
@@ -185,17 +262,28 @@ def broadcast_from_last_stage(result: Mapping[str, Any], group: Any = None) -> d
 
 def gather_batch(result: Mapping[str, Any], group: Any = None) -> dict[str, Any]:
     """Every rank's ``result`` joined, in rank order, on every rank of ``group``: each key's rows of all
-    ranks (jagged values of any length: sizes travel in the skeletons first), the losses, the metrics."""
+    ranks (jagged values of any length: sizes travel in the skeletons first), the losses, the metrics.
+
+    Each rank checks and packs its result; the skeletons (or a rank's error) are exchanged, and every
+    rank checks that the ranks' outputs agree (keys, layouts, dtypes, trailing shapes) before any data
+    moves: a failure on one rank, or a disagreement, raises the same error on every rank."""
     world = dist.get_world_size(group)
     device = _comm_device(group)
-    skeleton, buffer = _pack(result)
-    skeletons: list[Any] = [None] * world
-    dist.all_gather_object(skeletons, skeleton, group=group)
+    mine: Any = None
+    failure: BaseException | None = None
+    buffer = torch.zeros(0, dtype=torch.uint8)
+    try:
+        _check_result(result)
+        mine, buffer = _pack(result)
+    except Exception as err:
+        failure = err
+    skeletons = agree(mine, failure, group)
+    _check_ranks_agree(skeletons)
     largest = max(s.nbytes for s in skeletons)
-    mine = torch.zeros(largest, dtype=torch.uint8, device=device)
-    mine[: buffer.numel()] = buffer.to(device)
+    padded = torch.zeros(largest, dtype=torch.uint8, device=device)
+    padded[: buffer.numel()] = buffer.to(device)
     gathered = [torch.empty(largest, dtype=torch.uint8, device=device) for _ in range(world)]
-    dist.all_gather(gathered, mine, group=group)
+    dist.all_gather(gathered, padded, group=group)
     trees = [_unpack(s, g[: s.nbytes].cpu()) for s, g in zip(skeletons, gathered, strict=True)]
     outputs = [t.get("model_output", {}) for t in trees]
     keys = next((list(o) for o in outputs if o), [])
