@@ -16,7 +16,6 @@ import sys
 import textwrap
 import threading
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -71,6 +70,9 @@ def _threads() -> set[int]:
     return {t.ident for t in threading.enumerate() if t.ident is not None}
 
 
+# An interrupt that lands in a finalizer (a weakref callback of torch's) is ignored by Python by design,
+# and reported as "unraisable": that is the interrupt being dropped, not the library failing.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_stress_interrupts_and_concurrent_thread_counts() -> None:
     """KeyboardInterrupt (from a signal handler) at random points of calls of 1 to 32 MiB, on every path;
     then threads with different torch thread counts calling at once. Every call afterwards returns
@@ -219,34 +221,42 @@ def test_another_threads_gc_disable_during_a_call_stays() -> None:
         gc.enable()
 
 
+_FORK_SCRIPT = """
+import gc, os, sys, threading, time
+import torch, torch_impl
+from property_tests.data import jagged
+x = [jagged(torch.randn(2048 * 256), [2048] * 256) for _ in range(4)]
+idx = [list(range(m, 1024, 4)) for m in range(4)]
+outs = [{"model_output": {"x": v}} for v in x]
+inside, stop = threading.Event(), threading.Event()
+def loop():
+    while not stop.is_set():
+        inside.set()
+        torch_impl.postprocess_batch(outs, idx)
+t = threading.Thread(target=loop)
+t.start()
+inside.wait(30)
+time.sleep(0.01)
+pid = os.fork()
+if pid == 0:
+    small = [{"model_output": {"x": jagged(torch.arange(3.0), [1, 2])}}]
+    torch_impl.postprocess_batch(small, [[1, 0]])
+    os._exit(0 if gc.isenabled() else 3)
+_, status = os.waitpid(pid, 0)
+stop.set()
+t.join(30)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
 def test_fork_during_a_call_gives_a_child_with_the_collector_on() -> None:
-    statuses: list[int] = []
-
-    def fork() -> None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # fork of a multi-threaded process
-            pid = os.fork()
-        if pid == 0:  # the child: its state, and a small call that must work
-            try:
-                small, idx = _call_inputs(8, 4)
-                torch_impl.postprocess_batch(small, idx)
-                os._exit(0 if gc.isenabled() else 3)
-            except BaseException:
-                os._exit(4)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                statuses.append(os.waitstatus_to_exitcode(status))
-                return
-            time.sleep(0.01)
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        statuses.append(-1)
-
-    _during_a_call(fork)
-    assert statuses == [0], "child: 3 = collector off, 4 = the call failed, -1 = hung"
+    """In a fresh interpreter (no JAX, whose own fork hook warns): a thread is inside calls, the main
+    thread forks; the child has the collector on and can call. Exit 3: collector off; a timeout: hung."""
+    done = subprocess.run(
+        [sys.executable, "-c", _FORK_SCRIPT], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_the_interpreter_exits_promptly_with_calls_in_flight() -> None:
@@ -260,9 +270,11 @@ def test_the_interpreter_exits_promptly_with_calls_in_flight() -> None:
         def loop():
             for _ in range(20):
                 torch_impl.postprocess_batch(outs, idx)
-        threading.Thread(target=loop).start()
-        threading.Thread(target=loop, daemon=True).start()
+        threads = [threading.Thread(target=loop) for _ in range(2)]
+        for t in threads:
+            t.start()
         torch_impl.postprocess_batch(outs, idx)
+        assert len(threading.enumerate()) == 3  # main and ours: rebatch starts none
         """
     )
     start = time.monotonic()
