@@ -83,8 +83,9 @@ def _dense_again(result: Any, output_lst: Any) -> Any:
     model_output = dict(result["model_output"])
     for key, value in model_output.items():
         given = first.get(key) if hasattr(first, "get") else None
-        dense_in = isinstance(given, torch.Tensor) and not given.is_nested and given.dim() >= 2
-        if dense_in and isinstance(value, torch.Tensor) and value.is_nested:
+        if not isinstance(given, torch.Tensor) or given.is_nested or given.dim() < 2:
+            continue
+        if isinstance(value, torch.Tensor) and value.is_nested:
             model_output[key] = value.values().reshape(value.size(0), *given.shape[1:])
     return {**result, "model_output": model_output}
 

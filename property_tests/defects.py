@@ -249,6 +249,54 @@ def _bad_index(make: Callable[[Call, Chooser, int, int], Any]) -> Breaker:
     return breaker
 
 
+def _uint64_partition(call: Call, choose: Chooser) -> Call:
+    """One partition as a uint64 array whose chosen entry is ``2**64 - 1`` (it must not wrap to -1)."""
+    import numpy as np
+
+    indices = call.args[1]
+    m, j = choose.choice(_positions(indices))
+    row = [int(i) for i in indices[m]]
+    row[j] = 2**64 - 1
+    indices[m] = np.array(row, dtype=np.uint64)
+    return call
+
+
+def _float_after_an_array(call: Call, choose: Chooser) -> Call:
+    """Micro-batch 0's partition as an integer array, then a float index in a later micro-batch."""
+    import numpy as np
+
+    indices = call.args[1]
+    m, j = choose.choice([(m, j) for m, j in _positions(indices) if m > 0])
+    indices[m][j] = float(indices[m][j])
+    indices[0] = np.array(indices[0], dtype=np.int64)
+    return call
+
+
+def _holed_lengths(make_lengths: Callable[[int], list[int]]) -> Breaker:
+    """One jagged key of one micro-batch with rows as a nested tensor with holes (``lengths``), rows
+    4 values apart in ``4 * n + 2`` values, lengths ``make_lengths(n)`` (broken: past the values or negative)."""
+
+    def breaker(call: Call, choose: Chooser) -> Call:
+        key = _jagged_key(call, choose)
+        m = choose.choice(_nonempty(call, key))
+        x = _mo(call, m)[key]
+        n = _rows(x)
+        values = torch.arange(4 * n + 2, dtype=x.dtype)
+        offsets = torch.arange(0, 4 * n + 1, 4, dtype=torch.int64)
+        _mo(call, m)[key] = torch.nested.nested_tensor_from_jagged(
+            values, offsets, lengths=torch.tensor(make_lengths(n), dtype=torch.int64)
+        )
+        return call
+
+    return breaker
+
+
+def _metrics_not_a_dict(call: Call, choose: Chooser) -> Call:
+    outs = call.args[0]
+    outs[choose.choice(range(len(outs)))]["metrics"] = choose.choice([None, [1.0], torch.ones(2)])
+    return call
+
+
 def _num_rows(call: Call) -> int:
     return sum(len(p) for p in call.args[1])
 
@@ -581,6 +629,32 @@ TABLE: tuple[Defect, ...] = (
         _bad_index(lambda call, choose, m, j: float(call.args[1][m][j])),
     ),
     Defect(
+        "index_past_int64",
+        _PP,
+        E.NotAPermutationError,
+        r"micro-batch 0, position 1: index 1180591620717411303424 is out of range for 3 rows",
+        "one row",
+        _bad_index(lambda call, choose, m, j: 2**70),
+        script=(1,),
+    ),
+    Defect(
+        "uint64_index_not_wrapped",
+        _PP,
+        E.NotAPermutationError,
+        r"micro-batch 1, position 0: index 18446744073709551615 is out of range for 3 rows",
+        "one row",
+        _uint64_partition,
+        script=(2,),
+    ),
+    Defect(
+        "float_index_after_an_array_partition",
+        _PP,
+        E.NotAPermutationError,
+        r"micro-batch 1, position 0: index 0\.0 is not an integer",
+        "two micro-batches, a row in a later one",
+        _float_after_an_array,
+    ),
+    Defect(
         "dropped_row",
         _PP,
         E.NotAPermutationError,
@@ -690,6 +764,30 @@ TABLE: tuple[Defect, ...] = (
         _in_jagged_key(_last_offset),
     ),
     # -- the other operations
+    Defect(
+        "lengths_past_the_values",
+        _PP,
+        E.InvalidJaggedError,
+        r"key 'lp', micro-batch 0: row 1 runs past the values: offsets\[1\] \+ lengths\[1\] = 4 \+ 7 > len\(values\) = 10",
+        "a jagged key with a row (added if none)",
+        _holed_lengths(lambda n: [2] * (n - 1) + [7]),
+    ),
+    Defect(
+        "negative_lengths",
+        _PP,
+        E.InvalidJaggedError,
+        r"key 'lp', micro-batch 0: lengths\[0\] = -1 is negative",
+        "a jagged key with a row (added if none)",
+        _holed_lengths(lambda n: [-1] + [2] * (n - 1)),
+    ),
+    Defect(
+        "metrics_not_a_dict",
+        _PP,
+        E.UnsupportedSettingError,
+        r"key 'metrics', micro-batch 0: metrics must be a dict, got NoneType",
+        "nothing",
+        _metrics_not_a_dict,
+    ),
     Defect(
         "missing_index",
         "flatten_partitions",

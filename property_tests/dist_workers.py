@@ -205,3 +205,123 @@ def check_budget_and_rank_order(rank: int, world: int, port: int) -> None:
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def _expect(name: str, fn: Any, error: type[BaseException], pattern: str, rank: int, budget_s: float = 15.0) -> None:
+    """``fn()`` must raise ``error`` whose message matches ``pattern``, within ``budget_s`` seconds."""
+    import re
+    import time
+
+    start = time.monotonic()
+    try:
+        fn()
+    except error as err:
+        took = time.monotonic() - start
+        assert re.search(pattern, str(err)), f"rank {rank}, {name}: {type(err).__name__}: {err}"
+        assert took < budget_s, f"rank {rank}, {name}: the error took {took:.1f} s to arrive"
+        return
+    raise AssertionError(f"rank {rank}, {name}: no {error.__name__} raised")
+
+
+def ranks_agree_on_errors(rank: int, world: int, port: int) -> None:
+    """One rank (rank 1, or the last stage) is wrong; every rank raises the same error at once, naming
+    that rank, in every helper; afterwards the group still works. The group's timeout (60 s) is far
+    above the budget of each error (15 s): an error that arrived by timeout fails the test."""
+    import torch_impl
+    from ref import errors
+
+    _init(rank, world, port, 60)
+    try:
+        odd = rank == 1
+
+        def result(**model_output: Any) -> dict[str, Any]:
+            return {"model_output": model_output, "loss": [torch.tensor(1.0)], "metrics": {"r": rank}}
+
+        x = jagged(torch.arange(5.0), [2, 3])
+        cases = [
+            (
+                "extra key",
+                result(x=x, y=torch.zeros(2)) if odd else result(x=x),
+                errors.KeyMismatchError,
+                r"key 'y', rank 1: present, while rank 0 lacks it",
+            ),
+            (
+                "missing key",
+                result(x=x) if odd else result(x=x, y=torch.zeros(2)),
+                errors.KeyMismatchError,
+                r"key 'y', rank 1: missing, while rank 0 has it",
+            ),
+            (
+                "dtype",
+                result(x=jagged(torch.arange(5.0, dtype=torch.float64), [2, 3])) if odd else result(x=x),
+                errors.DtypeMismatchError,
+                r"key 'x', rank 1: dtype torch.float64 differs from rank 0's torch.float32",
+            ),
+            (
+                "trailing shape",
+                result(x=jagged(torch.zeros(5, 2), [2, 3])) if odd else result(x=x),
+                errors.ShapeMismatchError,
+                r"key 'x', rank 1: trailing shape \(2,\) differs from rank 0's \(\)",
+            ),
+            (
+                "layout",
+                result(x=torch.zeros(2)) if odd else result(x=x),
+                errors.ShapeMismatchError,
+                r"key 'x', rank 1: layout dense differs from rank 0's jagged",
+            ),
+            (
+                "bad result",
+                {"model_output": {"x": [1, 2]}} if odd else result(x=x),
+                errors.UnsupportedSettingError,
+                r"rank 1: key 'x': an output must be a tensor, got list",
+            ),
+        ]
+        for name, mine, error, pattern in cases:
+            _expect(f"gather_batch, {name}", lambda mine=mine: torch_impl.gather_batch(mine), error, pattern, rank)
+        # not a rebatch error on rank 1 (its tensor has no data to send): RankFailedError elsewhere
+        if odd:
+            _expect(
+                "gather_batch, meta tensor",
+                lambda: torch_impl.gather_batch(result(x=torch.zeros(2, device="meta"))),
+                NotImplementedError,
+                r"meta",
+                rank,
+            )
+        else:
+            _expect(
+                "gather_batch, meta tensor",
+                lambda: torch_impl.gather_batch(result(x=torch.zeros(2))),
+                errors.RankFailedError,
+                r"rank 1 failed: NotImplementedError",
+                rank,
+            )
+        # the last stage's result is bad: every rank raises, naming it
+        last = world - 1
+        bad = {"model_output": {"x": x}, "metrics": None}
+        _expect(
+            "broadcast_from_last_stage",
+            lambda: torch_impl.broadcast_from_last_stage(bad if rank == last else {}),
+            errors.UnsupportedSettingError,
+            rf"rank {last}: metrics must be a dict, got NoneType",
+            rank,
+        )
+        # a row over the token budget on one rank, before the count is synchronised
+        data = global_batch(rows=6, seed=rank)
+        if odd:
+            data = torch_impl.take(global_batch(rows=6, seed=rank), list(range(6)))
+            data["input_ids"] = jagged(
+                torch.zeros(6 * MAX_TOKENS, dtype=torch.int64), [MAX_TOKENS * 2] + [0] * 4 + [MAX_TOKENS * 4]
+            )
+        _expect(
+            "prepare_micro_batches_dp",
+            lambda: torch_impl.prepare_micro_batches_dp(data, max_token_len=MAX_TOKENS),
+            errors.TokenBudgetError,
+            rf"rank 1: row 0: length {MAX_TOKENS * 2} exceeds the token budget of {MAX_TOKENS}",
+            rank,
+        )
+        # the group still works
+        whole = torch_impl.gather_batch(result(x=x))
+        assert whole["model_output"]["x"].size(0) == 2 * world
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()

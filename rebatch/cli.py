@@ -47,6 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--device", default="cpu", help="cpu or cuda")
     bench.add_argument("--out", default="docs", help="folder for benchmarks.json, benchmarks.md and benchmarks.png")
     bench.add_argument("--json", action="store_true", help="print the results as JSON")
+    bench.add_argument("--contended", action="store_true", help="also time every case with one busy process per core")
     fuzz = sub.add_parser("fuzz", help="run the property suite under the fuzz profile")
     fuzz.add_argument("--minutes", type=float, default=10.0, help="time budget (default 10)")
     return parser
@@ -64,7 +65,14 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         from .bench.run import run_bench
 
-        return run_bench(quick=args.quick, device=args.device, out=args.out, as_json=args.json, grid_name=args.grid)
+        return run_bench(
+            quick=args.quick,
+            device=args.device,
+            out=args.out,
+            as_json=args.json,
+            grid_name=args.grid,
+            contended=args.contended,
+        )
     if missing := _missing("hypothesis"):
         print(f"rebatch fuzz needs {missing}: pip install 'rebatch[test]'", file=sys.stderr)
         return 2

@@ -12,7 +12,7 @@ from ._restore import restore
 from ._x64 import exact
 from .errors import PartitionMismatchError, ShapeMismatchError, where
 from .metrics import fold_metrics
-from .structure import check_partition_count, check_settings, drop_padding, model_outputs
+from .structure import check_metrics, check_partition_count, check_settings, drop_padding, model_outputs
 
 __all__ = ["postprocess_batch"]
 
@@ -56,6 +56,7 @@ def postprocess_batch(
     use_dynamic_bsz = check_settings(use_dynamic_bsz, pad_mode, indices)
     output_lst, indices = drop_padding(output_lst, indices)
     outs = model_outputs(output_lst)
+    check_metrics(output_lst)
     if use_dynamic_bsz:
         check_partition_count(indices, len(outs))
         check_permutation(indices, sum(len(list(p)) for p in indices))

@@ -24,6 +24,7 @@ __all__ = [
     "UnsupportedSettingError",
     "RowIndexError",
     "TokenBudgetError",
+    "RankFailedError",
     "where",
 ]
 
@@ -93,11 +94,22 @@ class TokenBudgetError(RebatchError):
     micro-batches needed than there are rows."""
 
 
-def where(key: Any = None, micro_batch: int | None = None) -> str:
-    """The location prefix of an error message: ``"key 'x', micro-batch 2: "`` (parts left out when None)."""
+class RankFailedError(RebatchError):
+    """Another rank of a process group failed inside a distributed helper of ``torch_impl`` with an error
+    that is not a `RebatchError` (an out-of-memory error, say): raised on every other rank, naming the
+    failing rank and its error, so that none of them waits for the process group's timeout. (A
+    `RebatchError` on one rank is raised with its own class on every rank, its message prefixed with
+    ``"rank r: "``.)"""
+
+
+def where(key: Any = None, micro_batch: int | None = None, *, rank: int | None = None) -> str:
+    """The location prefix of an error message: ``"key 'x', micro-batch 2: "`` or, between the ranks of
+    a process group, ``"key 'x', rank 1: "`` (parts left out when None)."""
     parts = []
     if key is not None:
         parts.append(f"key {key!r}")
     if micro_batch is not None:
         parts.append(f"micro-batch {micro_batch}")
+    if rank is not None:
+        parts.append(f"rank {rank}")
     return (", ".join(parts) + ": ") if parts else ""

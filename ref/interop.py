@@ -59,9 +59,35 @@ def from_torch(
     if nested._ragged_idx != 1:
         raise InvalidJaggedError(f"{at}the ragged dimension must be 1, got {nested._ragged_idx}")
     if nested.lengths() is not None:
+        rows = int(nested.offsets().shape[0]) - 1
+        if rows == 0:  # torch cannot make an empty nested tensor contiguous
+            values = nested.values()
+            return Jagged(
+                _to_jax(values[:0]), _to_jax(torch.zeros(1, dtype=torch.int64)), key=key, micro_batch=micro_batch
+            )
+        _check_lengths(nested, at)
         nested = nested.contiguous()
     values, offsets = _to_jax(nested.values(), copy), _to_jax(nested.offsets(), copy)
     return Jagged(values, offsets, key=key, micro_batch=micro_batch)
+
+
+def _check_lengths(nested: Any, at: str) -> None:
+    """A nested tensor with ``lengths``: every row inside the values (`InvalidJaggedError`), before torch
+    reads them (torch would raise its own error, or read past the values)."""
+    lengths, offsets, n = nested.lengths().cpu(), nested.offsets().cpu(), int(nested.values().shape[0])
+    if lengths.dim() != 1 or lengths.shape[0] != offsets.shape[0] - 1 or lengths.dtype.is_floating_point:
+        raise InvalidJaggedError(
+            f"{at}lengths must be 1-D integers, one per row, got {lengths.dtype}{list(lengths.shape)}"
+        )
+    for i, (o, n_i) in enumerate(zip(offsets[:-1].tolist(), lengths.tolist(), strict=True)):
+        if n_i < 0:
+            raise InvalidJaggedError(f"{at}lengths[{i}] = {n_i} is negative")
+        if o < 0:
+            raise InvalidJaggedError(f"{at}offsets[{i}] = {o} is negative")
+        if o + n_i > n:
+            raise InvalidJaggedError(
+                f"{at}row {i} runs past the values: offsets[{i}] + lengths[{i}] = {o} + {n_i} > len(values) = {n}"
+            )
 
 
 def _to_tensor(x: jax.Array, copy: bool = False) -> torch.Tensor:

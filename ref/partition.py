@@ -27,6 +27,7 @@ from .structure import PADDING
 __all__ = [
     "CountSync",
     "balanced_partitions",
+    "check_rows",
     "get_group_balanced_partitions",
     "get_seqlen_balanced_partitions",
     "karmarkar_karp",
@@ -164,6 +165,28 @@ def pipeline_order(lengths: Sequence[int], parts: list[list[int]]) -> list[list[
     return parts[::2][::-1] + parts[1::2]
 
 
+def check_rows(
+    lengths: Sequence[int], max_token_len: int, *, force_group_size: int = 1, max_seq_len: int | None = None
+) -> None:
+    """What `plan_micro_batches` refuses before any planning (`TokenBudgetError`): a budget or group size
+    below 1, a negative length, a row longer than the budget (or, given ``max_seq_len``, a dense batch
+    wider than it, as verl checks), a batch not divisible into groups of ``force_group_size`` rows."""
+    if max_token_len <= 0:
+        raise TokenBudgetError(f"max_token_len must be positive, got {max_token_len}")
+    if force_group_size < 1:
+        raise TokenBudgetError(f"force_group_size must be at least 1, got {force_group_size}")
+    for i, n in enumerate(lengths):
+        if n < 0:
+            raise TokenBudgetError(f"row {i}: length {n} is negative")
+    for i, n in enumerate(lengths):
+        if n > max_token_len:
+            raise TokenBudgetError(f"row {i}: length {n} exceeds the token budget of {max_token_len}")
+    if max_seq_len is not None and max_seq_len > max_token_len:  # a dense batch's padded width, as verl checks
+        raise TokenBudgetError(f"the padded width {max_seq_len} exceeds the token budget of {max_token_len}")
+    if len(lengths) % force_group_size:
+        raise TokenBudgetError(f"batch size {len(lengths)} must be divisible by force_group_size {force_group_size}")
+
+
 def plan_micro_batches(
     lengths: Sequence[int],
     max_token_len: int,
@@ -196,35 +219,26 @@ def plan_micro_batches(
     taking part in every agreement. Every rank makes the same ``sync`` calls whatever its data.
     """
     fgs = force_group_size
-    if max_token_len <= 0:
-        raise TokenBudgetError(f"max_token_len must be positive, got {max_token_len}")
-    if fgs < 1:
-        raise TokenBudgetError(f"force_group_size must be at least 1, got {fgs}")
     lengths = [int(n) for n in lengths]
     b = len(lengths)
-    longest = max(lengths, default=0) if max_seq_len is None else int(max_seq_len)
-    problem = ""
-    if any(n < 0 for n in lengths):
-        i = next(i for i, n in enumerate(lengths) if n < 0)
-        problem = f"row {i}: length {lengths[i]} is negative"
-    elif any(n > max_token_len for n in lengths):
-        i = next(i for i, n in enumerate(lengths) if n > max_token_len)
-        problem = f"row {i}: length {lengths[i]} exceeds the token budget of {max_token_len}"
-    elif longest > max_token_len:  # a dense batch's padded width, which verl compares with the budget
-        problem = f"the padded width {longest} exceeds the token budget of {max_token_len}"
-    elif b % fgs:
-        problem = f"batch size {b} must be divisible by force_group_size {fgs}"
-    num_groups = b // fgs
-    count = min(num_groups, math.ceil(sum(lengths) / max_token_len))
+    problem: TokenBudgetError | None = None
+    try:
+        check_rows(lengths, max_token_len, force_group_size=fgs, max_seq_len=max_seq_len)
+    except TokenBudgetError as err:
+        problem = err
+    num_groups = b // max(fgs, 1)
+    count = min(num_groups, math.ceil(sum(lengths) / max_token_len)) if problem is None else 0
     if min_num_micro_batch is not None:
         count = max(min_num_micro_batch, count)
     count = max(count, 1) if b else count
     if sync is not None:  # the count and any rank's fatal problem, agreed in one collective
-        count, failed = sync.max([count, int(bool(problem))])
-        if failed and not problem:
-            problem = "another rank of the data-parallel group rejected its batch (its error names the row)"
-    if problem:
-        raise TokenBudgetError(problem)
+        count, failed = sync.max([count, int(problem is not None)])
+        if failed and problem is None:
+            problem = TokenBudgetError(
+                "another rank of the data-parallel group rejected its batch (its error names the row)"
+            )
+    if problem is not None:
+        raise problem
     step = num_batches_divided_by or 1
     if num_batches_divided_by is not None:
         count = math.ceil(count / num_batches_divided_by) * num_batches_divided_by

@@ -16,6 +16,7 @@ __all__ = [
     "PAD_MODES",
     "PADDING",
     "as_flag",
+    "check_metrics",
     "check_partition_count",
     "check_settings",
     "drop_padding",
@@ -111,6 +112,16 @@ def model_outputs(output_lst: Sequence[Any]) -> list[Mapping[str, Any]]:
             if key not in outs[0]:
                 raise KeyMismatchError(f"{where(key, m)}present, while micro-batch 0 lacks it")
     return outs
+
+
+def check_metrics(output_lst: Sequence[Mapping[str, Any]]) -> None:
+    """Step 2b: every ``metrics`` present is a dict (`UnsupportedSettingError` naming the micro-batch and
+    the type: verl's fold would fail on ``None``, a list or a tensor with an ``AttributeError``)."""
+    for m, o in enumerate(output_lst):
+        if "metrics" in o and not isinstance(o["metrics"], Mapping):
+            raise UnsupportedSettingError(
+                f"{where('metrics', m)}metrics must be a dict, got {type(o['metrics']).__name__}"
+            )
 
 
 def check_partition_count(indices: Any, num_outputs: int) -> Sequence[Any]:

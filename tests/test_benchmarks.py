@@ -97,3 +97,43 @@ def test_restore_side_by_side_row_on_a_tiny_size() -> None:
     assert set(row["seconds"]) == {"torch_impl_restore", "jax_ref_restore_jit"}
     assert row["jit_over_torch"] > 0
     assert "jit(ref.restore)" in "\n".join(restore_markdown(row))
+
+
+def test_busy_processes_are_started_and_stopped() -> None:
+    from rebatch.bench.contention import busy_processes
+
+    with busy_processes(2) as procs:
+        assert len(procs) == 2
+        assert all(p.poll() is None for p in procs)
+    assert all(p.poll() is not None for p in procs)
+
+
+def test_contended_run_writes_quiet_and_contended_ratios_side_by_side(tmp_path) -> None:
+    import json
+
+    from rebatch.bench.run import run_bench
+
+    assert run_bench(grid_name="smoke", out=str(tmp_path), with_jax=False, contended=True) == 0
+    results = json.loads((tmp_path / "benchmarks.json").read_text())
+    assert all("contended" in r and r["contended"]["busy_processes"] >= 1 for r in results["rows"])
+    text = (tmp_path / "benchmarks.md").read_text()
+    assert "speed-up vs baseline (quiet / contended)" in text
+    assert "with one busy process per core" in text
+    assert results["verl"] in ("importable", "absent")
+    if results["verl"] == "absent":
+        assert "verl was not importable in this run" in text or "B=1024" not in text
+
+
+def test_crossover_script_runs() -> None:
+    from rebatch.bench.crossover import crossover
+
+    rows = crossover(32, 4, [4, 64], min_time=0.0)
+    assert [r["mean_length"] for r in rows] == [4, 64]
+    assert all(r["seconds"]["row_copies"] > 0 and r["seconds"]["element_indices"] > 0 for r in rows)
+
+
+def test_cuda_check_dry_run_passes_on_the_cpu(capsys) -> None:
+    from rebatch.bench.cuda_check import main
+
+    assert main(["--dry-run"]) == 0
+    assert "passed: 0 failure(s) on cpu" in capsys.readouterr().out

@@ -31,6 +31,16 @@ def test_budget_on_every_rank_and_rank_order_of_every_field() -> None:
     mp.spawn(dist_workers.check_budget_and_rank_order, args=(3, _free_port()), nprocs=3, join=True)
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_an_error_on_one_rank_reaches_every_rank_at_once(world: int) -> None:
+    """Keys, dtypes, shapes or layouts that differ between ranks, a bad result on one rank (in
+    gather_batch and broadcast_from_last_stage), a row over budget on one rank (prepare_micro_batches_dp):
+    the same error on every rank, naming the rank, within seconds (the group's timeout is 60 s)."""
+    start = time.monotonic()
+    mp.spawn(dist_workers.ranks_agree_on_errors, args=(world, _free_port()), nprocs=world, join=True)
+    assert time.monotonic() - start < 120
+
+
 def test_a_failing_rank_does_not_leave_the_others_hanging() -> None:
     ctx = mp.get_context("spawn")
     port = _free_port()

@@ -15,13 +15,20 @@ import torch
 import torch.distributed as dist
 from tensordict import TensorDictBase
 
+from ref.errors import (
+    DtypeMismatchError,
+    KeyMismatchError,
+    RebatchError,
+    ShapeMismatchError,
+    UnsupportedSettingError,
+    where,
+)
 from ref.metrics import fold_metrics
-from ref.partition import plan_micro_batches
-from ref.structure import PADDING
 
+from ._agree import Failure, agree, raise_first_failure
 from ._jagged import njt
-from ._ops import concat, split, take
-from ._prepare import DistSync, row_lengths
+from ._ops import concat
+from ._prepare import DistSync, rearrange_micro_batches
 
 __all__ = ["sync_micro_batch_count", "prepare_micro_batches_dp", "broadcast_from_last_stage", "gather_batch"]
 
@@ -65,21 +72,19 @@ def prepare_micro_batches_dp(
     none), marked `PADDING` in ``indices``; ``postprocess_batch_func`` leaves their outputs, losses and
     metrics out. A row over budget on any rank raises `TokenBudgetError` on every rank.
     """
-    lengths_t = row_lengths(data, length_key)
-    parts: list[Any] = plan_micro_batches(
-        lengths_t.tolist(),
+    batches, parts = rearrange_micro_batches(
+        data,
         max_token_len,
-        num_batches_divided_by=multiple_of,
-        min_num_micro_batch=min_num_micro_batches,
-        use_dynamic_bsz_balance=balance,
-        force_group_size=force_group_size,
-        sync=DistSync(group),
-        pad_to_count=True,
+        group if group is not None else dist.group.WORLD,
+        multiple_of,
+        True,
+        min_num_micro_batches,
+        balance,
+        force_group_size,
+        length_key=length_key,
+        pad_micro_batches=True,
     )
-    real = [p for p in parts if p is not PADDING]
-    pieces = iter(split(data, real)) if real else iter(())
-    filler = take(data, [0] if lengths_t.numel() else [])
-    return MicroBatches([filler if p is PADDING else next(pieces) for p in parts], parts)
+    return MicroBatches(batches, parts)
 
 
 # -- tensors as bytes -----------------------------------------------------------------------------
@@ -153,16 +158,77 @@ def _unpack(skeleton: _Skeleton, buffer: torch.Tensor) -> Any:
     return walk(skeleton.tree)
 
 
+def _check_result(result: Any) -> None:
+    """A result as `postprocess_batch` returns it (`UnsupportedSettingError` otherwise): a dict whose
+    ``model_output`` is a dict of tensors, ``loss`` a list and ``metrics`` a dict (each optional)."""
+    if not isinstance(result, Mapping):
+        raise UnsupportedSettingError(f"a result must be a dict, got {type(result).__name__}")
+    mo = result.get("model_output", {})
+    if not isinstance(mo, Mapping):
+        raise UnsupportedSettingError(f"model_output must be a dict, got {type(mo).__name__}")
+    for key, value in mo.items():
+        if not isinstance(value, torch.Tensor):
+            raise UnsupportedSettingError(f"{where(key)}an output must be a tensor, got {type(value).__name__}")
+        if not value.is_nested and value.dim() == 0:
+            raise ShapeMismatchError(f"{where(key)}a dense output needs a leading batch dimension, got a scalar")
+    if not isinstance(result.get("loss", []), list):
+        raise UnsupportedSettingError(f"loss must be a list, got {type(result['loss']).__name__}")
+    if not isinstance(result.get("metrics", {}), Mapping):
+        raise UnsupportedSettingError(f"metrics must be a dict, got {type(result['metrics']).__name__}")
+
+
+def _check_ranks_agree(skeletons: list[_Skeleton]) -> None:
+    """Every rank's outputs can be joined (the same checks on every rank, from the same skeletons, so
+    the same error everywhere): ranks with outputs have the same keys as the first of them, and each
+    key the same layout, dtype and trailing shape (messages name the rank, not a micro-batch)."""
+    outputs = [(r, s.tree.get("model_output", {})) for r, s in enumerate(skeletons)]
+    outputs = [(r, o) for r, o in outputs if o]
+    if not outputs:
+        return
+    r0, first = outputs[0]
+    for r, mo in outputs[1:]:
+        for key in first:
+            if key not in mo:
+                raise KeyMismatchError(f"{where(key, rank=r)}missing, while rank {r0} has it")
+        for key in mo:
+            if key not in first:
+                raise KeyMismatchError(f"{where(key, rank=r)}present, while rank {r0} lacks it")
+        for key, slot in mo.items():
+            slot0, at = first[key], where(key, rank=r)
+            kind, kind0 = ("jagged" if x.offsets is not None else "dense" for x in (slot, slot0))
+            if kind != kind0:
+                raise ShapeMismatchError(f"{at}layout {kind} differs from rank {r0}'s {kind0}")
+            if slot.dtype != slot0.dtype:
+                raise DtypeMismatchError(f"{at}dtype {slot.dtype} differs from rank {r0}'s {slot0.dtype}")
+            if slot.shape[1:] != slot0.shape[1:]:
+                raise ShapeMismatchError(
+                    f"{at}trailing shape {tuple(slot.shape[1:])} differs from rank {r0}'s {tuple(slot0.shape[1:])}"
+                )
+
+
 def broadcast_from_last_stage(result: Mapping[str, Any], group: Any = None) -> dict[str, Any]:
-    """The last pipeline stage's ``result`` on every rank of ``group`` (others pass ``{}``, as verl returns)."""
+    """The last pipeline stage's ``result`` on every rank of ``group`` (others pass ``{}``, as verl returns).
+
+    The last stage checks and packs its result first; if that fails, every rank raises (see `agree`).
+    """
     ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
     src = ranks[-1]
     device = _comm_device(group)
     holder: list[Any] = [None]
+    failure: BaseException | None = None
+    buffer = torch.zeros(0, dtype=torch.uint8)
     if dist.get_rank() == src:
-        skeleton, buffer = _pack(result)
-        holder = [skeleton]
+        try:
+            _check_result(result)
+            skeleton, buffer = _pack(result)
+            holder = [skeleton]
+        except Exception as err:
+            failure = err
+            holder = [Failure(type(err).__name__, isinstance(err, RebatchError), str(err))]
     dist.broadcast_object_list(holder, src=src, group=group)
+    statuses = [None] * len(ranks)
+    statuses[-1] = holder[0]
+    raise_first_failure(statuses, failure, ranks.index(dist.get_rank()))
     skeleton = holder[0]
     if dist.get_rank() != src:
         buffer = torch.empty(skeleton.nbytes, dtype=torch.uint8)
@@ -173,17 +239,28 @@ def broadcast_from_last_stage(result: Mapping[str, Any], group: Any = None) -> d
 
 def gather_batch(result: Mapping[str, Any], group: Any = None) -> dict[str, Any]:
     """Every rank's ``result`` joined, in rank order, on every rank of ``group``: each key's rows of all
-    ranks (jagged values of any length: sizes travel in the skeletons first), the losses, the metrics."""
+    ranks (jagged values of any length: sizes travel in the skeletons first), the losses, the metrics.
+
+    Each rank checks and packs its result; the skeletons (or a rank's error) are exchanged, and every
+    rank checks that the ranks' outputs agree (keys, layouts, dtypes, trailing shapes) before any data
+    moves: a failure on one rank, or a disagreement, raises the same error on every rank."""
     world = dist.get_world_size(group)
     device = _comm_device(group)
-    skeleton, buffer = _pack(result)
-    skeletons: list[Any] = [None] * world
-    dist.all_gather_object(skeletons, skeleton, group=group)
+    mine: Any = None
+    failure: BaseException | None = None
+    buffer = torch.zeros(0, dtype=torch.uint8)
+    try:
+        _check_result(result)
+        mine, buffer = _pack(result)
+    except Exception as err:
+        failure = err
+    skeletons = agree(mine, failure, group)
+    _check_ranks_agree(skeletons)
     largest = max(s.nbytes for s in skeletons)
-    mine = torch.zeros(largest, dtype=torch.uint8, device=device)
-    mine[: buffer.numel()] = buffer.to(device)
+    padded = torch.zeros(largest, dtype=torch.uint8, device=device)
+    padded[: buffer.numel()] = buffer.to(device)
     gathered = [torch.empty(largest, dtype=torch.uint8, device=device) for _ in range(world)]
-    dist.all_gather(gathered, mine, group=group)
+    dist.all_gather(gathered, padded, group=group)
     trees = [_unpack(s, g[: s.nbytes].cpu()) for s, g in zip(skeletons, gathered, strict=True)]
     outputs = [t.get("model_output", {}) for t in trees]
     keys = next((list(o) for o in outputs if o), [])

@@ -8,12 +8,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TypeVar, overload
 
+import numpy as np
 import torch
 from tensordict import TensorDictBase
 
 from ref.errors import RowIndexError, UnsupportedSettingError
 
 from ._assemble import assemble
+from ._entry import entry
 from ._jagged import gather_jagged, njt
 from ._parts import DensePart, Part, check_parts, unpack
 from ._permutation import check_permutation
@@ -23,6 +25,7 @@ __all__ = ["concat", "take", "restore", "split"]
 T = TypeVar("T", torch.Tensor, TensorDictBase)
 
 
+@entry
 def concat(parts: Sequence[torch.Tensor], *, key: Any = None) -> torch.Tensor:
     """``out = [row for p in parts for row in p.unbind()]``: micro-batch order, then row order.
 
@@ -37,7 +40,18 @@ def concat(parts: Sequence[torch.Tensor], *, key: Any = None) -> torch.Tensor:
 
 def _checked_rows(rows: Any, n: int, device: torch.device) -> torch.Tensor:
     """``rows`` as int64 on ``device``; each an integer in ``range(n)`` (`RowIndexError`, no wrap-around)."""
-    r = rows if isinstance(rows, torch.Tensor) else torch.as_tensor(rows)
+    try:
+        r = rows if isinstance(rows, torch.Tensor) else torch.as_tensor(rows)
+    except (OverflowError, RuntimeError, ValueError, TypeError):
+        r = None
+    if r is None or r.dtype == torch.uint64:  # past int64 (never wrapped), or not numbers at all
+        listed = rows.tolist() if isinstance(rows, torch.Tensor) else list(rows)
+        for j, i in enumerate(listed):
+            if isinstance(i, bool) or not isinstance(i, int | np.integer):
+                raise RowIndexError(f"position {j}: row index {i!r} is not an integer")
+            if not 0 <= int(i) < n:
+                raise RowIndexError(f"position {j}: row index {int(i)} is out of range for {n} rows (no wrap-around)")
+        r = torch.tensor([int(i) for i in listed], dtype=torch.int64)
     if r.dim() != 1:
         raise RowIndexError(f"rows must be 1-D, got shape {tuple(r.shape)}")
     if r.numel() and (r.dtype == torch.bool or r.dtype.is_floating_point or r.dtype.is_complex):
@@ -51,10 +65,23 @@ def _checked_rows(rows: Any, n: int, device: torch.device) -> torch.Tensor:
     return r.to(device, non_blocking=True)
 
 
+def _is_permutation(rows: torch.Tensor, n: int) -> bool:
+    """``rows`` (checked, in ``range(n)``) hold each of ``range(n)`` once; False off the CPU (unread)."""
+    return rows.device.type == "cpu" and rows.numel() == n and bool((torch.bincount(rows, minlength=n) == 1).all())
+
+
 def _take_part(x: Part, rows: Any, *, total: int | None = None) -> torch.Tensor:
-    idx = _checked_rows(rows, x.rows, x.values.device)
+    host = _checked_rows(rows, x.rows, rows.device if isinstance(rows, torch.Tensor) else torch.device("cpu"))
+    idx = host.to(x.values.device, non_blocking=True) if host.device != x.values.device else host
     if isinstance(x, DensePart):
         return x.values.index_select(0, idx)
+    if total is None and x.values.device.type != "cpu" and _is_permutation(host, x.rows):
+        total = int(x.values.shape[0])  # a permutation keeps the values: no read of the device
+    if total is None and x.values.device.type == "meta":
+        raise UnsupportedSettingError(
+            f"take of rows that are not a permutation of range({x.rows}) on the meta device: the result's "
+            "number of values depends on the row lengths, which a meta tensor does not hold"
+        )
     return gather_jagged(x, idx, total)
 
 
@@ -74,6 +101,7 @@ def _take_tensordict(td: TensorDictBase, rows: Any) -> TensorDictBase:
     return out
 
 
+@entry
 def take(x: T, rows: Any) -> T:
     """``out = [x.unbind()[i] for i in rows]`` (jagged), ``x[rows]`` (dense), or each field so (TensorDict).
 
@@ -85,6 +113,7 @@ def take(x: T, rows: Any) -> T:
     return _take_part(unpack(x), rows)
 
 
+@entry
 def restore(x: torch.Tensor, partitions: Sequence[Sequence[int]]) -> torch.Tensor:
     """Rows of ``x`` (micro-batch order) back in original order: output row ``perm[k]`` is input row ``k``.
 
@@ -99,6 +128,7 @@ def restore(x: torch.Tensor, partitions: Sequence[Sequence[int]]) -> torch.Tenso
 def split(x: TensorDictBase, partitions: Sequence[Sequence[int]]) -> list[TensorDictBase]: ...
 @overload
 def split(x: torch.Tensor, partitions: Sequence[Sequence[int]]) -> list[torch.Tensor]: ...
+@entry
 def split(
     x: torch.Tensor | TensorDictBase, partitions: Sequence[Sequence[int]]
 ) -> list[torch.Tensor] | list[TensorDictBase]:
@@ -128,6 +158,11 @@ def _cut(x: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
     row_bounds = [0]
     for s in sizes:
         row_bounds.append(row_bounds[-1] + s)
+    if part.offsets.device.type == "meta":
+        raise UnsupportedSettingError(
+            "split on the meta device: each micro-batch's number of values depends on the row lengths, "
+            "which a meta tensor does not hold"
+        )
     value_bounds = part.offsets[row_bounds].tolist()  # one read of P + 1 offsets
     return [
         njt(

@@ -79,7 +79,10 @@ def unpack(x: Any, key: Any = None, micro_batch: int | None = None, *, allow_jag
             if not allow_jagged:
                 raise UnsupportedSettingError(f"{at}jagged outputs need pad_mode 'no_padding', got a jagged tensor")
             if x._lengths is not None:
-                x = x.contiguous()
+                holed = _without_holes(x, at)
+                if isinstance(holed, JaggedPart):
+                    return holed
+                x = holed
             # A nested tensor that requires grad keeps its autograd history on the wrapper: read its
             # values through values(), which is differentiable; otherwise the buffer itself is exact.
             values = x.values() if x.requires_grad else x._values
@@ -92,6 +95,44 @@ def unpack(x: Any, key: Any = None, micro_batch: int | None = None, *, allow_jag
         if x.dim() == 0:
             raise ShapeMismatchError(f"{at}a dense output needs a leading batch dimension, got a scalar")
         return DensePart(x, int(x.shape[0]))
+
+
+def _without_holes(x: Any, at: str) -> Any:
+    """A jagged nested tensor with ``lengths`` (row ``i`` is ``values[offsets[i]:offsets[i] + lengths[i]]``,
+    holes allowed) made contiguous, its lengths checked first where they live on the CPU: 1-D integers,
+    one per row, none negative, no row starting before or running past the values (`InvalidJaggedError`).
+    With no rows, the empty `JaggedPart` itself (torch cannot make such a tensor contiguous)."""
+    lengths, offsets, values = x._lengths, x._offsets, x._values
+    rows = int(offsets.shape[0]) - 1
+    if (
+        lengths.dim() != 1
+        or int(lengths.shape[0]) != rows
+        or lengths.dtype.is_floating_point
+        or lengths.dtype.is_complex
+        or lengths.dtype == torch.bool
+    ):
+        raise InvalidJaggedError(
+            f"{at}lengths must be 1-D integers, one per row ({rows}), got {lengths.dtype}{list(lengths.shape)}"
+        )
+    if rows > 0 and lengths.device.type == "cpu" and offsets.device.type == "cpu":
+        n = int(values.shape[0])
+        starts = offsets[:-1].to(torch.int64)
+        lens = lengths.to(torch.int64)
+        bad = (lens < 0) | (starts < 0) | (starts + lens > n)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            o, n_i = int(starts[i]), int(lens[i])
+            if n_i < 0:
+                what = f"lengths[{i}] = {n_i} is negative"
+            elif o < 0:
+                what = f"offsets[{i}] = {o} is negative"
+            else:
+                what = f"row {i} runs past the values: offsets[{i}] + lengths[{i}] = {o} + {n_i} > len(values) = {n}"
+            raise InvalidJaggedError(at + what)
+    if rows == 0:
+        source = x.values() if x.requires_grad else values
+        return JaggedPart(source[:0], torch.zeros(1, dtype=torch.int64, device=offsets.device), 0)
+    return x.contiguous()
 
 
 def check_parts(parts: Sequence[Any], key: Any = None, *, allow_jagged: bool = True) -> list[Part]:

@@ -13,18 +13,21 @@ import torch
 
 from ref.errors import NotAPermutationError, PartitionMismatchError
 
+from ._entry import entry
+
 __all__ = ["flatten_partitions", "inverse_permutation", "check_permutation"]
 
 
-def _flat_indices(partitions: Sequence[Any]) -> tuple[torch.Tensor, list[int]]:
+def _flat_indices(partitions: Sequence[Any], num_rows: int) -> tuple[torch.Tensor, list[int]]:
     """``[i for p in partitions for i in p]`` as a CPU int64 tensor, and each partition's size.
 
     Lists of Python ints take the fast path: one C-level flatten and one ``torch.tensor``. An entry
-    that is not an integer (a float, a bool) raises `NotAPermutationError`.
+    that is not an integer (a float, a bool) raises `NotAPermutationError`, as does one outside int64
+    (named with its micro-batch and position, never wrapped: a uint64 ``2**64 - 1`` is not ``-1``).
     """
     sizes: list[int] = []
-    pieces: list[torch.Tensor] = []
-    lists: list[Any] = []
+    pieces: dict[int, torch.Tensor] = {}
+    lists: dict[int, Any] = {}
     for m, part in enumerate(partitions):
         if isinstance(part, torch.Tensor | np.ndarray):
             t = torch.as_tensor(part)
@@ -32,33 +35,48 @@ def _flat_indices(partitions: Sequence[Any]) -> tuple[torch.Tensor, list[int]]:
                 raise PartitionMismatchError(f"micro-batch {m}: a partition must be 1-D, got shape {tuple(t.shape)}")
             if t.numel() and (t.dtype == torch.bool or t.dtype.is_floating_point or t.dtype.is_complex):
                 raise NotAPermutationError(f"micro-batch {m}: indices must be integers, got dtype {t.dtype}")
-            pieces.append(t.detach().to("cpu", torch.int64))
+            if t.dtype == torch.uint64:  # past int64: through Python ints, checked like a list
+                lists[m] = t.tolist()
+            else:
+                pieces[m] = t.detach().to("cpu", torch.int64)
             sizes.append(t.numel())
         elif isinstance(part, str | bytes) or not isinstance(part, Sequence):
             raise PartitionMismatchError(f"micro-batch {m}: a partition must be a 1-D sequence of row indices")
         else:
-            lists.append((m, part))
+            lists[m] = part
             sizes.append(len(part))
-    if lists and not pieces:
-        flat = list(itertools.chain.from_iterable(p for _, p in lists))
-        kinds = set(map(type, flat))
-        if not kinds <= {int}:
-            bad = [k for k in kinds if k is bool or not issubclass(k, numbers.Integral)]
-            if bad:
-                j = next(j for j, i in enumerate(flat) if type(i) in bad)
-                m, pos = _locate(j, sizes)
-                raise NotAPermutationError(f"micro-batch {m}, position {pos}: index {flat[j]!r} is not an integer")
-        try:
-            return torch.tensor(flat, dtype=torch.int64), sizes
-        except (OverflowError, RuntimeError) as err:
-            raise NotAPermutationError(f"an index does not fit in int64: {err}") from None
-    # Mixed lists and tensors: convert each list on its own (rare path).
-    by_m: dict[int, torch.Tensor] = {}
-    for m, part in lists:
-        by_m[m] = _flat_indices([part])[0]
-    it = iter(pieces)
-    ordered = [by_m[m] if m in by_m else next(it) for m in range(len(sizes))]
+    if lists:
+        pieces.update(_from_lists(lists, num_rows))
+    if len(pieces) == 1:
+        return next(iter(pieces.values())), sizes
+    ordered = [pieces[m] for m in range(len(sizes))]
     return (torch.cat(ordered) if ordered else torch.zeros(0, dtype=torch.int64)), sizes
+
+
+_INT64 = range(-(2**63), 2**63)
+
+
+def _from_lists(lists: dict[int, Any], num_rows: int) -> dict[int, torch.Tensor]:
+    """Partitions given as Python sequences (micro-batch ``m`` -> entries), all converted at once."""
+    ms = list(lists)
+    flat = list(itertools.chain.from_iterable(lists[m] for m in ms))
+    local_sizes = [len(lists[m]) for m in ms]
+    kinds = set(map(type, flat))
+    if not kinds <= {int}:
+        bad = [k for k in kinds if k is bool or not issubclass(k, numbers.Integral)]
+        if bad:
+            j = next(j for j, i in enumerate(flat) if type(i) in bad)
+            m, pos = _locate(j, local_sizes)
+            raise NotAPermutationError(f"micro-batch {ms[m]}, position {pos}: index {flat[j]!r} is not an integer")
+    try:
+        whole = torch.tensor(flat, dtype=torch.int64)
+    except (OverflowError, RuntimeError, ValueError):
+        j = next(j for j, i in enumerate(flat) if int(i) not in _INT64)
+        m, pos = _locate(j, local_sizes)
+        i = int(flat[j])
+        what = "is negative (negative indices are not wrapped)" if i < 0 else f"is out of range for {num_rows} rows"
+        raise NotAPermutationError(f"micro-batch {ms[m]}, position {pos}: index {i} {what}") from None
+    return dict(zip(ms, torch.split(whole, local_sizes), strict=True))
 
 
 def _locate(j: int, sizes: list[int]) -> tuple[int, int]:
@@ -74,7 +92,7 @@ def check_permutation(partitions: Sequence[Any], num_rows: int) -> torch.Tensor:
     A constant number of torch operations whatever ``B``; raises `NotAPermutationError` for an index
     that is not an integer, negative, ``>= num_rows``, duplicated, or missing.
     """
-    perm, sizes = _flat_indices(partitions)
+    perm, sizes = _flat_indices(partitions, num_rows)
     n = perm.numel()
     if n:
         lo, hi = torch.aminmax(perm)
@@ -104,6 +122,7 @@ def check_permutation(partitions: Sequence[Any], num_rows: int) -> torch.Tensor:
     return perm
 
 
+@entry
 def flatten_partitions(partitions: Sequence[Any], num_rows: int) -> torch.Tensor:
     """``perm = [i for p in partitions for i in p]``, int64 ``[B]`` on the CPU.
 
@@ -112,6 +131,7 @@ def flatten_partitions(partitions: Sequence[Any], num_rows: int) -> torch.Tensor
     return check_permutation(partitions, num_rows)
 
 
+@entry
 def inverse_permutation(perm: Any) -> torch.Tensor:
     """``inv = [perm.index(i) for i in range(len(perm))]``, i.e. ``inv[perm[k]] == k``.
 

@@ -12,9 +12,10 @@ from tensordict import NonTensorData, TensorDictBase
 from ref.dtypes import check_dtype
 from ref.errors import PartitionMismatchError, ShapeMismatchError, where
 from ref.metrics import fold_metrics
-from ref.structure import check_partition_count, check_settings, drop_padding, model_outputs
+from ref.structure import check_metrics, check_partition_count, check_settings, drop_padding, model_outputs
 
 from ._assemble import assemble
+from ._entry import entry
 from ._jagged import njt
 from ._parts import check_parts
 from ._permutation import check_permutation
@@ -22,6 +23,7 @@ from ._permutation import check_permutation
 __all__ = ["postprocess_batch", "postprocess_batch_func", "read_setting"]
 
 
+@entry
 def postprocess_batch(
     output_lst: Sequence[Mapping[str, Any]],
     indices: Sequence[Sequence[int]] | None,
@@ -43,6 +45,7 @@ def postprocess_batch(
     use_dynamic_bsz = check_settings(use_dynamic_bsz, pad_mode, indices)
     output_lst, indices = drop_padding(output_lst, indices)
     outs = model_outputs(output_lst)
+    check_metrics(output_lst)
     perm = None
     if use_dynamic_bsz:
         check_partition_count(indices, len(outs))
@@ -98,6 +101,7 @@ def read_setting(data: Any, key: str, default: Any) -> Any:
     return value
 
 
+@entry
 def postprocess_batch_func(
     output_lst: Sequence[Mapping[str, Any]], indices: Sequence[Sequence[int]] | None, data: Any
 ) -> dict[str, Any]:

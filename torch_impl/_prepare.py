@@ -18,9 +18,10 @@ import torch.distributed as dist
 from tensordict import TensorDictBase
 
 from ref.errors import UnsupportedSettingError
-from ref.partition import balanced_partitions as _balanced_partitions, plan_micro_batches
+from ref.partition import balanced_partitions as _balanced_partitions, check_rows, plan_micro_batches
 from ref.structure import PADDING
 
+from ._agree import agree
 from ._ops import restore, split, take
 from ._parts import JaggedPart, unpack
 from ._postprocess import read_setting
@@ -193,8 +194,18 @@ def rearrange_micro_batches(
     Keyword-only extensions: ``length_key`` (the field to count tokens with) and
     ``pad_micro_batches`` (see `prepare_micro_batches`).
     """
-    lengths_t = row_lengths(batch, length_key)
     synced = same_micro_num_in_dp and dp_group is not None and dist.is_available() and dist.is_initialized()
+    lengths_t, failure = torch.zeros(0, dtype=torch.int64), None
+    try:  # this rank's own checks, then (with a group) every rank's verdict before any collective of the plan
+        lengths_t = row_lengths(batch, length_key)
+        longest = _longest(batch, lengths_t, length_key)
+        check_rows(lengths_t.tolist(), max_token_len, force_group_size=force_group_size, max_seq_len=longest)
+    except Exception as err:
+        if not synced:
+            raise
+        failure = err
+    if synced:
+        agree(None, failure, dp_group)  # a failure anywhere: every rank raises it ("rank r: ...")
     parts: list[Any] = plan_micro_batches(
         lengths_t.tolist(),
         max_token_len,
@@ -202,7 +213,7 @@ def rearrange_micro_batches(
         min_num_micro_batch=min_num_micro_batch,
         use_dynamic_bsz_balance=use_dynamic_bsz_balance,
         force_group_size=force_group_size,
-        max_seq_len=_longest(batch, lengths_t, length_key),
+        max_seq_len=longest,
         sync=DistSync(dp_group) if synced else None,
         pad_to_count=pad_micro_batches,
     )

@@ -1,8 +1,11 @@
-"""Run the benchmark grid: torch_impl, the per-row baseline (verl's algorithm), the copy limit and the
-jit-compiled JAX reference, timed in one run on the same inputs; peak extra memory for torch_impl and
-the baseline. Writes ``benchmarks.json``, ``benchmarks.md`` and ``benchmarks.png`` (time against B).
+"""Run the benchmark grid: torch_impl, the per-row baseline (verl's algorithm), verl's own
+``postprocess_batch_func`` (when verl is importable), the copy limit and the jit-compiled JAX
+reference, timed in one run on the same inputs; peak extra memory for torch_impl and the baseline.
+With ``--contended`` every case is timed twice, quiet and with one busy process per core (started and
+stopped by the harness), and the table shows both ratios side by side. Writes ``benchmarks.json``,
+``benchmarks.md`` and ``benchmarks.png`` (time against B).
 
-    python -m rebatch.bench.run [--grid quick|standard|large|full] [--device cuda] [--out docs]
+    python -m rebatch.bench.run [--grid quick|standard|large|full] [--contended] [--device cuda] [--out docs]
     rebatch bench [--quick]                      # the same, standard grid (quick with --quick)
 """
 
@@ -27,6 +30,7 @@ import torch_impl
 from property_tests.baseline import verl_postprocess_batch_func
 
 from .cases import GRIDS, LARGE_ELEMENTS, Case, grid, make_inputs
+from .contention import busy_processes, core_count
 from .memory import peak_rss_bytes, peak_tensor_bytes, release_free_memory
 
 __all__ = ["run_bench", "measure", "main"]
@@ -190,7 +194,27 @@ def restore_markdown(row: dict[str, Any]) -> list[str]:
     ]
 
 
-def measure(case: Case, device: str = "cpu", *, with_jax: bool = True) -> dict[str, Any]:
+def verl_function() -> Callable[..., Any] | None:
+    """verl's own ``postprocess_batch_func`` when verl is importable, else None (reported as absent)."""
+    try:
+        from verl.workers.engine.utils import postprocess_batch_func
+    except Exception:  # not installed, or its imports fail: absent either way
+        return None
+    return postprocess_batch_func
+
+
+def _timings(fns: dict[str, Callable[[], Any]], device: str) -> dict[str, Any]:
+    """Median seconds of each function (alternating), and the ratios against torch_impl."""
+    seconds = _median_times(fns, device)
+    out: dict[str, Any] = {"seconds": seconds}
+    out["speedup_vs_baseline"] = seconds["per_row_baseline"] / seconds["torch_impl"]
+    out["ratio_to_copy_limit"] = seconds["torch_impl"] / seconds["copy_limit"]
+    if "verl" in seconds:
+        out["speedup_vs_verl"] = seconds["verl"] / seconds["torch_impl"]
+    return out
+
+
+def measure(case: Case, device: str = "cpu", *, with_jax: bool = True, contended: bool = False) -> dict[str, Any]:
     inputs = make_inputs(case, device)
     outs, indices = inputs.output_lst, inputs.indices
     row: dict[str, Any] = {
@@ -201,15 +225,23 @@ def measure(case: Case, device: str = "cpu", *, with_jax: bool = True) -> dict[s
     }
     impl = lambda: torch_impl.postprocess_batch_func(outs, indices, None)  # noqa: E731
     base = lambda: verl_postprocess_batch_func(outs, indices, None)  # noqa: E731
-    # The three alternate (shuffled order each round), so both ratios compare like with like.
-    seconds = _median_times({"torch_impl": impl, "copy_limit": _copy_limit(outs), "per_row_baseline": base}, device)
+    # The functions alternate (shuffled order each round), so the ratios compare like with like.
+    fns = {"torch_impl": impl, "copy_limit": _copy_limit(outs), "per_row_baseline": base}
+    verl = verl_function()
+    if verl is not None:
+        from tensordict import TensorDict
+
+        settings = TensorDict({}, batch_size=[])
+        fns["verl"] = lambda: verl(outs, indices, settings)
+    row.update(_timings(fns, device))
+    seconds = row["seconds"]
     if with_jax and device == "cpu" and inputs.output_elements <= JAX_MAX_ELEMENTS:
         jax_fn = _jax_reference(outs, indices)
         if jax_fn is not None:
             seconds["jax_reference_jit"] = _median_time(jax_fn, device, max_runs=5)
-    row["seconds"] = seconds
-    row["speedup_vs_baseline"] = seconds["per_row_baseline"] / seconds["torch_impl"]
-    row["ratio_to_copy_limit"] = seconds["torch_impl"] / seconds["copy_limit"]
+    if contended:
+        with busy_processes() as procs:
+            row["contended"] = {"busy_processes": len(procs), **_timings(fns, device)}
     gc.collect()
     row["peak_extra_bytes"] = {  # live tensor bytes, from the allocator's records
         "torch_impl": peak_tensor_bytes(impl, device),
@@ -257,6 +289,19 @@ def targets(results: dict[str, Any]) -> list[str]:
         out.append(
             f"- At least 5x faster than the per-row baseline at B=1024, L=512, M=16, float32, 1 key: {x:.1f}x, {verdict(x >= 5)}."
         )
+        verl_q = mid[0].get("speedup_vs_verl")
+        verl_c = mid[0].get("contended", {}).get("speedup_vs_verl")
+        if verl_q is None:
+            out.append("- Against verl's own `postprocess_batch_func`: verl was not importable in this run (absent).")
+        else:
+            out.append(
+                f"- At least 5x faster than verl's own function there, quiet: {verl_q:.1f}x, {verdict(verl_q >= 5)}."
+            )
+        if verl_c is not None:
+            out.append(
+                f"- At least 3x faster than verl's own function there, one busy process per core: {verl_c:.1f}x, "
+                f"{verdict(verl_c >= 3)}."
+            )
     short = pick(rows=16384, mean_length=16)
     if short:
         x = min(r["speedup_vs_baseline"] for r in short)
@@ -268,6 +313,14 @@ def targets(results: dict[str, Any]) -> list[str]:
     out.append(
         f"- Never slower than the baseline ({len(rows)} cases): slowest {x:.2f}x ({worst['name']}), {verdict(x > 1)}."
     )
+    contended = [r for r in rows if "contended" in r]
+    if contended:
+        worst = min(contended, key=lambda r: r["contended"]["speedup_vs_baseline"])
+        x = worst["contended"]["speedup_vs_baseline"]
+        out.append(
+            f"- Never slower than the baseline with one busy process per core ({len(contended)} cases): slowest "
+            f"{x:.2f}x ({worst['name']}), {verdict(x > 1)}."
+        )
     large = [r for r in rows if r["output_elements"] >= LARGE_ELEMENTS]
     if large:
         far = [r for r in large if r["ratio_to_copy_limit"] > 1.5]
@@ -291,6 +344,13 @@ def targets(results: dict[str, Any]) -> list[str]:
     return out
 
 
+def _pair(row: dict[str, Any], name: str, fmt: str) -> str:
+    """``quiet / contended`` for one ratio of a row (a side left blank where it was not measured)."""
+    quiet = row.get(name)
+    busy = row.get("contended", {}).get(name)
+    return " / ".join("" if v is None else fmt.format(v) for v in (quiet, busy))
+
+
 def markdown(results: dict[str, Any]) -> str:
     lines = [
         "# Benchmarks",
@@ -303,7 +363,9 @@ def markdown(results: dict[str, Any]) -> str:
         "each round with a fixed seed, at least 5 rounds), so their ratios compare like with like. Before every timed call (of any implementation) the C heap's free pages are "
         "returned to the kernel, so each call maps its fresh buffers as a training step does. *baseline* follows verl's "
         "algorithm row by row (unbind, rebuild, unbind, rebuild in inverse order); *copy* is one clone of the "
-        "output's bytes; *JAX* is the reference under `jax.jit`, timed after compilation (up to "
+        "output's bytes; *verl* is verl's own `postprocess_batch_func` (blank when verl was not importable: "
+        f"{results.get('verl', 'absent')}); *contended* is the same timing with one busy process per core "
+        f"({results.get('busy_processes', 0)} here, started and stopped by the harness; blank when not run); *JAX* is the reference under `jax.jit`, timed after compilation (up to "
         f"{JAX_MAX_ELEMENTS // 2**20}M output elements). *peak* is the most bytes of tensors the call "
         "had allocated at once (its output included), from the allocator's records (the profiler's memory events "
         "on the CPU); *RSS* is the resident-set high-water mark over the call minus the resident set before it, "
@@ -317,16 +379,20 @@ def markdown(results: dict[str, Any]) -> str:
         *(restore_markdown(results["restore_side_by_side"]) if results.get("restore_side_by_side") else []),
         "![time against B](benchmarks.png)",
         "",
-        "| B | mean len | M | keys | dtype | jagged | torch_impl ms | baseline ms | copy ms | JAX ms | speed-up vs baseline | x copy | torch_impl peak MiB | baseline peak MiB | output MiB | peak / output | torch_impl RSS MiB | baseline RSS MiB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| B | mean len | M | keys | dtype | jagged | torch_impl ms | baseline ms | verl ms | copy ms | JAX ms "
+        "| speed-up vs baseline (quiet / contended) | vs verl (quiet / contended) | x copy (quiet / contended) "
+        "| torch_impl peak MiB | baseline peak MiB | output MiB | peak / output | torch_impl RSS MiB | baseline RSS MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results["rows"]:
         c, s, p = r["case"], r["seconds"], r["peak_extra_bytes"]
         rss = r.get("peak_rss_bytes") or {}
         lines.append(
             f"| {c['rows']} | {c['mean_length']} | {c['micro_batches']} | {c['keys']} | {c['dtype']} | {c['ndim']}-D | "
-            f"{_fmt_ms(s['torch_impl'])} | {_fmt_ms(s['per_row_baseline'])} | {_fmt_ms(s['copy_limit'])} | "
-            f"{_fmt_ms(s.get('jax_reference_jit'))} | {r['speedup_vs_baseline']:.1f}x | {r['ratio_to_copy_limit']:.2f} | "
+            f"{_fmt_ms(s['torch_impl'])} | {_fmt_ms(s['per_row_baseline'])} | {_fmt_ms(s.get('verl'))} | "
+            f"{_fmt_ms(s['copy_limit'])} | {_fmt_ms(s.get('jax_reference_jit'))} | "
+            f"{_pair(r, 'speedup_vs_baseline', '{:.1f}x')} | {_pair(r, 'speedup_vs_verl', '{:.1f}x')} | "
+            f"{_pair(r, 'ratio_to_copy_limit', '{:.2f}')} | "
             f"{_fmt_mib(p['torch_impl'])} | {_fmt_mib(p['per_row_baseline'])} | {_fmt_mib(r['output_bytes'])} | "
             f"{r.get('peak_extra_over_output', float('nan')):.2f} | {_fmt_mib(rss.get('torch_impl'))} | "
             f"{_fmt_mib(rss.get('per_row_baseline'))} |"
@@ -386,6 +452,7 @@ def run_bench(
     as_json: bool = False,
     grid_name: str | None = None,
     with_jax: bool = True,
+    contended: bool = False,
 ) -> int:
     name = grid_name or ("quick" if quick else "standard")
     cases = grid(name)
@@ -396,11 +463,13 @@ def run_bench(
         "threads": torch.get_num_threads(),
         "machine": f"{platform.machine()}, {torch.get_num_threads()} threads",
         "date": time.strftime("%Y-%m-%d"),
+        "verl": "importable" if verl_function() is not None else "absent",
+        "busy_processes": core_count() if contended else 0,
         "rows": [],
     }
     start = time.perf_counter()
     for i, case in enumerate(cases, 1):
-        row = measure(case, device, with_jax=with_jax)
+        row = measure(case, device, with_jax=with_jax, contended=contended)
         results["rows"].append(row)
         elapsed = time.perf_counter() - start
         bar = "#" * int(20 * i / len(cases))
@@ -444,12 +513,20 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only the side-by-side row, jit(ref.restore) against torch_impl.restore (B=16384, N=2^20, M=4)",
     )
+    parser.add_argument("--contended", action="store_true", help="also time every case with one busy process per core")
     args = parser.parse_args(argv)
     if args.restore_only:
         row = restore_side_by_side(*RESTORE_SIZE)
         print("\n".join(restore_markdown(row)))
         return 0
-    return run_bench(device=args.device, out=args.out, as_json=args.json, grid_name=args.grid, with_jax=not args.no_jax)
+    return run_bench(
+        device=args.device,
+        out=args.out,
+        as_json=args.json,
+        grid_name=args.grid,
+        with_jax=not args.no_jax,
+        contended=args.contended,
+    )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,158 @@
+"""The CUDA path in one command (under 5 minutes on one GPU): bit-exact results, no host-device
+synchronisation, and bandwidth against a copy of the same bytes.
+
+For a few cases of the benchmark grid (jagged 2-D and 3-D, float32 and bfloat16, several keys, a dense
+key, a micro-batch with no rows), on each element-index variant (one chunk per micro-batch, and many
+small chunks):
+
+1. ``postprocess_batch_func`` on the device under ``torch.cuda.set_sync_debug_mode("error")`` (any
+   synchronising call raises), then its result compared bit for bit with the CPU's and with verl's
+   algorithm row by row (`property_tests.baseline`);
+2. its median time against a ``clone`` of the output's bytes on the same device (effective bandwidth).
+
+Exits 1 on any mismatch or synchronisation, 0 otherwise. ``--dry-run`` runs the same steps on the CPU
+(no synchronisation check, tiny cases): what the test suite runs, so the script stays runnable.
+
+    python -m rebatch.bench.cuda_check            # on a machine with a GPU
+    python -m rebatch.bench.cuda_check --dry-run  # anywhere
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+import torch_impl
+from property_tests.baseline import verl_postprocess_batch_func
+from property_tests.compare import first_difference
+
+from .cases import Case, make_inputs
+from .run import _median_times
+
+__all__ = ["check", "main"]
+
+CASES = [
+    Case(1024, 512, 16, 1, "float32", 2),
+    Case(4096, 128, 16, 3, "bfloat16", 3),
+    Case(64, 4096, 4, 1, "float32", 2),
+]
+DRY_CASES = [Case(64, 16, 4, 2, "float32", 2), Case(32, 8, 4, 1, "bfloat16", 3)]
+VARIANTS: dict[str, dict[str, Any]] = {
+    "element_indices": {"row_copy_min_elements": float("inf")},
+    "element_indices_small_chunks": {"row_copy_min_elements": float("inf"), "index_bytes_fraction": 1 / 256},
+}
+
+
+@contextlib.contextmanager
+def _no_sync(device: str) -> Iterator[None]:
+    """Any host-device synchronisation inside raises (CUDA only)."""
+    if not device.startswith("cuda"):
+        yield
+        return
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
+
+
+def _to(outs: list[dict[str, Any]], device: str) -> list[dict[str, Any]]:
+    return [{**o, "model_output": {k: v.to(device) for k, v in o["model_output"].items()}} for o in outs]
+
+
+def _with_extras(outs: list[dict[str, Any]], indices: list[list[int]]) -> tuple[list[dict[str, Any]], list[list[int]]]:
+    """A dense key in every micro-batch, and one micro-batch with no rows at the end."""
+    g = torch.Generator().manual_seed(1)
+    outs = [
+        {**o, "model_output": {**o["model_output"], "dense": torch.randn(len(p), 3, generator=g)}}
+        for o, p in zip(outs, indices, strict=True)
+    ]
+    first = outs[0]["model_output"]
+    empty = {
+        k: (
+            v[:0]
+            if not v.is_nested
+            else torch.nested.nested_tensor_from_jagged(v.values()[:0], torch.zeros(1, dtype=torch.int64))
+        )
+        for k, v in first.items()
+    }
+    return [*outs, {"model_output": empty}], [*indices, []]
+
+
+def _timed_pair(
+    outs: list[dict[str, Any]], indices: list[list[int]], whole: list[torch.Tensor]
+) -> dict[str, Callable[[], Any]]:
+    """The call, and a clone of the same bytes on the same device."""
+    return {
+        "torch_impl": lambda: torch_impl.postprocess_batch_func(outs, indices, None),
+        "copy": lambda: [w.clone() for w in whole],
+    }
+
+
+def check(device: str, cases: list[Case], *, min_time: float = 0.2) -> list[str]:
+    """The failures (empty when all is well); prints one line per case and variant."""
+    failures = []
+    for case in cases:
+        inputs = make_inputs(case, "cpu")
+        outs, indices = _with_extras(inputs.output_lst, inputs.indices)
+        expected = torch_impl.postprocess_batch_func(outs, indices, None)["model_output"]
+        jagged_keys = {k: v for k, v in expected.items() if v.is_nested}
+        verl = verl_postprocess_batch_func(
+            [{"model_output": {k: o["model_output"][k] for k in jagged_keys}} for o in outs], indices, None
+        )
+        for k, v in verl["model_output"].items():
+            diff = first_difference(expected[k], v)
+            if diff is not None:
+                failures.append(f"{case.name}: CPU result differs from verl's algorithm, key {k}: {diff}")
+        on_device = _to(outs, device)
+        whole = [torch.cat([o["model_output"][k].values() for o in on_device]) for k in jagged_keys]
+        for variant, settings in VARIANTS.items():
+            with torch_impl.use_settings(**settings):
+                try:
+                    with _no_sync(device):
+                        got = torch_impl.postprocess_batch_func(on_device, indices, None)["model_output"]
+                except RuntimeError as err:
+                    failures.append(f"{case.name}, {variant}: {err}")
+                    print(f"FAIL {case.name}, {variant}: {err}")
+                    continue
+                for k, v in got.items():
+                    if v.device.type != torch.device(device).type:
+                        failures.append(f"{case.name}, {variant}, key {k}: result on {v.device}, not {device}")
+                    diff = first_difference(v.cpu(), expected[k])
+                    if diff is not None:
+                        failures.append(f"{case.name}, {variant}, key {k}: {diff}")
+                seconds = _median_times(_timed_pair(on_device, indices, whole), device, min_time=min_time)
+            gib_s = inputs.output_bytes / seconds["torch_impl"] / 2**30
+            ok = "ok  " if not any(f.startswith(f"{case.name}, {variant}") for f in failures) else "FAIL"
+            print(
+                f"{ok} {case.name}, {variant}: {seconds['torch_impl'] * 1e3:.3g} ms, "
+                f"{seconds['torch_impl'] / seconds['copy']:.2f}x a copy of the same bytes, {gib_s:.1f} GiB/s"
+            )
+    return failures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rebatch.bench.cuda_check", description=__doc__)
+    parser.add_argument("--dry-run", action="store_true", help="on the CPU, tiny cases (no GPU needed)")
+    parser.add_argument("--device", default="cuda")
+    args = parser.parse_args(argv)
+    device = "cpu" if args.dry_run else args.device
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        print("no CUDA device: run with --dry-run, or on a machine with a GPU", file=sys.stderr)
+        return 2
+    failures = check(device, DRY_CASES if args.dry_run else CASES, min_time=0.0 if args.dry_run else 0.2)
+    for f in failures:
+        print(f"FAIL {f}", file=sys.stderr)
+    print(f"{'FAILED' if failures else 'passed'}: {len(failures)} failure(s) on {device}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
