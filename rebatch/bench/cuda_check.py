@@ -103,7 +103,7 @@ def check(device: str, cases: list[Case], *, min_time: float = 0.2) -> list[str]
         inputs = make_inputs(case, "cpu")
         outs, indices = _with_extras(inputs.output_lst, inputs.indices)
         expected = torch_impl.postprocess_batch_func(outs, indices, None)["model_output"]
-        jagged_keys = {k: v for k, v in expected.items() if v.is_nested}
+        jagged_keys = {k: v for k, v in expected.items() if outs[0]["model_output"][k].is_nested}
         verl = verl_postprocess_batch_func(
             [{"model_output": {k: o["model_output"][k] for k in jagged_keys}} for o in outs], indices, None
         )
