@@ -19,7 +19,7 @@ from tensordict import TensorDictBase
 
 from ref.errors import UnsupportedSettingError
 from ref.partition import balanced_partitions as _balanced_partitions, check_rows, plan_micro_batches
-from ref.structure import PADDING
+from ref.structure import PADDING, as_flag
 
 from ._agree import agree
 from ._ops import restore, split, take
@@ -123,8 +123,8 @@ def prepare_micro_batches(
     ``force_group_size`` (default 1). Dynamic: `rearrange_micro_batches`'s partitions (verl's, in
     verl's order; the count agreed over ``dp_group``). Fixed: consecutive chunks of
     ``micro_batch_size_per_gpu * force_group_size`` rows, which must divide the batch (a tuple, as
-    verl's), and ``indices`` None. Either way ``postprocess_batch_func`` on the micro-batches' outputs with these ``indices``
-    gives the rows in ``data``'s order.
+    verl's), and ``indices`` None. Either way ``postprocess_batch_func`` on the micro-batches' outputs
+    with these ``indices`` gives the rows in ``data``'s order.
 
     Keyword-only extensions: ``max_token_len`` (the whole budget) or ``micro_batch_size`` (chunks; the
     last may be shorter) override what ``data`` says; ``length_key`` names the field to count tokens
@@ -132,7 +132,9 @@ def prepare_micro_batches(
     `PADDING` micro-batches (a copy of its first row, or no rows) instead of verl's error. The engine
     must then leave their loss out of the gradient; `postprocess_batch_func` drops their outputs.
     """
-    use_dynamic = read_setting(data, "use_dynamic_bsz", True) if micro_batch_size is None else False
+    use_dynamic = (
+        as_flag(read_setting(data, "use_dynamic_bsz", True), "use_dynamic_bsz") if micro_batch_size is None else False
+    )
     if max_token_len is not None:
         use_dynamic = True
     force_group_size = int(read_setting(data, "force_group_size", 1))
