@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["to_ref", "ref_postprocess", "torch_postprocess", "result_to_torch"]
+__all__ = ["outputs_to_ref", "ref_postprocess", "result_to_torch", "to_ref", "torch_postprocess"]
 
 
 def to_ref(tree: Any) -> Any:
@@ -37,7 +37,7 @@ def to_ref(tree: Any) -> Any:
     return tree
 
 
-def _outputs_to_ref(output_lst: Any) -> Any:
+def outputs_to_ref(output_lst: Any) -> Any:
     """``ref.interop.outputs_from_torch``, with ``meta`` tensors moved as `to_ref` does."""
     from ref import interop
 
@@ -66,7 +66,7 @@ def ref_postprocess(output_lst: Any, indices: Any, *, use_dynamic_bsz: Any = Tru
     import ref
 
     out = ref.postprocess_batch(
-        _outputs_to_ref(output_lst), indices, use_dynamic_bsz=use_dynamic_bsz, pad_mode=pad_mode
+        outputs_to_ref(output_lst), indices, use_dynamic_bsz=use_dynamic_bsz, pad_mode=pad_mode
     )
     return result_to_torch(out)
 

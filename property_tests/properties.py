@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from .baseline import verl_postprocess_batch_func
 from .compare import assert_same
-from .convert import _outputs_to_ref, ref_postprocess, result_to_torch, to_ref, torch_postprocess
+from .convert import outputs_to_ref, ref_postprocess, result_to_torch, to_ref, torch_postprocess
 from .data import DTYPES, ListModel, rows_of
 from .kernels import KERNELS, forced
 from .strategies import (
@@ -224,7 +224,7 @@ def gradients_match_vjp(case: MicrobatchOutputs) -> None:
     cots = [torch.from_numpy(rng.standard_normal(tuple(t.shape))).to(t.dtype) for t in outputs]
     grads = torch.autograd.grad(outputs, leaves, cots, allow_unused=True)
 
-    ref_outs = _outputs_to_ref([{k: v for k, v in o.items()} for o in case.output_lst])
+    ref_outs = outputs_to_ref([{k: v for k, v in o.items()} for o in case.output_lst])
     slots = [(m, k) for m, o in enumerate(ref_outs) for k in o.get("model_output", {})]
 
     def f(*values: Any) -> list[Any]:
