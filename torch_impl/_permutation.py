@@ -50,7 +50,7 @@ def _flat_indices(partitions: Sequence[Any]) -> tuple[torch.Tensor, list[int]]:
                 raise NotAPermutationError(f"micro-batch {m}, position {pos}: index {flat[j]!r} is not an integer")
         try:
             return torch.tensor(flat, dtype=torch.int64), sizes
-        except (OverflowError, RuntimeError) as err:
+        except (OverflowError, RuntimeError, ValueError) as err:  # torch 2.13: ValueError "Overflow when unpacking"
             raise NotAPermutationError(f"an index does not fit in int64: {err}") from None
     # Mixed lists and tensors: convert each list on its own (rare path).
     by_m: dict[int, torch.Tensor] = {}
