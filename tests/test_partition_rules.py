@@ -151,6 +151,8 @@ def test_plan_rejects_rows_and_settings_outside_the_budget() -> None:
         plan_micro_batches([1], 5, force_group_size=0)
     with pytest.raises(TokenBudgetError, match="row 1: length -1 is negative"):
         plan_micro_batches([1, -1, 9], 5)
+    with pytest.raises(TokenBudgetError, match="row 2: length -1 is negative"):
+        plan_micro_batches([1, 0, -1], 5)  # the first negative row is named, not the first empty one
     with pytest.raises(TokenBudgetError, match="row 2: length 9 exceeds the token budget of 5"):
         plan_micro_batches([1, 1, 9], 5)
     with pytest.raises(TokenBudgetError, match="padded width 6 exceeds"):
