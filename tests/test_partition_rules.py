@@ -114,6 +114,8 @@ def test_pipeline_order_sorts_by_workload_then_first_index() -> None:
     assert pipeline_order(lengths, [[0], [1, 2], [3, 4]]) == [[0], [3, 4], [1, 2]]
     assert pipeline_order([1, 1, 1], [[], [2], [0, 1]]) == [[], [0, 1], [2]]
     assert pipeline_order([], []) == []
+    # an empty micro-batch counts as first index 0: it ties with [0] of no tokens, and the sort is stable
+    assert pipeline_order([0], [[0], []]) == [[0], []]
 
 
 def _rows(parts):
@@ -167,6 +169,7 @@ def test_plan_rejects_rows_and_settings_outside_the_budget() -> None:
         plan_micro_batches([3, 3, 1, 1], 5, force_group_size=2)
     # at the budget is inside it
     assert plan_micro_batches([5], 5) == [[0]]
+    assert plan_micro_batches([1, 1], 1, use_dynamic_bsz_balance=False) == [[1], [0]]  # the smallest budget
     assert plan_micro_batches([2, 3], 5, force_group_size=2, max_seq_len=5) == [[0, 1]]
 
 
