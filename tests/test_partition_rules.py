@@ -71,6 +71,11 @@ def test_karmarkar_karp_gives_verls_sets_in_verls_order(values, k, equal_size, e
     assert get_seqlen_balanced_partitions(values, k, equal_size) == [sorted(p) for p in expected]
 
 
+def test_karmarkar_karp_sets_are_not_of_equal_size_unless_asked() -> None:
+    assert karmarkar_karp([3, 1, 1], 2) == [[0], [2, 1]]
+    assert karmarkar_karp([9, 1, 1, 1], 2) == [[0], [3, 2, 1]]
+
+
 def test_karmarkar_karp_of_nothing_is_k_empty_sets() -> None:
     assert karmarkar_karp([], 3) == [[], [], []]
 
@@ -100,9 +105,29 @@ def test_group_partitions_keep_runs_of_equal_uids_together() -> None:
     assert get_group_balanced_partitions(lengths, uids, 4) == [[2], [0, 1], [6], [3, 4, 5]]
 
 
+def test_group_partitions_hold_equally_many_groups() -> None:
+    # one heavy group: balancing the sums alone would leave it alone against the three light ones
+    assert get_group_balanced_partitions([50, 1, 1, 1], ["a", "b", "c", "d"], 2) == [[0, 1], [2, 3]]
+
+
+def test_group_runs_are_runs_of_equal_uids_not_of_the_same_object() -> None:
+    a, b = 1000, int("1000")  # equal, and (beyond the small-int cache) two objects
+    assert a == b
+    assert get_group_balanced_partitions([3, 3, 1, 1], [a, b, 7, 7], 2) == [[0, 1], [2, 3]]
+
+
+def test_group_partitions_of_many_rows() -> None:
+    n = 300  # lengths beyond the small-int cache compare equal as numbers
+    parts = get_group_balanced_partitions([1] * n, [i // 2 for i in range(n)], 2)
+    assert [len(p) for p in parts] == [n // 2, n // 2]
+    assert sorted(parts[0] + parts[1]) == list(range(n))
+
+
 def test_group_partitions_reject_mismatched_lists_and_too_few_groups() -> None:
     with pytest.raises(UnsupportedSettingError, match="same length"):
         get_group_balanced_partitions([1, 2, 3], ["a", "b"], 1)
+    with pytest.raises(UnsupportedSettingError, match="same length"):
+        get_group_balanced_partitions([1, 2], ["a", "b", "c"], 1)
     with pytest.raises(UnsupportedSettingError, match="2 uid groups for 3 partitions"):
         get_group_balanced_partitions([1, 2, 3], ["a", "a", "b"], 3)
     assert get_group_balanced_partitions([1, 2, 3], ["a", "b", "c"], 3) == [[2], [1], [0]]
@@ -116,6 +141,7 @@ def test_pipeline_order_sorts_by_workload_then_first_index() -> None:
     assert pipeline_order([], []) == []
     # an empty micro-batch counts as first index 0: it ties with [0] of no tokens, and the sort is stable
     assert pipeline_order([0], [[0], []]) == [[0], []]
+    assert pipeline_order([0], [[], [0]]) == [[], [0]]
 
 
 def _rows(parts):
@@ -157,6 +183,8 @@ def test_plan_rejects_rows_and_settings_outside_the_budget() -> None:
         plan_micro_batches([1, 0, -1], 5)  # the first negative row is named, not the first empty one
     with pytest.raises(TokenBudgetError, match="row 2: length 9 exceeds the token budget of 5"):
         plan_micro_batches([1, 1, 9], 5)
+    with pytest.raises(TokenBudgetError, match="row 1: length 9 exceeds"):
+        plan_micro_batches([5, 9], 5)  # the row over the budget is named, not a row at it
     with pytest.raises(TokenBudgetError, match="padded width 6 exceeds"):
         plan_micro_batches([1, 1], 5, max_seq_len=6)
     with pytest.raises(TokenBudgetError, match="batch size 3 must be divisible by force_group_size 2"):
@@ -258,3 +286,11 @@ def test_plan_pads_a_rank_with_fewer_groups_than_the_count() -> None:
 def test_plan_count_never_exceeds_what_the_rules_need() -> None:
     # count = min(groups, ceil(total / budget)): 5 rows of 9 tokens, budget 10 -> 5 micro-batches, not 6
     assert len(plan_micro_batches([9] * 5, 10)) == min(5, math.ceil(45 / 10))
+
+
+def test_the_planning_settings_are_keyword_only() -> None:
+    """A setting passed by position would land on the wrong parameter: they are keyword-only."""
+    with pytest.raises(TypeError):
+        plan_micro_batches([1, 1], 5, 2)  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        balanced_partitions([1, 1], 5, 2)  # type: ignore[misc]
