@@ -200,6 +200,8 @@ def plan_micro_batches(
         raise TokenBudgetError(f"max_token_len must be positive, got {max_token_len}")
     if fgs < 1:
         raise TokenBudgetError(f"force_group_size must be at least 1, got {fgs}")
+    if num_batches_divided_by is not None and num_batches_divided_by < 1:
+        raise UnsupportedSettingError(f"num_batches_divided_by must be at least 1, got {num_batches_divided_by}")
     lengths = [int(n) for n in lengths]
     b = len(lengths)
     longest = max(lengths, default=0) if max_seq_len is None else int(max_seq_len)

@@ -201,6 +201,16 @@ def test_plan_rejects_rows_and_settings_outside_the_budget() -> None:
     assert plan_micro_batches([2, 3], 5, force_group_size=2, max_seq_len=5) == [[0, 1]]
 
 
+@pytest.mark.parametrize("multiple", [0, -2])
+def test_plan_rejects_a_multiple_below_one(multiple) -> None:
+    """0 divided by zero (a ZeroDivisionError, not a RebatchError); a negative multiple made the count
+    shrink while looking for one that fits."""
+    with pytest.raises(UnsupportedSettingError, match=f"num_batches_divided_by must be at least 1, got {multiple}"):
+        plan_micro_batches([2, 2, 2], 3, num_batches_divided_by=multiple)
+    with pytest.raises(UnsupportedSettingError):
+        balanced_partitions([2, 2, 2], 3, multiple_of=multiple)
+
+
 def test_plan_keeps_forced_groups_whole_and_balances_their_workloads() -> None:
     lengths = [4, 4, 1, 1, 3, 3, 2, 2]  # groups of 2: 8, 2, 6, 4 tokens
     parts = plan_micro_batches(lengths, 10, force_group_size=2, use_dynamic_bsz_balance=False)
