@@ -65,6 +65,8 @@ def test_a_single_row() -> None:
         ([[0, 3]], 3, "micro-batch 0, position 1: index 3 is out of range for 3 rows"),
         ([[0], [1, 2], [3, 2]], 4, "micro-batch 2, position 1: index 2 duplicates micro-batch 1, position 1"),
         ([[0, 0]], 2, "micro-batch 0, position 1: index 0 duplicates micro-batch 0, position 0"),
+        ([[0], [1], [2], [4, 3, 3]], 5, "micro-batch 3, position 2: index 3 duplicates micro-batch 3, position 1"),
+        ([[0], [1, 2], [3], [4], [9]], 5, "micro-batch 4, position 0: index 9 is out of range for 5 rows"),
         ([[1], [2, 1], [2]], 3, "micro-batch 1, position 1: index 1 duplicates micro-batch 0, position 0"),
         ([[1, 2]], 3, "index 0 is missing: the partitions hold 2 indices for 3 rows"),
         ([[0, 1]], 3, "index 2 is missing: the partitions hold 2 indices for 3 rows"),
