@@ -63,6 +63,7 @@ def test_a_single_row() -> None:
         ([[1, 0], [-1]], 3, "micro-batch 1, position 0: index -1 is negative (negative indices are not wrapped)"),
         ([[1, 0], [2, 3]], 3, "micro-batch 1, position 1: index 3 is out of range for 3 rows"),
         ([[0, 3]], 3, "micro-batch 0, position 1: index 3 is out of range for 3 rows"),
+        ([[0]], 0, "micro-batch 0, position 0: index 0 is out of range for 0 rows"),
         ([[1, 5], [0, -7]], 3, "micro-batch 0, position 1: index 5 is out of range for 3 rows"),  # the first bad one
         ([[0], [1, 2], [3, 2]], 4, "micro-batch 2, position 1: index 2 duplicates micro-batch 1, position 1"),
         ([[0, 0]], 2, "micro-batch 0, position 1: index 0 duplicates micro-batch 0, position 0"),
