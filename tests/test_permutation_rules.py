@@ -144,3 +144,16 @@ def test_many_rows_are_checked_as_few() -> None:
         match=f"micro-batch 1, position {4000 - 1234}: index .* duplicates micro-batch 0, position 10",
     ):
         flatten_partitions([dup[:1234], dup[1234:]], n)
+
+
+def test_the_earliest_repeat_is_named_among_many_equal_indices() -> None:
+    """Many copies of one index: the first repeat is position 1 (the sort must keep equal indices in
+    their order: an unstable sort names position 0 as repeating itself)."""
+    with pytest.raises(
+        NotAPermutationError, match=re.escape("position 1: index 0 duplicates micro-batch 0, position 0")
+    ):
+        flatten_partitions([[0] * 50], 50)
+    with pytest.raises(
+        NotAPermutationError, match=re.escape("micro-batch 1, position 0: index 3 duplicates micro-batch 0, position 3")
+    ):
+        flatten_partitions([list(range(40)), [3] * 60], 100)
