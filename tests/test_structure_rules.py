@@ -42,6 +42,16 @@ def test_padding_needs_one_partition_per_output() -> None:
 
 def test_padding_beside_numpy_partitions() -> None:
     assert drop_padding(["a", "b"], [np.array([0]), PADDING])[0] == ["a"]
+    # padding is found by identity: comparing a NumPy partition with == would ask an array for its truth
+    idx = [np.array([0, 1]), np.array([2])]
+    assert drop_padding(["a", "b"], idx)[1] is idx
+
+
+def test_counts_of_many_micro_batches() -> None:
+    n = 300  # beyond the small-int cache: counts are compared as numbers
+    outs, idx = list(range(n)), [[i] for i in range(n - 1)] + [PADDING]
+    assert drop_padding(outs, idx) == (outs[:-1], idx[:-1])
+    assert check_partition_count(idx, n) is idx
 
 
 @pytest.mark.parametrize(
