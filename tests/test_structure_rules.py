@@ -45,6 +45,9 @@ def test_padding_beside_numpy_partitions() -> None:
     # padding is found by identity: comparing a NumPy partition with == would ask an array for its truth
     idx = [np.array([0, 1]), np.array([2])]
     assert drop_padding(["a", "b"], idx)[1] is idx
+    outs, idx = drop_padding(["a", "b", "c"], [np.array([0, 1]), PADDING, np.array([2])])
+    assert outs == ["a", "c"]
+    assert [p.tolist() for p in idx] == [[0, 1], [2]]
 
 
 def test_counts_of_many_micro_batches() -> None:
@@ -52,6 +55,7 @@ def test_counts_of_many_micro_batches() -> None:
     outs, idx = list(range(n)), [[i] for i in range(n - 1)] + [PADDING]
     assert drop_padding(outs, idx) == (outs[:-1], idx[:-1])
     assert check_partition_count(idx, n) is idx
+    assert len(model_outputs([{"model_output": {"x": m}} for m in range(n)])) == n
 
 
 @pytest.mark.parametrize(
