@@ -140,6 +140,9 @@ def test_unpack_rejects_floating_offsets() -> None:
     x._offsets = torch.tensor([[0, 1, 3]])
     with pytest.raises(InvalidJaggedError, match=re.escape("got torch.int64[1, 3]")):
         unpack(x)
+    x._offsets = torch.tensor(3)
+    with pytest.raises(InvalidJaggedError, match=re.escape("got torch.int64[]")):
+        unpack(x)
 
 
 def test_check_parts_agree_with_the_first() -> None:
