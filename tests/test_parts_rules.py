@@ -234,6 +234,9 @@ def test_check_offsets_of_no_parts() -> None:
         ([jp([1, 2], 3)], "micro-batch 0: offsets[0] must be 0, got 1"),  # both ends wrong
         ([jp([0, 1], 1), jp([0, 1, 1], 0)], "micro-batch 1: offsets[-1] must equal len(values) = 0, got 1"),
         ([jp([0, 0], 0), jp([0, 5], 0)], "micro-batch 1: offsets[-1] must equal len(values) = 0, got 5"),
+        ([jp([-1, 2], 2)], "micro-batch 0: offsets[0] must be 0, got -1"),  # only the first offset wrong
+        ([jp([-1, 1], 2)], "micro-batch 0: offsets[0] must be 0, got -1"),  # both ends below
+        ([jp([1, 5], 3)], "micro-batch 0: offsets[0] must be 0, got 1"),  # both ends above
         (
             [jp([0, 1], 1), jp([0, 2, 1, 3], 3)],
             "micro-batch 1: offsets must be non-decreasing, got offsets[1] = 2 > offsets[2] = 1",
