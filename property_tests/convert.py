@@ -65,9 +65,7 @@ def ref_postprocess(output_lst: Any, indices: Any, *, use_dynamic_bsz: Any = Tru
     """``ref.postprocess_batch`` on torch-built inputs (converted inside the call), result as torch."""
     import ref
 
-    out = ref.postprocess_batch(
-        outputs_to_ref(output_lst), indices, use_dynamic_bsz=use_dynamic_bsz, pad_mode=pad_mode
-    )
+    out = ref.postprocess_batch(outputs_to_ref(output_lst), indices, use_dynamic_bsz=use_dynamic_bsz, pad_mode=pad_mode)
     return result_to_torch(out)
 
 

@@ -219,6 +219,8 @@ def plan_micro_batches(
     taking part in every agreement. Every rank makes the same ``sync`` calls whatever its data.
     """
     fgs = force_group_size
+    if num_batches_divided_by is not None and num_batches_divided_by < 1:
+        raise UnsupportedSettingError(f"num_batches_divided_by must be at least 1, got {num_batches_divided_by}")
     lengths = [int(n) for n in lengths]
     b = len(lengths)
     problem: TokenBudgetError | None = None

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import ref
 import torch_impl
-from property_tests.convert import _outputs_to_ref, to_ref
+from property_tests.convert import outputs_to_ref, to_ref
 from property_tests.defects import TABLE, VALID, Call, Defect, Scripted, apply, named_call
 from property_tests.properties import malformed_rejected_alike
 from property_tests.strategies import DEFECTS, Drawing, malformed_inputs
@@ -27,7 +27,7 @@ OTHER = [d for d in TABLE if d.op != "postprocess_batch"]
 def _call(impl: Any, call: Call) -> Any:
     args = call.args
     if impl is ref:
-        args = (_outputs_to_ref(args[0]), *args[1:]) if call.op == "postprocess_batch" else to_ref(args)
+        args = (outputs_to_ref(args[0]), *args[1:]) if call.op == "postprocess_batch" else to_ref(args)
     return getattr(impl, call.op)(*args, **call.kwargs)
 
 

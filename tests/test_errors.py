@@ -9,7 +9,7 @@ import pytest
 
 import ref
 import torch_impl
-from property_tests.convert import _outputs_to_ref, to_ref
+from property_tests.convert import outputs_to_ref, to_ref
 from property_tests.error_cases import ErrorCase, error_cases
 from ref import errors
 
@@ -23,7 +23,7 @@ def _call_torch(case: ErrorCase):
 
 def _call_ref(case: ErrorCase):
     args, kwargs = case.build()
-    args = (_outputs_to_ref(args[0]), *args[1:]) if case.op == "postprocess_batch" else to_ref(args)
+    args = (outputs_to_ref(args[0]), *args[1:]) if case.op == "postprocess_batch" else to_ref(args)
     return getattr(ref, case.op)(*args, **kwargs)
 
 

@@ -38,7 +38,7 @@ def _flat_indices(partitions: Sequence[Any], num_rows: int) -> tuple[torch.Tenso
             if t.dtype == torch.uint64:  # past int64: through Python ints, checked like a list
                 lists[m] = t.tolist()
             else:
-                pieces[m] = t.detach().to("cpu", torch.int64)
+                pieces[m] = t.detach().to("cpu", torch.int64, copy=True)  # never the caller's storage
             sizes.append(t.numel())
         elif isinstance(part, str | bytes) or not isinstance(part, Sequence):
             raise PartitionMismatchError(f"micro-batch {m}: a partition must be a 1-D sequence of row indices")

@@ -1,0 +1,258 @@
+"""The validation of one key's outputs in `torch_impl` (``torch_impl/_parts.py``), rule by rule: what
+`unpack` accepts and how it reads a jagged tensor, the order and words of `check_parts`' checks, and the
+jagged invariants of `check_offsets` with the part they name. Imports torch only (no JAX), for the
+mutation session of the module."""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import pytest
+import torch
+
+from ref.errors import (
+    DeviceMismatchError,
+    DtypeMismatchError,
+    InvalidJaggedError,
+    ShapeMismatchError,
+    UnsupportedSettingError,
+)
+from torch_impl._parts import DensePart, JaggedPart, check_offsets, check_parts, unpack
+
+
+def njt(lengths: list[int], feature: tuple[int, ...] = (), dtype=torch.float32) -> torch.Tensor:
+    n = sum(lengths)
+    values = torch.arange(n * (feature[0] if feature else 1), dtype=dtype).reshape(n, *feature)
+    offsets = torch.tensor([0, *itertools_accumulate(lengths)], dtype=torch.int64)
+    return torch.nested.nested_tensor_from_jagged(values, offsets)
+
+
+def itertools_accumulate(xs: list[int]) -> list[int]:
+    out, s = [], 0
+    for x in xs:
+        s += x
+        out.append(s)
+    return out
+
+
+def jp(offsets: list[int], n: int) -> JaggedPart:
+    return JaggedPart(torch.zeros(n), torch.tensor(offsets, dtype=torch.int64), len(offsets) - 1)
+
+
+def test_unpack_a_jagged_tensor() -> None:
+    x = njt([2, 0, 3], feature=(2,))
+    p = unpack(x)
+    assert isinstance(p, JaggedPart)
+    assert p.jagged
+    assert p.rows == 3
+    assert p.offsets.tolist() == [0, 2, 2, 5]
+    assert p.offsets.dtype == torch.int64
+    assert p.trailing == (2,)
+    assert torch.equal(p.values, torch.arange(10, dtype=torch.float32).reshape(5, 2))
+
+
+def test_unpack_int32_offsets_as_int64() -> None:
+    x = torch.nested.nested_tensor_from_jagged(torch.ones(3), torch.tensor([0, 1, 3], dtype=torch.int32))
+    p = unpack(x)
+    assert p.offsets.dtype == torch.int64
+    assert p.offsets.tolist() == [0, 1, 3]
+
+
+def test_unpack_a_jagged_tensor_with_holes_packs_it() -> None:
+    values = torch.arange(6.0)
+    x = torch.nested.narrow(values.reshape(2, 3), 1, torch.tensor([0, 1]), torch.tensor([2, 1]), layout=torch.jagged)
+    p = unpack(x)
+    assert p.rows == 2
+    assert p.offsets.tolist() == [0, 2, 3]
+    assert p.values.tolist() == [0.0, 1.0, 4.0]
+
+
+def test_unpack_keeps_the_gradient_path() -> None:
+    values = torch.arange(4.0, requires_grad=True)
+    # made by an operation: the wrapper holds the autograd history, its values buffer none
+    x = torch.nested.nested_tensor_from_jagged(values, torch.tensor([0, 1, 4])) * 2
+    p = unpack(x)
+    p.values.sum().backward()
+    assert values.grad is not None
+    assert values.grad.tolist() == [2.0] * 4
+
+
+def test_unpack_a_dense_tensor() -> None:
+    x = torch.zeros(4, 3, dtype=torch.int16)
+    p = unpack(x)
+    assert isinstance(p, DensePart)
+    assert not p.jagged
+    assert p.rows == 4
+    assert p.trailing == (3,)
+    assert p.values is x
+    assert unpack(torch.zeros(0)).rows == 0
+
+
+@pytest.mark.parametrize(
+    ("x", "kwargs", "error", "message"),
+    [
+        ([1, 2], {}, ShapeMismatchError, "key 'k', micro-batch 2: an output must be a tensor, got list"),
+        (
+            torch.tensor(1.0),
+            {},
+            ShapeMismatchError,
+            "micro-batch 2: a dense output needs a leading batch dimension, got a scalar",
+        ),
+        (
+            torch.nested.nested_tensor([torch.zeros(2)], layout=torch.jagged),
+            {"allow_jagged": False},
+            UnsupportedSettingError,
+            "jagged outputs need pad_mode 'no_padding', got a jagged tensor",
+        ),
+    ],
+    ids=["not-a-tensor", "scalar", "jagged-not-allowed"],
+)
+def test_unpack_rejects(x, kwargs, error, message) -> None:
+    with pytest.raises(error, match=re.escape(message)):
+        unpack(x, "k", 2, **kwargs)
+
+
+def test_unpack_rejects_a_strided_nested_tensor() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch: the strided layout is a prototype
+        x = torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)])
+    with pytest.raises(
+        InvalidJaggedError, match=re.escape("a nested tensor must use the jagged layout, got torch.strided")
+    ):
+        unpack(x)
+
+
+def test_unpack_rejects_a_ragged_dimension_other_than_1() -> None:
+    x = torch.nested.nested_tensor_from_jagged(torch.zeros(2, 5), torch.tensor([0, 2, 5]), jagged_dim=2)
+    with pytest.raises(InvalidJaggedError, match=re.escape("micro-batch 0: the ragged dimension must be 1, got 2")):
+        unpack(x, None, 0)
+
+
+def test_unpack_rejects_floating_offsets() -> None:
+    x = torch.nested.nested_tensor_from_jagged(torch.zeros(3), torch.tensor([0, 1, 3]))
+    x._offsets = torch.tensor([0.0, 1.0, 3.0])
+    with pytest.raises(InvalidJaggedError, match=re.escape("offsets must be 1-D integers, got torch.float32[3]")):
+        unpack(x)
+    x._offsets = torch.tensor([False, True])
+    with pytest.raises(InvalidJaggedError, match=re.escape("got torch.bool[2]")):
+        unpack(x)
+    x._offsets = torch.tensor([[0, 1, 3]])
+    with pytest.raises(InvalidJaggedError, match=re.escape("got torch.int64[1, 3]")):
+        unpack(x)
+    x._offsets = torch.tensor(3)
+    with pytest.raises(InvalidJaggedError, match=re.escape("got torch.int64[]")):
+        unpack(x)
+
+
+def test_check_parts_agree_with_the_first() -> None:
+    out = check_parts([torch.zeros(2, 3), torch.ones(1, 3), torch.ones(0, 3)], "k")
+    assert [p.rows for p in out] == [2, 1, 0]
+    assert check_parts([]) == []
+
+
+@pytest.mark.parametrize(
+    ("parts", "error", "message"),
+    [
+        (
+            [torch.zeros(2), njt([1])],
+            ShapeMismatchError,
+            "key 'k', micro-batch 1: layout jagged differs from micro-batch 0's dense",
+        ),
+        (
+            [njt([1]), njt([1]), torch.zeros(2)],
+            ShapeMismatchError,
+            "micro-batch 2: layout dense differs from micro-batch 0's jagged",
+        ),
+        (
+            [torch.zeros(2), torch.zeros(2, dtype=torch.float64)],
+            DtypeMismatchError,
+            "micro-batch 1: dtype torch.float64 differs from micro-batch 0's torch.float32",
+        ),
+        (
+            [torch.zeros(2), torch.zeros(2, device="meta")],
+            DeviceMismatchError,
+            "micro-batch 1: device meta differs from micro-batch 0's cpu",
+        ),
+        (
+            [torch.zeros(2, 3), torch.zeros(2, 4)],
+            ShapeMismatchError,
+            "micro-batch 1: trailing shape (4,) differs from micro-batch 0's (3,)",
+        ),
+        (
+            [njt([1], feature=(2,)), njt([1], feature=(3,))],
+            ShapeMismatchError,
+            "micro-batch 1: trailing shape (3,) differs from micro-batch 0's (2,)",
+        ),
+        # the order of the checks: dtype before device before trailing shape
+        (
+            [torch.zeros(2, 3), torch.zeros(2, 4, dtype=torch.float64, device="meta")],
+            DtypeMismatchError,
+            "dtype",
+        ),
+        ([torch.zeros(2, 3), torch.zeros(2, 4, device="meta")], DeviceMismatchError, "device"),
+        ([torch.zeros(2, 3), njt([1], dtype=torch.float64)], ShapeMismatchError, "layout"),
+    ],
+)
+def test_check_parts_names_the_first_difference(parts, error, message) -> None:
+    with pytest.raises(error, match=re.escape(message)):
+        check_parts(parts, "k")
+
+
+def test_check_parts_passes_allow_jagged_on() -> None:
+    with pytest.raises(UnsupportedSettingError):
+        check_parts([njt([1])], allow_jagged=False)
+
+
+@pytest.mark.parametrize(
+    "lengths_per_part",
+    [[[2, 0, 3]], [[1], [2, 3]], [[], [4, 1], []], [[0, 0], [5], [1, 1, 1]], [[], []], [[3], []]],
+)
+def test_check_offsets_gives_every_row_length(lengths_per_part) -> None:
+    parts = [unpack(njt(ls)) if ls else jp([0], 0) for ls in lengths_per_part]
+    got = check_offsets(parts)
+    assert got.tolist() == [n for ls in lengths_per_part for n in ls]
+    assert got.dtype == torch.int64
+
+
+def test_check_offsets_of_no_parts() -> None:
+    got = check_offsets([])
+    assert got.tolist() == []
+    assert got.dtype == torch.int64
+
+
+@pytest.mark.parametrize(
+    ("parts", "message"),
+    [
+        ([jp([1, 2], 2)], "key 'k', micro-batch 0: offsets[0] must be 0, got 1"),
+        ([jp([0, 2], 2), jp([1, 2], 2)], "micro-batch 1: offsets[0] must be 0, got 1"),
+        ([jp([0, 3, 2, 4], 4)], "micro-batch 0: offsets must be non-decreasing, got offsets[1] = 3 > offsets[2] = 2"),
+        (
+            [jp([0, 0, 3, 2, 4], 4)],
+            "offsets must be non-decreasing, got offsets[2] = 3 > offsets[3] = 2",
+        ),  # not the empty row
+        ([jp([1, 2], 3)], "micro-batch 0: offsets[0] must be 0, got 1"),  # both ends wrong
+        ([jp([0, 1], 1), jp([0, 1, 1], 0)], "micro-batch 1: offsets[-1] must equal len(values) = 0, got 1"),
+        ([jp([0, 0], 0), jp([0, 5], 0)], "micro-batch 1: offsets[-1] must equal len(values) = 0, got 5"),
+        ([jp([-1, 2], 2)], "micro-batch 0: offsets[0] must be 0, got -1"),  # only the first offset wrong
+        ([jp([-1, 1], 2)], "micro-batch 0: offsets[0] must be 0, got -1"),  # both ends below
+        ([jp([1, 5], 3)], "micro-batch 0: offsets[0] must be 0, got 1"),  # both ends above
+        (
+            [jp([0, 1], 1), jp([0, 2, 1, 3], 3)],
+            "micro-batch 1: offsets must be non-decreasing, got offsets[1] = 2 > offsets[2] = 1",
+        ),
+        ([jp([0, 2], 3)], "micro-batch 0: offsets[-1] must equal len(values) = 3, got 2"),
+        ([jp([0, 1], 1), jp([0, 4], 3)], "micro-batch 1: offsets[-1] must equal len(values) = 3, got 4"),
+        ([jp([0, 1], 1), jp([0], 2)], "micro-batch 1: offsets[-1] must equal len(values) = 2, got 0"),
+        ([jp([0, 1], 1), jp([0, 1], 1), jp([0, 2], 1)], "micro-batch 2: offsets[-1] must equal len(values) = 1, got 2"),
+    ],
+)
+def test_check_offsets_names_the_broken_invariant(parts, message) -> None:
+    with pytest.raises(InvalidJaggedError, match=re.escape(message)):
+        check_offsets(parts, "k")
+
+
+def test_check_offsets_catches_a_decrease_that_ends_right() -> None:
+    # ends and starts are right; only a negative step inside the part is wrong
+    with pytest.raises(InvalidJaggedError, match="non-decreasing"):
+        check_offsets([jp([0, 1], 1), jp([0, 3, 1, 3], 3)])
