@@ -24,12 +24,16 @@ class Settings:
     """How ``torch_impl`` moves data (identical results whatever the values)."""
 
     #: Mean elements per row (values per row times the trailing size) from which CPU row copies (one
-    #: contiguous copy per row, on the calling thread) are used instead of element indices. Measured
-    #: on a quiet 2-core machine (`python -m rebatch.bench.crossover --lengths 128 256 512 1024 2048
-    #: 4096`, B=1024, M=16, float32, fresh heap pages each call), torch 2.13 and 2.9.1 alike: element
-    #: indices faster up to 512 elements per row (indices/rows 0.83-0.89), even at 1024 (1.02), row
-    #: copies faster from 2048 (1.12-1.19). 0 forces row copies wherever they apply; ``math.inf`` never.
-    row_copy_min_elements: float = 1024
+    #: contiguous copy per row, on the calling thread) are used instead of element indices. Two
+    #: measurements on 2 cores, B=1024, M=16, float32, fresh heap pages each call: quiet
+    #: (`python -m rebatch.bench.crossover --lengths 128 256 512 1024 2048 4096`, torch 2.13 and 2.9.1
+    #: alike), element indices are faster up to 1024 elements per row (indices/rows 0.83-0.89 at
+    #: 256-512); but with one busy process per core (`rebatch bench --contended`, standard grid) the
+    #: element-index kernels, parallel over torch's OpenMP threads, collapsed (0.13x the per-row
+    #: baseline at B=4096, L=512, M=1, with this set to 1024) while row copies held (never slower than
+    #: the baseline, 71 cases, with 256). Robustness wins: 256. 0 forces row copies wherever they
+    #: apply; ``math.inf`` never.
+    row_copy_min_elements: float = 256
     #: The element-index path's destination buffer (int64, one per value) is built for at most this
     #: fraction of the output's bytes at a time, so its peak memory stays near the output's (measured:
     #: peak at most 1.07x the output on the standard grid; chunks add no measurable time from 1/16).
