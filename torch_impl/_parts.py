@@ -30,7 +30,8 @@ __all__ = ["DensePart", "JaggedPart", "Part", "check_offsets", "check_parts", "u
 
 
 class JaggedPart(NamedTuple):
-    """One micro-batch's jagged output for one key: ``values`` ``[N, *F]`` (the packed rows),
+    """One micro-batch's jagged output for one key: ``values`` ``[N, *F]`` (the packed rows, no lazy
+    conjugate or negative bit),
     ``offsets`` int64 ``[b + 1]``, ``rows`` ``b``."""
 
     values: torch.Tensor
@@ -89,12 +90,21 @@ def unpack(x: Any, key: Any = None, micro_batch: int | None = None, *, allow_jag
             offsets = x._offsets
             if offsets.dim() != 1 or offsets.dtype.is_floating_point or offsets.dtype == torch.bool:
                 raise InvalidJaggedError(f"{at}offsets must be 1-D integers, got {offsets.dtype}{list(offsets.shape)}")
-            return JaggedPart(values, offsets.to(torch.int64), int(offsets.shape[0]) - 1)
+            return JaggedPart(_resolved(values), offsets.to(torch.int64), int(offsets.shape[0]) - 1)
         if x.is_nested:
             raise InvalidJaggedError(f"{at}a nested tensor must use the jagged layout, got {x.layout}")
         if x.dim() == 0:
             raise ShapeMismatchError(f"{at}a dense output needs a leading batch dimension, got a scalar")
-        return DensePart(x, int(x.shape[0]))
+        return DensePart(_resolved(x), int(x.shape[0]))
+
+
+def _resolved(values: torch.Tensor) -> torch.Tensor:
+    """``values`` with torch's lazy conjugate and negative bits applied (a copy, only where one is set):
+    every kernel then moves values whose bytes are their values (a chunk of a negative view otherwise
+    keeps a NaN's sign that the whole view's copy flips)."""
+    if values.is_conj() or values.is_neg():
+        return values.resolve_conj().resolve_neg()
+    return values
 
 
 def _without_holes(x: Any, at: str) -> Any:

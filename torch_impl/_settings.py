@@ -24,16 +24,15 @@ class Settings:
     """How ``torch_impl`` moves data (identical results whatever the values)."""
 
     #: Mean elements per row (values per row times the trailing size) from which CPU row copies (one
-    #: contiguous copy per row, on the calling thread) are used instead of element indices. Two
-    #: measurements on 2 cores, B=1024, M=16, float32, fresh heap pages each call: quiet
-    #: (`python -m rebatch.bench.crossover --lengths 128 256 512 1024 2048 4096`, torch 2.13 and 2.9.1
-    #: alike), element indices are faster up to 1024 elements per row (indices/rows 0.83-0.89 at
-    #: 256-512); but with one busy process per core (`rebatch bench --contended`, standard grid) the
-    #: element-index kernels, parallel over torch's OpenMP threads, collapsed (0.13x the per-row
-    #: baseline at B=4096, L=512, M=1, with this set to 1024) while row copies held (never slower than
-    #: the baseline, 71 cases, with 256). Robustness wins: 256. 0 forces row copies wherever they
-    #: apply; ``math.inf`` never.
-    row_copy_min_elements: float = 256
+    #: contiguous copy per row, on the calling thread) are used instead of element indices. Measured on
+    #: 2 cores, B=1024, M=16, float32, fresh heap pages each call, with row copies as NumPy byte slices
+    #: (`python -m rebatch.bench.crossover --lengths 16 32 64 128 256 512 1024`, torch 2.13): quiet,
+    #: indices/rows 0.94 at 32 elements, 1.04 at 64, 1.11-1.15 from 128; with two busy processes,
+    #: 0.97 at 32, 1.21 at 64. Row copies never go parallel, so they also hold under contention,
+    #: where the element-index kernels (OpenMP) collapsed at large outputs (0.13x the per-row baseline
+    #: at B=4096, L=512, M=1, when this was 1024). 0 forces row copies wherever they apply;
+    #: ``math.inf`` never.
+    row_copy_min_elements: float = 64
     #: The element-index path's destination buffer (int64, one per value) is built for at most this
     #: fraction of the output's bytes at a time, so its peak memory stays near the output's (measured:
     #: peak at most 1.07x the output on the standard grid; chunks add no measurable time from 1/16).
