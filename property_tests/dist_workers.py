@@ -26,6 +26,7 @@ __all__ = [
     "compare_with_verl",
     "global_batch",
     "raise_on_one_rank",
+    "run_in_threads",
     "shard_bounds",
 ]
 
@@ -54,7 +55,21 @@ def shard_bounds(rows: int, world: int) -> list[tuple[int, int]]:
     return [(cuts[i], cuts[i + 1]) for i in range(world - 1)] + [(rest, rows)]
 
 
+#: Set by `run_in_threads` while it runs: the ranks are threads of this process, joined by torch's
+#: threaded process group (from torch's own test utilities) over this store.
+_thread_store: Any = None
+
+
 def _init(rank: int, world: int, port: int, timeout_s: float) -> None:
+    if _thread_store is not None:
+        dist.init_process_group(
+            "threaded",
+            rank=rank,
+            world_size=world,
+            store=_thread_store,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+        return
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group(
         "gloo",
@@ -325,3 +340,44 @@ def ranks_agree_on_errors(rank: int, world: int, port: int) -> None:
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def run_in_threads(worker: Any, world: int, *, timeout_s: float = 60.0) -> None:
+    """``worker(rank, world, 0)`` with each rank a thread of this process (torch's threaded process group
+    from ``torch.testing._internal``): the workers above in seconds, without spawning processes (the
+    first stage of the many-rank mutation session; `tests/test_distributed.py` runs them as processes
+    over gloo). The first failure of any rank is raised here; the other ranks are released from their
+    collectives at once."""
+    import threading
+
+    from torch.testing._internal.distributed import multi_threaded_pg as threaded
+
+    global _thread_store
+    failures: list[BaseException] = []
+
+    def run(rank: int) -> None:
+        try:
+            worker(rank, world, 0)
+        except BaseException as err:  # handed to the caller below
+            failures.append(err)
+            threaded.ProcessLocalGroup.exception_handle(err)
+
+    threaded._install_threaded_pg()
+    torch._C._distributed_c10d._set_thread_isolation_mode(True)  # group names per thread, as torch's tests
+    _thread_store = dist.HashStore()
+    try:
+        threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout_s)
+        if any(t.is_alive() for t in threads):
+            raise TimeoutError(f"{worker.__name__}: ranks still running after {timeout_s} s")
+        real = [f for f in failures if not isinstance(f, SystemExit)]  # SystemExit: released by another's failure
+        if real or failures:
+            raise (real or failures)[0]
+    finally:
+        _thread_store = None
+        torch._C._distributed_c10d._set_thread_isolation_mode(False)
+        threaded.ProcessLocalGroup.reset()
+        threaded._uninstall_threaded_pg()
