@@ -362,8 +362,9 @@ def run_in_threads(worker: Any, world: int, *, timeout_s: float = 60.0) -> None:
             failures.append(err)
             threaded.ProcessLocalGroup.exception_handle(err)
 
+    isolate = torch._C._distributed_c10d._set_thread_isolation_mode  # type: ignore[attr-defined]
     threaded._install_threaded_pg()
-    torch._C._distributed_c10d._set_thread_isolation_mode(True)  # group names per thread, as torch's tests
+    isolate(True)  # process group names per thread, as torch's own threaded tests do
     _thread_store = dist.HashStore()
     try:
         threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(world)]
@@ -378,6 +379,6 @@ def run_in_threads(worker: Any, world: int, *, timeout_s: float = 60.0) -> None:
             raise (real or failures)[0]
     finally:
         _thread_store = None
-        torch._C._distributed_c10d._set_thread_isolation_mode(False)
+        isolate(False)
         threaded.ProcessLocalGroup.reset()
         threaded._uninstall_threaded_pg()
