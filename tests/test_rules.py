@@ -143,6 +143,23 @@ def test_prepare_micro_batches_named_counts() -> None:
     assert unbalanced == ref.balanced_partitions([4] * 6, 100, min_num_micro_batches=3, balance=False)
 
 
+def test_a_dense_batch_s_padded_width_must_fit_the_budget() -> None:
+    """As verl: with a dense ``attention_mask`` ``[B, S]`` the padded width ``S`` must fit the budget, even
+    when every row's tokens would (verl asserts ``max_token_len >= S``); a 1-D mask has width 1."""
+    from tensordict import TensorDict
+
+    mask = torch.zeros(4, 10, dtype=torch.int64)
+    mask[:, :3] = 1  # 3 tokens a row, padded to 10
+    data = TensorDict({"attention_mask": mask}, batch_size=[4])
+    with pytest.raises(TokenBudgetError, match="10"):
+        torch_impl.rearrange_micro_batches(data, max_token_len=6)
+    _, parts = torch_impl.rearrange_micro_batches(data, max_token_len=10)
+    assert sorted(i for p in parts for i in p) == [0, 1, 2, 3]
+    flat = TensorDict({"attention_mask": torch.ones(4, dtype=torch.int64)}, batch_size=[4])
+    _, parts = torch_impl.rearrange_micro_batches(flat, max_token_len=2)
+    assert sorted(i for p in parts for i in p) == [0, 1, 2, 3]
+
+
 def tensordict_batches_fixed(lengths: list[int]) -> Any:
     from tensordict import TensorDict
 

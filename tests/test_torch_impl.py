@@ -304,3 +304,29 @@ def test_row_copies_step_aside_where_torch_cannot_share_memory_with_numpy(monkey
         got = torch_impl.postprocess_batch(outs, parts)
     assert "aten.index_copy_.default" in counter.ops
     assert_same(got, want)
+
+
+def _path_taken(lengths: list[int], trailing: tuple[int, ...], min_elements: float) -> str:
+    """The kernel that moved a two-micro-batch batch of rows of ``lengths`` (values ``[n, *trailing]``)."""
+    rng = np.random.default_rng(11)
+    half = len(lengths) // 2
+    parts = [list(range(half, len(lengths))), list(range(half))]  # the halves swapped: a real permutation
+    outs = [
+        {"model_output": {"x": jagged(random_tensor(rng, (sum(ls), *trailing), "float32"), ls)}}
+        for ls in (lengths[half:], lengths[:half])
+    ]
+    with torch_impl.use_settings(row_copy_min_elements=min_elements), CountOps() as counter:
+        torch_impl.postprocess_batch(outs, parts)
+    return "element_indices" if "aten.index_copy_.default" in counter.ops else "row_copies"
+
+
+@pytest.mark.parametrize("trailing", [(), (4,)])
+def test_the_row_copy_threshold_counts_elements_per_row(trailing) -> None:
+    """Row copies from ``row_copy_min_elements`` elements per row on average (values per row times the
+    trailing size), element indices below: the choice is exact at the boundary."""
+    rows, inner = 10, math.prod(trailing)
+    at = [2 * 64 // inner] * (rows // 2) + [0] * (rows // 2)  # 64 elements per row on average
+    below = [*at[:-rows // 2 - 1], at[0] - 1, *at[rows // 2 :]]  # one value fewer
+    assert sum(at) * inner == 64 * rows and sum(below) * inner < 64 * rows
+    assert _path_taken(at, trailing, 64) == "row_copies"
+    assert _path_taken(below, trailing, 64) == "element_indices"
