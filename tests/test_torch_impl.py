@@ -326,7 +326,8 @@ def test_the_row_copy_threshold_counts_elements_per_row(trailing) -> None:
     trailing size), element indices below: the choice is exact at the boundary."""
     rows, inner = 10, math.prod(trailing)
     at = [2 * 64 // inner] * (rows // 2) + [0] * (rows // 2)  # 64 elements per row on average
-    below = [*at[:-rows // 2 - 1], at[0] - 1, *at[rows // 2 :]]  # one value fewer
-    assert sum(at) * inner == 64 * rows and sum(below) * inner < 64 * rows
+    below = [*at[: -rows // 2 - 1], at[0] - 1, *at[rows // 2 :]]  # one value fewer
+    assert sum(at) * inner == 64 * rows
+    assert sum(below) * inner == 64 * rows - inner
     assert _path_taken(at, trailing, 64) == "row_copies"
     assert _path_taken(below, trailing, 64) == "element_indices"
