@@ -95,6 +95,8 @@ def check_rank(rank: int, world: int, port: int) -> None:
         padded = [m for m, p in enumerate(micro.indices) if p is torch_impl.PADDING]
         if hi - lo < counts[0]:
             assert padded, f"rank {rank}: {hi - lo} rows for {counts[0]} micro-batches but no padding"
+        for m in padded:  # a padding micro-batch is a copy of the rank's first row (no rows if it has none)
+            assert_same(micro.batches[m]["input_ids"], torch_impl.take(shard, [0] if hi > lo else [])["input_ids"])
         output_lst = [
             {
                 "model_output": stand_in_model(mb["input_ids"]),
@@ -283,6 +285,12 @@ def ranks_agree_on_errors(rank: int, world: int, port: int) -> None:
                 result(x=torch.zeros(2)) if odd else result(x=x),
                 errors.ShapeMismatchError,
                 r"key 'x', rank 1: layout dense differs from rank 0's jagged",
+            ),
+            (
+                "scalar output",
+                result(x=torch.tensor(1.0)) if odd else result(x=x),
+                errors.ShapeMismatchError,
+                r"rank 1: key 'x': a dense output needs a leading batch dimension, got a scalar",
             ),
             (
                 "bad result",
