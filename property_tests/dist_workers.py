@@ -287,6 +287,12 @@ def ranks_agree_on_errors(rank: int, world: int, port: int) -> None:
                 r"key 'x', rank 1: layout dense differs from rank 0's jagged",
             ),
             (
+                "layout, the other way",
+                result(x=x) if odd else result(x=torch.zeros(2)),
+                errors.ShapeMismatchError,
+                r"key 'x', rank 1: layout jagged differs from rank 0's dense",
+            ),
+            (
                 "scalar output",
                 result(x=torch.tensor(1.0)) if odd else result(x=x),
                 errors.ShapeMismatchError,
