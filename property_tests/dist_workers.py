@@ -121,6 +121,16 @@ def check_rank(rank: int, world: int, port: int) -> None:
         got = torch_impl.broadcast_from_last_stage(mine)
         expected_last = torch_impl.take(data, list(range(*shard_bounds(data.batch_size[0], world)[last])))
         assert_same(got["model_output"], stand_in_model(expected_last["input_ids"]))
+        if world >= 3:  # a subgroup of ranks 0 and 1: its own last stage, its own gather
+            sub = dist.new_group([0, 1])
+            if rank in (0, 1):
+                first_two = [shard_bounds(data.batch_size[0], world)[r] for r in (0, 1)]
+                got = torch_impl.broadcast_from_last_stage(result if rank == 1 else {}, group=sub)
+                rows_1 = torch_impl.take(data, list(range(*first_two[1])))
+                assert_same(got["model_output"], stand_in_model(rows_1["input_ids"]))
+                both = torch_impl.gather_batch(result, group=sub)
+                rows_01 = torch_impl.take(data, list(range(first_two[0][0], first_two[1][1])))
+                assert_same(both["model_output"], stand_in_model(rows_01["input_ids"]))
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -279,6 +289,12 @@ def ranks_agree_on_errors(rank: int, world: int, port: int) -> None:
                 result(x=jagged(torch.zeros(5, 2), [2, 3])) if odd else result(x=x),
                 errors.ShapeMismatchError,
                 r"key 'x', rank 1: trailing shape \(2,\) differs from rank 0's \(\)",
+            ),
+            (
+                "trailing shape, the other way",
+                result(x=x) if odd else result(x=jagged(torch.zeros(5, 2), [2, 3])),
+                errors.ShapeMismatchError,
+                r"key 'x', rank 1: trailing shape \(\) differs from rank 0's \(2,\)",
             ),
             (
                 "layout",

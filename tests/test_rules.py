@@ -160,6 +160,23 @@ def test_a_dense_batch_s_padded_width_must_fit_the_budget() -> None:
     assert sorted(i for p in parts for i in p) == [0, 1, 2, 3]
 
 
+@pytest.mark.parametrize("size", [0, -2])
+def test_a_micro_batch_size_below_one_is_refused(size: int) -> None:
+    """Fixed micro-batches of ``micro_batch_size_per_gpu`` rows: 0 or less is an `UnsupportedSettingError`
+    (not a division by zero), whichever way the size is given."""
+    from tensordict import NonTensorData
+
+    from ref.errors import UnsupportedSettingError
+
+    data = tensordict_batches_fixed([2, 3, 1, 4])
+    data["use_dynamic_bsz"] = NonTensorData(False)
+    data["micro_batch_size_per_gpu"] = NonTensorData(size)
+    with pytest.raises(UnsupportedSettingError, match="micro_batch_size"):
+        torch_impl.prepare_micro_batches(data)
+    with pytest.raises(UnsupportedSettingError, match="micro_batch_size"):
+        torch_impl.prepare_micro_batches(data, micro_batch_size=size)
+
+
 def tensordict_batches_fixed(lengths: list[int]) -> Any:
     from tensordict import TensorDict
 
