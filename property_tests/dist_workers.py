@@ -211,11 +211,15 @@ def check_budget_and_rank_order(rank: int, world: int, port: int) -> None:
         for p in micro.indices:
             if p is not torch_impl.PADDING:
                 assert sum(lengths[i] for i in p) <= BUDGET, f"rank {rank}: {p} exceeds the budget {BUDGET}"
+        # without a group, each rank plans alone (no collective), even with the process group initialised
+        _, alone = torch_impl.rearrange_micro_batches(data, BUDGET)
+        assert alone == torch_impl.balanced_partitions(lengths, BUDGET), (rank, alone)
         # a result whose every field names its rank
         result = {
             "model_output": {
                 "dense": torch.full((rank + 1, 2), float(rank)),
                 "jagged": jagged(torch.full((rank + 2,), rank), [rank + 2]),
+                "empty": torch.zeros(0, 2),  # no bytes to send
             },
             "loss": [torch.tensor(float(rank)), float(rank) + 0.5],
             "metrics": {"r": [rank, rank], "t": (rank,)},
@@ -227,6 +231,7 @@ def check_budget_and_rank_order(rank: int, world: int, port: int) -> None:
             whole["model_output"]["jagged"],
             jagged(torch.cat([torch.full((r + 2,), r) for r in ranks]), [r + 2 for r in ranks]),
         )
+        assert_same(whole["model_output"]["empty"], torch.zeros(0, 2))
         assert_same(whole["loss"], [x for r in ranks for x in (torch.tensor(float(r)), float(r) + 0.5)])
         assert whole["metrics"] == {"r": [r for r in ranks for _ in range(2)], "t": [(r,) for r in ranks]}
         dist.barrier()

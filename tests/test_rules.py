@@ -177,6 +177,12 @@ def test_a_micro_batch_size_below_one_is_refused(size: int) -> None:
         torch_impl.prepare_micro_batches(data, micro_batch_size=size)
 
 
+def test_an_empty_batch_has_no_micro_batches() -> None:
+    data = tensordict_batches_fixed([])
+    assert torch_impl.rearrange_micro_batches(data, 10) == ([], [])
+    assert torch_impl.prepare_micro_batches(data, max_token_len=10) == ([], [])
+
+
 def tensordict_batches_fixed(lengths: list[int]) -> Any:
     from tensordict import TensorDict
 
