@@ -211,6 +211,11 @@ def check_budget_and_rank_order(rank: int, world: int, port: int) -> None:
         for p in micro.indices:
             if p is not torch_impl.PADDING:
                 assert sum(lengths[i] for i in p) <= BUDGET, f"rank {rank}: {p} exceeds the budget {BUDGET}"
+        # verl's engine signature: with a group, the count is agreed by default (same_micro_num_in_dp=True)
+        _, engine = torch_impl.prepare_micro_batches(
+            data, dist.group.WORLD, max_token_len=BUDGET, pad_micro_batches=True
+        )
+        assert engine == micro.indices, (rank, engine, micro.indices)
         # without a group, each rank plans alone (no collective), even with the process group initialised
         _, alone = torch_impl.rearrange_micro_batches(data, BUDGET)
         assert alone == torch_impl.balanced_partitions(lengths, BUDGET), (rank, alone)

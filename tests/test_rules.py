@@ -155,6 +155,9 @@ def test_a_dense_batch_s_padded_width_must_fit_the_budget() -> None:
         torch_impl.rearrange_micro_batches(data, max_token_len=6)
     _, parts = torch_impl.rearrange_micro_batches(data, max_token_len=10)
     assert sorted(i for p in parts for i in p) == [0, 1, 2, 3]
+    deep = TensorDict({"attention_mask": mask.reshape(4, 1, 10).expand(4, 2, 10).clone()}, batch_size=[4])
+    with pytest.raises(TokenBudgetError, match="10"):  # the last dimension is the width, as verl reads it
+        torch_impl.rearrange_micro_batches(deep, max_token_len=8)
     flat = TensorDict({"attention_mask": torch.ones(4, dtype=torch.int64)}, batch_size=[4])
     _, parts = torch_impl.rearrange_micro_batches(flat, max_token_len=2)
     assert sorted(i for p in parts for i in p) == [0, 1, 2, 3]
@@ -175,6 +178,9 @@ def test_a_micro_batch_size_below_one_is_refused(size: int) -> None:
         torch_impl.prepare_micro_batches(data)
     with pytest.raises(UnsupportedSettingError, match="micro_batch_size"):
         torch_impl.prepare_micro_batches(data, micro_batch_size=size)
+    data["micro_batch_size_per_gpu"] = NonTensorData(1)  # one row each is fine
+    assert [len(m) for m in torch_impl.prepare_micro_batches(data)[0]] == [1, 1, 1, 1]
+    assert [len(m) for m in torch_impl.prepare_micro_batches(data, micro_batch_size=1)[0]] == [1, 1, 1, 1]
 
 
 def test_an_empty_batch_has_no_micro_batches() -> None:

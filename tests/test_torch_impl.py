@@ -331,3 +331,17 @@ def test_the_row_copy_threshold_counts_elements_per_row(trailing) -> None:
     assert sum(below) * inner == 64 * rows - inner
     assert _path_taken(at, trailing, 64) == "row_copies"
     assert _path_taken(below, trailing, 64) == "element_indices"
+
+
+def test_a_torch_without_numpy_is_detected(monkeypatch) -> None:
+    """``Tensor.numpy()`` raising (torch built against another NumPy: "Numpy is not available") means no
+    NumPy bridge; the check itself, uncached."""
+    from torch_impl import _rowcopy
+
+    assert _rowcopy._numpy_bridge.__wrapped__() is True
+
+    def unavailable(self):
+        raise RuntimeError("Numpy is not available")
+
+    monkeypatch.setattr(torch.Tensor, "numpy", unavailable)
+    assert _rowcopy._numpy_bridge.__wrapped__() is False
