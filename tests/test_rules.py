@@ -189,6 +189,17 @@ def test_an_empty_batch_has_no_micro_batches() -> None:
     assert torch_impl.prepare_micro_batches(data, max_token_len=10) == ([], [])
 
 
+def test_balanced_partitions_settings_are_keyword_only() -> None:
+    """``torch_impl.balanced_partitions(lengths, max_tokens, *, ...)``: the rows and the budget by position or
+    by name, every setting by name only (a setting given by position is a `TypeError`, not a silent
+    misreading)."""
+    assert torch_impl.balanced_partitions(lengths=[3, 1, 2], max_tokens=4) == torch_impl.balanced_partitions(
+        [3, 1, 2], 4
+    )
+    with pytest.raises(TypeError):
+        torch_impl.balanced_partitions([3, 1, 2], 4, 2)  # type: ignore[misc]
+
+
 def tensordict_batches_fixed(lengths: list[int]) -> Any:
     from tensordict import TensorDict
 
