@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -31,6 +31,13 @@ __all__ = [
 ]
 
 MAX_TOKENS = 20
+
+
+class Pair(NamedTuple):
+    """A named-tuple metric value: it travels whole, as itself (not walked as a tuple of fields)."""
+
+    rank: int
+    next_rank: int
 
 
 def global_batch(rows: int = 37, seed: int = 0) -> TensorDict:
@@ -227,7 +234,7 @@ def check_budget_and_rank_order(rank: int, world: int, port: int) -> None:
                 "empty": torch.zeros(0, 2),  # no bytes to send
             },
             "loss": [torch.tensor(float(rank)), float(rank) + 0.5],
-            "metrics": {"r": [rank, rank], "t": (rank,)},
+            "metrics": {"r": [rank, rank], "t": (rank,), "pair": Pair(rank, rank + 1)},
         }
         whole = torch_impl.gather_batch(result)
         ranks = range(world)
@@ -238,7 +245,12 @@ def check_budget_and_rank_order(rank: int, world: int, port: int) -> None:
         )
         assert_same(whole["model_output"]["empty"], torch.zeros(0, 2))
         assert_same(whole["loss"], [x for r in ranks for x in (torch.tensor(float(r)), float(r) + 0.5)])
-        assert whole["metrics"] == {"r": [r for r in ranks for _ in range(2)], "t": [(r,) for r in ranks]}
+        assert whole["metrics"] == {
+            "r": [r for r in ranks for _ in range(2)],
+            "t": [(r,) for r in ranks],
+            "pair": [Pair(r, r + 1) for r in ranks],
+        }
+        assert all(type(p) is Pair for p in whole["metrics"]["pair"])
         dist.barrier()
     finally:
         dist.destroy_process_group()

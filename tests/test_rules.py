@@ -200,6 +200,19 @@ def test_balanced_partitions_settings_are_keyword_only() -> None:
         torch_impl.balanced_partitions([3, 1, 2], 4, 2)  # type: ignore[misc]
 
 
+def test_the_engine_budget_is_per_gpu_times_sp_size_which_defaults_to_one() -> None:
+    from tensordict import NonTensorData
+
+    data = tensordict_batches_fixed([4, 6, 3, 5, 2])
+    data["max_token_len_per_gpu"] = NonTensorData(10)
+    _, parts = torch_impl.prepare_micro_batches(data)  # no sp_size: a budget of 10
+    assert parts is not None
+    assert all(sum([4, 6, 3, 5, 2][i] for i in p) <= 10 for p in parts)
+    assert parts == torch_impl.balanced_partitions([4, 6, 3, 5, 2], 10)
+    data["sp_size"] = NonTensorData(2)
+    assert torch_impl.prepare_micro_batches(data)[1] == torch_impl.balanced_partitions([4, 6, 3, 5, 2], 20)
+
+
 def tensordict_batches_fixed(lengths: list[int]) -> Any:
     from tensordict import TensorDict
 
