@@ -36,8 +36,8 @@ def itertools_accumulate(xs: list[int]) -> list[int]:
     return out
 
 
-def jp(offsets: list[int], n: int) -> JaggedPart:
-    return JaggedPart(torch.zeros(n), torch.tensor(offsets, dtype=torch.int64), len(offsets) - 1)
+def jp(offsets: list[int], n: int, feature: tuple[int, ...] = ()) -> JaggedPart:
+    return JaggedPart(torch.zeros(n, *feature), torch.tensor(offsets, dtype=torch.int64), len(offsets) - 1)
 
 
 def test_unpack_a_jagged_tensor() -> None:
@@ -242,6 +242,7 @@ def test_check_offsets_of_no_parts() -> None:
             "micro-batch 1: offsets must be non-decreasing, got offsets[1] = 2 > offsets[2] = 1",
         ),
         ([jp([0, 2], 3)], "micro-batch 0: offsets[-1] must equal len(values) = 3, got 2"),
+        ([jp([0, 2], 3, (5,))], "micro-batch 0: offsets[-1] must equal len(values) = 3, got 2"),  # len, not width
         ([jp([0, 1], 1), jp([0, 4], 3)], "micro-batch 1: offsets[-1] must equal len(values) = 3, got 4"),
         ([jp([0, 1], 1), jp([0], 2)], "micro-batch 1: offsets[-1] must equal len(values) = 2, got 0"),
         ([jp([0, 1], 1), jp([0, 1], 1), jp([0, 2], 1)], "micro-batch 2: offsets[-1] must equal len(values) = 1, got 2"),
@@ -256,3 +257,14 @@ def test_check_offsets_catches_a_decrease_that_ends_right() -> None:
     # ends and starts are right; only a negative step inside the part is wrong
     with pytest.raises(InvalidJaggedError, match="non-decreasing"):
         check_offsets([jp([0, 1], 1), jp([0, 3, 1, 3], 3)])
+
+
+def test_a_zero_row_tensor_with_lengths_unpacks_to_no_rows() -> None:
+    empty = torch.nested.nested_tensor_from_jagged(
+        torch.zeros(0, 2), torch.zeros(1, dtype=torch.int64), lengths=torch.zeros(0, dtype=torch.int64)
+    )
+    part = unpack(empty, "k", 0)
+    assert isinstance(part, JaggedPart)
+    assert part.rows == 0
+    assert part.offsets.tolist() == [0]
+    assert tuple(part.values.shape) == (0, 2)
