@@ -268,3 +268,19 @@ def test_a_zero_row_tensor_with_lengths_unpacks_to_no_rows() -> None:
     assert part.rows == 0
     assert part.offsets.tolist() == [0]
     assert tuple(part.values.shape) == (0, 2)
+
+
+@pytest.mark.parametrize(
+    ("offsets", "lengths", "message"),
+    [
+        ([0, 4, 8], [3, -1], "lengths[1] = -1 is negative"),
+        ([-1, 4, 8], [0, 2], "offsets[0] = -1 is negative"),  # an empty row that starts before the values
+        ([0, 4, 8], [3, 7], "row 1 runs past the values: offsets[1] + lengths[1] = 4 + 7 > len(values) = 10"),
+    ],
+)
+def test_holes_name_the_row_that_breaks_them(offsets, lengths, message) -> None:
+    holed = torch.nested.nested_tensor_from_jagged(
+        torch.arange(10.0), torch.tensor(offsets), lengths=torch.tensor(lengths)
+    )
+    with pytest.raises(InvalidJaggedError, match=re.escape(f"key 'k', micro-batch 0: {message}")):
+        unpack(holed, "k", 0)
