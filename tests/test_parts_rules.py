@@ -284,3 +284,13 @@ def test_holes_name_the_row_that_breaks_them(offsets, lengths, message) -> None:
     )
     with pytest.raises(InvalidJaggedError, match=re.escape(f"key 'k', micro-batch 0: {message}")):
         unpack(holed, "k", 0)
+
+
+def test_holes_allow_empty_rows() -> None:
+    holed = torch.nested.nested_tensor_from_jagged(
+        torch.arange(10.0), torch.tensor([0, 4, 8, 10]), lengths=torch.tensor([3, 0, 2])
+    )
+    part = unpack(holed, "k", 0)
+    assert isinstance(part, JaggedPart)
+    assert part.offsets.tolist() == [0, 3, 3, 5]
+    assert part.values.tolist() == [0.0, 1.0, 2.0, 8.0, 9.0]

@@ -178,6 +178,9 @@ def test_a_micro_batch_size_below_one_is_refused(size: int) -> None:
         torch_impl.prepare_micro_batches(data)
     with pytest.raises(UnsupportedSettingError, match="micro_batch_size"):
         torch_impl.prepare_micro_batches(data, micro_batch_size=size)
+    data["micro_batch_size_per_gpu"] = NonTensorData(3)  # 4 rows cannot be cut into micro-batches of 3
+    with pytest.raises(UnsupportedSettingError, match="divisible"):
+        torch_impl.prepare_micro_batches(data)
     data["micro_batch_size_per_gpu"] = NonTensorData(1)  # one row each is fine
     assert [len(m) for m in torch_impl.prepare_micro_batches(data)[0]] == [1, 1, 1, 1]
     assert [len(m) for m in torch_impl.prepare_micro_batches(data, micro_batch_size=1)[0]] == [1, 1, 1, 1]
