@@ -251,6 +251,9 @@ def check_budget_and_rank_order(rank: int, world: int, port: int) -> None:
             "pair": [Pair(r, r + 1) for r in ranks],
         }
         assert all(type(p) is Pair for p in whole["metrics"]["pair"])
+        # results without a single tensor (no bytes on any rank)
+        bare = torch_impl.gather_batch({"loss": [float(rank)], "metrics": {"r": rank}})
+        assert bare == {"model_output": {}, "loss": [float(r) for r in ranks], "metrics": {"r": list(ranks)}}
         dist.barrier()
     finally:
         dist.destroy_process_group()
