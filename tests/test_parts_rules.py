@@ -276,6 +276,7 @@ def test_a_zero_row_tensor_with_lengths_unpacks_to_no_rows() -> None:
         ([0, 4, 8], [3, -1], "lengths[1] = -1 is negative"),
         ([-1, 4, 8], [0, 2], "offsets[0] = -1 is negative"),  # an empty row that starts before the values
         ([0, 4, 8], [3, 7], "row 1 runs past the values: offsets[1] + lengths[1] = 4 + 7 > len(values) = 10"),
+        ([-1, 4, 8], [-1, 2], "lengths[0] = -1 is negative"),  # two faults in one row
     ],
 )
 def test_holes_name_the_row_that_breaks_them(offsets, lengths, message) -> None:
@@ -294,3 +295,11 @@ def test_holes_allow_empty_rows() -> None:
     assert isinstance(part, JaggedPart)
     assert part.offsets.tolist() == [0, 3, 3, 5]
     assert part.values.tolist() == [0.0, 1.0, 2.0, 8.0, 9.0]
+
+
+def test_a_one_row_tensor_with_lengths_keeps_its_row() -> None:
+    holed = torch.nested.nested_tensor_from_jagged(torch.arange(6.0), torch.tensor([1, 6]), lengths=torch.tensor([3]))
+    part = unpack(holed, "k", 0)
+    assert isinstance(part, JaggedPart)
+    assert part.rows == 1
+    assert part.values.tolist() == [1.0, 2.0, 3.0]

@@ -216,6 +216,13 @@ def test_the_engine_budget_is_per_gpu_times_sp_size_which_defaults_to_one() -> N
     assert torch_impl.prepare_micro_batches(data)[1] == torch_impl.balanced_partitions([4, 6, 3, 5, 2], 20)
 
 
+def test_prepare_micro_batches_dp_settings_are_keyword_only() -> None:
+    data = tensordict_batches_fixed([2, 3])
+    assert torch_impl.prepare_micro_batches_dp(data=data, max_token_len=5).indices == [[0, 1]]
+    with pytest.raises(TypeError):
+        torch_impl.prepare_micro_batches_dp(data, 5)  # type: ignore[misc]
+
+
 def tensordict_batches_fixed(lengths: list[int]) -> Any:
     from tensordict import TensorDict
 
