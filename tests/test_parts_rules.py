@@ -303,3 +303,24 @@ def test_a_one_row_tensor_with_lengths_keeps_its_row() -> None:
     assert isinstance(part, JaggedPart)
     assert part.rows == 1
     assert part.values.tolist() == [1.0, 2.0, 3.0]
+
+
+def test_a_zero_row_tensor_over_values_unpacks_to_no_values() -> None:
+    """No rows, but values behind them (a view into a larger buffer): the part has no values either."""
+    empty = torch.nested.nested_tensor_from_jagged(
+        torch.arange(4.0), torch.zeros(1, dtype=torch.int64), lengths=torch.zeros(0, dtype=torch.int64)
+    )
+    part = unpack(empty, "k", 0)
+    assert isinstance(part, JaggedPart)
+    assert (part.rows, tuple(part.values.shape), part.offsets.tolist()) == (0, (0,), [0])
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.float32, torch.bool])
+def test_lengths_must_be_integers(dtype) -> None:
+    holed = torch.nested.nested_tensor_from_jagged(
+        torch.arange(4.0), torch.tensor([0, 2]), lengths=torch.tensor([2]).to(dtype)
+    )
+    with pytest.raises(
+        InvalidJaggedError, match=re.escape(f"lengths must be 1-D integers, one per row (1), got {dtype}")
+    ):
+        unpack(holed, "k", 0)
