@@ -324,3 +324,22 @@ def test_lengths_must_be_integers(dtype) -> None:
         InvalidJaggedError, match=re.escape(f"lengths must be 1-D integers, one per row (1), got {dtype}")
     ):
         unpack(holed, "k", 0)
+
+
+def test_lengths_must_be_one_dimensional() -> None:
+    holed = torch.nested.nested_tensor_from_jagged(
+        torch.arange(4.0), torch.tensor([0, 2, 4]), lengths=torch.tensor([[2], [1]])
+    )
+    with pytest.raises(InvalidJaggedError, match=re.escape("one per row (2), got torch.int64[2, 1]")):
+        unpack(holed, "k", 0)
+
+
+def test_holes_over_rows_of_several_values() -> None:
+    """Bounds are counted in rows of ``values`` (``len(values)``), not in its trailing size."""
+    holed = torch.nested.nested_tensor_from_jagged(
+        torch.arange(30.0).reshape(10, 3), torch.tensor([0, 4, 8]), lengths=torch.tensor([3, 2])
+    )
+    part = unpack(holed, "k", 0)
+    assert isinstance(part, JaggedPart)
+    assert part.offsets.tolist() == [0, 3, 5]
+    assert part.values[:, 0].tolist() == [0.0, 3.0, 6.0, 24.0, 27.0]
