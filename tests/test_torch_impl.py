@@ -345,3 +345,16 @@ def test_a_torch_without_numpy_is_detected(monkeypatch) -> None:
 
     monkeypatch.setattr(torch.Tensor, "numpy", unavailable)
     assert _rowcopy._numpy_bridge.__wrapped__() is False
+
+
+@pytest.mark.parametrize("feature", [(), (4,), (2, 3)])
+def test_dense_outputs_come_back_jagged_as_verls(feature) -> None:
+    """verl's function returns a dense ``[B, S, *F]`` output as the jagged ``[B, (S), *F]``: so does the
+    drop-in, whatever the trailing shape."""
+    rng = np.random.default_rng(2)
+    indices = [[2, 0], [1, 3]]
+    outs = [{"model_output": {"v": random_tensor(rng, (2, 5, *feature), "float32")}} for _ in indices]
+    got = torch_impl.postprocess_batch_func(outs, indices, None)
+    assert got["model_output"]["v"].is_nested
+    assert tuple(got["model_output"]["v"].values().shape) == (20, *feature)
+    assert_same(got, verl_postprocess_batch_func(outs, indices, None))
