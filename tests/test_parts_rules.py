@@ -277,6 +277,8 @@ def test_a_zero_row_tensor_with_lengths_unpacks_to_no_rows() -> None:
         ([-1, 4, 8], [0, 2], "offsets[0] = -1 is negative"),  # an empty row that starts before the values
         ([0, 4, 8], [3, 7], "row 1 runs past the values: offsets[1] + lengths[1] = 4 + 7 > len(values) = 10"),
         ([-1, 4, 8], [-1, 2], "lengths[0] = -1 is negative"),  # two faults in one row
+        ([0, 4, 8], [-1, -2], "lengths[0] = -1 is negative"),  # the first of two bad rows
+        ([-1, 4, 8], [12, 2], "offsets[0] = -1 is negative"),  # before the values and past them
     ],
 )
 def test_holes_name_the_row_that_breaks_them(offsets, lengths, message) -> None:
@@ -343,3 +345,14 @@ def test_holes_over_rows_of_several_values() -> None:
     assert isinstance(part, JaggedPart)
     assert part.offsets.tolist() == [0, 3, 5]
     assert part.values[:, 0].tolist() == [0.0, 3.0, 6.0, 12.0, 15.0]
+
+
+def test_holes_in_hundreds_of_rows() -> None:
+    rows = 300  # more rows than CPython's shared small ints: counts compared by value
+    holed = torch.nested.nested_tensor_from_jagged(
+        torch.arange(2.0 * rows), torch.arange(0, 2 * rows + 1, 2), lengths=torch.ones(rows, dtype=torch.int64)
+    )
+    part = unpack(holed, "k", 0)
+    assert isinstance(part, JaggedPart)
+    assert part.rows == rows
+    assert part.values.tolist() == [2.0 * i for i in range(rows)]
