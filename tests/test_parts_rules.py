@@ -184,6 +184,11 @@ def test_check_parts_agree_with_the_first() -> None:
             ShapeMismatchError,
             "micro-batch 1: trailing shape (3,) differs from micro-batch 0's (2,)",
         ),
+        (
+            [torch.zeros(2, 3), torch.zeros(2)],
+            ShapeMismatchError,
+            "micro-batch 1: trailing shape () differs from micro-batch 0's (3,)",
+        ),  # shorter, not only larger
         # the order of the checks: dtype before device before trailing shape
         (
             [torch.zeros(2, 3), torch.zeros(2, 4, dtype=torch.float64, device="meta")],
@@ -278,6 +283,7 @@ def test_a_zero_row_tensor_with_lengths_unpacks_to_no_rows() -> None:
         ([0, 4, 8], [3, 7], "row 1 runs past the values: offsets[1] + lengths[1] = 4 + 7 > len(values) = 10"),
         ([-1, 4, 8], [-1, 2], "lengths[0] = -1 is negative"),  # two faults in one row
         ([0, 4, 8], [-1, -2], "lengths[0] = -1 is negative"),  # the first of two bad rows
+        ([0, 4], [-1], "lengths[0] = -1 is negative"),  # a single row is checked too
         ([-1, 4, 8], [12, 2], "offsets[0] = -1 is negative"),  # before the values and past them
     ],
 )
@@ -356,3 +362,13 @@ def test_holes_in_hundreds_of_rows() -> None:
     assert isinstance(part, JaggedPart)
     assert part.rows == rows
     assert part.values.tolist() == [2.0 * i for i in range(rows)]
+
+
+def test_the_setting_of_the_checks_is_keyword_only() -> None:
+    x = njt([1, 2])
+    with pytest.raises(TypeError):
+        unpack(x, "k", 0, False)  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        check_parts([x], "k", False)  # type: ignore[misc]
+    assert unpack(x=x, key="k", micro_batch=0, allow_jagged=True).rows == 2
+    assert check_parts(parts=[x], key="k", allow_jagged=True)[0].rows == 2
