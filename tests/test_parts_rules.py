@@ -284,6 +284,7 @@ def test_a_zero_row_tensor_with_lengths_unpacks_to_no_rows() -> None:
         ([-1, 4, 8], [-1, 2], "lengths[0] = -1 is negative"),  # two faults in one row
         ([0, 4, 8], [-1, -2], "lengths[0] = -1 is negative"),  # the first of two bad rows
         ([0, 4], [-1], "lengths[0] = -1 is negative"),  # a single row is checked too
+        ([0, 4], [11], "row 0 runs past the values: offsets[0] + lengths[0] = 0 + 11 > len(values) = 10"),
         ([-1, 4, 8], [12, 2], "offsets[0] = -1 is negative"),  # before the values and past them
     ],
 )
