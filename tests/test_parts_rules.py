@@ -233,6 +233,7 @@ def test_check_offsets_of_no_parts() -> None:
         ([jp([0, 2], 2), jp([1, 2], 2)], "micro-batch 1: offsets[0] must be 0, got 1"),
         ([jp([0, 300], 300), jp([1, 2], 2)], "micro-batch 1: offsets[0] must be 0, got 1"),  # ends compared by value
         ([jp([0, 3, 2, 4], 4)], "micro-batch 0: offsets must be non-decreasing, got offsets[1] = 3 > offsets[2] = 2"),
+        ([jp([0, 3, 2, 4, 1], 1)], "offsets must be non-decreasing, got offsets[1] = 3 > offsets[2] = 2"),  # the first
         (
             [jp([0, 0, 3, 2, 4], 4)],
             "offsets must be non-decreasing, got offsets[2] = 3 > offsets[3] = 2",
