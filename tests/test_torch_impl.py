@@ -358,3 +358,13 @@ def test_dense_outputs_come_back_jagged_as_verls(feature) -> None:
     assert got["model_output"]["v"].is_nested
     assert tuple(got["model_output"]["v"].values().shape) == (20, *feature)
     assert_same(got, verl_postprocess_batch_func(outs, indices, None))
+
+
+def test_zero_width_dense_outputs_come_back_as_empty_rows() -> None:
+    """A dense ``[b, 0]`` output (no tokens) comes back as ``B`` empty rows, as verl's."""
+    indices = [[2, 0], [1]]  # B = 3: odd, so that no bit trick passes for B + 1
+    outs = [{"model_output": {"v": torch.zeros(len(p), 0)}} for p in indices]
+    got = torch_impl.postprocess_batch_func(outs, indices, None)["model_output"]["v"]
+    assert got.is_nested
+    assert got.offsets().tolist() == [0, 0, 0, 0]
+    assert_same(got, verl_postprocess_batch_func(outs, indices, None)["model_output"]["v"])
