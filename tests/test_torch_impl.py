@@ -368,3 +368,13 @@ def test_zero_width_dense_outputs_come_back_as_empty_rows() -> None:
     assert got.is_nested
     assert got.offsets().tolist() == [0, 0, 0, 0]
     assert_same(got, verl_postprocess_batch_func(outs, indices, None)["model_output"]["v"])
+
+
+def test_an_unsupported_dtype_is_named_at_micro_batch_0() -> None:
+    import warnings
+
+    with warnings.catch_warnings():  # torch: "ComplexHalf support is experimental"
+        warnings.simplefilter("ignore", UserWarning)
+        outs = [{"model_output": {"v": torch.zeros(2, 3, dtype=torch.complex32)}} for _ in range(2)]
+    with pytest.raises(errors.UnsupportedSettingError, match=r"^key 'v', micro-batch 0: dtype complex32 is not"):
+        torch_impl.postprocess_batch(outs, [[0, 1], [2, 3]])
