@@ -429,9 +429,8 @@ def run_in_threads(worker: Any, world: int, *, timeout_s: float = 60.0) -> None:
             t.join(timeout_s)
         if any(t.is_alive() for t in threads):
             raise TimeoutError(f"{worker.__name__}: ranks still running after {timeout_s} s")
-        real = [f for f in failures if not isinstance(f, SystemExit)]  # SystemExit: released by another's failure
-        if real or failures:
-            raise (real or failures)[0]
+        if failures:  # a SystemExit is a rank released by another's failure: the failure is what to raise
+            raise next((f for f in failures if not isinstance(f, SystemExit)), failures[0])
     finally:
         _thread_store = None
         isolate(False)

@@ -30,9 +30,10 @@ def _numpy_bridge() -> bool:
     """Whether this torch can share CPU storage with NumPy (it cannot when built against another NumPy
     ABI: then ``Tensor.numpy()`` raises, and row copies are not used)."""
     try:
-        return bool(torch.zeros(1).numpy().shape == (1,))
+        torch.zeros(1).numpy()
     except (RuntimeError, ImportError, TypeError):  # "Numpy is not available"
         return False
+    return True
 
 
 def row_copies_apply(parts: Sequence[JaggedPart], total: int, rows: int) -> bool:
