@@ -15,6 +15,7 @@ import pytest
 from ref.errors import TokenBudgetError, UnsupportedSettingError
 from ref.partition import (
     balanced_partitions,
+    check_rows,
     get_group_balanced_partitions,
     get_seqlen_balanced_partitions,
     karmarkar_karp,
@@ -211,6 +212,12 @@ def test_plan_rejects_a_multiple_below_one(multiple) -> None:
         balanced_partitions([2, 2, 2], 3, multiple_of=multiple)
 
 
+def test_plan_accepts_a_multiple_of_one() -> None:
+    """1, the smallest valid multiple, plans as no multiple at all."""
+    assert plan_micro_batches([2, 2, 2], 3, num_batches_divided_by=1) == plan_micro_batches([2, 2, 2], 3)
+    assert balanced_partitions([2, 2, 2], 3, multiple_of=1) == balanced_partitions([2, 2, 2], 3)
+
+
 def test_plan_keeps_forced_groups_whole_and_balances_their_workloads() -> None:
     lengths = [4, 4, 1, 1, 3, 3, 2, 2]  # groups of 2: 8, 2, 6, 4 tokens
     parts = plan_micro_batches(lengths, 10, force_group_size=2, use_dynamic_bsz_balance=False)
@@ -304,3 +311,12 @@ def test_the_planning_settings_are_keyword_only() -> None:
         plan_micro_batches([1, 1], 5, 2)  # type: ignore[misc]
     with pytest.raises(TypeError):
         balanced_partitions([1, 1], 5, 2)  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        check_rows([1, 1], 5, 2)  # type: ignore[misc]
+
+
+def test_check_rows_defaults_to_groups_of_one_row() -> None:
+    """Without ``force_group_size`` any batch size is accepted (groups of one row)."""
+    check_rows([1, 2, 3], 5)
+    with pytest.raises(TokenBudgetError, match="batch size 3 must be divisible by force_group_size 2"):
+        check_rows([1, 2, 3], 5, force_group_size=2)

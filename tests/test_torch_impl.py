@@ -378,3 +378,38 @@ def test_an_unsupported_dtype_is_named_at_micro_batch_0() -> None:
         outs = [{"model_output": {"v": torch.zeros(2, 3, dtype=torch.complex32)}} for _ in range(2)]
     with pytest.raises(errors.UnsupportedSettingError, match=r"^key 'v', micro-batch 0: dtype complex32 is not"):
         torch_impl.postprocess_batch(outs, [[0, 1], [2, 3]])
+
+
+def test_postprocess_batch_settings_are_keyword_only() -> None:
+    """``use_dynamic_bsz`` and ``pad_mode`` by position would land on the wrong parameter: keyword-only;
+    the outputs and the indices may be named."""
+    outs, parts = _outputs(6, 2)
+    with pytest.raises(TypeError):
+        torch_impl.postprocess_batch(outs, parts, True)  # type: ignore[misc]
+    assert_same(torch_impl.postprocess_batch(output_lst=outs, indices=parts), torch_impl.postprocess_batch(outs, parts))
+
+
+@pytest.mark.parametrize("rows", [2, 300])
+@pytest.mark.parametrize("change", [-1, 1])
+def test_a_later_key_with_other_row_counts_is_refused_without_dynamic_bsz(rows, change) -> None:
+    """Without dynamic batching every key's row count is checked against the first key's, fewer rows or
+    more, at any size (300: counts past 256 are distinct int objects)."""
+    first = [torch.zeros(rows, 2), torch.zeros(rows, 2)]
+    later = [torch.zeros(rows, 2), torch.zeros(rows + change, 2)]
+    outs = [{"model_output": {"lp": a, "v": b}} for a, b in zip(first, later, strict=True)]
+    message = rf"^key 'v', micro-batch 1: {rows + change} rows, but key 'lp' has {rows} there"
+    with pytest.raises(errors.ShapeMismatchError, match=message):
+        torch_impl.postprocess_batch(outs, None, use_dynamic_bsz=False)
+    outs[1]["model_output"]["v"] = torch.zeros(rows, 2)
+    assert torch_impl.postprocess_batch(outs, None, use_dynamic_bsz=False)["model_output"]["v"].shape == (2 * rows, 2)
+
+
+def test_postprocess_batch_itself_is_refused_under_torch_func() -> None:
+    """Each public entry point refuses ``torch.func`` transforms, not only the drop-in that wraps it."""
+    outs, parts = _outputs(4, 2)
+    with pytest.raises(
+        errors.UnsupportedSettingError, match=r"^postprocess_batch is not supported under a torch\.func"
+    ):
+        torch.func.vmap(lambda x: torch_impl.postprocess_batch(outs, parts)["model_output"]["k0"].values() + x)(
+            torch.zeros(2)
+        )
