@@ -37,6 +37,23 @@ def test_error_case(call, case: ErrorCase) -> None:
     assert re.search(case.pattern, str(info.value)), str(info.value)
 
 
+PP_CASES = [c for c in CASES if c.op == "postprocess_batch"]
+
+
+@pytest.mark.parametrize("case", PP_CASES, ids=[c.name for c in PP_CASES])
+def test_torch_impl_drop_in_raises_what_postprocess_batch_raises(case: ErrorCase) -> None:
+    """verl's call, ``postprocess_batch_func(output_lst, indices, data)`` with the settings in a
+    TensorDict, refuses every bad input of ``postprocess_batch`` with the same class and message."""
+    from tensordict import NonTensorData, TensorDict
+
+    args, kwargs = case.build()
+    data = TensorDict({k: NonTensorData(v) for k, v in kwargs.items()}, batch_size=[])
+    with pytest.raises(errors.RebatchError) as info:
+        torch_impl.postprocess_batch_func(*args, data)
+    assert type(info.value) is case.error, f"{type(info.value).__name__}: {info.value}"
+    assert re.search(case.pattern, str(info.value)), str(info.value)
+
+
 def test_every_error_class_has_a_case() -> None:
     concrete = {c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.RebatchError)}
     abstract = {errors.RebatchError, errors.OutputMismatchError}

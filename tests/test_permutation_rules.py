@@ -60,6 +60,9 @@ def test_a_single_row() -> None:
         ([[0], torch.tensor([True])], 2, "micro-batch 1: indices must be integers, got dtype torch.bool"),
         ([torch.tensor([0j])], 1, "micro-batch 0: indices must be integers, got dtype torch.complex64"),
         ([[0, 2**63]], 2, "micro-batch 0, position 1: index 9223372036854775808 is out of range for 2 rows"),
+        # int64's own bounds are not out of int64: the first index beyond them is named, above or below
+        ([[2**62, 2**63 - 1], [-(2**63), 2**63]], 2, "micro-batch 1, position 1: index 9223372036854775808 is out of"),
+        ([[-5, -(2**63)], [-(2**63) - 1]], 2, "micro-batch 1, position 0: index -9223372036854775809 is negative"),
         ([[1, 0], [-1]], 3, "micro-batch 1, position 0: index -1 is negative (negative indices are not wrapped)"),
         ([[1, 0], [2, 3]], 3, "micro-batch 1, position 1: index 3 is out of range for 3 rows"),
         ([[0, 3]], 3, "micro-batch 0, position 1: index 3 is out of range for 3 rows"),
