@@ -413,3 +413,26 @@ def test_each_postprocess_entry_point_is_refused_under_torch_func(op) -> None:
     args = (outs, parts, None) if op == "postprocess_batch_func" else (outs, parts)
     with pytest.raises(errors.UnsupportedSettingError, match=rf"^{op} is not supported under a torch\.func"):
         torch.func.vmap(lambda x: call(*args)["model_output"]["k0"].values() + x)(torch.zeros(2))
+
+
+def test_keys_come_back_in_the_first_micro_batchs_order() -> None:
+    """verl's dict is filled in the order it first meets each key: the first micro-batch's order, even
+    where a later micro-batch lists the same keys in another."""
+    outs, parts = _outputs(6, 2, keys=3)
+    last = outs[-1]["model_output"]
+    outs[-1]["model_output"] = {k: last[k] for k in reversed(list(last))}
+    got = torch_impl.postprocess_batch_func(outs, parts, None)
+    assert list(got["model_output"]) == ["k0", "k1", "k2"]
+    assert_same(got, verl_postprocess_batch_func(outs, parts, None))
+
+
+def test_indices_are_ignored_without_dynamic_bsz() -> None:
+    """Without dynamic batching verl concatenates in micro-batch order and never reads ``indices``: sizes
+    that do not match the micro-batches are not an error there."""
+    outs, _ = _outputs(9, 3)
+    data = _td(use_dynamic_bsz=False)
+    other = [[0], [1, 2, 3, 4], [5, 6, 7, 8]]
+    assert_same(torch_impl.postprocess_batch_func(outs, other, data), verl_postprocess_batch_func(outs, other, data))
+    assert_same(
+        torch_impl.postprocess_batch_func(outs, other, data), torch_impl.postprocess_batch_func(outs, None, data)
+    )
