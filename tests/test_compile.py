@@ -87,12 +87,29 @@ def test_torch_func_grad_is_refused_clearly() -> None:
         torch.func.grad(f)(torch.arange(3.0))
 
 
-@pytest.mark.parametrize("op", ["concat", "restore"])
-def test_torch_func_vmap_is_refused_clearly(op: str) -> None:
-    def f(x: torch.Tensor) -> torch.Tensor:
-        return torch_impl.concat([x]) if op == "concat" else torch_impl.restore(x, [[1, 0]])
+#: every public entry point of torch_impl (each is `entry`-wrapped), with a valid call on ``x`` ``[3, 2, 4]``
+ENTRY_POINTS: dict[str, Any] = {
+    "concat": lambda x: torch_impl.concat([x]),
+    "restore": lambda x: torch_impl.restore(x, [[1, 0], [2]]),
+    "take": lambda x: torch_impl.take(x, [2, 0, 1]),
+    "split": lambda x: torch_impl.split(x, [[1], [0, 2]])[0],
+    "flatten_partitions": lambda x: torch_impl.flatten_partitions([[1], [0, 2]], 3) + x.sum(),
+    "inverse_permutation": lambda x: torch_impl.inverse_permutation([1, 2, 0]) + x.sum(),
+    "postprocess_batch": lambda x: torch_impl.postprocess_batch([{"model_output": {"x": x}}], [[1, 0, 2]])[
+        "model_output"
+    ]["x"],
+    "postprocess_batch_func": lambda x: torch_impl.postprocess_batch_func(
+        [{"model_output": {"x": x}}], [[1, 0, 2]], None
+    )["model_output"]["x"],
+}
 
-    with pytest.raises(errors.UnsupportedSettingError, match=rf"{op} is not supported under a torch\.func"):
+
+@pytest.mark.parametrize("op", list(ENTRY_POINTS))
+def test_torch_func_vmap_is_refused_clearly(op: str) -> None:
+    """Each entry point refuses the transform itself and names itself (not only the function it calls)."""
+    f = ENTRY_POINTS[op]
+    f(torch.zeros(3, 2, 4))  # a valid call outside the transform
+    with pytest.raises(errors.UnsupportedSettingError, match=rf"^{op} is not supported under a torch\.func"):
         torch.func.vmap(f)(torch.zeros(3, 2, 4))
 
 
