@@ -133,6 +133,7 @@ def test_take_and_split_on_a_tensordict() -> None:
     parts = [[3, 0], [], [2, 1]]
     pieces = torch_impl.split(td, parts)
     assert [p.batch_size[0] for p in pieces] == [2, 0, 2]
+    assert [p.get("tag").data for p in pieces] == ["rollout"] * 3  # a non-tensor field goes with every piece
     for piece, part in zip(pieces, parts, strict=True):
         assert_same(piece["ids"], torch_impl.take(td["ids"], part))
         assert piece["adv"].tolist() == [float(i) for i in part]
@@ -436,3 +437,16 @@ def test_indices_are_ignored_without_dynamic_bsz() -> None:
     assert_same(
         torch_impl.postprocess_batch_func(outs, other, data), torch_impl.postprocess_batch_func(outs, None, data)
     )
+
+
+@pytest.mark.parametrize("n", [3, 300])
+def test_take_names_row_indices_past_int64(n) -> None:
+    """Rows past int64 (a list, or uint64) are named, never wrapped; the first bad one is named (at 300
+    rows too: counts past 256 are distinct int objects)."""
+    x = jagged(torch.arange(float(n)), [1] * n)
+    with pytest.raises(errors.RowIndexError, match=rf"^position 1: row index {2**64} is out of range for {n} rows"):
+        torch_impl.take(x, [0, 2**64])
+    with pytest.raises(errors.RowIndexError, match=rf"^position 0: row index {n} is out of range for {n} rows"):
+        torch_impl.take(x, [n, 2**64])
+    with pytest.raises(errors.RowIndexError, match=rf"^position 0: row index {2**63} is out of range"):
+        torch_impl.take(x, torch.tensor([2**63], dtype=torch.uint64))
