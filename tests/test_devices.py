@@ -106,3 +106,12 @@ def test_zero_row_micro_batch_with_lengths_gives_verls_rows() -> None:
     got = torch_impl.postprocess_batch(outs, indices)
     assert_same(got["model_output"], verl_postprocess_batch_func(outs, indices, None)["model_output"])
     assert [r.tolist() for r in got["model_output"]["x"].unbind()] == [[4.0, 5.0], [1.0, 1.0], [0.0, 1.0, 2.0]]
+
+
+def test_rows_on_the_device_are_never_read_on_the_host() -> None:
+    """Row indices held on the device are checked there or not at all, never read back: a dense take
+    with ``meta`` rows gives ``meta`` rows of the right shape."""
+    x = torch.zeros(4, 3, device="meta")
+    got = torch_impl.take(x, torch.tensor([2, 0, 1, 3], device="meta"))
+    assert got.device.type == "meta"
+    assert tuple(got.shape) == (4, 3)

@@ -450,3 +450,11 @@ def test_take_names_row_indices_past_int64(n) -> None:
         torch_impl.take(x, [n, 2**64])
     with pytest.raises(errors.RowIndexError, match=rf"^position 0: row index {2**63} is out of range"):
         torch_impl.take(x, torch.tensor([2**63], dtype=torch.uint64))
+
+
+def test_concat_key_is_keyword_only() -> None:
+    """``key`` (the name in error messages) by position would be taken for a part: keyword-only."""
+    x = jagged(torch.arange(3.0), [1, 2])
+    with pytest.raises(TypeError):
+        torch_impl.concat([x], "lp")  # type: ignore[misc]
+    assert_same(torch_impl.concat([x], key="lp"), torch_impl.concat([x]))
