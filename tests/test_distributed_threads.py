@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 
 from property_tests import dist_workers
+from ref import errors
+from torch_impl._agree import Failure, raise_first_failure
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
@@ -31,3 +33,29 @@ def test_a_failing_thread_rank_is_reported_not_hung() -> None:
 
 def _fail_on_rank_1(rank: int, world: int, port: int) -> None:
     dist_workers.raise_on_one_rank(rank, world, port, 20.0)
+
+
+class _OutsideError(errors.OutputMismatchError):
+    """A `RebatchError` subclass defined outside ``ref.errors`` (a caller's own)."""
+
+
+@pytest.mark.parametrize(
+    ("failure", "me", "raised", "message"),
+    [
+        (Failure("KeyMismatchError", True, "key 'x'"), 0, errors.KeyMismatchError, "rank 1: key 'x'"),
+        (Failure("_OutsideError", True, "custom"), 1, errors.RebatchError, "rank 1: custom"),
+        (Failure("where", True, "not a class"), 0, errors.RebatchError, "rank 1: not a class"),
+        (Failure("KeyError", False, "'x'"), 0, errors.RankFailedError, "rank 1 failed: KeyError: 'x'"),
+    ],
+)
+def test_a_failure_is_raised_as_its_nearest_known_class(failure, me, raised, message) -> None:
+    """The verdict from the gathered statuses (rank 1 failed): a `RebatchError` of ``ref.errors`` as
+    itself, any other `RebatchError` (or a name that is not a class there) as `RebatchError`, a foreign
+    error as `RankFailedError` on the other ranks; the failing rank re-raises its own exception."""
+    with pytest.raises(raised, match=f"^{message}$") as info:
+        raise_first_failure([None, failure], None, me)
+    assert type(info.value) is raised
+    own = _OutsideError("mine")
+    with pytest.raises(_OutsideError) if not failure.rebatch else pytest.raises(raised):
+        raise_first_failure([None, failure], own, 1)
+    raise_first_failure([None, None], None, 0)  # no failure: returns

@@ -1,6 +1,6 @@
 """Per session: mutants in all, skipped as equivalent (inside annotations), run, killed, surviving, not run.
 
-python .ci/mutation/score.py [SESSION ...]      (default: every .cache/mutation/*.sqlite)
+python .ci/mutation/score.py [SESSION ...]      (default: every session of .ci/mutation/*.toml)
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ def score(db: Path) -> tuple[int, int, int, int, int]:
 
 
 def main(names: list[str]) -> int:
-    dbs = [STATE / f"{n}.sqlite" for n in names] or sorted(STATE.glob("*.sqlite"))
+    names = names or sorted(p.stem for p in Path(".ci/mutation").glob("*.toml"))
+    dbs = [STATE / f"{n}.sqlite" for n in names]
     print("| session | mutants | in annotations (skipped) | run | killed | surviving | incompetent | not run |")
     print("|---|---|---|---|---|---|---|---|")
     for db in dbs:
