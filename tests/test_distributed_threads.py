@@ -56,6 +56,10 @@ def test_a_failure_is_raised_as_its_nearest_known_class(failure, me, raised, mes
         raise_first_failure([None, failure], None, me)
     assert type(info.value) is raised
     own = _OutsideError("mine")
-    with pytest.raises(_OutsideError) if not failure.rebatch else pytest.raises(raised):
-        raise_first_failure([None, failure], own, 1)
+    with pytest.raises(_OutsideError if not failure.rebatch else raised) as info:
+        raise_first_failure([None, failure], own, 1)  # rank 1's own failure
+    assert info.value is own if not failure.rebatch else info.value.__cause__ is own
+    with pytest.raises(raised) as info:
+        raise_first_failure([None, failure, failure], own, 2)  # rank 2 failed too, after rank 1
+    assert info.value.__cause__ is None
     raise_first_failure([None, None], None, 0)  # no failure: returns
