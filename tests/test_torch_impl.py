@@ -405,17 +405,6 @@ def test_a_later_key_with_other_row_counts_is_refused_without_dynamic_bsz(rows, 
     assert torch_impl.postprocess_batch(outs, None, use_dynamic_bsz=False)["model_output"]["v"].shape == (2 * rows, 2)
 
 
-@pytest.mark.parametrize("op", ["postprocess_batch", "postprocess_batch_func"])
-def test_each_postprocess_entry_point_is_refused_under_torch_func(op) -> None:
-    """Each public entry point refuses ``torch.func`` transforms itself and names itself, the drop-in
-    as well as the function it wraps."""
-    outs, parts = _outputs(4, 2)
-    call = getattr(torch_impl, op)
-    args = (outs, parts, None) if op == "postprocess_batch_func" else (outs, parts)
-    with pytest.raises(errors.UnsupportedSettingError, match=rf"^{op} is not supported under a torch\.func"):
-        torch.func.vmap(lambda x: call(*args)["model_output"]["k0"].values() + x)(torch.zeros(2))
-
-
 def test_keys_come_back_in_the_first_micro_batchs_order() -> None:
     """verl's dict is filled in the order it first meets each key: the first micro-batch's order, even
     where a later micro-batch lists the same keys in another."""
