@@ -115,3 +115,8 @@ def test_rows_on_the_device_are_never_read_on_the_host() -> None:
     got = torch_impl.take(x, torch.tensor([2, 0, 1, 3], device="meta"))
     assert got.device.type == "meta"
     assert tuple(got.shape) == (4, 3)
+    nested = torch.nested.nested_tensor_from_jagged(
+        torch.zeros(6, device="meta"), torch.tensor([0, 1, 3, 6], device="meta")
+    )
+    with pytest.raises(errors.UnsupportedSettingError, match=r"not a permutation .* meta device"):
+        torch_impl.take(nested, torch.tensor([2, 0, 1], device="meta"))  # not read on the host to find out

@@ -439,6 +439,33 @@ def test_take_names_row_indices_past_int64(n) -> None:
         torch_impl.take(x, [n, 2**64])
     with pytest.raises(errors.RowIndexError, match=rf"^position 0: row index {2**63} is out of range"):
         torch_impl.take(x, torch.tensor([2**63], dtype=torch.uint64))
+    with pytest.raises(errors.RowIndexError, match=r"^position 0: row index -1 is out of range"):
+        torch_impl.take(x, [-1, 2**64])  # the first bad one, negative, on the same path
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ([[0, 1]], r"^rows must be 1-D, got shape \(1, 2\)"),
+        ([7], r"^position 0: row index 7 is out of range for 3 rows"),
+        ([0, 3], r"^position 1: row index 3 is out of range for 3 rows"),
+    ],
+)
+def test_take_refuses_rows_it_cannot_take(rows, message) -> None:
+    with pytest.raises(errors.RowIndexError, match=message):
+        torch_impl.take(torch.zeros(3, 2), rows)
+
+
+def test_split_cuts_every_piece_at_its_own_bounds() -> None:
+    """Three non-empty pieces of a jagged tensor (and of a TensorDict whose batch has a second
+    dimension): each is ``take(x, p)``."""
+    x = jagged(torch.arange(15.0), [1, 2, 3, 4, 5])
+    parts = [[4, 0], [1], [3, 2]]
+    for piece, p in zip(torch_impl.split(x, parts), parts, strict=True):
+        assert_same(piece, torch_impl.take(x, p))
+    td = TensorDict({"a": torch.arange(8.0).reshape(4, 2)}, batch_size=[4, 2])
+    pieces = torch_impl.split(td, [[3], [0, 1], [2]])
+    assert [p["a"].tolist() for p in pieces] == [[[6.0, 7.0]], [[0.0, 1.0], [2.0, 3.0]], [[4.0, 5.0]]]
 
 
 def test_concat_key_is_keyword_only() -> None:
