@@ -449,6 +449,23 @@ def test_take_names_row_indices_past_int64(n) -> None:
         ([[0, 1]], r"^rows must be 1-D, got shape \(1, 2\)"),
         ([7], r"^position 0: row index 7 is out of range for 3 rows"),
         ([0, 3], r"^position 1: row index 3 is out of range for 3 rows"),
+        ([1, 2**64], r"^position 1: row index 18446744073709551616 is out of range for 3 rows"),
+        ([True, 2**64], r"^position 0: row index True is not an integer"),
+        (["a", 2**64], r"^position 0: row index 'a' is not an integer"),
+        (torch.tensor([0.0]), r"^rows must be integers, got dtype torch\.float32"),
+        (torch.tensor([0j]), r"^rows must be integers, got dtype torch\.complex64"),
+        (torch.tensor([True]), r"^rows must be integers, got dtype torch\.bool"),
+    ],
+    ids=[
+        "2-D",
+        "past_the_end",
+        "at_the_end",
+        "list_path_valid_first",
+        "list_path_bool",
+        "list_path_str",
+        "float",
+        "complex",
+        "bool",
     ],
 )
 def test_take_refuses_rows_it_cannot_take(rows, message) -> None:
@@ -459,13 +476,15 @@ def test_take_refuses_rows_it_cannot_take(rows, message) -> None:
 def test_split_cuts_every_piece_at_its_own_bounds() -> None:
     """Three non-empty pieces of a jagged tensor (and of a TensorDict whose batch has a second
     dimension): each is ``take(x, p)``."""
-    x = jagged(torch.arange(15.0), [1, 2, 3, 4, 5])
     parts = [[4, 0], [1], [3, 2]]
-    for piece, p in zip(torch_impl.split(x, parts), parts, strict=True):
-        assert_same(piece, torch_impl.take(x, p))
+    for values in (torch.arange(15.0), torch.arange(30.0).reshape(15, 2)):  # with a trailing dimension too
+        x = jagged(values, [1, 2, 3, 4, 5])
+        for piece, p in zip(torch_impl.split(x, parts), parts, strict=True):
+            assert_same(piece, torch_impl.take(x, p))
     td = TensorDict({"a": torch.arange(8.0).reshape(4, 2)}, batch_size=[4, 2])
     pieces = torch_impl.split(td, [[3], [0, 1], [2]])
     assert [p["a"].tolist() for p in pieces] == [[[6.0, 7.0]], [[0.0, 1.0], [2.0, 3.0]], [[4.0, 5.0]]]
+    assert torch_impl.take(td, [3, 0])["a"].tolist() == [[6.0, 7.0], [0.0, 1.0]]
 
 
 def test_concat_key_is_keyword_only() -> None:
