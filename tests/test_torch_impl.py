@@ -447,6 +447,8 @@ def test_take_names_row_indices_past_int64(n) -> None:
     ("rows", "message"),
     [
         ([[0, 1]], r"^rows must be 1-D, got shape \(1, 2\)"),
+        (torch.tensor(1), r"^rows must be 1-D, got shape \(\)"),
+        ([3, 0, 7], r"^position 0: row index 3 is out of range for 3 rows"),
         ([7], r"^position 0: row index 7 is out of range for 3 rows"),
         ([0, 3], r"^position 1: row index 3 is out of range for 3 rows"),
         ([1, 2**64], r"^position 1: row index 18446744073709551616 is out of range for 3 rows"),
@@ -458,6 +460,8 @@ def test_take_names_row_indices_past_int64(n) -> None:
     ],
     ids=[
         "2-D",
+        "0-D",
+        "first_of_two",
         "past_the_end",
         "at_the_end",
         "list_path_valid_first",
