@@ -58,7 +58,10 @@ def test_a_failure_is_raised_as_its_nearest_known_class(failure, me, raised, mes
     own = _OutsideError("mine")
     with pytest.raises(_OutsideError if not failure.rebatch else raised) as info:
         raise_first_failure([None, failure], own, 1)  # rank 1's own failure
-    assert info.value is own if not failure.rebatch else info.value.__cause__ is own
+    if failure.rebatch:
+        assert info.value.__cause__ is own
+    else:
+        assert info.value is own
     with pytest.raises(raised) as info:
         raise_first_failure([None, failure, failure], own, 2)  # rank 2 failed too, after rank 1
     assert info.value.__cause__ is None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from tensordict import NonTensorData, TensorDict
 
 import ref
 import torch_impl
@@ -44,8 +45,6 @@ PP_CASES = [c for c in CASES if c.op == "postprocess_batch"]
 def test_torch_impl_drop_in_raises_what_postprocess_batch_raises(case: ErrorCase) -> None:
     """verl's call, ``postprocess_batch_func(output_lst, indices, data)`` with the settings in a
     TensorDict, refuses every bad input of ``postprocess_batch`` with the same class and message."""
-    from tensordict import NonTensorData, TensorDict
-
     args, kwargs = case.build()
     data = TensorDict({k: NonTensorData(v) for k, v in kwargs.items()}, batch_size=[])
     with pytest.raises(errors.RebatchError) as info:
