@@ -629,6 +629,14 @@ TABLE: tuple[Defect, ...] = (
         _bad_index(lambda call, choose, m, j: float(call.args[1][m][j])),
     ),
     Defect(
+        "nested_index",
+        _PP,
+        E.NotAPermutationError,
+        r"micro-batch 0, position 0: index \[1\] is not an integer",
+        "one row",
+        _bad_index(lambda call, choose, m, j: [call.args[1][m][j]]),
+    ),
+    Defect(
         "index_past_int64",
         _PP,
         E.NotAPermutationError,

@@ -18,11 +18,17 @@ __all__ = ["flatten_partitions", "inverse_permutation", "check_permutation", "is
 
 
 def _as_index_list(part: Any, m: int | None) -> list[Any]:
-    """One partition as a Python list of its entries; a partition must be 1-D."""
+    """One partition as a Python list of its entries: an array (NumPy, JAX, torch) must be 1-D; a sequence
+    is taken entry by entry (an entry that is itself a sequence is then not an integer). A 0-d array
+    entry counts as its value (iterating a tensor gives 0-d tensors)."""
     at = "" if m is None else f"micro-batch {m}: "
-    if isinstance(part, (str, bytes)) or np.ndim(part) != 1:
+    if hasattr(part, "ndim") and not isinstance(part, (str, bytes)) and np.ndim(part) == 1:
+        entries = list(np.asarray(part, dtype=object))
+    elif isinstance(part, Sequence) and not hasattr(part, "ndim") and not isinstance(part, (str, bytes)):
+        entries = list(part)
+    else:
         raise PartitionMismatchError(f"{at}a partition must be a 1-D sequence of row indices, got {part!r}")
-    return [x.item() if hasattr(x, "item") else x for x in np.asarray(part, dtype=object)]
+    return [x.item() if hasattr(x, "item") and np.ndim(x) == 0 else x for x in entries]
 
 
 def check_permutation(partitions: Sequence[Any], num_rows: int) -> list[int]:

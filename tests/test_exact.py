@@ -3,6 +3,8 @@ every dtype through interop, zero-copy, and ``jax.jit`` equal to eager."""
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,6 +12,7 @@ import pytest
 import torch
 
 import ref
+import torch_impl
 from property_tests.compare import assert_same, bits
 from property_tests.data import DTYPES, jagged, random_tensor
 from ref import interop
@@ -31,6 +34,10 @@ def test_interop_round_trip_every_dtype(dtype: str) -> None:
     assert_same(interop.to_torch(interop.from_torch(dense)), dense)
     assert_same(interop.to_torch(interop.from_torch(nt)), nt)
     assert str(interop.from_torch(dense).dtype) == dtype
+    # and through an operation of each implementation (each checks the dtype is one it moves)
+    assert_same(
+        interop.to_torch(ref.restore(interop.from_torch(nt), [[2, 0], [1]])), torch_impl.restore(nt, [[2, 0], [1]])
+    )
 
 
 def test_64_bit_survives_without_x64() -> None:
@@ -42,6 +49,8 @@ def test_64_bit_survives_without_x64() -> None:
         assert x.dtype == t.dtype.__repr__().removeprefix("torch.")
         out = ref.restore(x, [[1], [0]])
         assert_same(interop.to_torch(out), t.flip(0))
+        first, second = ref.split(x, [[1], [0]])
+        assert_same(interop.to_torch(ref.concat([first, second])), t.flip(0))
     assert not jax.config.jax_enable_x64
 
 
@@ -64,8 +73,6 @@ def test_nan_payloads_move_exactly(dtype: str) -> None:
     nt = jagged(vals, [1, 2])
     got = interop.to_torch(ref.restore(interop.from_torch(nt), [[1, 0]]))
     assert torch.equal(bits(got.values()), torch.cat([raw[1:], raw[:1]]))
-    import torch_impl
-
     got_t = torch_impl.restore(nt, [[1, 0]])
     assert torch.equal(bits(got_t.values()), torch.cat([raw[1:], raw[:1]]))
 
@@ -75,6 +82,64 @@ def test_interop_is_zero_copy_where_possible() -> None:
     x = interop.from_torch(t)
     back = interop.to_torch(x)
     assert back.data_ptr() == t.data_ptr()
+
+
+def test_interop_reads_rows_with_holes_as_torch_impl_does() -> None:
+    """A nested tensor with ``lengths``: rows at ``offsets[i]`` of ``lengths[i]`` values; empty rows allowed."""
+    holed = torch.nested.nested_tensor_from_jagged(
+        torch.arange(10.0), torch.tensor([0, 4, 8, 10]), lengths=torch.tensor([3, 0, 2])
+    )
+    x = interop.from_torch(holed)
+    assert isinstance(x, ref.Jagged)
+    assert (np.asarray(x.offsets).tolist(), np.asarray(x.values).tolist()) == ([0, 3, 3, 5], [0.0, 1.0, 2.0, 8.0, 9.0])
+    assert_same(interop.to_torch(x), torch_impl.concat([holed]))
+
+
+def test_interop_refuses_lengths_that_are_not_one_per_row() -> None:
+    holed = torch.nested.nested_tensor_from_jagged(
+        torch.arange(4.0), torch.tensor([0, 2, 4]), lengths=torch.tensor([[2], [1]])
+    )
+    with pytest.raises(ref.InvalidJaggedError, match=re.escape("key 'k', micro-batch 0: lengths must be 1-D")):
+        interop.from_torch(holed, key="k", micro_batch=0)
+
+
+def test_interop_refuses_a_ragged_dimension_other_than_1() -> None:
+    nt = torch.nested.nested_tensor_from_jagged(torch.arange(12.0).reshape(6, 2), torch.tensor([0, 2, 6]))
+    with pytest.raises(ref.InvalidJaggedError, match=re.escape("micro-batch 0: the ragged dimension must be 1, got 2")):
+        interop.from_torch(nt.transpose(1, 2), key="k", micro_batch=0)
+
+
+def test_interop_reads_a_zero_row_tensor_with_lengths() -> None:
+    empty = torch.nested.nested_tensor_from_jagged(
+        torch.zeros(0, 2), torch.zeros(1, dtype=torch.int64), lengths=torch.zeros(0, dtype=torch.int64)
+    )
+    x = interop.from_torch(empty)
+    assert isinstance(x, ref.Jagged)
+    assert (x.num_rows, x.values.shape) == (0, (0, 2))
+
+
+def test_bits_dtype_names_the_dtype_it_refuses() -> None:
+    assert bits_dtype(8) == "int64"
+    with pytest.raises(ref.UnsupportedSettingError, match=r"^dtype int4 has 3-byte items; supported widths"):
+        bits_dtype(3, dtype="int4")
+    with pytest.raises(ref.UnsupportedSettingError, match=r"^has 3-byte items"):
+        bits_dtype(3)
+    with pytest.raises(TypeError):
+        bits_dtype(3, "int4")  # type: ignore[misc]
+
+
+def test_trees_convert_both_ways() -> None:
+    nt = jagged(torch.arange(6.0), [4, 0, 2])
+    dense = torch.arange(6, dtype=torch.int64).reshape(3, 2)
+    x = interop.tree_from_torch({"a": nt, "b": [dense, (dense, 3)], "c": "text"})
+    assert isinstance(x["a"], ref.Jagged)
+    assert isinstance(x["b"][0], jax.Array)
+    assert isinstance(x["b"][1], tuple)
+    assert (x["b"][1][1], x["c"]) == (3, "text")
+    back = interop.tree_to_torch(x)
+    assert_same(back["a"], nt)
+    assert_same(back["b"][1][0], dense)
+    assert (type(back["b"]), type(back["b"][1]), back["b"][1][1], back["c"]) == (list, tuple, 3, "text")
 
 
 def _jagged_example() -> ref.Jagged:
@@ -144,6 +209,7 @@ def test_jagged_constructors() -> None:
         (np.zeros(3), np.array([0.0, 3.0]), "integer dtype"),
         (np.zeros(3), np.array([1, 3]), r"offsets\[0\] must be 0, got 1"),
         (np.zeros(3), np.array([0, 2, 1, 3]), "non-decreasing"),
+        (np.zeros(3), np.array([0, 2, 3, 1, 3]), r"non-decreasing, got offsets\[2\] = 3 > offsets\[3\] = 1"),
         (np.zeros(3), np.array([0, 2]), r"offsets\[-1\] must equal len\(values\) = 3, got 2"),
         (np.float32(1.0), np.array([0]), "at least 1 dimension"),
         (np.zeros(0), np.zeros(0, dtype=np.int64), "at least one entry"),

@@ -4,6 +4,9 @@ interop copies, and the spec's settled points in both implementations."""
 
 from __future__ import annotations
 
+import inspect
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -100,6 +103,45 @@ def test_traced_dense_take_never_wraps_or_clamps(bad, pattern) -> None:
         ref.checked(lambda a, r: ref.take(a, r))(d, jnp.asarray(bad))
     # duplicates are fine for dense take
     assert ref.checked(lambda a, r: ref.take(a, r))(d, jnp.asarray([2, 2, 0])).tolist() == [3.0, 3.0, 1.0]
+
+
+@pytest.mark.parametrize(
+    ("bad", "pattern"),
+    [
+        ([0] * 35 + [1000] + [0] * 4, "position 35: index 1000 is out of range for 40 rows"),
+        ([-5, *range(1, 40)], "position 0: index -5 is out of range for 40 rows"),
+    ],
+)
+def test_traced_messages_show_the_position_and_index_as_they_are(bad, pattern) -> None:
+    d = jnp.arange(40.0)
+    with pytest.raises(ref.RowIndexError, match=re.escape(pattern)):
+        ref.checked(lambda a, r: ref.take(a, r))(d, jnp.asarray(bad))
+
+
+def test_traced_empty_indices_are_checked_and_taken() -> None:
+    empty = jnp.zeros((0,), dtype=jnp.int32)
+    assert ref.checked(lambda a, r: ref.take(a, r))(jnp.arange(3.0), empty).shape == (0,)
+    assert ref.checked(lambda a, p: ref.restore(a, p))(jnp.zeros((0, 2)), empty).shape == (0, 2)
+    assert ref.checked(ref.inverse_permutation)(empty).shape == (0,)
+
+
+@pytest.mark.parametrize(("index", "shown"), [(2**40, 2**31 - 1), (-(2**40), -(2**31))])
+def test_traced_indices_past_int32_are_shown_saturated(index: int, shown: int) -> None:
+    """``checkify`` messages carry int32 (see `ref.checked`): an index past it shows as int32's bound."""
+    d = jnp.arange(40.0)
+    with jax.enable_x64(True):  # the caller's own int64 indices
+        bad = jnp.asarray([0, index], dtype=jnp.int64)
+        with pytest.raises(ref.RowIndexError, match=re.escape(f"position 1: index {shown} is out of range")):
+            ref.checked(lambda a, r: ref.take(a, r))(d, bad)
+
+
+@pytest.mark.parametrize("rows", [[0, 0, 2], [1, 2, 2]])
+def test_jit_take_of_jagged_with_static_rows_needs_a_permutation(rows: list[int]) -> None:
+    """Traced offsets, rows known at trace time: the result size is static only for a permutation."""
+    x = ref.Jagged.from_rows([[1.0], [2.0, 3.0], []])
+    with pytest.raises(ref.UnsupportedSettingError, match="needs rows that are a permutation"):
+        jax.jit(lambda a: ref.take(a, rows))(x)
+    assert jax.jit(lambda a: ref.take(a, [2, 0, 1]))(x).lengths().tolist() == [0, 1, 2]
 
 
 @pytest.mark.parametrize(("index", "pattern"), [(jnp.asarray([0.0, 1.0]), "integers"), (jnp.asarray([[0, 1]]), "1-D")])
@@ -215,6 +257,20 @@ def test_from_rows_follows_jax_defaults_and_ignores_empty_rows() -> None:
     assert x.dtype == jnp.float16
 
 
+def test_from_rows_takes_dtype_and_features_from_empty_rows_that_have_features() -> None:
+    """An empty row ``[0, 3]`` is not an untyped ``[]``: its dtype and feature shape count."""
+    x = ref.Jagged.from_rows([np.zeros((0, 3), dtype=np.int16)])
+    assert (x.dtype, x.values.shape, x.num_rows) == (jnp.int16, (0, 3), 1)
+    assert ref.Jagged.from_rows([np.ones((1, 2), np.int8), np.zeros((0, 2), np.float16)]).dtype == jnp.float16
+    y = ref.Jagged.from_rows([np.zeros((2, 0), dtype=np.float32), []])  # no features: [] becomes [0, 0]
+    assert (y.values.shape, y.lengths().tolist()) == ((2, 0), [2, 0])
+
+
+def test_from_lengths_names_the_first_negative_length() -> None:
+    with pytest.raises(ref.InvalidJaggedError, match=re.escape("got lengths[2] = -1")):
+        ref.Jagged.from_lengths(np.arange(3), [1, 2, -1, -2])
+
+
 @pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
 def test_float8_moves_exactly_in_ref(dtype: str) -> None:
     raw = np.arange(256, dtype=np.uint8)
@@ -299,3 +355,90 @@ def test_float64_jvp_with_caller_x64() -> None:
         assert t.dtype == jnp.float64
         assert t.tolist() == [3.0, 1.0, 2.0]
     # without the caller's x64, float64 reverse mode (vjp) is covered by the property gradients_match_vjp
+
+
+def test_float64_vjp_without_caller_x64() -> None:
+    """Reverse mode of float64 data for a caller without 64-bit types: exact, float64 cotangents back."""
+    assert not jax.config.jax_enable_x64
+    v = interop.from_torch(torch.tensor([1 + 2**-40, 2.0, 3.0], dtype=torch.float64))
+    out, pullback = jax.vjp(lambda a: ref.take(a, [2, 0, 1]), v)
+    (grad,) = pullback(out)
+    assert (out.dtype, grad.dtype) == (jnp.float64, jnp.float64)
+    assert np.asarray(grad).tolist() == [1 + 2**-40, 2.0, 3.0]
+
+
+PUBLIC = {
+    "concat": ["parts", "key"],
+    "take": ["x", "rows"],
+    "restore": ["x", "partitions"],
+    "split": ["x", "partitions"],
+    "flatten_partitions": ["partitions", "num_rows"],
+    "inverse_permutation": ["perm"],
+    "postprocess_batch": ["output_lst", "indices", "use_dynamic_bsz", "pad_mode"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLIC))
+def test_public_functions_keep_their_names_docs_and_signatures(name: str) -> None:
+    """The 64-bit scope around each call is invisible to ``help()``, ``inspect`` and doctest."""
+    fn = getattr(ref, name)
+    assert fn.__name__ == name
+    assert fn.__module__.startswith("ref.")
+    assert "out = " in (fn.__doc__ or "") or name in ("flatten_partitions", "postprocess_batch", "inverse_permutation")
+    assert list(inspect.signature(fn).parameters) == PUBLIC[name]
+
+
+def test_settings_are_keyword_only_in_both_postprocess_batch() -> None:
+    for fn in (ref.postprocess_batch, torch_impl.postprocess_batch):
+        params = inspect.signature(fn).parameters
+        assert [params[n].kind for n in ("output_lst", "indices")] == [inspect.Parameter.POSITIONAL_OR_KEYWORD] * 2
+        assert [params[n].kind for n in ("use_dynamic_bsz", "pad_mode")] == [inspect.Parameter.KEYWORD_ONLY] * 2
+    x = ref.Jagged.from_rows([[1.0], [2.0, 3.0]])
+    out = ref.postprocess_batch(output_lst=[{"model_output": {"v": x}}], indices=[[1, 0]], use_dynamic_bsz=True)
+    assert _rows(out["model_output"]["v"]) == [[2.0, 3.0], [1.0]]
+    with pytest.raises(TypeError):
+        ref.postprocess_batch([{"model_output": {"v": x}}], [[1, 0]], True)  # type: ignore[misc]
+
+
+def test_where_names_key_and_micro_batch_by_keyword_too() -> None:
+    from ref.errors import where
+
+    assert where(key="k", micro_batch=1) == where("k", 1)
+    assert where("k", 1, rank=2) != where("k", 1)
+    with pytest.raises(TypeError):
+        where("k", 1, 2)  # type: ignore[misc]
+
+
+def test_zero_d_integer_entries_count_as_indices_in_both() -> None:
+    """Iterating a tensor gives 0-d tensors; verl indexes with them, so both take them as their values."""
+    nt, x = _example()
+    partitions = [list(torch.tensor([4, 1])), [np.array(0), np.int64(3), 2]]
+    assert_same(result_to_torch(ref.restore(x, partitions)), torch_impl.restore(nt, partitions))
+    assert_same(torch_impl.restore(nt, partitions), torch_impl.restore(nt, [[4, 1], [0, 3, 2]]))
+
+
+def test_a_missing_index_is_the_first_missing_in_both() -> None:
+    nt, x = _example()
+    for impl, v in ((torch_impl, nt), (ref, x)):
+        with pytest.raises(ref.NotAPermutationError, match=re.escape("index 1 is missing: the partitions hold 3")):
+            impl.restore(v, [[0], [4, 3]])
+
+
+@pytest.mark.parametrize("pad_mode", ["right", "left_right"])
+def test_jagged_outputs_with_padding_are_refused_in_both(pad_mode: str) -> None:
+    nt, x = _example()
+    for impl, v in ((torch_impl, nt), (ref, x)):
+        with pytest.raises(ref.UnsupportedSettingError, match="jagged outputs need pad_mode 'no_padding'"):
+            impl.postprocess_batch([{"model_output": {"lp": v}}], [[4, 1, 0, 3, 2]], pad_mode=pad_mode)
+
+
+def test_flat_permutation_is_int64_without_caller_x64() -> None:
+    assert not jax.config.jax_enable_x64
+    assert ref.flatten_partitions([[1], [0, 2]], 3).dtype == jnp.int64
+    assert ref.inverse_permutation([1, 0, 2]).dtype == jnp.int64
+
+
+def test_a_traced_permutation_of_one_row_is_checked() -> None:
+    with pytest.raises(ref.NotAPermutationError, match="position 0: index 1 is out of range for 1 rows"):
+        ref.checked(lambda a, p: ref.restore(a, p))(jnp.zeros((1,)), jnp.asarray([1]))
+    assert ref.checked(lambda a, p: ref.restore(a, p))(jnp.ones((1,)), jnp.asarray([0])).tolist() == [1.0]

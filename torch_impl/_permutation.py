@@ -21,8 +21,9 @@ __all__ = ["flatten_partitions", "inverse_permutation", "check_permutation"]
 def _flat_indices(partitions: Sequence[Any], num_rows: int) -> tuple[torch.Tensor, list[int]]:
     """``[i for p in partitions for i in p]`` as a CPU int64 tensor, and each partition's size.
 
-    Lists of Python ints take the fast path: one C-level flatten and one ``torch.tensor``. An entry
-    that is not an integer (a float, a bool) raises `NotAPermutationError`, as does one outside int64
+    Lists of Python ints take the fast path: one C-level flatten and one ``torch.tensor``. A 0-d integer
+    array or tensor counts as its value. An entry that is not an integer (a float, a bool, a sequence)
+    raises `NotAPermutationError`, as does one outside int64
     (named with its micro-batch and position, never wrapped: a uint64 ``2**64 - 1`` is not ``-1``).
     """
     sizes: list[int] = []
@@ -63,6 +64,9 @@ def _from_lists(lists: dict[int, Any], num_rows: int) -> dict[int, torch.Tensor]
     local_sizes = [len(lists[m]) for m in ms]
     kinds = set(map(type, flat))
     if not kinds <= {int}:
+        # a 0-d array or tensor counts as its value (iterating a tensor gives 0-d tensors; verl indexes with them)
+        flat = [i.item() if isinstance(i, torch.Tensor | np.ndarray) and i.ndim == 0 else i for i in flat]
+        kinds = set(map(type, flat))
         bad = [k for k in kinds if k is bool or not issubclass(k, numbers.Integral)]
         if bad:
             j = next(j for j, i in enumerate(flat) if type(i) in bad)
