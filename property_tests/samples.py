@@ -14,7 +14,7 @@ import torch
 from .data import from_rows, jagged, rows_of
 from .metric import FakeMetric
 
-__all__ = ["PostprocessSample", "OpSample", "postprocess_samples", "op_samples", "OPERATIONS"]
+__all__ = ["PostprocessSample", "OpSample", "postprocess_samples", "op_samples", "OPERATIONS", "HOLE_DEFECTS"]
 
 #: The operations that ``ref`` and ``torch_impl`` both define, paired by name.
 OPERATIONS = (
@@ -28,6 +28,20 @@ OPERATIONS = (
     "postprocess_batch",
     "balanced_partitions",
 )
+
+#: Nested tensors with holes (``nested_tensor_from_jagged(torch.arange(10.0), offsets, lengths=lengths)``) that
+#: break a rule, and the message both readers give (``torch_impl``'s unpacking, ``ref.interop.from_torch``)
+#: after ``key 'k', micro-batch 0: ``.
+HOLE_DEFECTS: list[tuple[list[int], list[int], str]] = [
+    ([0, 4, 8], [3, -1], "lengths[1] = -1 is negative"),
+    ([-1, 4, 8], [0, 2], "offsets[0] = -1 is negative"),  # an empty row that starts before the values
+    ([0, 4, 8], [3, 7], "row 1 runs past the values: offsets[1] + lengths[1] = 4 + 7 > len(values) = 10"),
+    ([-1, 4, 8], [-1, 2], "lengths[0] = -1 is negative"),  # two faults in one row
+    ([0, 4, 8], [-1, -2], "lengths[0] = -1 is negative"),  # the first of two bad rows
+    ([0, 4], [-1], "lengths[0] = -1 is negative"),  # a single row is checked too
+    ([0, 4], [11], "row 0 runs past the values: offsets[0] + lengths[0] = 0 + 11 > len(values) = 10"),
+    ([-1, 4, 8], [12, 2], "offsets[0] = -1 is negative"),  # before the values and past them
+]
 
 
 class PostprocessSample(NamedTuple):

@@ -3,6 +3,7 @@ every dtype through interop, zero-copy, and ``jax.jit`` equal to eager."""
 
 from __future__ import annotations
 
+import inspect
 import re
 
 import jax
@@ -15,6 +16,7 @@ import ref
 import torch_impl
 from property_tests.compare import assert_same, bits
 from property_tests.data import DTYPES, jagged, random_tensor
+from property_tests.samples import HOLE_DEFECTS
 from ref import interop
 from ref.dtypes import bits_dtype
 
@@ -95,6 +97,15 @@ def test_interop_reads_rows_with_holes_as_torch_impl_does() -> None:
     assert_same(interop.to_torch(x), torch_impl.concat([holed]))
 
 
+@pytest.mark.parametrize(("offsets", "lengths", "message"), HOLE_DEFECTS)
+def test_interop_names_the_row_with_a_broken_hole(offsets, lengths, message) -> None:
+    holed = torch.nested.nested_tensor_from_jagged(
+        torch.arange(10.0), torch.tensor(offsets), lengths=torch.tensor(lengths)
+    )
+    with pytest.raises(ref.InvalidJaggedError, match=re.escape(f"key 'k', micro-batch 0: {message}")):
+        interop.from_torch(holed, key="k", micro_batch=0)
+
+
 def test_interop_refuses_lengths_that_are_not_one_per_row() -> None:
     holed = torch.nested.nested_tensor_from_jagged(
         torch.arange(4.0), torch.tensor([0, 2, 4]), lengths=torch.tensor([[2], [1]])
@@ -116,6 +127,21 @@ def test_interop_reads_a_zero_row_tensor_with_lengths() -> None:
     x = interop.from_torch(empty)
     assert isinstance(x, ref.Jagged)
     assert (x.num_rows, x.values.shape) == (0, (0, 2))
+    over_values = torch.nested.nested_tensor_from_jagged(  # no rows, but values behind them (a view)
+        torch.arange(4.0), torch.zeros(1, dtype=torch.int64), lengths=torch.zeros(0, dtype=torch.int64)
+    )
+    y = interop.from_torch(over_values)
+    assert isinstance(y, ref.Jagged)
+    assert (y.num_rows, y.values.shape) == (0, (0,))
+
+
+def test_interop_settings_are_keyword_only() -> None:
+    t = torch.arange(3.0)
+    for fn, params in ((interop.from_torch, ("copy", "key", "micro_batch")), (interop.to_torch, ("copy",))):
+        sig = inspect.signature(fn).parameters
+        assert [sig[n].kind for n in params] == [inspect.Parameter.KEYWORD_ONLY] * len(params)
+    with pytest.raises(TypeError):
+        interop.to_torch(interop.from_torch(t), True)  # type: ignore[misc]
 
 
 def test_bits_dtype_names_the_dtype_it_refuses() -> None:

@@ -11,6 +11,7 @@ import warnings
 import pytest
 import torch
 
+from property_tests.samples import HOLE_DEFECTS
 from ref.errors import (
     DeviceMismatchError,
     DtypeMismatchError,
@@ -277,19 +278,7 @@ def test_a_zero_row_tensor_with_lengths_unpacks_to_no_rows() -> None:
     assert tuple(part.values.shape) == (0, 2)
 
 
-@pytest.mark.parametrize(
-    ("offsets", "lengths", "message"),
-    [
-        ([0, 4, 8], [3, -1], "lengths[1] = -1 is negative"),
-        ([-1, 4, 8], [0, 2], "offsets[0] = -1 is negative"),  # an empty row that starts before the values
-        ([0, 4, 8], [3, 7], "row 1 runs past the values: offsets[1] + lengths[1] = 4 + 7 > len(values) = 10"),
-        ([-1, 4, 8], [-1, 2], "lengths[0] = -1 is negative"),  # two faults in one row
-        ([0, 4, 8], [-1, -2], "lengths[0] = -1 is negative"),  # the first of two bad rows
-        ([0, 4], [-1], "lengths[0] = -1 is negative"),  # a single row is checked too
-        ([0, 4], [11], "row 0 runs past the values: offsets[0] + lengths[0] = 0 + 11 > len(values) = 10"),
-        ([-1, 4, 8], [12, 2], "offsets[0] = -1 is negative"),  # before the values and past them
-    ],
-)
+@pytest.mark.parametrize(("offsets", "lengths", "message"), HOLE_DEFECTS)
 def test_holes_name_the_row_that_breaks_them(offsets, lengths, message) -> None:
     holed = torch.nested.nested_tensor_from_jagged(
         torch.arange(10.0), torch.tensor(offsets), lengths=torch.tensor(lengths)

@@ -144,7 +144,10 @@ def test_jit_take_of_jagged_with_static_rows_needs_a_permutation(rows: list[int]
     assert jax.jit(lambda a: ref.take(a, [2, 0, 1]))(x).lengths().tolist() == [0, 1, 2]
 
 
-@pytest.mark.parametrize(("index", "pattern"), [(jnp.asarray([0.0, 1.0]), "integers"), (jnp.asarray([[0, 1]]), "1-D")])
+@pytest.mark.parametrize(
+    ("index", "pattern"),
+    [(jnp.asarray([0.0, 1.0]), "integers"), (jnp.asarray([[0, 1]]), "1-D"), (jnp.asarray(0), "1-D")],
+)
 def test_traced_index_dtype_and_rank_are_checked_at_trace_time(index, pattern) -> None:
     d = jnp.asarray([1.0, 2.0])
     with pytest.raises(ref.RowIndexError, match=pattern):
@@ -268,7 +271,12 @@ def test_from_rows_takes_dtype_and_features_from_empty_rows_that_have_features()
 
 def test_from_lengths_names_the_first_negative_length() -> None:
     with pytest.raises(ref.InvalidJaggedError, match=re.escape("got lengths[2] = -1")):
-        ref.Jagged.from_lengths(np.arange(3), [1, 2, -1, -2])
+        ref.Jagged.from_lengths(np.arange(1), [1, 0, -1, -2])
+
+
+def test_from_rows_names_a_scalar_row() -> None:
+    with pytest.raises(ref.InvalidJaggedError, match="row 1 must have at least 1 dimension, got a scalar"):
+        ref.Jagged.from_rows([[1.0], 2.0])
 
 
 @pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
@@ -442,3 +450,57 @@ def test_a_traced_permutation_of_one_row_is_checked() -> None:
     with pytest.raises(ref.NotAPermutationError, match="position 0: index 1 is out of range for 1 rows"):
         ref.checked(lambda a, p: ref.restore(a, p))(jnp.zeros((1,)), jnp.asarray([1]))
     assert ref.checked(lambda a, p: ref.restore(a, p))(jnp.ones((1,)), jnp.asarray([0])).tolist() == [1.0]
+
+
+def test_a_partition_error_names_its_micro_batch_in_both() -> None:
+    nt, x = _example()
+    for impl, v in ((torch_impl, nt), (ref, x)):
+        with pytest.raises(ref.PartitionMismatchError, match=r"^micro-batch 1: a partition must be a 1-D sequence"):
+            impl.restore(v, [[4, 1, 0, 3, 2], "ab"])
+
+
+@pytest.mark.parametrize(
+    ("rows", "error"),
+    [
+        (0, "rows must be 1-D"),
+        ([[0, 1]], "rows must be 1-D"),
+        ([0.0, 1.0], "rows must be integers"),
+        ([0, 7], "position 1: row index 7 is out of range for 5 rows"),
+        ([0, 5], "position 1: row index 5 is out of range for 5 rows"),
+    ],
+)
+def test_concrete_take_rows_are_checked_alike_in_both(rows, error: str) -> None:
+    nt, x = _example()
+    for impl, v in ((torch_impl, nt), (ref, x)):
+        with pytest.raises(ref.RowIndexError, match=re.escape(error)):
+            impl.take(v, rows)
+
+
+def test_postprocess_of_numpy_64_bit_outputs_is_exact_without_caller_x64() -> None:
+    assert not jax.config.jax_enable_x64
+    ints = np.array([2**40 + 1, -(2**62)], dtype=np.int64)
+    floats = np.array([1 + 2**-40, np.pi], dtype=np.float64)
+    out = ref.postprocess_batch([{"model_output": {"i": ints, "f": floats}}], [[1, 0]])["model_output"]
+    assert (out["i"].dtype, out["f"].dtype) == (jnp.int64, jnp.float64)
+    assert np.asarray(out["i"]).tolist() == ints[::-1].tolist()
+    assert np.asarray(out["f"]).tolist() == floats[::-1].tolist()
+
+
+def test_uint64_moves_exactly_in_ref() -> None:
+    values = np.array([1, 2**64 - 1, 2**63], dtype=np.uint64)
+    got = ref.take(values, [2, 0, 1])
+    assert got.dtype == jnp.uint64
+    assert np.asarray(got).tolist() == [2**63, 1, 2**64 - 1]
+
+
+def test_result_keys_follow_the_first_micro_batch_in_both() -> None:
+    nt, x = _example()
+    dense = torch.arange(5.0)
+    for impl, v, d in ((torch_impl, nt, dense), (ref, x, jnp.asarray(dense.numpy()))):
+        pieces = impl.split(v, [[4, 1], [0, 3, 2]])
+        dpieces = impl.split(d, [[4, 1], [0, 3, 2]])
+        outs = [
+            {"model_output": {"b": pieces[0], "a": dpieces[0]}},
+            {"model_output": {"a": dpieces[1], "b": pieces[1]}},
+        ]
+        assert list(impl.postprocess_batch(outs, [[4, 1], [0, 3, 2]])["model_output"]) == ["b", "a"]
