@@ -144,6 +144,20 @@ def test_take_and_split_on_a_tensordict() -> None:
     assert taken.get("tag").data == "rollout"
 
 
+@pytest.mark.parametrize("with_non_tensor", [False, True])
+def test_take_and_split_keep_every_batch_dimension_of_a_tensordict(with_non_tensor: bool) -> None:
+    """A TensorDict batched ``[B, T]``: the pieces are ``[R, T]``, as ``td[rows]`` gives."""
+    td = TensorDict({"a": torch.arange(24).reshape(3, 2, 4), "b": torch.zeros(3, 2)}, batch_size=[3, 2])
+    if with_non_tensor:
+        td["tag"] = NonTensorData("rollout")
+    taken = torch_impl.take(td, [2, 0])
+    assert taken.batch_size == td[torch.tensor([2, 0])].batch_size == torch.Size([2, 2])
+    assert torch.equal(taken["a"], td["a"][[2, 0]])
+    pieces = torch_impl.split(td, [[2], [0, 1]])
+    assert [p.batch_size for p in pieces] == [torch.Size([1, 2]), torch.Size([2, 2])]
+    assert torch.equal(pieces[1]["a"], td["a"][:2])
+
+
 def _count(b: int) -> Counter[str]:
     outs, parts = _outputs(b, 8, seed=b, keys=2)
     for o in outs:

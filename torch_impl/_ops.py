@@ -94,7 +94,7 @@ def _take_tensordict(td: TensorDictBase, rows: Any) -> TensorDictBase:
     keys = _tensor_keys(td)
     fields = {k: _take_part(unpack(td.get(k), k), idx) for k in keys}
     if len(keys) == len(list(td.keys())):
-        return type(td)(fields, batch_size=[idx.numel()], device=td.device)
+        return type(td)(fields, batch_size=[idx.numel(), *td.batch_size[1:]], device=td.device)
     out = td.exclude(*keys)[idx]
     for k, v in fields.items():
         out.set(k, v)
@@ -185,7 +185,7 @@ def _split_tensordict(
     for i, part in enumerate(partitions):
         fields = {k: pieces[i] for k, pieces in cut.items()}
         if rest is None:
-            out.append(type(td)(fields, batch_size=[sizes[i]], device=td.device))
+            out.append(type(td)(fields, batch_size=[sizes[i], *td.batch_size[1:]], device=td.device))
         else:
             piece = rest[torch.as_tensor(list(part), dtype=torch.int64)]
             for k, v in fields.items():
