@@ -22,9 +22,9 @@ def _as_index_list(part: Any, m: int | None) -> list[Any]:
     is taken entry by entry (an entry that is itself a sequence is then not an integer). A 0-d array
     entry counts as its value (iterating a tensor gives 0-d tensors)."""
     at = "" if m is None else f"micro-batch {m}: "
-    if hasattr(part, "ndim") and not isinstance(part, (str, bytes)) and np.ndim(part) == 1:
+    if hasattr(part, "ndim") and np.ndim(part) == 1:  # a 1-D array: NumPy, JAX or torch
         entries = list(np.asarray(part, dtype=object))
-    elif isinstance(part, Sequence) and not hasattr(part, "ndim") and not isinstance(part, (str, bytes)):
+    elif isinstance(part, Sequence) and not isinstance(part, (str, bytes)):  # a list, tuple or range
         entries = list(part)
     else:
         raise PartitionMismatchError(f"{at}a partition must be a 1-D sequence of row indices, got {part!r}")
