@@ -19,6 +19,8 @@ from property_tests.compare import assert_same, bits
 from property_tests.convert import result_to_torch, to_ref
 from property_tests.data import jagged, random_tensor
 from ref import interop
+from ref.dtypes import bits_dtype, check_dtype
+from ref.errors import where
 
 
 @pytest.fixture(autouse=True)
@@ -80,6 +82,7 @@ def test_plain_jit_with_traced_partitions_array_compiles_once_for_dense() -> Non
         ([0, 0, 1, 2, 3], ref.NotAPermutationError, r"position 1: index 0 duplicates position 0"),
         ([1, -1, 0, 2, 3], ref.NotAPermutationError, r"position 1: index -1 is out of range for 5 rows"),
         ([5, 0, 1, 2, 3], ref.NotAPermutationError, r"position 0: index 5 is out of range for 5 rows"),
+        ([0, 1, 2, 3, 3], ref.NotAPermutationError, r"position 4: index 3 duplicates position 3"),  # the last
     ],
 )
 def test_traced_bad_permutation_is_detected_under_jit(bad, error, pattern) -> None:
@@ -110,6 +113,7 @@ def test_traced_dense_take_never_wraps_or_clamps(bad, pattern) -> None:
     [
         ([0] * 35 + [1000] + [0] * 4, "position 35: index 1000 is out of range for 40 rows"),
         ([-5, *range(1, 40)], "position 0: index -5 is out of range for 40 rows"),
+        ([*range(39), 99], "position 39: index 99 is out of range for 40 rows"),  # the last position
     ],
 )
 def test_traced_messages_show_the_position_and_index_as_they_are(bad, pattern) -> None:
@@ -396,25 +400,35 @@ def test_public_functions_keep_their_names_docs_and_signatures(name: str) -> Non
     assert list(inspect.signature(fn).parameters) == PUBLIC[name]
 
 
-def test_settings_are_keyword_only_in_both_postprocess_batch() -> None:
-    for fn in (ref.postprocess_batch, torch_impl.postprocess_batch):
-        params = inspect.signature(fn).parameters
-        assert [params[n].kind for n in ("output_lst", "indices")] == [inspect.Parameter.POSITIONAL_OR_KEYWORD] * 2
-        assert [params[n].kind for n in ("use_dynamic_bsz", "pad_mode")] == [inspect.Parameter.KEYWORD_ONLY] * 2
-    x = ref.Jagged.from_rows([[1.0], [2.0, 3.0]])
-    out = ref.postprocess_batch(output_lst=[{"model_output": {"v": x}}], indices=[[1, 0]], use_dynamic_bsz=True)
-    assert _rows(out["model_output"]["v"]) == [[2.0, 3.0], [1.0]]
-    with pytest.raises(TypeError):
-        ref.postprocess_batch([{"model_output": {"v": x}}], [[1, 0]], True)  # type: ignore[misc]
+KEYWORD_ONLY = {
+    "ref.postprocess_batch": (ref.postprocess_batch, ["use_dynamic_bsz", "pad_mode"]),
+    "torch_impl.postprocess_batch": (torch_impl.postprocess_batch, ["use_dynamic_bsz", "pad_mode"]),
+    "ref.concat": (ref.concat, ["key"]),
+    "ref.checked": (ref.checked, ["jit"]),
+    "ref.dtypes.check_dtype": (check_dtype, ["at"]),
+    "ref.dtypes.bits_dtype": (bits_dtype, ["dtype"]),
+    "ref.errors.where": (where, ["rank"]),
+    "ref.interop.from_torch": (interop.from_torch, ["copy", "key", "micro_batch"]),
+    "ref.interop.to_torch": (interop.to_torch, ["copy"]),
+}
 
 
-def test_where_names_key_and_micro_batch_by_keyword_too() -> None:
-    from ref.errors import where
+@pytest.mark.parametrize("name", sorted(KEYWORD_ONLY))
+def test_settings_are_keyword_only_and_the_rest_can_be_named(name: str) -> None:
+    fn, settings = KEYWORD_ONLY[name]
+    params = inspect.signature(fn).parameters
+    assert [params[n].kind for n in settings] == [inspect.Parameter.KEYWORD_ONLY] * len(settings)
+    assert {p.kind for n, p in params.items() if n not in settings} == {inspect.Parameter.POSITIONAL_OR_KEYWORD}
 
-    assert where(key="k", micro_batch=1) == where("k", 1)
-    assert where("k", 1, rank=2) != where("k", 1)
-    with pytest.raises(TypeError):
-        where("k", 1, 2)  # type: ignore[misc]
+
+def test_checked_keeps_the_name_and_doc_of_what_it_wraps() -> None:
+    def step(a: jax.Array, p: jax.Array) -> jax.Array:
+        """One step."""
+        return ref.restore(a, p)
+
+    for fn in (ref.checked(step), ref.checked(step, jit=False)):
+        assert (fn.__name__, fn.__doc__) == ("step", "One step.")
+        assert fn(jnp.arange(3.0), jnp.asarray([2, 0, 1])).tolist() == [1.0, 2.0, 0.0]
 
 
 def test_zero_d_integer_entries_count_as_indices_in_both() -> None:
@@ -486,11 +500,14 @@ def test_postprocess_of_numpy_64_bit_outputs_is_exact_without_caller_x64() -> No
     assert np.asarray(out["f"]).tolist() == floats[::-1].tolist()
 
 
-def test_uint64_moves_exactly_in_ref() -> None:
-    values = np.array([1, 2**64 - 1, 2**63], dtype=np.uint64)
+@pytest.mark.parametrize("dtype", [np.uint16, np.uint32, np.uint64])
+def test_unsigned_integers_move_exactly_in_ref(dtype: type) -> None:
+    """The unsigned widths torch lacks (so ``DTYPES``, shared with torch, does not list them)."""
+    top = int(np.iinfo(dtype).max)
+    values = np.array([1, top, top // 2 + 1], dtype=dtype)
     got = ref.take(values, [2, 0, 1])
-    assert got.dtype == jnp.uint64
-    assert np.asarray(got).tolist() == [2**63, 1, 2**64 - 1]
+    assert got.dtype == dtype
+    assert np.asarray(got).tolist() == [top // 2 + 1, 1, top]
 
 
 def test_result_keys_follow_the_first_micro_batch_in_both() -> None:
