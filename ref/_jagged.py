@@ -113,10 +113,15 @@ class Jagged:
         (True, 'int32')
         """
         default_float = jnp.asarray(0.0).dtype  # JAX's default, in the caller's configuration
-        arrays = [np.asarray(r) if hasattr(r, "dtype") else np.asarray(jnp.asarray(r)) for r in rows]
-        for i, a in enumerate(arrays):
+        arrays = []
+        for i, r in enumerate(rows):
+            try:
+                a = np.asarray(r) if hasattr(r, "dtype") else np.asarray(jnp.asarray(r))
+            except (TypeError, ValueError) as e:  # a ragged nested list, a string, ...
+                raise InvalidJaggedError(f"row {i} is not an array of numbers: {e}") from None
             if a.ndim == 0:
                 raise InvalidJaggedError(f"row {i} must have at least 1 dimension, got a scalar")
+            arrays.append(a)
         filled = [a for a in arrays if a.size or a.ndim > 1]
         with jax.enable_x64(True):
             if dtype is None:
@@ -124,6 +129,11 @@ class Jagged:
             dtype = jnp.dtype(dtype)
             if filled:
                 feature_shape = tuple(filled[0].shape[1:])
+            for i, a in enumerate(arrays):
+                if (a.size or a.ndim > 1) and a.shape[1:] != feature_shape:
+                    raise InvalidJaggedError(
+                        f"row {i} has trailing shape {a.shape[1:]}, unlike the first non-empty row's {feature_shape}"
+                    )
             pieces = [a.reshape(0, *feature_shape) if not (a.size or a.ndim > 1) else a for a in arrays]
             values = (
                 np.concatenate([a.astype(dtype, copy=False) for a in pieces], axis=0)

@@ -12,22 +12,17 @@ import numpy as np
 from ._checked import check_is_permutation, traced_indices
 from ._jagged import is_concrete
 from ._x64 import exact
-from .errors import NotAPermutationError, PartitionMismatchError
+from .errors import NotAPermutationError
+from .structure import check_partition, check_partitions
 
 __all__ = ["flatten_partitions", "inverse_permutation", "check_permutation", "is_flat", "as_permutation"]
 
 
 def _as_index_list(part: Any, m: int | None) -> list[Any]:
-    """One partition as a Python list of its entries: an array (NumPy, JAX, torch) must be 1-D; a sequence
-    is taken entry by entry (an entry that is itself a sequence is then not an integer). A 0-d array
-    entry counts as its value (iterating a tensor gives 0-d tensors)."""
-    at = "" if m is None else f"micro-batch {m}: "
-    if hasattr(part, "ndim") and np.ndim(part) == 1:  # a 1-D array: NumPy, JAX or torch
-        entries = list(np.asarray(part, dtype=object))
-    elif isinstance(part, Sequence) and not isinstance(part, (str, bytes)):  # a list, tuple or range
-        entries = list(part)
-    else:
-        raise PartitionMismatchError(f"{at}a partition must be a 1-D sequence of row indices, got {part!r}")
+    """One partition (checked 1-D) as a Python list of its entries; a 0-d array entry counts as its value
+    (iterating a tensor gives 0-d tensors), an entry that is itself a sequence is then not an integer."""
+    check_partition(part, m)
+    entries = list(np.asarray(part, dtype=object)) if hasattr(part, "ndim") else list(part)
     return [x.item() if hasattr(x, "item") and np.ndim(x) == 0 else x for x in entries]
 
 
@@ -39,7 +34,7 @@ def check_permutation(partitions: Sequence[Any], num_rows: int) -> list[int]:
     """
     flat: list[int] = []
     seen: dict[int, tuple[int, int]] = {}
-    for m, part in enumerate(partitions):
+    for m, part in enumerate(check_partitions(partitions)):
         for j, i in enumerate(_as_index_list(part, m)):
             at = f"micro-batch {m}, position {j}: index {i!r}"
             if isinstance(i, bool) or not isinstance(i, (int, np.integer)):

@@ -17,7 +17,9 @@ __all__ = [
     "PADDING",
     "as_flag",
     "check_metrics",
+    "check_partition",
     "check_partition_count",
+    "check_partitions",
     "check_settings",
     "drop_padding",
     "model_outputs",
@@ -124,17 +126,43 @@ def check_metrics(output_lst: Sequence[Mapping[str, Any]]) -> None:
             )
 
 
+def check_partitions(partitions: Any, name: str = "partitions") -> Sequence[Any]:
+    """``partitions`` is a sequence of partitions: a list, a tuple, or an array of at least one dimension
+    (`PartitionMismatchError` for a scalar, ``None``, a string, a mapping, a 0-d array, an iterator)."""
+    if (
+        isinstance(partitions, (str, bytes, Mapping))
+        or not hasattr(partitions, "__len__")
+        or not hasattr(partitions, "__getitem__")
+        or getattr(partitions, "ndim", 1) == 0
+    ):
+        raise PartitionMismatchError(f"{name} must be a list of partitions, got {_kind(partitions)}")
+    return partitions
+
+
+def check_partition(part: Any, m: int | None = None) -> None:
+    """One partition is 1-D: a 1-D array (NumPy, JAX, torch) or a sequence (list, tuple, range) of row
+    indices (`PartitionMismatchError`; its entries are checked by the permutation check)."""
+    sequence = isinstance(part, Sequence) and not isinstance(part, (str, bytes))
+    if not (part.ndim == 1 if hasattr(part, "ndim") else sequence):  # an array (NumPy, JAX, torch) or a sequence
+        at = "" if m is None else f"micro-batch {m}: "
+        raise PartitionMismatchError(f"{at}a partition must be a 1-D sequence of row indices, got {_kind(part)}")
+
+
+def _kind(x: Any) -> str:
+    """``x``'s type, with its shape when it has one (an array): what a message shows of a bad container."""
+    shape = getattr(x, "shape", None)
+    return type(x).__name__ if shape is None else f"{type(x).__name__} of shape {tuple(shape)}"
+
+
 def check_partition_count(indices: Any, num_outputs: int) -> Sequence[Any]:
-    """Step 3: ``indices`` is a list with one partition per micro-batch that carries a ``model_output``.
+    """Step 3: ``indices`` is a list with one partition per micro-batch that carries a ``model_output``,
+    each partition 1-D (`check_partitions`, `check_partition`).
 
     (With no ``model_output`` at all, any number of partitions is accepted.) `PartitionMismatchError`.
     """
-    if (
-        isinstance(indices, (str, bytes, Mapping))
-        or not hasattr(indices, "__len__")
-        or not hasattr(indices, "__getitem__")
-    ):
-        raise PartitionMismatchError(f"indices must be a list of partitions, got {type(indices).__name__}")
+    check_partitions(indices, "indices")
+    for m, part in enumerate(indices):
+        check_partition(part, m)
     if num_outputs and len(indices) != num_outputs:
         raise PartitionMismatchError(
             f"{len(indices)} partitions for {num_outputs} micro-batches that carry a model_output"

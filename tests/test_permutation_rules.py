@@ -87,12 +87,23 @@ def test_what_is_not_a_permutation_is_named(parts, n, message) -> None:
 @pytest.mark.parametrize(
     ("parts", "message"),
     [
-        ([torch.tensor([[0, 1]])], "micro-batch 0: a partition must be 1-D, got shape (1, 2)"),
-        ([[0], np.array(1)], "micro-batch 1: a partition must be 1-D, got shape ()"),
-        ([[0], "1"], "micro-batch 1: a partition must be a 1-D sequence of row indices"),
-        ([b"\x00"], "micro-batch 0: a partition must be a 1-D sequence of row indices"),
-        ([[0], 1], "micro-batch 1: a partition must be a 1-D sequence of row indices"),
-        ([{0, 1}], "micro-batch 0: a partition must be a 1-D sequence of row indices"),
+        (
+            [torch.tensor([[0, 1]])],
+            "micro-batch 0: a partition must be a 1-D sequence of row indices, got Tensor of shape (1, 2)",
+        ),
+        (
+            [[0], np.array(1)],
+            "micro-batch 1: a partition must be a 1-D sequence of row indices, got ndarray of shape ()",
+        ),
+        ([[0], "1"], "micro-batch 1: a partition must be a 1-D sequence of row indices, got str"),
+        ([b"\x00"], "micro-batch 0: a partition must be a 1-D sequence of row indices, got bytes"),
+        ([[0], 1], "micro-batch 1: a partition must be a 1-D sequence of row indices, got int"),
+        ([{0, 1}], "micro-batch 0: a partition must be a 1-D sequence of row indices, got set"),
+        (3, "partitions must be a list of partitions, got int"),
+        (None, "partitions must be a list of partitions, got NoneType"),
+        (np.array(3), "partitions must be a list of partitions, got ndarray of shape ()"),
+        (iter([[0, 1]]), "partitions must be a list of partitions, got list_iterator"),
+        ({0: [0, 1]}, "partitions must be a list of partitions, got dict"),
     ],
 )
 def test_what_is_not_a_partition_is_named(parts, message) -> None:

@@ -276,11 +276,25 @@ def test_from_rows_takes_dtype_and_features_from_empty_rows_that_have_features()
 def test_from_lengths_names_the_first_negative_length() -> None:
     with pytest.raises(ref.InvalidJaggedError, match=re.escape("got lengths[2] = -1")):
         ref.Jagged.from_lengths(np.arange(1), [1, 0, -1, -2])
+    with pytest.raises(ref.InvalidJaggedError, match=re.escape("got lengths[1] = -1")):
+        ref.Jagged.from_lengths(np.arange(1), [2, -1])
 
 
-def test_from_rows_names_a_scalar_row() -> None:
-    with pytest.raises(ref.InvalidJaggedError, match="row 1 must have at least 1 dimension, got a scalar"):
-        ref.Jagged.from_rows([[1.0], 2.0])
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ([[1.0], 2.0], "row 1 must have at least 1 dimension, got a scalar"),
+        (
+            [np.zeros((1, 2)), [], np.zeros((1, 3))],
+            "row 2 has trailing shape (3,), unlike the first non-empty row's (2,)",
+        ),
+        ([[1.0], [1.0, [2.0, 3.0]]], "row 1 is not an array of numbers"),
+        ([np.zeros((1, 2)), np.zeros((0, 3))], "row 1 has trailing shape (3,)"),  # an empty row with features
+    ],
+)
+def test_from_rows_names_the_row_it_cannot_take(rows, message: str) -> None:
+    with pytest.raises(ref.InvalidJaggedError, match=re.escape(message)):
+        ref.Jagged.from_rows(rows)
 
 
 @pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
@@ -466,6 +480,29 @@ def test_a_traced_permutation_of_one_row_is_checked() -> None:
     assert ref.checked(lambda a, p: ref.restore(a, p))(jnp.ones((1,)), jnp.asarray([0])).tolist() == [1.0]
 
 
+@pytest.mark.parametrize(
+    ("indices", "message"),
+    [
+        (np.array(3), "indices must be a list of partitions, got ndarray of shape ()"),
+        ([np.array(3)], "micro-batch 0: a partition must be a 1-D sequence of row indices, got ndarray of shape ()"),
+        ([{4, 1, 0, 3, 2}], "micro-batch 0: a partition must be a 1-D sequence of row indices, got set"),
+    ],
+)
+def test_postprocess_refuses_partitions_of_the_wrong_shape_alike_in_both(indices, message: str) -> None:
+    nt, x = _example()
+    for impl, v in ((torch_impl, nt), (ref, x)):
+        with pytest.raises(ref.PartitionMismatchError, match=re.escape(message)):
+            impl.postprocess_batch([{"model_output": {"v": v}}], indices)
+
+
+@pytest.mark.parametrize("partitions", [3, None, np.array(3), iter([[4, 1, 0, 3, 2]])])
+def test_restore_refuses_partitions_that_are_not_a_list_alike_in_both(partitions) -> None:
+    nt, x = _example()
+    for impl, v in ((torch_impl, nt), (ref, x)):
+        with pytest.raises(ref.PartitionMismatchError, match="partitions must be a list of partitions, got"):
+            impl.restore(v, partitions)
+
+
 def test_a_partition_error_names_its_micro_batch_in_both() -> None:
     nt, x = _example()
     for impl, v in ((torch_impl, nt), (ref, x)):
@@ -521,3 +558,41 @@ def test_result_keys_follow_the_first_micro_batch_in_both() -> None:
             {"model_output": {"a": dpieces[1], "b": pieces[1]}},
         ]
         assert list(impl.postprocess_batch(outs, [[4, 1], [0, 3, 2]])["model_output"]) == ["b", "a"]
+
+
+@pytest.mark.parametrize(("first", "second"), [(3, 2), (2, 3)])
+def test_a_trailing_shape_that_differs_either_way_is_refused_in_both(first: int, second: int) -> None:
+    for impl, make in ((torch_impl, torch.zeros), (ref, jnp.zeros)):
+        with pytest.raises(ref.ShapeMismatchError, match=re.escape(f"trailing shape ({second},) differs")):
+            impl.concat([make((1, first)), make((1, second))])
+
+
+def test_a_traced_permutation_shorter_than_the_batch_is_refused() -> None:
+    with pytest.raises(ref.NotAPermutationError, match="holds 1 indices for 2 rows"):
+        jax.jit(lambda a, p: ref.restore(a, p))(jnp.zeros(2), jnp.asarray([0]))
+
+
+def test_traced_jagged_take_of_more_rows_than_the_batch_is_refused() -> None:
+    x = ref.Jagged.from_rows([[1.0], [2.0, 3.0], []])
+    with pytest.raises(ref.UnsupportedSettingError, match=re.escape("needs a permutation of range(3)")):
+        ref.checked(lambda a, r: ref.take(a, r))(x, jnp.asarray([0, 1, 2, 0]))
+
+
+def test_row_counts_are_checked_before_the_offsets_in_both() -> None:
+    """A micro-batch with the wrong row count and broken offsets: the row count is named (spec step 4c)."""
+    values = torch.arange(3.0)
+    broken = torch.nested.nested_tensor_from_jagged(values, torch.tensor([0, 2, 1, 3]))  # torch does not check
+    unchecked = ref.Jagged.tree_unflatten(None, (jnp.arange(3.0), jnp.asarray([0, 2, 1, 3])))
+    for impl, v in ((torch_impl, broken), (ref, unchecked)):
+        with pytest.raises(ref.PartitionMismatchError, match="3 rows, but its partition has 2 indices"):
+            impl.postprocess_batch([{"model_output": {"v": v}}], [[1, 0]])
+
+
+def test_without_dynamic_batching_row_counts_are_named_against_the_first_key_in_both() -> None:
+    for impl, make in ((torch_impl, torch.zeros), (ref, jnp.zeros)):
+        outs = [
+            {"model_output": {"a": make(2), "b": make(2)}},
+            {"model_output": {"b": make(3), "a": make(2)}},
+        ]
+        with pytest.raises(ref.ShapeMismatchError, match=re.escape("micro-batch 1: 3 rows, but key 'a' has 2 there")):
+            impl.postprocess_batch(outs, None, use_dynamic_bsz=False)

@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ref.errors import NotAPermutationError, PartitionMismatchError
+from ref.errors import NotAPermutationError
+from ref.structure import check_partition, check_partitions
 
 from ._entry import entry
 
@@ -29,11 +30,10 @@ def _flat_indices(partitions: Sequence[Any], num_rows: int) -> tuple[torch.Tenso
     sizes: list[int] = []
     pieces: dict[int, torch.Tensor] = {}
     lists: dict[int, Any] = {}
-    for m, part in enumerate(partitions):
+    for m, part in enumerate(check_partitions(partitions)):
+        check_partition(part, m)
         if isinstance(part, torch.Tensor | np.ndarray):
             t = torch.as_tensor(part)
-            if t.dim() != 1:
-                raise PartitionMismatchError(f"micro-batch {m}: a partition must be 1-D, got shape {tuple(t.shape)}")
             if t.numel() and (t.dtype == torch.bool or t.dtype.is_floating_point or t.dtype.is_complex):
                 raise NotAPermutationError(f"micro-batch {m}: indices must be integers, got dtype {t.dtype}")
             if t.dtype == torch.uint64:  # past int64: through Python ints, checked like a list
@@ -41,8 +41,6 @@ def _flat_indices(partitions: Sequence[Any], num_rows: int) -> tuple[torch.Tenso
             else:
                 pieces[m] = t.detach().to("cpu", torch.int64, copy=True)  # never the caller's storage
             sizes.append(t.numel())
-        elif isinstance(part, str | bytes) or not isinstance(part, Sequence):
-            raise PartitionMismatchError(f"micro-batch {m}: a partition must be a 1-D sequence of row indices")
         else:
             lists[m] = part
             sizes.append(len(part))
