@@ -111,6 +111,15 @@ def test_what_is_not_a_partition_is_named(parts, message) -> None:
         flatten_partitions(parts, 2)
 
 
+def test_a_0_d_integer_entry_counts_as_its_value_and_a_1_d_one_is_not_an_integer() -> None:
+    """Iterating a tensor gives 0-d tensors (verl indexes with them); a one-element 1-D one is a sequence."""
+    parts = [list(torch.tensor([2, 0])), [np.array(1), np.int64(3)]]
+    assert flatten_partitions(parts, 4).tolist() == [2, 0, 1, 3]
+    for entry in (torch.tensor([1]), np.array([1])):
+        with pytest.raises(NotAPermutationError, match=re.escape(f"position 1: index {entry!r} is not an integer")):
+            flatten_partitions([[0, entry]], 2)
+
+
 def test_the_same_rules_for_mixed_lists_and_tensors() -> None:
     with pytest.raises(NotAPermutationError, match=re.escape("micro-batch 1, position 0: index 5 is out of range")):
         flatten_partitions([torch.tensor([0]), [5]], 2)
