@@ -75,7 +75,8 @@ def _check_lengths(nested: Any, at: str) -> None:
     """A nested tensor with ``lengths``: every row inside the values (`InvalidJaggedError`), before torch
     reads them (torch would raise its own error, or read past the values)."""
     lengths, offsets, n = nested.lengths().cpu(), nested.offsets().cpu(), int(nested.values().shape[0])
-    if lengths.dim() != 1 or lengths.shape[0] != offsets.shape[0] - 1 or lengths.dtype.is_floating_point:
+    integers = not (lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool)
+    if lengths.dim() != 1 or lengths.shape[0] != offsets.shape[0] - 1 or not integers:
         raise InvalidJaggedError(
             f"{at}lengths must be 1-D integers, one per row, got {lengths.dtype}{list(lengths.shape)}"
         )

@@ -105,11 +105,18 @@ def test_interop_names_the_row_with_a_broken_hole(offsets, lengths, message) -> 
         interop.from_torch(holed, key="k", micro_batch=0)
 
 
-def test_interop_refuses_lengths_that_are_not_one_per_row() -> None:
-    holed = torch.nested.nested_tensor_from_jagged(
-        torch.arange(4.0), torch.tensor([0, 2, 4]), lengths=torch.tensor([[2], [1]])
-    )
-    with pytest.raises(ref.InvalidJaggedError, match=re.escape("key 'k', micro-batch 0: lengths must be 1-D")):
+@pytest.mark.parametrize(
+    ("offsets", "lengths"),
+    [
+        ([0, 2, 4], torch.tensor([[2], [1]])),
+        ([0, 2], torch.tensor([2.0])),
+        ([0, 2], torch.tensor([2], dtype=torch.complex64)),
+        ([0, 2], torch.tensor([True])),
+    ],
+)
+def test_interop_refuses_lengths_that_are_not_integers_one_per_row(offsets, lengths) -> None:
+    holed = torch.nested.nested_tensor_from_jagged(torch.arange(4.0), torch.tensor(offsets), lengths=lengths)
+    with pytest.raises(ref.InvalidJaggedError, match=re.escape("key 'k', micro-batch 0: lengths must be 1-D integers")):
         interop.from_torch(holed, key="k", micro_batch=0)
 
 
