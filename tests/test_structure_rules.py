@@ -11,7 +11,16 @@ import numpy as np
 import pytest
 
 from ref.errors import KeyMismatchError, PartitionMismatchError, UnsupportedSettingError
-from ref.structure import PADDING, as_flag, check_partition_count, check_settings, drop_padding, model_outputs
+from ref.structure import (
+    PADDING,
+    as_flag,
+    check_partition,
+    check_partition_count,
+    check_partitions,
+    check_settings,
+    drop_padding,
+    model_outputs,
+)
 
 
 def test_padding_micro_batches_are_dropped_with_their_outputs() -> None:
@@ -146,3 +155,49 @@ def test_partition_count() -> None:
     for odd, name in (("ab", "str"), ({0: [0]}, "dict"), ({0}, "set"), (iter([[0]]), "list_iterator")):
         with pytest.raises(PartitionMismatchError, match=f"indices must be a list of partitions, got {name}"):
             check_partition_count(odd, 1)
+
+
+@pytest.mark.parametrize(
+    ("partitions", "message"),
+    [
+        (3, "partitions must be a list of partitions, got int"),
+        (None, "partitions must be a list of partitions, got NoneType"),
+        (np.array(3), "partitions must be a list of partitions, got ndarray of shape ()"),
+        (iter([[0]]), "partitions must be a list of partitions, got list_iterator"),
+        ("01", "partitions must be a list of partitions, got str"),
+        ({0: [0]}, "partitions must be a list of partitions, got dict"),
+    ],
+)
+def test_what_is_not_a_list_of_partitions_is_named(partitions, message: str) -> None:
+    with pytest.raises(PartitionMismatchError, match=f"^{re.escape(message)}$"):
+        check_partitions(partitions)
+
+
+@pytest.mark.parametrize(
+    ("part", "m", "message"),
+    [
+        (np.array(3), 1, "micro-batch 1: a partition must be a 1-D sequence of row indices, got ndarray of shape ()"),
+        (
+            np.zeros((2, 1)),
+            0,
+            "micro-batch 0: a partition must be a 1-D sequence of row indices, got ndarray of shape (2, 1)",
+        ),
+        ({0, 1}, 2, "micro-batch 2: a partition must be a 1-D sequence of row indices, got set"),
+        ("01", None, "a partition must be a 1-D sequence of row indices, got str"),
+        (b"\x00", None, "a partition must be a 1-D sequence of row indices, got bytes"),
+    ],
+)
+def test_what_is_not_a_partition_is_named_with_its_micro_batch(part, m, message: str) -> None:
+    with pytest.raises(PartitionMismatchError, match=f"^{re.escape(message)}$"):
+        check_partition(part, m)
+
+
+@pytest.mark.parametrize("part", [[0, 1], (0,), range(3), [], np.arange(2)])
+def test_a_sequence_or_a_1_d_array_is_a_partition(part) -> None:
+    check_partition(part, 0)
+    check_partitions([part])
+
+
+def test_the_partition_count_check_checks_each_partition() -> None:
+    with pytest.raises(PartitionMismatchError, match="micro-batch 1: a partition must be a 1-D sequence"):
+        check_partition_count([[0], np.array(1)], 2)
