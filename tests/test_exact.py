@@ -245,6 +245,7 @@ def test_jagged_constructors() -> None:
         (np.zeros(3), np.array([0.0, 3.0]), "integer dtype"),
         (np.zeros(3), np.array([1, 3]), r"offsets\[0\] must be 0, got 1"),
         (np.zeros(3), np.array([-1, 3]), r"offsets\[0\] must be 0, got -1"),
+        (np.zeros(3), np.array([0, 2, 2, 1, 3]), r"got offsets\[2\] = 2 > offsets\[3\] = 1"),  # after a zero step
         (np.zeros(3), np.array([0, 2, 1, 3]), "non-decreasing"),
         (np.zeros(3), np.array([0, 2, 3, 1, 3]), r"non-decreasing, got offsets\[2\] = 3 > offsets\[3\] = 1"),
         (np.zeros(3), np.array([0, 2]), r"offsets\[-1\] must equal len\(values\) = 3, got 2"),

@@ -418,6 +418,8 @@ KEYWORD_ONLY = {
     "ref.postprocess_batch": (ref.postprocess_batch, ["use_dynamic_bsz", "pad_mode"]),
     "torch_impl.postprocess_batch": (torch_impl.postprocess_batch, ["use_dynamic_bsz", "pad_mode"]),
     "ref.concat": (ref.concat, ["key"]),
+    "ref.Jagged": (ref.Jagged, ["key", "micro_batch"]),
+    "ref.validate_jagged": (ref.validate_jagged, ["key", "micro_batch"]),
     "ref.checked": (ref.checked, ["jit"]),
     "ref.dtypes.check_dtype": (check_dtype, ["at"]),
     "ref.dtypes.bits_dtype": (bits_dtype, ["dtype"]),
@@ -451,6 +453,9 @@ def test_zero_d_integer_entries_count_as_indices_in_both() -> None:
     partitions = [list(torch.tensor([4, 1])), [np.array(0), np.int64(3), 2]]
     assert_same(result_to_torch(ref.restore(x, partitions)), torch_impl.restore(nt, partitions))
     assert_same(torch_impl.restore(nt, partitions), torch_impl.restore(nt, [[4, 1], [0, 3, 2]]))
+    for impl, v in ((torch_impl, nt), (ref, x)):  # a one-element 1-D entry is a sequence, not an integer
+        with pytest.raises(ref.NotAPermutationError, match=r"position 0: index array.* is not an integer"):
+            impl.restore(v, [[np.array([4]), 1], [0, 3, 2]])
 
 
 def test_a_missing_index_is_the_first_missing_in_both() -> None:
@@ -572,10 +577,32 @@ def test_a_traced_permutation_shorter_than_the_batch_is_refused() -> None:
         jax.jit(lambda a, p: ref.restore(a, p))(jnp.zeros(2), jnp.asarray([0]))
 
 
-def test_traced_jagged_take_of_more_rows_than_the_batch_is_refused() -> None:
+@pytest.mark.parametrize("rows", [[0, 1, 2, 0], [0, 1]])
+def test_traced_jagged_take_of_other_than_the_batch_s_rows_is_refused(rows: list[int]) -> None:
     x = ref.Jagged.from_rows([[1.0], [2.0, 3.0], []])
     with pytest.raises(ref.UnsupportedSettingError, match=re.escape("needs a permutation of range(3)")):
-        ref.checked(lambda a, r: ref.take(a, r))(x, jnp.asarray([0, 1, 2, 0]))
+        ref.checked(lambda a, r: ref.take(a, r))(x, jnp.asarray(rows))
+
+
+def test_counts_past_small_ints_are_compared_by_value_in_both() -> None:
+    """300 rows: CPython shares the int objects only up to 256."""
+    dense = torch.arange(300.0)
+    perm = list(range(299, -1, -1))
+    for impl, v in ((torch_impl, dense), (ref, jnp.asarray(dense.numpy()))):
+        assert np.asarray(impl.flatten_partitions([perm[:150], perm[150:]], 300)).tolist() == perm
+        out = impl.postprocess_batch([{"model_output": {"v": v}}], [perm])["model_output"]["v"]
+        assert np.asarray(out).tolist()[:2] == [299.0, 298.0]
+        out = impl.postprocess_batch([{"model_output": {"v": v, "w": v * 2}}], None, use_dynamic_bsz=False)
+        assert len(out["model_output"]["w"]) == 300
+
+
+def test_an_object_array_of_partitions_is_a_list_of_partitions_in_both() -> None:
+    nt, x = _example()
+    partitions = np.empty(2, dtype=object)
+    partitions[0], partitions[1] = [4, 1], [0, 3, 2]
+    expected = torch_impl.restore(nt, [[4, 1], [0, 3, 2]])
+    assert_same(torch_impl.restore(nt, partitions), expected)
+    assert_same(result_to_torch(ref.restore(x, partitions)), expected)
 
 
 def test_row_counts_are_checked_before_the_offsets_in_both() -> None:
