@@ -419,6 +419,7 @@ KEYWORD_ONLY = {
     "torch_impl.postprocess_batch": (torch_impl.postprocess_batch, ["use_dynamic_bsz", "pad_mode"]),
     "ref.concat": (ref.concat, ["key"]),
     "ref.Jagged": (ref.Jagged, ["key", "micro_batch"]),
+    "ref.Jagged.from_rows": (ref.Jagged.from_rows, ["dtype", "feature_shape"]),
     "ref.validate_jagged": (ref.validate_jagged, ["key", "micro_batch"]),
     "ref.checked": (ref.checked, ["jit"]),
     "ref.dtypes.check_dtype": (check_dtype, ["at"]),
@@ -563,6 +564,15 @@ def test_result_keys_follow_the_first_micro_batch_in_both() -> None:
             {"model_output": {"a": dpieces[1], "b": pieces[1]}},
         ]
         assert list(impl.postprocess_batch(outs, [[4, 1], [0, 3, 2]])["model_output"]) == ["b", "a"]
+
+
+@pytest.mark.parametrize("jagged_first", [True, False])
+def test_a_layout_that_differs_either_way_is_refused_in_both(jagged_first: bool) -> None:
+    nt, x = _example(b=2)
+    for impl, j, d in ((torch_impl, nt, torch.zeros(2)), (ref, x, jnp.zeros(2))):
+        parts = [j, d] if jagged_first else [d, j]
+        with pytest.raises(ref.ShapeMismatchError, match="micro-batch 1: layout"):
+            impl.concat(parts)
 
 
 @pytest.mark.parametrize(("first", "second"), [(3, 2), (2, 3)])
