@@ -55,6 +55,12 @@ def test_64_bit_survives_without_x64() -> None:
     assert not jax.config.jax_enable_x64
 
 
+def test_jagged_built_from_numpy_64_bit_keeps_it_without_x64() -> None:
+    x = ref.Jagged(np.array([2**40 + 1, -(2**62)], dtype=np.int64), np.array([0, 2], dtype=np.int64))
+    assert (x.values.dtype, x.offsets.dtype) == (jnp.int64, jnp.int64)
+    assert np.asarray(x.values).tolist() == [2**40 + 1, -(2**62)]
+
+
 def test_caller_x64_on_stays_on() -> None:
     with jax.enable_x64(True):
         ref.restore(ref.Jagged.from_rows([np.zeros(2), np.ones(1)]), [[1, 0]])
@@ -242,6 +248,7 @@ def test_jagged_constructors() -> None:
     ("values", "offsets", "pattern"),
     [
         (np.zeros(3), np.array([[0, 3]]), "1-D"),
+        (np.zeros(3), np.array(3), "1-D"),
         (np.zeros(3), np.array([0.0, 3.0]), "integer dtype"),
         (np.zeros(3), np.array([1, 3]), r"offsets\[0\] must be 0, got 1"),
         (np.zeros(3), np.array([-1, 3]), r"offsets\[0\] must be 0, got -1"),

@@ -290,6 +290,7 @@ def test_from_lengths_names_the_first_negative_length() -> None:
         ),
         ([[1.0], [1.0, [2.0, 3.0]]], "row 1 is not an array of numbers"),
         ([np.zeros((1, 2)), np.zeros((0, 3))], "row 1 has trailing shape (3,)"),  # an empty row with features
+        ([np.zeros((1, 3)), np.zeros((1, 2))], "row 1 has trailing shape (2,)"),  # a smaller one
     ],
 )
 def test_from_rows_names_the_row_it_cannot_take(rows, message: str) -> None:
@@ -633,3 +634,12 @@ def test_without_dynamic_batching_row_counts_are_named_against_the_first_key_in_
         ]
         with pytest.raises(ref.ShapeMismatchError, match=re.escape("micro-batch 1: 3 rows, but key 'a' has 2 there")):
             impl.postprocess_batch(outs, None, use_dynamic_bsz=False)
+
+
+def test_a_2_d_array_of_partitions_and_300_traced_rows() -> None:
+    nt, x = _example()
+    assert_same(result_to_torch(ref.restore(x, np.array([[4, 1, 0, 3, 2]]))), torch_impl.restore(nt, [[4, 1, 0, 3, 2]]))
+    d = jnp.arange(300.0)
+    perm = jnp.asarray(np.arange(300)[::-1].copy())
+    assert ref.checked(lambda a, p: ref.restore(a, p))(d, perm).tolist()[:2] == [299.0, 298.0]
+    assert ref.checked(lambda a, r: ref.take(a, r))(ref.Jagged.from_lengths(d, [1] * 300), perm).values[0] == 299.0
