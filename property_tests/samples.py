@@ -14,7 +14,15 @@ import torch
 from .data import from_rows, jagged, rows_of
 from .metric import FakeMetric
 
-__all__ = ["PostprocessSample", "OpSample", "postprocess_samples", "op_samples", "OPERATIONS", "HOLE_DEFECTS"]
+__all__ = [
+    "PostprocessSample",
+    "OpSample",
+    "postprocess_samples",
+    "op_samples",
+    "OPERATIONS",
+    "HOLE_DEFECTS",
+    "holed_tensor",
+]
 
 #: The operations that ``ref`` and ``torch_impl`` both define, paired by name.
 OPERATIONS = (
@@ -29,9 +37,9 @@ OPERATIONS = (
     "balanced_partitions",
 )
 
-#: Nested tensors with holes (``nested_tensor_from_jagged(torch.arange(10.0), offsets, lengths=lengths)``) that
-#: break a rule, and the message both readers give (``torch_impl``'s unpacking, ``ref.interop.from_torch``)
-#: after ``key 'k', micro-batch 0: ``.
+#: Nested tensors with holes (`holed_tensor` of ``offsets`` and ``lengths``) that break a rule, and the
+#: message both readers give (``torch_impl``'s unpacking, ``ref.interop.from_torch``) after
+#: ``key 'k', micro-batch 0: ``.
 HOLE_DEFECTS: list[tuple[list[int], list[int], str]] = [
     ([0, 4, 8], [3, -1], "lengths[1] = -1 is negative"),
     ([-1, 4, 8], [0, 2], "offsets[0] = -1 is negative"),  # an empty row that starts before the values
@@ -42,6 +50,13 @@ HOLE_DEFECTS: list[tuple[list[int], list[int], str]] = [
     ([0, 4], [11], "row 0 runs past the values: offsets[0] + lengths[0] = 0 + 11 > len(values) = 10"),
     ([-1, 4, 8], [12, 2], "offsets[0] = -1 is negative"),  # before the values and past them
 ]
+
+
+def holed_tensor(offsets: list[int], lengths: list[int]) -> torch.Tensor:
+    """The nested tensor of a `HOLE_DEFECTS` row: rows of ``torch.arange(10.0)`` at ``offsets``, ``lengths`` long."""
+    return torch.nested.nested_tensor_from_jagged(
+        torch.arange(10.0), torch.tensor(offsets), lengths=torch.tensor(lengths)
+    )
 
 
 class PostprocessSample(NamedTuple):

@@ -15,7 +15,7 @@ import ref
 import torch_impl
 from property_tests.compare import assert_same, bits
 from property_tests.data import DTYPES, jagged, random_tensor
-from property_tests.samples import HOLE_DEFECTS
+from property_tests.samples import HOLE_DEFECTS, holed_tensor
 from ref import interop
 from ref.dtypes import bits_dtype
 
@@ -104,9 +104,7 @@ def test_interop_reads_rows_with_holes_as_torch_impl_does() -> None:
 
 @pytest.mark.parametrize(("offsets", "lengths", "message"), HOLE_DEFECTS)
 def test_interop_names_the_row_with_a_broken_hole(offsets, lengths, message) -> None:
-    holed = torch.nested.nested_tensor_from_jagged(
-        torch.arange(10.0), torch.tensor(offsets), lengths=torch.tensor(lengths)
-    )
+    holed = holed_tensor(offsets, lengths)
     with pytest.raises(ref.InvalidJaggedError, match=re.escape(f"key 'k', micro-batch 0: {message}")):
         interop.from_torch(holed, key="k", micro_batch=0)
 

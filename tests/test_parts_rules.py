@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 
-from property_tests.samples import HOLE_DEFECTS
+from property_tests.samples import HOLE_DEFECTS, holed_tensor
 from ref.errors import (
     DeviceMismatchError,
     DtypeMismatchError,
@@ -280,9 +280,7 @@ def test_a_zero_row_tensor_with_lengths_unpacks_to_no_rows() -> None:
 
 @pytest.mark.parametrize(("offsets", "lengths", "message"), HOLE_DEFECTS)
 def test_holes_name_the_row_that_breaks_them(offsets, lengths, message) -> None:
-    holed = torch.nested.nested_tensor_from_jagged(
-        torch.arange(10.0), torch.tensor(offsets), lengths=torch.tensor(lengths)
-    )
+    holed = holed_tensor(offsets, lengths)
     with pytest.raises(InvalidJaggedError, match=re.escape(f"key 'k', micro-batch 0: {message}")):
         unpack(holed, "k", 0)
 
