@@ -23,7 +23,7 @@ import inspect
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 from unittest import mock
 
@@ -99,14 +99,21 @@ def use_candidate(spec: str | Callable[..., Any]) -> Iterator[Callable[..., Any]
 
 
 def run_conformance(
-    spec: str | Callable[..., Any], *, max_examples: int = 100, names: tuple[str, ...] = CONFORMANCE
+    spec: str | Callable[..., Any],
+    *,
+    max_examples: int = 100,
+    names: tuple[str, ...] = CONFORMANCE,
+    properties: Mapping[str, Any] | None = None,
 ) -> dict[str, str | None]:
     """Each conformance property run against the candidate: ``{name: None if it held, else the first
-    failure}`` (derandomized, no shrinking: pass or fail is what a conformance run reports)."""
+    failure}`` (derandomized, no shrinking: pass or fail is what a conformance run reports).
+    ``properties``: the `Property` objects by name (default `PROPERTIES`; a trainer's report narrows
+    their strategies to the calls the trainer can hold)."""
     report: dict[str, str | None] = {}
+    table = PROPERTIES if properties is None else properties
     with use_candidate(spec):
         for name in names:
-            prop = PROPERTIES[name]
+            prop = table[name]
             test = pass_or_fail(prop, max_examples=max_examples)
             try:
                 test()
@@ -124,10 +131,30 @@ def candidate_from_env() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m property_tests.conformance", description=__doc__)
-    parser.add_argument("--candidate", default=candidate_from_env(), help="module:function (default: %(default)s)")
+    parser = argparse.ArgumentParser(
+        prog="python -m property_tests.conformance", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument(
+        "--candidate",
+        default=candidate_from_env(),
+        help="module:function, or a trainer's name (verl, areal, skyrl: its own function through its adapter) "
+        "(default: %(default)s)",
+    )
     parser.add_argument("--max-examples", type=int, default=100)
+    parser.add_argument("--cases", type=int, default=500, help="a trainer's differential: valid calls drawn")
+    parser.add_argument("--json", metavar="PATH", help="a trainer's report, saved as JSON")
+    parser.add_argument(
+        "--report", metavar="MARKDOWN", help="write docs/peers.md from the JSON reports given as arguments"
+    )
+    parser.add_argument("--check", action="store_true", help="with --report: fail if the table of outcomes differs")
+    parser.add_argument("reports", nargs="*", help="JSON reports (with --report)")
     args = parser.parse_args(argv)
+    if args.report:
+        return _write_report(args.report, args.reports, check=args.check)
+    from .peers import PEERS
+
+    if args.candidate in PEERS:
+        return _peer(args.candidate, args)
     failed = 0
     for name in CONFORMANCE:
         start = time.perf_counter()
@@ -136,6 +163,64 @@ def main(argv: list[str] | None = None) -> int:
         failed += why is not None
     print(f"{args.candidate}: {len(CONFORMANCE) - failed} of {len(CONFORMANCE)} conformance properties hold")
     return 1 if failed else 0
+
+
+def _peer(name: str, args: argparse.Namespace) -> int:
+    """A trainer's report: differential, properties, defects, speed; exit 1 on a difference or a failed property."""
+    import json
+
+    from .peer_report import measure
+    from .peers import PEERS
+
+    try:
+        PEERS[name].theirs()
+    except ImportError as err:
+        print(f"{PEERS[name].label} is not installed in this environment ({err}): see .ci/peers.sh")
+        return 2
+    report = measure(name, cases=args.cases, max_examples=args.max_examples)
+    diff = report["differential"]
+    print(
+        f"{report['label']}: {diff['cases']} valid calls, {len(diff['differences'])} differences from rebatch's drop-in"
+    )
+    for line in diff["differences"][:5]:
+        print(f"  {line}")
+    for prop, why in report["properties"].items():
+        print(f"{'ok  ' if why is None else 'FAIL'} {prop:<32} {why or ''}")
+    for d in report["defects"]:
+        print(f"  {d['name']:<40} {d['source']:<6} {report['label']}: {d['theirs']:<32} rebatch: {d['ours']}")
+    for sp in report["speed"]:
+        print(
+            f"  B={sp['B']} L={sp['mean_length']} M={sp['M']}: {report['label']} {sp['theirs_ms']:.2f} ms, "
+            f"rebatch {sp['ours_ms']:.2f} ms ({sp['speedup']:.1f}x)"
+        )
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    wrong = [d for d in report["defects"] if d["ours"] != f"raises {d['expected']}" and d["ours"] != "n/a"]
+    for d in wrong:
+        print(f"FAIL rebatch's drop-in on {d['name']}: {d['ours']}, expected raises {d['expected']}")
+    failed = bool(diff["differences"]) or any(v is not None for v in report["properties"].values()) or bool(wrong)
+    return 1 if failed else 0
+
+
+def _write_report(path: str, sources: list[str], *, check: bool) -> int:
+    from .peer_report import OUTCOMES_BEGIN, OUTCOMES_END, load, outcomes_section, render
+
+    reports = load(sources)
+    if check:
+        with open(path) as f:
+            text = f.read()
+        committed = text[text.index(OUTCOMES_BEGIN) : text.index(OUTCOMES_END) + len(OUTCOMES_END)]
+        if committed != "\n".join(outcomes_section(reports)):
+            print(f"{path}: the table of outcomes differs from the trainers' reports; regenerate it")
+            return 1
+        print(f"{path}: the table of outcomes matches the trainers' reports")
+        return 0
+    with open(path, "w") as f:
+        f.write(render(reports))
+    print(f"wrote {path} from {len(reports)} reports")
+    return 0
 
 
 if __name__ == "__main__":

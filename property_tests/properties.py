@@ -146,6 +146,30 @@ def restore_undoes_take(drawn: tuple[JaggedBatch, Partitions]) -> None:
     assert_same(result_to_torch(ref.restore(ref.take(to_ref(nt), perm), p.parts)), nt)
 
 
+def layouts_round_trip(drawn: tuple[JaggedBatch, int]) -> None:
+    """to_padded equals padding each row by hand; from_padded(to_padded(x), lengths) == x and
+    from_packed(*to_packed(x)) == x; ref and torch_impl agree bit for bit on every conversion."""
+    import ref
+    import torch_impl
+
+    x, extra = drawn
+    nt = x.njt()
+    rows = rows_of(nt)
+    longest = max(x.lengths, default=0)
+    pad = 0 if nt.dtype == torch.bool or not nt.dtype.is_floating_point else -1.5
+    padded = torch_impl.to_padded(nt, pad_value=pad, max_len=longest + extra)
+    feature = tuple(x.values.shape[1:])
+    by_hand = [torch.cat([r, torch.full((longest + extra - len(r), *feature), pad, dtype=nt.dtype)]) for r in rows]
+    assert_same(padded, torch.stack(by_hand) if by_hand else padded.new_zeros(padded.shape))
+    assert_same(torch_impl.from_padded(padded, x.lengths), nt)
+    assert_same(torch_impl.from_packed(*torch_impl.to_packed(nt)), nt)
+    rx = to_ref(nt)
+    assert_same(result_to_torch(ref.to_padded(rx, pad_value=pad, max_len=longest + extra)), padded)
+    assert_same(result_to_torch(ref.from_padded(to_ref(padded), x.lengths)), nt)
+    assert_same(result_to_torch(ref.to_packed(rx)), torch_impl.to_packed(nt))
+    assert_same(result_to_torch(ref.from_packed(to_ref(x.values), x.lengths)), nt)
+
+
 def inverse_is_an_involution(perm: list[int]) -> None:
     """inverse(inverse(p)) == p and inverse(p)[p[k]] == k, in both implementations, and they agree."""
     import ref
@@ -342,6 +366,9 @@ PROPERTIES: dict[str, Property] = {
         Property("ref_matches_list_model", _batches_with_partitions(), ref_matches_list_model),
         Property("split_then_postprocess_is_identity", _batches_with_partitions(), split_then_postprocess_is_identity),
         Property("restore_undoes_take", _batches_with_partitions(), restore_undoes_take),
+        Property(
+            "layouts_round_trip", st.tuples(jagged_batches(), st.integers(0, 3)), layouts_round_trip, max_examples=40
+        ),
         Property(
             "inverse_is_an_involution",
             st.integers(0, 40).flatmap(lambda n: st.permutations(range(n))),

@@ -35,6 +35,10 @@ OPERATIONS = (
     "merge_metrics",
     "postprocess_batch",
     "balanced_partitions",
+    "from_packed",
+    "to_packed",
+    "to_padded",
+    "from_padded",
 )
 
 #: Nested tensors with holes (`holed_tensor` of ``offsets`` and ``lengths``) that break a rule, and the
@@ -181,6 +185,11 @@ def _with_padding(lp: torch.Tensor) -> PostprocessSample:
     return real._replace(output_lst=outs, indices=[first, PADDING, last])
 
 
+def _padded(rows: list[torch.Tensor], max_len: int, pad: float) -> torch.Tensor:
+    """``[B, max_len]``: each row right-padded with ``pad`` (built row by row, the meaning itself)."""
+    return torch.stack([torch.cat([r, torch.full((max_len - len(r),), pad, dtype=r.dtype)]) for r in rows])
+
+
 def _metric(aggregation: str, values: list[Any]) -> FakeMetric:
     m = FakeMetric(aggregation)
     m.extend(values)
@@ -194,6 +203,7 @@ class OpSample(NamedTuple):
     name: str
     args: tuple[Any, ...]
     expected: Any = None
+    kwargs: dict[str, Any] | None = None
 
 
 def op_samples() -> Iterator[OpSample]:
@@ -218,6 +228,23 @@ def op_samples() -> Iterator[OpSample]:
     yield OpSample("restore", "dense", (d, [[1, 0], [4, 3, 2]]))
     yield OpSample("split", "jagged", (x, [[4, 1], [], [0, 3, 2]]))
     yield OpSample("split", "dense", (d, [[1, 0], [4, 3, 2]]))
+    yield OpSample("from_packed", "lengths", (_ramp(10), [3, 0, 2, 4, 1]), x)
+    yield OpSample("from_packed", "tensor_lengths_3d", (_ramp(10, 2), torch.tensor([3, 0, 2, 4, 1])), x3)
+    yield OpSample("from_packed", "cu_seqlens", (_ramp(10),), x, {"cu_seqlens": torch.tensor([0, 3, 3, 5, 9, 10])})
+    yield OpSample("from_packed", "no_rows", (_ramp(0, 2), []))
+    yield OpSample("to_packed", "jagged", (x,), (_ramp(10), torch.tensor([3, 0, 2, 4, 1])))
+    yield OpSample("to_packed", "jagged_3d", (x3,))
+    yield OpSample("to_padded", "zeros", (x,), _padded(rows, 4, 0.0))
+    yield OpSample(
+        "to_padded", "nan_pad_longer", (x,), _padded(rows, 6, float("nan")), {"pad_value": float("nan"), "max_len": 6}
+    )
+    yield OpSample("to_padded", "jagged_3d", (x3,), None, {"pad_value": -1})
+    yield OpSample(
+        "to_padded", "int_bool", (jagged(torch.tensor([True, False, True]), [2, 0, 1]),), None, {"pad_value": True}
+    )
+    yield OpSample("from_padded", "rows", (_padded(rows, 4, 7.0), [3, 0, 2, 4, 1]), x)
+    yield OpSample("from_padded", "tensor_lengths_3d", (torch.arange(30.0).reshape(3, 5, 2), torch.tensor([5, 0, 2])))
+    yield OpSample("from_padded", "no_columns", (torch.zeros(2, 0, 3, dtype=torch.float64), [0, 0]))
     yield OpSample("balanced_partitions", "long_tail", ([5, 1, 9, 3, 3, 12, 0, 7, 2], 16))
     yield OpSample("balanced_partitions", "all_in_one", ([1, 2, 3], 100), [[0, 1, 2]])
     yield OpSample("balanced_partitions", "empty", ([], 8), [])

@@ -42,6 +42,12 @@ if TYPE_CHECKING:
     from ._checked import checked as checked
     from ._concat import concat as concat
     from ._jagged import Jagged as Jagged, validate_jagged as validate_jagged
+    from ._layouts import (
+        from_packed as from_packed,
+        from_padded as from_padded,
+        to_packed as to_packed,
+        to_padded as to_padded,
+    )
     from ._permutation import flatten_partitions as flatten_partitions, inverse_permutation as inverse_permutation
     from ._postprocess import postprocess_batch as postprocess_batch
     from ._restore import restore as restore, split as split
@@ -59,6 +65,10 @@ _LAZY = {
     "restore": "._restore",
     "split": "._restore",
     "postprocess_batch": "._postprocess",
+    "from_packed": "._layouts",
+    "to_packed": "._layouts",
+    "to_padded": "._layouts",
+    "from_padded": "._layouts",
 }
 
 __all__ = sorted(

@@ -10,13 +10,23 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .errors import KeyMismatchError, PartitionMismatchError, UnsupportedSettingError, where
+from .errors import (
+    InvalidJaggedError,
+    KeyMismatchError,
+    PartitionMismatchError,
+    ShapeMismatchError,
+    UnsupportedSettingError,
+    where,
+)
 
 __all__ = [
     "PAD_MODES",
     "PADDING",
     "as_flag",
+    "check_lengths",
+    "check_max_len",
     "check_metrics",
+    "check_pad_value",
     "check_partition",
     "check_partition_count",
     "check_partitions",
@@ -168,3 +178,83 @@ def check_partition_count(indices: Any, num_outputs: int) -> Sequence[Any]:
             f"{len(indices)} partitions for {num_outputs} micro-batches that carry a model_output"
         )
     return indices
+
+
+def _is_integer_dtype(dtype: Any) -> bool:
+    """An integer dtype of NumPy, JAX or torch (by name: ``int8`` ... ``uint64``; never bool)."""
+    name = str(dtype).removeprefix("torch.")
+    return name.startswith(("int", "uint"))
+
+
+def check_lengths(
+    lengths: Any,
+    *,
+    rows: int | None = None,
+    total: int | None = None,
+    limit: int | None = None,
+    key: Any = None,
+    name: str = "lengths",
+) -> list[int]:
+    """The rule of per-row lengths (packed or padded layouts), on lengths the host holds; returns them as ints.
+
+    ``lengths``: a sequence of integers (Python or 0-d integer arrays) or a 1-D integer array (NumPy,
+    JAX, torch on the CPU); ``name`` is how messages call them. In order, each an `InvalidJaggedError`
+    naming the first offender: 1-D
+    integers, not bool; ``rows`` of them when given; none negative; none above ``limit`` (the padded
+    length) when given; adding up to ``total`` (the number of values) when given.
+
+    >>> check_lengths([2, 0, 3], rows=3, total=5)
+    [2, 0, 3]
+    """
+    at = where(key, None)
+    dtype = getattr(lengths, "dtype", None)
+    if dtype is not None:
+        shape = [int(n) for n in getattr(lengths, "shape", ())]
+        empty = len(shape) == 1 and shape[0] == 0  # an empty array of any dtype holds no length
+        if len(shape) != 1 or not (_is_integer_dtype(dtype) or empty) or str(dtype).endswith("bool"):
+            raise InvalidJaggedError(f"{at}{name} must be 1-D integers, got {dtype}{shape}")
+        values = [int(v) for v in lengths.tolist()]
+    else:
+        if isinstance(lengths, (str, bytes, Mapping)) or not isinstance(lengths, Sequence):
+            raise InvalidJaggedError(f"{at}{name} must be 1-D integers, got {type(lengths).__name__}")
+        values = []
+        for i, v in enumerate(lengths):
+            if getattr(v, "ndim", None) == 0 and _is_integer_dtype(getattr(v, "dtype", "")):
+                v = v.item()
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise InvalidJaggedError(f"{at}{name}[{i}] = {v!r} is not an integer")
+            values.append(int(v))
+    if rows is not None and len(values) != rows:
+        raise InvalidJaggedError(f"{at}{len(values)} {name} for {rows} rows")
+    for i, v in enumerate(values):
+        if v < 0:
+            raise InvalidJaggedError(f"{at}{name}[{i}] = {v} is negative")
+    if limit is not None:
+        for i, v in enumerate(values):
+            if v > limit:
+                raise InvalidJaggedError(f"{at}{name}[{i}] = {v} exceeds the padded length {limit}")
+    if total is not None and sum(values) != total:
+        raise InvalidJaggedError(f"{at}the {name} add up to {sum(values)}, but the values have {total} rows")
+    return values
+
+
+def check_max_len(max_len: Any, longest: int | None, *, key: Any = None) -> int:
+    """``to_padded``'s ``max_len``: a non-negative int (`UnsupportedSettingError`), at least the longest
+    row (``longest``, when known: `ShapeMismatchError`)."""
+    at = where(key, None)
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 0:
+        raise UnsupportedSettingError(f"{at}max_len must be a non-negative int, got {max_len!r}")
+    if longest is not None and longest > max_len:
+        raise ShapeMismatchError(f"{at}a row has {longest} values, more than max_len = {max_len}")
+    return max_len
+
+
+def check_pad_value(pad_value: Any, dtype: Any, *, key: Any = None) -> None:
+    """A pad value is a bool, int or float; an integer (or bool) for an integer or bool dtype
+    (`UnsupportedSettingError`: it would be silently rounded)."""
+    at = where(key, None)
+    if not isinstance(pad_value, (bool, int, float)):
+        raise UnsupportedSettingError(f"{at}pad_value must be a bool, int or float, got {type(pad_value).__name__}")
+    name = str(dtype).removeprefix("torch.")
+    if (_is_integer_dtype(dtype) or name == "bool") and isinstance(pad_value, float) and not pad_value.is_integer():
+        raise UnsupportedSettingError(f"{at}pad_value {pad_value!r} is not an integer, but the values are {name}")

@@ -12,7 +12,16 @@ import pytest
 
 import ref
 
-MODULES = ["ref._jagged", "ref._permutation", "ref._take", "ref._concat", "ref._restore", "ref._postprocess"]
+MODULES = [
+    "ref._jagged",
+    "ref._permutation",
+    "ref._take",
+    "ref._concat",
+    "ref._restore",
+    "ref._postprocess",
+    "ref._layouts",
+    "ref.structure",
+]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -9,6 +9,12 @@ import pytest
 
 CHECKS = {
     "torch_impl_without_jax": "import torch_impl, sys; assert 'jax' not in sys.modules",
+    "torch_impl_without_a_trainer": (
+        "import sys, torch_impl, torch_impl.integrations.verl, torch_impl.integrations.areal, "
+        "torch_impl.integrations.skyrl; "
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('verl', 'areal', 'skyrl', 'jax')); "
+        "assert not loaded, loaded"
+    ),
     "ref_without_torch": "import ref, sys; assert 'torch' not in sys.modules",
     "ref_errors_without_jax_or_torch": "import ref.errors, sys; assert 'jax' not in sys.modules and 'torch' not in sys.modules",
     "ref_functions_without_torch": "import ref, sys; ref.restore(ref.Jagged.from_rows([[1.0], [2.0, 3.0]]), [[1, 0]]); assert 'torch' not in sys.modules",

@@ -30,8 +30,9 @@ def test_every_operation_but_postprocess_has_samples() -> None:
 
 @pytest.mark.parametrize("sample", SAMPLES, ids=[f"{s.op}-{s.name}" for s in SAMPLES])
 def test_ref_and_torch_agree(sample: OpSample) -> None:
-    got_torch = getattr(torch_impl, sample.op)(*sample.args)
-    got_ref = result_to_torch(getattr(ref, sample.op)(*to_ref(sample.args)))
+    kwargs = sample.kwargs or {}
+    got_torch = getattr(torch_impl, sample.op)(*sample.args, **kwargs)
+    got_ref = result_to_torch(getattr(ref, sample.op)(*to_ref(sample.args), **to_ref(kwargs)))
     if sample.op in ("inverse_permutation", "flatten_partitions"):
         got_torch, got_ref = got_torch.to(torch.int64), got_ref.to(torch.int64)
     assert_same(got_torch, got_ref)

@@ -24,6 +24,12 @@ from ._distributed import (
     prepare_micro_batches_dp as prepare_micro_batches_dp,
     sync_micro_batch_count as sync_micro_batch_count,
 )
+from ._layouts import (
+    from_packed as from_packed,
+    from_padded as from_padded,
+    to_packed as to_packed,
+    to_padded as to_padded,
+)
 from ._ops import concat as concat, restore as restore, split as split, take as take
 from ._permutation import flatten_partitions as flatten_partitions, inverse_permutation as inverse_permutation
 from ._postprocess import (
@@ -50,6 +56,8 @@ __all__ = [
     "errors",
     "flatten_partitions",
     "fold_metrics",
+    "from_packed",
+    "from_padded",
     "gather_batch",
     "get_group_balanced_partitions",
     "get_seqlen_balanced_partitions",
@@ -68,5 +76,7 @@ __all__ = [
     "split",
     "sync_micro_batch_count",
     "take",
+    "to_packed",
+    "to_padded",
     "use_settings",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import numbers
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -16,10 +16,19 @@ from ref.structure import check_partition, check_partitions
 
 from ._entry import entry
 
-__all__ = ["flatten_partitions", "inverse_permutation", "check_permutation"]
+__all__ = ["flatten_partitions", "inverse_permutation", "check_permutation", "Locator"]
+
+#: How a message names flat position ``j``'s place: ``(micro-batch, position inside it) -> text``.
+Locator = Callable[[int, int], str]
 
 
-def _flat_indices(partitions: Sequence[Any], num_rows: int) -> tuple[torch.Tensor, list[int]]:
+def _in_micro_batch(m: int, pos: int) -> str:
+    return f"micro-batch {m}, position {pos}"
+
+
+def _flat_indices(
+    partitions: Sequence[Any], num_rows: int, at: Locator = _in_micro_batch
+) -> tuple[torch.Tensor, list[int]]:
     """``[i for p in partitions for i in p]`` as a CPU int64 tensor, and each partition's size.
 
     Lists of Python ints take the fast path: one C-level flatten and one ``torch.tensor``. A 0-d integer
@@ -45,7 +54,7 @@ def _flat_indices(partitions: Sequence[Any], num_rows: int) -> tuple[torch.Tenso
             lists[m] = part
             sizes.append(len(part))
     if lists:
-        pieces.update(_from_lists(lists, num_rows))
+        pieces.update(_from_lists(lists, num_rows, at))
     if len(pieces) == 1:
         return next(iter(pieces.values())), sizes
     ordered = [pieces[m] for m in range(len(sizes))]
@@ -55,7 +64,7 @@ def _flat_indices(partitions: Sequence[Any], num_rows: int) -> tuple[torch.Tenso
 _INT64 = range(-(2**63), 2**63)
 
 
-def _from_lists(lists: dict[int, Any], num_rows: int) -> dict[int, torch.Tensor]:
+def _from_lists(lists: dict[int, Any], num_rows: int, at: Locator) -> dict[int, torch.Tensor]:
     """Partitions given as Python sequences (micro-batch ``m`` -> entries), all converted at once."""
     ms = list(lists)
     flat = list(itertools.chain.from_iterable(lists[m] for m in ms))
@@ -69,7 +78,7 @@ def _from_lists(lists: dict[int, Any], num_rows: int) -> dict[int, torch.Tensor]
         if bad:
             j = next(j for j, i in enumerate(flat) if type(i) in bad)
             m, pos = _locate(j, local_sizes)
-            raise NotAPermutationError(f"micro-batch {ms[m]}, position {pos}: index {flat[j]!r} is not an integer")
+            raise NotAPermutationError(f"{at(ms[m], pos)}: index {flat[j]!r} is not an integer")
     try:
         whole = torch.tensor(flat, dtype=torch.int64)
     except (OverflowError, RuntimeError, ValueError):
@@ -77,7 +86,7 @@ def _from_lists(lists: dict[int, Any], num_rows: int) -> dict[int, torch.Tensor]
         m, pos = _locate(j, local_sizes)
         i = int(flat[j])
         what = "is negative (negative indices are not wrapped)" if i < 0 else f"is out of range for {num_rows} rows"
-        raise NotAPermutationError(f"micro-batch {ms[m]}, position {pos}: index {i} {what}") from None
+        raise NotAPermutationError(f"{at(ms[m], pos)}: index {i} {what}") from None
     return dict(zip(ms, torch.split(whole, local_sizes), strict=True))
 
 
@@ -88,13 +97,14 @@ def _locate(j: int, sizes: list[int]) -> tuple[int, int]:
     return m, j - (ends[m - 1] if m else 0)
 
 
-def check_permutation(partitions: Sequence[Any], num_rows: int) -> torch.Tensor:
+def check_permutation(partitions: Sequence[Any], num_rows: int, *, at: Locator = _in_micro_batch) -> torch.Tensor:
     """The partitions flattened (CPU int64 ``[B]``), checked to be a permutation of ``range(num_rows)``.
 
     A constant number of torch operations whatever ``B``; raises `NotAPermutationError` for an index
-    that is not an integer, negative, ``>= num_rows``, duplicated, or missing.
+    that is not an integer, negative, ``>= num_rows``, duplicated, or missing. ``at`` names a position
+    in the messages (``"micro-batch m, position p"`` by default).
     """
-    perm, sizes = _flat_indices(partitions, num_rows)
+    perm, sizes = _flat_indices(partitions, num_rows, at)
     n = perm.numel()
     if n:
         lo, hi = torch.aminmax(perm)
@@ -104,7 +114,7 @@ def check_permutation(partitions: Sequence[Any], num_rows: int) -> torch.Tensor:
             m, pos = _locate(j, sizes)
             i = int(perm[j])
             what = "is negative (negative indices are not wrapped)" if i < 0 else f"is out of range for {num_rows} rows"
-            raise NotAPermutationError(f"micro-batch {m}, position {pos}: index {i} {what}")
+            raise NotAPermutationError(f"{at(m, pos)}: index {i} {what}")
         if bool((torch.bincount(perm, minlength=num_rows) > 1).any()):
             sorted_perm, order = torch.sort(perm, stable=True)
             repeated = sorted_perm[1:] == sorted_perm[:-1]
@@ -113,9 +123,7 @@ def check_permutation(partitions: Sequence[Any], num_rows: int) -> torch.Tensor:
             j0 = int((perm == i).nonzero()[0, 0])
             m, pos = _locate(j, sizes)
             m0, pos0 = _locate(j0, sizes)
-            raise NotAPermutationError(
-                f"micro-batch {m}, position {pos}: index {i} duplicates micro-batch {m0}, position {pos0}"
-            )
+            raise NotAPermutationError(f"{at(m, pos)}: index {i} duplicates {at(m0, pos0)}")
     if n != num_rows:
         present = torch.zeros(num_rows, dtype=torch.bool)
         present[perm] = True

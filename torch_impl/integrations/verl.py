@@ -21,10 +21,10 @@ actors), run it in every worker with Ray's setup hook::
 from __future__ import annotations
 
 import functools
-import importlib
-import sys
 import threading
 from typing import Any
+
+from ._patch import Patcher
 
 __all__ = ["ENGINE_UTILS", "PY_FUNCTIONAL", "SEQLEN_BALANCING", "install", "installed", "replacements", "uninstall"]
 
@@ -32,10 +32,6 @@ __all__ = ["ENGINE_UTILS", "PY_FUNCTIONAL", "SEQLEN_BALANCING", "install", "inst
 ENGINE_UTILS = "verl.workers.engine.utils"
 SEQLEN_BALANCING = "verl.utils.seqlen_balancing"
 PY_FUNCTIONAL = "verl.utils.py_functional"
-
-_lock = threading.Lock()
-#: (module name, attribute, verl's original) for every replacement made, to undo them.
-_replaced: list[tuple[str, str, Any]] = []
 
 
 def replacements(dump: str | None = None) -> dict[tuple[str, str], Any]:
@@ -53,9 +49,12 @@ def replacements(dump: str | None = None) -> dict[tuple[str, str], Any]:
     }
 
 
+_patcher = Patcher("verl", replacements)
+
+
 def installed() -> bool:
     """True between `install` and `uninstall`."""
-    return bool(_replaced)
+    return _patcher.installed()
 
 
 def _dumping(fn: Any, path: str | None) -> Any:
@@ -84,30 +83,9 @@ def install(dump: str | None = None) -> None:
     ``dump``: a file to save the first step's ``(output_lst, indices, data)`` to, for
     ``rebatch check --dump FILE`` (no edit of verl's source needed to capture a real step).
     """
-    with _lock:
-        if _replaced:
-            return
-        ours = replacements(dump)
-        # verl's function -> rebatch's, keyed by identity (verl's functions stay bound in verl's modules)
-        swap = {
-            id(getattr(importlib.import_module(m), n)): (getattr(sys.modules[m], n), f) for (m, n), f in ours.items()
-        }
-        for module_name, module in list(sys.modules.items()):
-            if module is None or not (module_name == "verl" or module_name.startswith("verl.")):
-                continue
-            namespace = vars(module)
-            for attr, value in list(namespace.items()):
-                theirs, mine = swap.get(id(value), (None, None))
-                if theirs is not None and value is theirs:
-                    namespace[attr] = mine
-                    _replaced.append((module_name, attr, value))
+    _patcher.install(dump)
 
 
 def uninstall() -> None:
     """Put verl's originals back wherever `install` replaced them. Idempotent."""
-    with _lock:
-        while _replaced:
-            module_name, attr, original = _replaced.pop()
-            module = sys.modules.get(module_name)
-            if module is not None:
-                setattr(module, attr, original)
+    _patcher.uninstall()

@@ -1,0 +1,245 @@
+"""The conformance report of a trainer's own reorder step (`property_tests.peers`), and ``docs/peers.md``.
+
+`measure` runs, in the environment where the trainer is installed: the differential (the trainer's
+function and rebatch's drop-in on the same drawn valid calls), the conformance properties with the
+trainer as the candidate, every row of the table of defects and the trainer's own defects (what each
+function does: raises, crashes untyped, or returns silently), and the speed of both in one run. It is
+saved as JSON (one file per trainer: the trainers live in environments of their own); `render` joins
+the files into the Markdown of ``docs/peers.md``::
+
+    python -m property_tests.conformance --candidate areal --json .cache/peers/areal.json
+    python -m property_tests.conformance --report docs/peers.md .cache/peers/*.json
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from .compare import first_difference
+from .defects import TABLE, named_call
+from .peers import PEERS, Peer, differential, outcome, sized_call
+
+__all__ = ["SIZES", "OUTCOMES_BEGIN", "OUTCOMES_END", "drawn", "measure", "outcomes_section", "render"]
+
+#: The timed sizes: (rows B, mean row length, micro-batches M).
+SIZES = ((1024, 512, 16), (16384, 16, 16))
+OUTCOMES_BEGIN = "<!-- outcomes: generated, compared by CI -->"
+OUTCOMES_END = "<!-- /outcomes -->"
+
+
+def drawn(strategy: Any, n: int) -> list[Any]:
+    """Up to ``n`` examples of ``strategy``, derandomized (the same every run)."""
+    from hypothesis import HealthCheck, Phase, given, settings
+
+    out: list[Any] = []
+
+    @settings(
+        max_examples=n,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(strategy)
+    def collect(example: Any) -> None:
+        out.append(example)
+
+    collect()
+    return out
+
+
+def _properties(peer: Peer, theirs: dict[str, Callable[..., Any]], max_examples: int) -> dict[str, str | None]:
+    from .conformance import run_conformance
+    from .properties import PROPERTIES, Property
+    from .strategies import microbatch_outputs
+
+    def candidate(output_lst: Any, indices: Any, *, use_dynamic_bsz: Any = True, pad_mode: Any = "no_padding") -> Any:
+        return peer.run(theirs, output_lst, indices, use_dynamic_bsz, pad_mode)
+
+    strategy = microbatch_outputs(**peer.bounds, use_dynamic_bsz=None)
+    props = {
+        name: Property(name, strategy, PROPERTIES[name].check)
+        for name in ("postprocess_agrees", "postprocess_agrees_with_numpy")
+    }
+    return run_conformance(candidate, max_examples=max_examples, names=tuple(props), properties=props)
+
+
+def _defects(peer: Peer, theirs: dict[str, Any], ours: dict[str, Any]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for d in TABLE:
+        if d.op != "postprocess_batch":
+            continue
+
+        def attempt(fns: dict[str, Any], d: Any = d) -> Any:
+            outs, indices = named_call(d).args
+            kwargs = named_call(d).kwargs
+            return peer.run(
+                fns, outs, indices, kwargs.get("use_dynamic_bsz", True), kwargs.get("pad_mode", "no_padding")
+            )
+
+        rows.append(
+            {
+                "name": d.name,
+                "source": "table",
+                "what": d.pattern,
+                "expected": d.error.__name__,
+                "theirs": outcome(functools.partial(attempt, theirs)),
+                "ours": outcome(functools.partial(attempt, ours)),
+            }
+        )
+    for nd in peer.native_defects():
+        rows.append(
+            {
+                "name": nd.name,
+                "source": peer.name,
+                "what": nd.what,
+                "expected": nd.error.__name__,
+                "theirs": outcome(functools.partial(nd.attempt, theirs)),
+                "ours": outcome(functools.partial(nd.attempt, ours)),
+            }
+        )
+    return rows
+
+
+def _speed(peer: Peer, theirs: dict[str, Any], ours: dict[str, Any], repeats: int) -> list[dict[str, Any]]:
+    rows = []
+    for b, length, m in SIZES:
+        output_lst, partitions = sized_call(b, length, m)
+        name, args = peer.native(output_lst, partitions)
+        mine, other = ours[name], theirs[name]
+        same = first_difference(mine(*args), other(*args))
+        times: dict[str, list[float]] = {"theirs": [], "ours": []}
+        for r in range(repeats):  # alternating, the order flipped each round
+            for label in ("theirs", "ours") if r % 2 == 0 else ("ours", "theirs"):
+                fn = other if label == "theirs" else mine
+                start = time.perf_counter()
+                fn(*args)
+                times[label].append(time.perf_counter() - start)
+        t, o = statistics.median(times["theirs"]), statistics.median(times["ours"])
+        rows.append(
+            {
+                "B": b,
+                "mean_length": length,
+                "M": m,
+                "theirs_ms": t * 1e3,
+                "ours_ms": o * 1e3,
+                "speedup": t / o,
+                "same": same,
+            }
+        )
+    return rows
+
+
+def measure(name: str, *, cases: int = 500, max_examples: int = 100, repeats: int = 5) -> dict[str, Any]:
+    """The whole report of trainer ``name`` (a key of `PEERS`), as a JSON-ready dict."""
+    from .strategies import microbatch_outputs
+
+    peer = PEERS[name]
+    theirs, ours = peer.theirs(), peer.ours()
+    calls = drawn(microbatch_outputs(**peer.bounds, use_dynamic_bsz=None), cases)
+    return {
+        "name": peer.name,
+        "label": peer.label,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "differential": {"cases": len(calls), "differences": differential(peer, calls)},
+        "properties": _properties(peer, theirs, max_examples),
+        "defects": _defects(peer, theirs, ours),
+        "speed": _speed(peer, theirs, ours, repeats),
+    }
+
+
+def outcomes_section(reports: Sequence[dict[str, Any]]) -> list[str]:
+    """The table of outcomes: one row per defect, two columns per trainer (its own function, rebatch's
+    drop-in). Deterministic: CI regenerates it and compares it with the committed page."""
+    head = (
+        "| defect | source | rebatch raises | "
+        + " | ".join(f"{r['label']} | rebatch's drop-in" for r in reports)
+        + " |"
+    )
+    lines = [OUTCOMES_BEGIN, head, "|" + "---|" * (3 + 2 * len(reports))]
+    names: list[tuple[str, str, str]] = []
+    for r in reports:
+        for d in r["defects"]:
+            key = (d["name"], d["source"], d["expected"])
+            if key not in names:
+                names.append(key)
+    for name, source, expected in names:
+        cells = []
+        for r in reports:
+            found = next((d for d in r["defects"] if d["name"] == name and d["source"] == source), None)
+            cells += [found["theirs"], found["ours"]] if found else ["", ""]
+        lines.append(f"| `{name}` | {source} | {expected} | " + " | ".join(cells) + " |")
+    lines.append(OUTCOMES_END)
+    return lines
+
+
+def render(reports: Sequence[dict[str, Any]]) -> str:
+    """``docs/peers.md`` from the trainers' reports."""
+    out = [
+        "# The trainers' reorder steps, checked",
+        "",
+        "Generated by `python -m property_tests.conformance --report docs/peers.md .cache/peers/*.json`, from one",
+        "report per trainer made in that trainer's environment (`.ci/peers.sh`: AReaL 1.0.4 beside torch 2.9.1,",
+        "SkyRL 0.4.0 on Python 3.12, verl 0.9.1 in the pins environment). Do not edit by hand: CI regenerates",
+        "the table of outcomes and fails if it differs.",
+        "",
+        "## What each trainer does with a bad input",
+        "",
+        "Each row of the table of defects (`property_tests/defects.py`, source `table`: put into each trainer's own",
+        "form by its adapter in `property_tests/peers.py`; `n/a` where that form has no place for it) and each",
+        "trainer's own defects (source: the trainer). `silent`: the function returned a result, misaligned;",
+        "`crashes: X`: an exception that is not a `RebatchError` (no key, micro-batch or value named);",
+        "`raises X`: the typed error.",
+        "",
+        *outcomes_section(reports),
+        "",
+        "## Differential: the trainer's function against rebatch's drop-in",
+        "",
+        "| trainer | torch | Python | valid calls drawn | differences | conformance properties |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in reports:
+        props = ", ".join(f"{k}: {'holds' if v is None else 'FAILS (' + v + ')'}" for k, v in r["properties"].items())
+        diff = r["differential"]
+        out.append(
+            f"| {r['label']} | {r['torch']} | {r['python']} | {diff['cases']} | {len(diff['differences'])} | {props} |"
+        )
+    out += [
+        "",
+        "## Speed: the trainer's own function and rebatch's drop-in, in one run",
+        "",
+        "Median of alternating calls on the CPU (2 cores), float32 log-probs, lengths uniform around the mean,",
+        "shuffled into M micro-batches; the same inputs for both (AReaL: packed outputs; SkyRL: padded `[b, S]`;",
+        "verl: jagged nested tensors).",
+        "",
+        "| trainer | B | mean length | M | trainer's ms | rebatch's ms | speed-up | same result |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in reports:
+        for s in r["speed"]:
+            same = "yes" if s["same"] is None else f"NO: {s['same']}"
+            out.append(
+                f"| {r['label']} | {s['B']} | {s['mean_length']} | {s['M']} | {s['theirs_ms']:.2f} | "
+                f"{s['ours_ms']:.2f} | {s['speedup']:.1f}x | {same} |"
+            )
+    return "\n".join(out) + "\n"
+
+
+def load(paths: Sequence[str]) -> list[dict[str, Any]]:
+    """The reports saved by ``--json``, in `PEERS` order."""
+    reports = []
+    for path in paths:
+        with open(path) as f:
+            reports.append(json.load(f))
+    order = list(PEERS)
+    return sorted(reports, key=lambda r: order.index(r["name"]) if r["name"] in order else len(order))

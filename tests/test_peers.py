@@ -1,0 +1,138 @@
+"""The drop-ins against the trainers' own functions: AReaL 1.0.4 and SkyRL 0.4.0 (and verl 0.9.1), each
+in its own environment (`.ci/peers.sh`). Skipped, with the reason, where the trainer is not installed;
+CI sets ``REBATCH_REQUIRE_PEER=areal`` (or ``skyrl``, ``verl``) in that trainer's environment, where a
+skip fails instead.
+
+- 500 drawn valid calls: the trainer's function and rebatch's drop-in agree bit for bit (and with the
+  expected rows);
+- every case the trainer passes silently (or crashes on untyped) raises the `RebatchError` through the
+  drop-in, and the trainer's own function is shown to pass it (so the test would notice a fix upstream);
+- `install()` replaces the trainer's binding in the loaded modules and `uninstall()` puts it back.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import warnings
+
+import pytest
+
+from property_tests.peer_report import drawn
+from property_tests.peers import PEERS, differential, outcome
+from property_tests.strategies import microbatch_outputs
+
+REQUIRE_ENV = "REBATCH_REQUIRE_PEER"
+
+#: what each trainer does, on its own, with its native defects (the reason rebatch exists)
+TRAINER_OUTCOMES = {
+    "areal": {
+        "negative_alias_in_backward": "silent",
+        "backward_not_the_inverse": "silent",
+        "duplicate_in_backward": "crashes: AssertionError",
+        "out_of_range_in_backward": "crashes: IndexError",
+        "outputs_ending_inside_a_row": "silent",
+        "seqlens_short_of_the_outputs": "crashes: RuntimeError",
+    },
+    "skyrl": {
+        "duplicate_still_covering": "silent",
+        "extra_index": "silent",
+        "negative_index": "silent",
+        "extra_rows": "silent",
+        "items_duplicate_still_covering": "silent",
+        "items_extra_item": "silent",
+    },
+}
+
+
+def _present(name: str) -> bool:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            PEERS[name].theirs()
+    except ImportError as err:
+        why = f"{PEERS[name].label} is not installed here ({err}); CI runs these in its environment (.ci/peers.sh)"
+        if name in os.environ.get(REQUIRE_ENV, "").split(","):
+            pytest.fail(why)
+        return False
+    return True
+
+
+def _need(name: str) -> None:
+    if not _present(name):
+        pytest.skip(f"{PEERS[name].label} is not installed here; CI runs these in its environment (.ci/peers.sh)")
+
+
+@pytest.mark.parametrize("name", ["areal", "skyrl", "verl"])
+def test_500_valid_calls_agree_with_the_trainer(name: str) -> None:
+    _need(name)
+    peer = PEERS[name]
+    calls = drawn(microbatch_outputs(**peer.bounds, use_dynamic_bsz=None), 500)
+    assert len(calls) >= 500
+    assert differential(peer, calls) == []
+
+
+NATIVE = [(name, d) for name in ("areal", "skyrl") for d in PEERS[name].native_defects()]
+
+
+@pytest.mark.parametrize(("name", "defect"), NATIVE, ids=[f"{n}-{d.name}" for n, d in NATIVE])
+def test_the_drop_in_refuses_what_the_trainer_lets_through(name: str, defect) -> None:
+    _need(name)
+    peer = PEERS[name]
+    assert outcome(lambda: defect.attempt(peer.ours())) == f"raises {defect.error.__name__}"
+    assert outcome(lambda: defect.attempt(peer.theirs())) == TRAINER_OUTCOMES[name][defect.name]
+
+
+def test_areal_install_replaces_every_loaded_binding() -> None:
+    _need("areal")
+    from torch_impl.integrations import areal
+
+    core = importlib.import_module("areal.engine.core")
+    engine = importlib.import_module("areal.engine.core.train_engine")
+    theirs = engine.reorder_and_pad_outputs
+    try:
+        places = areal.install()
+        assert core.reorder_and_pad_outputs is areal.reorder_and_pad_outputs
+        assert engine.reorder_and_pad_outputs is areal.reorder_and_pad_outputs
+        assert "areal.engine.core.reorder_and_pad_outputs" in places
+        assert areal.install() == places
+    finally:
+        areal.uninstall()
+    assert core.reorder_and_pad_outputs is theirs
+    assert engine.reorder_and_pad_outputs is theirs
+
+
+def test_skyrl_install_replaces_the_iterator_methods_and_a_real_iterator_agrees() -> None:
+    _need("skyrl")
+    import torch
+
+    from property_tests.compare import assert_same
+    from property_tests.peers import SKYRL_METHODS, tensor_batch
+    from torch_impl.integrations import skyrl
+
+    module = importlib.import_module(skyrl.WORKER_UTILS)
+    batch_mod = importlib.import_module("skyrl.backends.skyrl_train.training_batch")
+    cls = module.TokenBasedBatchIterator
+    theirs = {n: vars(cls)[n] for n in SKYRL_METHODS}
+    mask = torch.zeros(6, 8, dtype=torch.int64)
+    for i, n in enumerate([8, 1, 5, 3, 8, 2]):
+        mask[i, :n] = 1
+    data = batch_mod.TrainingInputBatch({"attention_mask": mask, "sequences": torch.arange(48).reshape(6, 8)})
+    data.metadata = {"response_length": 4}
+    it = module.TokenBasedBatchIterator(data, max_tokens_per_microbatch=9)  # the real packer
+    outputs = [
+        tensor_batch({"logprobs": mb["sequences"].float() * 0.5, "none": None}, dict(mb.metadata or {})) for mb in it
+    ]
+    want = theirs["reorder_and_combine_batches"](it, outputs)
+    try:
+        places = skyrl.install()
+        assert places == [f"{skyrl.WORKER_UTILS}.TokenBasedBatchIterator.{n}" for n in SKYRL_METHODS]
+        got = it.reorder_and_combine_batches(outputs)
+        assert_same(dict(got), dict(want))
+        assert got.metadata == want.metadata
+        assert type(got) is type(want)
+        items = [[{"row": int(r)} for r in mb["sequences"][:, 0]] for mb in it]
+        assert it.reorder_and_combine_items(items) == theirs["reorder_and_combine_items"](it, items)
+    finally:
+        skyrl.uninstall()
+    assert {n: vars(cls)[n] for n in SKYRL_METHODS} == theirs

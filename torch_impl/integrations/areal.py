@@ -1,0 +1,166 @@
+"""Turn rebatch on in AReaL 1.0.4 with one call: `install()` (and `uninstall()`).
+
+AReaL's engines (FSDP, Megatron, Archon) put their forward outputs back in order with
+``areal.engine.core.train_engine.reorder_and_pad_outputs(outputs, output_seqlens, mb_list,
+aggregate_fn=torch.cat)``, bound at import (``from areal.engine.core import reorder_and_pad_outputs``).
+`install` replaces it there and in every loaded ``areal`` module bound to it (the shared
+`torch_impl.integrations._patch.Patcher`); `uninstall` puts AReaL's back. AReaL is imported only when
+`install` runs. Its engines run in each training process: call `install()` in every one (before or
+after the engine is imported), e.g. at the top of the training script that every rank runs.
+
+rebatch's `reorder_and_pad_outputs` gives AReaL's result on every input AReaL handles correctly, and
+raises a `ref.errors.RebatchError` where AReaL silently misaligns: ``backward_indices`` that is not the
+inverse of ``forward_indices``, a negative, duplicate or out-of-range index in either, seqlens that do
+not match the outputs (see ``docs/spec.md``, "The peers' reorder steps").
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ref.errors import NotAPermutationError, PartitionMismatchError, ShapeMismatchError, UnsupportedSettingError
+from ref.structure import check_lengths
+
+from .._entry import entry
+from .._layouts import scatter_padded
+from .._parts import DensePart, check_parts
+from .._permutation import check_permutation, invert
+from ._patch import Patcher
+
+__all__ = ["TRAIN_ENGINE", "install", "installed", "reorder_and_pad_outputs", "replacements", "uninstall"]
+
+#: The AReaL module that defines the function `install` replaces.
+TRAIN_ENGINE = "areal.engine.core.train_engine"
+
+
+def _named(name: str) -> Callable[[int, int], str]:
+    return lambda m, pos: f"{name}[{pos}]"
+
+
+def _boundaries(sizes: Sequence[int], row_lengths: Sequence[int], perm: Sequence[int]) -> list[int]:
+    """How many rows (in ``perm`` order, lengths ``row_lengths``) micro-batches ``0..m`` hold, from their
+    packed sizes ``sizes`` (`PartitionMismatchError` where a micro-batch ends inside a row or the sizes
+    do not add up to the rows)."""
+    ends = list(itertools.accumulate(row_lengths, initial=0))
+    total = ends[-1]
+    counts: list[int] = []
+    done = 0
+    for m, size in enumerate(sizes):
+        done += size
+        k = bisect.bisect_left(ends, done)
+        if k >= len(ends) or ends[k] != done:
+            if done > total:
+                raise PartitionMismatchError(
+                    f"micro-batch {m}: the outputs hold {done} values up to here, but output_seqlens add up to {total}"
+                )
+            raise PartitionMismatchError(
+                f"micro-batch {m}: its output ends at value {done}, inside row {perm[k - 1]} "
+                f"(forward_indices[{k - 1}], values {ends[k - 1]} to {ends[k]}): a micro-batch must hold whole rows"
+            )
+        counts.append(max(k, counts[-1] if counts else 0))
+    if done != total:
+        raise PartitionMismatchError(f"the outputs hold {done} values, but output_seqlens add up to {total}")
+    return counts
+
+
+def _locate(k: int, counts: Sequence[int]) -> str:
+    m = min(bisect.bisect_right(counts, k), len(counts) - 1)
+    return f"micro-batch {m}, position {k - (counts[m - 1] if m else 0)}"
+
+
+@entry
+def reorder_and_pad_outputs(
+    outputs: list[torch.Tensor],
+    output_seqlens: list[int],
+    mb_list: Any,
+    aggregate_fn: Callable[[list[Any]], Any] = torch.cat,
+) -> torch.Tensor:
+    """Drop-in for AReaL 1.0.4's ``reorder_and_pad_outputs``: ``[B, max_len, *F]``, zero-padded.
+
+    ``outputs[m]``: micro-batch ``m``'s packed output ``[n_m, *F]``; ``output_seqlens`` ``[B]``: each
+    original row's length; ``mb_list.forward_indices`` (the rows in micro-batch order) and
+    ``mb_list.backward_indices`` (its inverse). The result is
+    ``to_padded(restore(from_packed(cat(outputs), [output_seqlens[i] for i in forward]), [forward]))``.
+    Every index, length and output is checked before any data moves.
+    """
+    seqlens = check_lengths(output_seqlens, name="output_seqlens")
+    b = len(seqlens)
+    forward = getattr(mb_list, "forward_indices", None)
+    backward = getattr(mb_list, "backward_indices", None)
+    if forward is None or backward is None:
+        raise UnsupportedSettingError("mb_list needs forward_indices and backward_indices, got None")
+    perm = check_permutation([forward], b, at=_named("forward_indices"))
+    back = check_permutation([backward], b, at=_named("backward_indices"))
+    if not isinstance(outputs, list | tuple) or not outputs:
+        raise UnsupportedSettingError(f"outputs must be a non-empty list, got {type(outputs).__name__}")
+    order = perm.tolist()
+    in_order = [seqlens[i] for i in order]
+    parts = _packed_parts(outputs) if aggregate_fn is torch.cat else None  # another aggregate_fn: its own inputs
+    counts = _boundaries([p.rows for p in parts], in_order, order) if parts is not None else [b]
+    inv = invert(perm)
+    wrong = (back != inv).nonzero()
+    if wrong.numel():
+        i = int(wrong[0, 0])
+        raise NotAPermutationError(
+            f"backward_indices[{i}] = {int(back[i])}, but row {i} is at {_locate(int(inv[i]), counts)} "
+            f"(forward_indices[{int(inv[i])}]): backward_indices is not the inverse of forward_indices"
+        )
+    if parts is not None:
+        values = parts[0].values if len(parts) == 1 else torch.cat([p.values for p in parts])
+    else:
+        values = _aggregated(aggregate_fn(list(outputs)), sum(seqlens))
+    device = values.device
+    lengths = torch.tensor(in_order, dtype=torch.int64).to(device)
+    return scatter_padded(values, lengths, perm.to(device), b, max(seqlens, default=0), 0)
+
+
+def _packed_parts(outputs: Sequence[Any]) -> list[DensePart]:
+    """Each micro-batch's output, a dense tensor ``[n_m, *F]``, all of one dtype, device and trailing shape."""
+    parts = check_parts(list(outputs))
+    dense = [p for p in parts if isinstance(p, DensePart)]
+    if len(dense) != len(parts):
+        m = next(m for m, p in enumerate(parts) if not isinstance(p, DensePart))
+        raise ShapeMismatchError(f"micro-batch {m}: AReaL's outputs are packed [n, *F] tensors, got a nested tensor")
+    return dense
+
+
+def _aggregated(res: Any, total: int) -> torch.Tensor:
+    """What another ``aggregate_fn`` returned: one packed tensor ``[total, *F]``."""
+    if not isinstance(res, torch.Tensor) or res.is_nested or res.dim() < 1:
+        raise UnsupportedSettingError(
+            f"aggregate_fn must return one packed tensor [N, *F] for rebatch to reorder, got {type(res).__name__}"
+        )
+    if int(res.shape[0]) != total:
+        raise PartitionMismatchError(
+            f"aggregate_fn returned {int(res.shape[0])} values, but output_seqlens add up to {total}"
+        )
+    return res
+
+
+def replacements() -> dict[tuple[str, str], Any]:
+    """``(AReaL module, name) -> rebatch's function`` that `install` puts in AReaL's place."""
+    return {(TRAIN_ENGINE, "reorder_and_pad_outputs"): reorder_and_pad_outputs}
+
+
+_patcher = Patcher("areal", replacements)
+
+
+def install() -> list[str]:
+    """Replace AReaL's ``reorder_and_pad_outputs`` in its module and in every loaded ``areal`` module bound
+    to it; returns the places replaced. Idempotent; `uninstall` undoes it."""
+    return _patcher.install()
+
+
+def uninstall() -> None:
+    """Put AReaL's function back wherever `install` replaced it. Idempotent."""
+    _patcher.uninstall()
+
+
+def installed() -> bool:
+    """True between `install` and `uninstall`."""
+    return _patcher.installed()
