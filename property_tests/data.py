@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from torch_impl._jagged import njt
+
 __all__ = ["DTYPES", "ListModel", "jagged", "offsets_of", "random_tensor", "rows_of"]
 
 #: Every dtype both torch and JAX have, by torch name.
@@ -36,7 +38,7 @@ def jagged(values: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
     offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
     if len(lengths):
         offsets[1:] = torch.cumsum(torch.tensor(list(lengths), dtype=torch.int64), 0)
-    return torch.nested.nested_tensor_from_jagged(values, offsets)
+    return njt(values, offsets)
 
 
 def offsets_of(x: torch.Tensor) -> torch.Tensor:

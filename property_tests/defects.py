@@ -26,6 +26,7 @@ import torch
 
 from ref import errors
 from ref.structure import PADDING
+from torch_impl._jagged import njt
 
 from .data import from_rows, jagged, offsets_of, rows_of
 
@@ -211,7 +212,7 @@ def _later_key(call: Call, choose: Chooser) -> str:
 
 def _retype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if x.is_nested:
-        return torch.nested.nested_tensor_from_jagged(x.values().to(dtype), offsets_of(x))
+        return njt(x.values().to(dtype), offsets_of(x))
     return x.to(dtype)
 
 
@@ -220,7 +221,7 @@ def _other_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 def _with_offsets(x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    return torch.nested.nested_tensor_from_jagged(x.values(), offsets)
+    return njt(x.values(), offsets)
 
 
 def _decreasing(x: torch.Tensor) -> torch.Tensor:
@@ -287,9 +288,7 @@ def _holed_lengths(make_lengths: Callable[[int], list[int]]) -> Breaker:
         n = _rows(x)
         values = torch.arange(4 * n + 2, dtype=x.dtype)
         offsets = torch.arange(0, 4 * n + 1, 4, dtype=torch.int64)
-        _mo(call, m)[key] = torch.nested.nested_tensor_from_jagged(
-            values, offsets, lengths=torch.tensor(make_lengths(n), dtype=torch.int64)
-        )
+        _mo(call, m)[key] = njt(values, offsets, torch.tensor(make_lengths(n), dtype=torch.int64))
         return call
 
     return breaker
@@ -379,7 +378,7 @@ def _in_later_micro_batch(change: Callable[[torch.Tensor], torch.Tensor]) -> Bre
 def _reshape_trailing(x: torch.Tensor) -> torch.Tensor:
     if x.is_nested:
         v = x.values()
-        return torch.nested.nested_tensor_from_jagged(torch.stack([v, v], dim=-1), offsets_of(x))
+        return njt(torch.stack([v, v], dim=-1), offsets_of(x))
     return torch.stack([x, x], dim=-1)
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from torch_impl._jagged import njt
+
 from .data import offsets_of
 
 __all__ = ["stand_in_model"]
@@ -28,6 +30,6 @@ def stand_in_model(ids: torch.Tensor) -> dict[str, torch.Tensor]:
     value = lengths.to(torch.float32) * 0.25
 
     def nt(v: torch.Tensor) -> torch.Tensor:
-        return torch.nested.nested_tensor_from_jagged(v, offsets)
+        return njt(v, offsets)
 
     return {"log_probs": nt(logp), "entropy": nt(entropy), "top_k_log_probs": nt(topk), "values": value}

@@ -21,6 +21,7 @@ import ref.metrics as metrics_mod
 import torch_impl._assemble as assemble_mod
 import torch_impl._ops as ops_mod
 import torch_impl._postprocess as post_mod
+from torch_impl._jagged import njt
 
 from .data import offsets_of
 from .properties import DIFFERENTIAL, PROPERTIES, pass_or_fail
@@ -69,7 +70,7 @@ def _dtype_cast(out: torch.Tensor) -> torch.Tensor:
     if not out.dtype.is_floating_point or out.dtype == torch.float64:
         return out
     if out.is_nested:
-        return torch.nested.nested_tensor_from_jagged(out.values().to(torch.float64), offsets_of(out))
+        return njt(out.values().to(torch.float64), offsets_of(out))
     return out.to(torch.float64)
 
 

@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
+from torch_impl._jagged import njt
+
 from .baseline import verl_postprocess_batch_func
 from .compare import assert_same
 from .convert import outputs_to_ref, ref_postprocess, result_to_torch, to_ref, torch_postprocess
@@ -239,7 +241,7 @@ def gradients_match_vjp(case: MicrobatchOutputs) -> None:
         for k, v in o.get("model_output", {}).items():
             values = (v.values() if v.is_nested else v).detach().clone().requires_grad_(True)
             leaves.append(values)
-            mo[k] = torch.nested.nested_tensor_from_jagged(values, v.offsets()) if v.is_nested else values
+            mo[k] = njt(values, v.offsets()) if v.is_nested else values
         outs.append({"model_output": mo} if mo else {})
     if not leaves:
         return

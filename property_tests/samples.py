@@ -11,6 +11,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from torch_impl._jagged import njt
+
 from .data import from_rows, jagged, rows_of
 from .metric import FakeMetric
 
@@ -58,9 +60,7 @@ HOLE_DEFECTS: list[tuple[list[int], list[int], str]] = [
 
 def holed_tensor(offsets: list[int], lengths: list[int]) -> torch.Tensor:
     """The nested tensor of a `HOLE_DEFECTS` row: rows of ``torch.arange(10.0)`` at ``offsets``, ``lengths`` long."""
-    return torch.nested.nested_tensor_from_jagged(
-        torch.arange(10.0), torch.tensor(offsets), lengths=torch.tensor(lengths)
-    )
+    return njt(torch.arange(10.0), torch.tensor(offsets), torch.tensor(lengths))
 
 
 class PostprocessSample(NamedTuple):

@@ -18,6 +18,7 @@ from tensordict import NonTensorData, TensorDict
 
 from property_tests.models import stand_in_model
 from torch_impl import balanced_partitions
+from torch_impl._jagged import njt
 
 __all__ = ["RLStep", "make_step"]
 
@@ -39,7 +40,7 @@ def make_step(*, prompts: int = 256, responses: int = 8, max_tokens: int = 16384
     ids = torch.from_numpy(rng.integers(0, 151_936, size=sum(lengths), dtype=np.int64))
     offsets = torch.zeros(b + 1, dtype=torch.int64)
     offsets[1:] = torch.cumsum(torch.tensor(lengths), 0)
-    batch = torch.nested.nested_tensor_from_jagged(ids, offsets)
+    batch = njt(ids, offsets)
     indices = balanced_partitions(lengths, max_tokens)
     rows = batch.unbind()
     output_lst = []

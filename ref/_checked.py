@@ -3,9 +3,10 @@
 A traced index array has no values when ``ref`` is traced, so its values are checked in the compiled
 program with ``jax.experimental.checkify.check``: a negative, out-of-range or duplicated index is
 reported, never wrapped, clamped or trusted. ``checkify`` checks must be functionalized, so a traced
-index inside a plain ``jax.jit`` is refused when it is traced (JAX's ``ValueError``: "Cannot abstractly
-evaluate a checkify.check which was not functionalized"); wrap the function with `checked` (or
-``checkify.checkify`` yourself) instead. Concrete indices are checked eagerly in Python, as before.
+index inside a plain ``jax.jit`` (or any staging of the program, ``jax.make_jaxpr``, ``lax.scan``, ...)
+with no ``checkify.checkify`` around it raises `UnsupportedSettingError` when it is traced, naming
+`checked`: wrap the function with `checked` (or ``jax.jit(checkify.checkify(fn))`` yourself) instead.
+Concrete indices are checked eagerly in Python, as before.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import checkify
 
-from .errors import NotAPermutationError, RebatchError, RowIndexError
+from .errors import NotAPermutationError, RebatchError, RowIndexError, UnsupportedSettingError
 
 __all__ = ["checked", "traced_indices", "check_in_range", "check_is_permutation"]
 
@@ -40,6 +41,54 @@ def traced_indices(indices: Any, error: type[RebatchError], what: str) -> jax.Ar
     return arr.astype(jnp.int64)
 
 
+def _staged_without_checkify() -> bool:
+    """True when a check bound now would be staged into a program that no ``checkify.checkify`` will
+    functionalize (a plain ``jax.jit``, ``jax.make_jaxpr``, ``lax.scan`` ... outside ``checkify``), so
+    compiling it would fail with JAX's "Cannot abstractly evaluate a checkify.check which was not
+    functionalized".
+
+    Read from JAX's trace state, from the current trace out to the eager one: a staging trace
+    (``DynamicJaxprTrace``) of ``checkify`` anywhere in the chain functionalizes every check within it
+    (``jax.jit(checkify.checkify(fn))``, ``checkify.checkify(jax.jit(fn))``, ``vmap`` or ``grad``
+    inside ``checked``); otherwise any staging trace means the check is not functionalized. Eager
+    transforms alone (``vmap``, ``grad``) check eagerly, and under
+    ``jax_experimental_unsafe_xla_runtime_errors`` JAX compiles checks as runtime errors: neither is
+    refused. False whenever the state cannot be read as expected (another JAX): JAX's own error then.
+    """
+    if getattr(jax.config, "jax_experimental_unsafe_xla_runtime_errors", False):
+        return False
+    try:
+        from jax._src import core
+        from jax._src.interpreters.partial_eval import DynamicJaxprTrace
+
+        trace: Any = core.trace_ctx.trace
+        eager = core.EvalTrace
+    except (ImportError, AttributeError):  # pragma: no cover - JAX's internals moved
+        return False
+    staged = False
+    while hasattr(trace, "parent_trace"):
+        if isinstance(trace, DynamicJaxprTrace):
+            traced_for = getattr(getattr(getattr(trace, "frame", None), "debug_info", None), "traced_for", None)
+            if not isinstance(traced_for, str) or traced_for == "checkify":
+                return False  # functionalized, or a staging we cannot name
+            staged = True
+        trace = trace.parent_trace
+    return staged and isinstance(trace, eager)
+
+
+def _check(pred: jax.Array, message: str, **fmt: Any) -> None:
+    """``checkify.check(pred, message, **fmt)``, or `UnsupportedSettingError` at trace time where the
+    check could not be compiled (see `_staged_without_checkify`)."""
+    if _staged_without_checkify():
+        raise UnsupportedSettingError(
+            "traced indices under a plain jax.jit (staged with no checkify.checkify around it) have their values "
+            "checked in the compiled program by checkify, which must functionalize the function: call it through "
+            "ref.checked(fn) (a bad index then raises its RebatchError) or jax.jit(checkify.checkify(fn)) yourself; "
+            "concrete indices (a list or NumPy array closed over, or a static argument) are checked in Python instead"
+        )
+    checkify.check(pred, message, **fmt)
+
+
 def _first(mask: jax.Array) -> jax.Array:
     """The first position where ``mask`` holds (``len(mask)`` if none). Not ``jnp.argmax``: its
     lowering builds an int64 iota outside ``ref``'s scoped 64-bit context."""
@@ -59,7 +108,7 @@ def check_in_range(idx: jax.Array, n: int, error: type[RebatchError]) -> None:
         return
     bad = (idx < 0) | (idx >= n)
     k = jnp.minimum(_first(bad), idx.shape[0] - 1)
-    checkify.check(
+    _check(
         ~jnp.any(bad),
         f"{error.__name__}: position {{k}}: index {{i}} is out of range for {n} rows (no wrap-around)",
         k=_shown(k),
@@ -81,7 +130,7 @@ def check_is_permutation(perm: jax.Array) -> None:
     first = jnp.full((n,), n, jnp.int64).at[safe].min(pos)  # the first position holding each index
     dup = first[safe] != pos
     k = jnp.minimum(_first(dup), n - 1)
-    checkify.check(
+    _check(
         ~jnp.any(dup),
         "NotAPermutationError: position {k}: index {i} duplicates position {j}",
         k=_shown(k),

@@ -14,7 +14,7 @@ and one of ``to_torch(x)`` changes ``x``. Pass ``copy=True`` when the tensor may
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -26,6 +26,19 @@ from ._x64 import exact
 from .errors import InvalidJaggedError, where
 
 __all__ = ["from_torch", "to_torch", "tree_from_torch", "tree_to_torch", "outputs_from_torch"]
+
+
+def _internal_nested_view() -> Callable[..., torch.Tensor] | None:
+    """``torch.nested.nested_tensor_from_jagged`` without its ``is_fx_tracing()`` probe, which logs a
+    warning on the first call in the process (see ``torch_impl._jagged.njt``); None in a torch without it."""
+    try:
+        from torch.nested._internal.nested_tensor import nested_view_from_values_offsets_lengths
+    except ImportError:  # pragma: no cover
+        return None
+    return nested_view_from_values_offsets_lengths
+
+
+_nested_view = _internal_nested_view()
 
 
 def _to_jax(t: torch.Tensor, copy: bool = False) -> jax.Array:
@@ -104,7 +117,10 @@ def to_torch(x: Jagged | jax.Array, *, copy: bool = False) -> torch.Tensor:
     """
     if isinstance(x, Jagged):
         offsets = _to_tensor(jnp.asarray(x.offsets, jnp.int64), copy)
-        return torch.nested.nested_tensor_from_jagged(_to_tensor(x.values, copy), offsets)
+        values = _to_tensor(x.values, copy)
+        if _nested_view is None:  # pragma: no cover
+            return torch.nested.nested_tensor_from_jagged(values, offsets)
+        return _nested_view(values, offsets, None)
     return _to_tensor(jnp.asarray(x), copy)
 
 

@@ -3,6 +3,8 @@ and rows gathered by index. No checks here beyond `check_offsets` on the gathere
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ._parts import JaggedPart, check_offsets
@@ -10,9 +12,33 @@ from ._parts import JaggedPart, check_offsets
 __all__ = ["gather_jagged", "njt", "runs_to_indices", "zero_prefixed_cumsum"]
 
 
-def njt(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """A jagged nested tensor ``[B, (j), *F]`` over ``values`` ``[N, *F]`` and ``offsets`` ``[B + 1]``."""
-    return torch.nested.nested_tensor_from_jagged(values, offsets)
+def _internal_nested_view() -> Callable[..., torch.Tensor] | None:
+    """What ``torch.nested.nested_tensor_from_jagged`` calls after its ``is_fx_tracing()`` probe (None in a
+    torch without it: `njt` then calls the public function, warning and all)."""
+    try:
+        from torch.nested._internal.nested_tensor import nested_view_from_values_offsets_lengths
+    except ImportError:  # pragma: no cover
+        return None
+    return nested_view_from_values_offsets_lengths
+
+
+_nested_view = _internal_nested_view()
+
+
+def njt(values: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+    """A jagged nested tensor ``[B, (j), *F]`` over ``values`` ``[N, *F]`` and ``offsets`` ``[B + 1]``
+    (with ``lengths`` ``[B]``: rows with holes), a view of ``values``.
+
+    ``torch.nested.nested_tensor_from_jagged(values, offsets, lengths)``, without writing to the log:
+    that function first asks ``torch.fx``'s ``is_fx_tracing()`` (to refuse ``fx.symbolic_trace``),
+    which logs a warning ("is_fx_tracing will return true for both ...", torch 2.9.1 and 2.13 alike)
+    the first time anything in the process calls it, through torch's own handler on stderr. This calls
+    what that function calls next, with the same arguments, and falls back to it where torch has no
+    such function; no logger, filter or torch setting of the process is changed.
+    """
+    if _nested_view is None:  # pragma: no cover
+        return torch.nested.nested_tensor_from_jagged(values, offsets, lengths)
+    return _nested_view(values, offsets, lengths)
 
 
 def zero_prefixed_cumsum(lengths: torch.Tensor) -> torch.Tensor:
