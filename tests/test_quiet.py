@@ -43,9 +43,11 @@ def call(name, fn):
 """
 
 _CALLS = """
+import types
 import torch
 from tensordict import TensorDict
 import torch_impl
+from torch_impl.integrations import areal
 from property_tests.kernels import KERNELS, forced
 
 def jag(lengths, width=None):
@@ -79,6 +81,13 @@ FIRST = {
     "restore_dynamic_batch": lambda: torch_impl.restore_dynamic_batch(dense, parts),
     "get_seqlen_balanced_partitions": lambda: torch_impl.get_seqlen_balanced_partitions([3, 1, 2, 2], 2, False),
     "append_to_dict": lambda: torch_impl.append_to_dict({}, {"a": 1}),
+    "from_packed": lambda: torch_impl.from_packed(torch.arange(3.0), [2, 1]),
+    "to_packed": lambda: torch_impl.to_packed(x),
+    "to_padded": lambda: torch_impl.to_padded(x),
+    "from_padded": lambda: torch_impl.from_padded(torch.zeros(2, 3), [1, 3]),
+    "areal.reorder_and_pad_outputs": lambda: areal.reorder_and_pad_outputs(
+        [torch.arange(3.0), torch.arange(2.0)], [2, 2, 1],
+        types.SimpleNamespace(forward_indices=[2, 0, 1], backward_indices=[1, 2, 0])),
 }
 for name, fn in FIRST.items():
     call(name, fn)
