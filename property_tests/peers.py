@@ -338,7 +338,10 @@ def _skyrl_run(
         else:
             for m, p in enumerate(parts):
                 fields[m][key] = p
-    batches = [tensor_batch(f, {"micro_batch": m}) for m, f in enumerate(fields)]
+    try:
+        batches = [tensor_batch(f, {"micro_batch": m}) for m, f in enumerate(fields)]
+    except ValueError as err:  # keys of different row counts: SkyRL's TensorBatch holds no such micro-batch
+        raise NotExpressible(f"SkyRL's TensorBatch refuses it ({err})") from None
     it = skyrl_iterator(partitions, len(flat))
     combined = fns["reorder_and_combine_batches"](it, batches)
     model_output = {
@@ -436,8 +439,30 @@ def _verl_run(
     from .conformance import load_candidate
 
     run = load_candidate(fns["postprocess_batch_func"])
+    # verl nests every output and cannot nest a dense [b] one: it travels as [b, 1] and comes back as [B]
+    flat_keys: set[str] = set()
+    if isinstance(output_lst, list):
+        staged = []
+        for o in output_lst:
+            mo = o.get("model_output") if isinstance(o, dict) else None
+            if isinstance(mo, dict):
+                wide = {k: v[:, None] if _is_dense_1d(v) else v for k, v in mo.items()}
+                flat_keys |= {k for k, v in mo.items() if _is_dense_1d(v)}
+                o = {**o, "model_output": wide}
+            staged.append(o)
+        output_lst = staged
     result: dict[str, Any] = run(output_lst, indices, use_dynamic_bsz=dynamic, pad_mode=pad_mode)
+    if flat_keys and isinstance(result.get("model_output"), dict):
+        mo = dict(result["model_output"])
+        for k in flat_keys & set(mo):
+            if isinstance(mo[k], torch.Tensor) and mo[k].dim() == 2:
+                mo[k] = mo[k][:, 0]
+        result = {**result, "model_output": mo}
     return result
+
+
+def _is_dense_1d(x: Any) -> bool:
+    return isinstance(x, torch.Tensor) and not x.is_nested and x.dim() == 1
 
 
 def _verl_defects() -> tuple[NativeDefect, ...]:
@@ -458,7 +483,7 @@ PEERS: dict[str, Peer] = {
         _verl_theirs,
         _verl_ours,
         _verl_run,
-        {"min_rows": 1, "dense": False},
+        {"min_rows": 1, "metrics": False},  # verl folds its own Metric class (tests/test_verl_differential.py)
         _verl_defects,
         _verl_native,
     ),
