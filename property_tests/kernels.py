@@ -20,9 +20,17 @@ __all__ = ["KERNELS", "forced"]
 KERNELS: dict[str, dict[str, Any]] = {
     "row_copies": {"row_copy_min_elements": 0},
     "element_indices": {"row_copy_min_elements": math.inf},
-    "element_indices_one_value_per_chunk": {"row_copy_min_elements": math.inf, "index_chunk_bytes": 1},
-    # 12 bytes of output a chunk: 3 float32 values, 6 bfloat16, 1 of a [b, (j), 3] float32 key
-    "element_indices_few_values_per_chunk": {"row_copy_min_elements": math.inf, "index_chunk_bytes": 12},
+    "element_indices_one_value_per_chunk": {
+        "row_copy_min_elements": math.inf,
+        "index_chunk_bytes": 1,
+        "cpu_index_chunk": 1,
+    },
+    # 3 value rows a chunk on the CPU; elsewhere 12 bytes: 3 float32 values, 6 bfloat16, 1 of a [b, (j), 3] float32 key
+    "element_indices_few_values_per_chunk": {
+        "row_copy_min_elements": math.inf,
+        "index_chunk_bytes": 12,
+        "cpu_index_chunk": 3,
+    },
 }
 
 

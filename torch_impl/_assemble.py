@@ -58,5 +58,4 @@ def assemble(
     out_offsets = zero_prefixed_cumsum(lengths.index_select(0, inv))
     if row_copies_apply(jagged, total, perm.numel()):
         return njt(permute_by_rows(jagged, lengths, inv, total), out_offsets)
-    values = jagged[0].values if len(jagged) == 1 else torch.cat([p.values for p in jagged])
-    return njt(permute_by_indices(values, lengths, rows.perm(device), out_offsets), out_offsets)
+    return njt(permute_by_indices(jagged, lengths, rows.perm(device), out_offsets), out_offsets)

@@ -2,43 +2,72 @@
 
 Works on any device, without host-device synchronisation (sizes are host-known), and is
 differentiable (``index_copy_``'s backward is a gather: each value receives exactly its gradient).
-All micro-batches are moved together: their values concatenated (one ``cat``), then one
-``index_copy_`` per chunk of ``Settings.index_chunk_bytes`` of output, so the number of operations
-is a constant per key, whatever the numbers of rows and micro-batches. A chunk may start or end
-inside a row.
+Off the CPU all micro-batches are moved together: their values concatenated (one ``cat``), then
+one ``index_copy_`` per chunk of ``Settings.index_chunk_bytes`` (16 MiB) of output, so the number of
+operations is a constant per key, whatever the numbers of rows and micro-batches. On the CPU a chunk
+is ``Settings.cpu_index_chunk`` value rows (each kernel below torch's OpenMP grain size, on the
+calling thread); a key of one chunk is moved the same way, a larger one part by part. A chunk may
+start or end inside a row.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
 from ._jagged import Runs, zero_prefixed_cumsum
+from ._parts import JaggedPart
 from ._settings import get_settings
 
 __all__ = ["index_chunk", "permute_by_indices"]
 
 
 def index_chunk(values: torch.Tensor) -> int:
-    """Values per destination buffer: as many as cover ``Settings.index_chunk_bytes`` of output (rows
-    of ``values[0]``'s size), rounded up, at least 1."""
+    """Value rows per destination buffer. On the CPU ``Settings.cpu_index_chunk``; elsewhere as many
+    as cover ``Settings.index_chunk_bytes`` of output (rows of ``values[0]``'s size), rounded up; at
+    least 1."""
+    s = get_settings()
+    if values.device.type == "cpu":
+        return s.cpu_index_chunk
     row_bytes = values.element_size() * math.prod(values.shape[1:])
-    return max(1, -(-get_settings().index_chunk_bytes // max(1, row_bytes)))
+    return max(1, -(-s.index_chunk_bytes // max(1, row_bytes)))
 
 
 def permute_by_indices(
-    values: torch.Tensor, lengths: torch.Tensor, perm: torch.Tensor, out_offsets: torch.Tensor
+    parts: Sequence[JaggedPart], lengths: torch.Tensor, perm: torch.Tensor, out_offsets: torch.Tensor
 ) -> torch.Tensor:
-    """Output values ``[N, *F]``: row ``k`` of ``values`` ``[N, *F]`` (rows of ``lengths`` ``[B]``, end
-    to end) written at output row ``perm[k]`` ``[B]``, which starts at ``out_offsets[perm[k]]``
-    (``out_offsets`` ``[B + 1]``). 15 operations for one chunk; two chunks 26, and 9 more per further chunk."""
-    total = values.shape[0]
-    runs = Runs.of(out_offsets.index_select(0, perm), zero_prefixed_cumsum(lengths)[:-1], total)
-    out = values.new_empty(values.shape)
-    chunk = index_chunk(values)
-    if total <= chunk:
-        return out.index_copy_(0, runs.indices(), values)
-    for a, piece in zip(range(0, total, chunk), torch.split(values, chunk), strict=True):
-        out.index_copy_(0, runs.indices(a, a + piece.shape[0]), piece)
+    """Output values ``[N, *F]``: row ``k`` of the parts' rows end to end (``lengths`` ``[B]``) written
+    at output row ``perm[k]`` ``[B]``, which starts at ``out_offsets[perm[k]]`` (``[B + 1]``).
+
+    All parts together (one ``cat``) where the key fits in one chunk, and always off the CPU: 15
+    operations for one chunk, 26 for two, 9 more per further chunk. On the CPU a larger key is moved
+    part by part (no ``cat``: no second pass over the values, and each chunk's bookkeeping covers
+    only its part's rows), each part in chunks.
+    """
+    first = parts[0].values
+    total = sum(p.values.shape[0] for p in parts)
+    chunk = index_chunk(first)
+    dest_starts = out_offsets.index_select(0, perm)
+    out = first.new_empty((total, *first.shape[1:]))
+    if first.device.type != "cpu" or total <= chunk:
+        values = first if len(parts) == 1 else torch.cat([p.values for p in parts])
+        _copy_in_chunks(out, values, Runs.of(dest_starts, zero_prefixed_cumsum(lengths)[:-1], total), chunk)
+        return out
+    row = 0
+    for p in parts:
+        runs = Runs.of(dest_starts[row : row + p.rows], p.offsets[:-1], p.values.shape[0])
+        _copy_in_chunks(out, p.values, runs, chunk)
+        row += p.rows
     return out
+
+
+def _copy_in_chunks(out: torch.Tensor, values: torch.Tensor, runs: Runs, chunk: int) -> None:
+    """``out[runs.indices()] = values`` (``[n, *F]``), ``chunk`` value rows at a time."""
+    n = values.shape[0]
+    if n <= chunk:
+        out.index_copy_(0, runs.indices(), values)
+        return
+    for a, piece in zip(range(0, n, chunk), torch.split(values, chunk), strict=True):
+        out.index_copy_(0, runs.indices(a, a + piece.shape[0]), piece)

@@ -41,6 +41,11 @@ class Settings:
     #: 10 more per further 16 MiB (the launch bound, `tests/test_launch_bound.py`); chunk size made no
     #: measurable difference to CPU time from 1 MiB up (`docs/kernels.md`).
     index_chunk_bytes: int = 16 * 2**20
+    #: On the CPU, value rows per chunk of the element-index path instead (every chunk's kernels then
+    #: stay below torch's OpenMP grain size, 32768, and run on the calling thread: no parallel region
+    #: to collapse under contention, and a small index buffer that stays in cache). Measured on 2
+    #: busy cores (`docs/kernels.md`): 2**14 beat one chunk per key of 16 MiB at every size tried.
+    cpu_index_chunk: int = 2**14
 
     def __post_init__(self) -> None:
         if not self.row_copy_min_elements >= 0:
@@ -49,6 +54,10 @@ class Settings:
             raise ValueError(f"index_chunk_bytes must be an integer, got {self.index_chunk_bytes!r}")
         if self.index_chunk_bytes < 1:
             raise ValueError(f"index_chunk_bytes must be >= 1, got {self.index_chunk_bytes}")
+        if isinstance(self.cpu_index_chunk, bool) or not isinstance(self.cpu_index_chunk, int):
+            raise ValueError(f"cpu_index_chunk must be an integer, got {self.cpu_index_chunk!r}")
+        if self.cpu_index_chunk < 1:
+            raise ValueError(f"cpu_index_chunk must be >= 1, got {self.cpu_index_chunk}")
 
 
 _current: ContextVar[Settings] = ContextVar("torch_impl_settings", default=Settings())  # noqa: B039 (frozen)
