@@ -22,13 +22,14 @@ KERNELS: dict[str, dict[str, Any]] = {
     "element_indices": {"row_copy_min_elements": math.inf},
     "element_indices_one_value_per_chunk": {
         "row_copy_min_elements": math.inf,
-        "index_min_chunk": 1,
-        "index_bytes_fraction": 0.0,
+        "index_chunk_bytes": 1,
+        "cpu_index_chunk": 1,
     },
-    "element_indices_three_values_per_chunk": {
+    # 3 value rows a chunk on the CPU; elsewhere 12 bytes: 3 float32 values, 6 bfloat16, 1 of a [b, (j), 3] float32 key
+    "element_indices_few_values_per_chunk": {
         "row_copy_min_elements": math.inf,
-        "index_min_chunk": 3,
-        "index_bytes_fraction": 0.0,
+        "index_chunk_bytes": 12,
+        "cpu_index_chunk": 3,
     },
 }
 

@@ -119,9 +119,28 @@ def test_contended_run_writes_quiet_and_contended_ratios_side_by_side(tmp_path) 
     text = (tmp_path / "benchmarks.md").read_text()
     assert "speed-up vs baseline (quiet / contended)" in text
     assert "with one busy process per core" in text
+    assert "## Launches: operations per call on the device path" in text
     assert results["verl"] in ("importable", "absent")
     if results["verl"] == "absent":
         assert "verl was not importable in this run" in text or "B=1024" not in text
+
+
+def test_launch_table_script_runs_on_a_tiny_grid(capsys) -> None:
+    """`python -m rebatch.bench.launches` on two sizes: one Markdown row per (B, M, keys), the operations
+    a constant of M and B (the device path's launch bound), the model's constants stated."""
+    from rebatch.bench.launches import BANDWIDTH, LAUNCH_SECONDS, launch_rows, main
+
+    assert main(["--rows", "8", "64", "--micro-batches", "2", "4", "--keys", "1", "2"]) == 0
+    text = capsys.readouterr().out
+    rows = [line for line in text.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert len(rows) == 2 * 2 * 2
+    assert "5 µs" in text
+    assert "4.8 TB/s" in text
+    assert "verl's own function is not in this table" in text
+    table = launch_rows([8, 64], [2, 4], [1, 2])
+    assert len({r["ops"] for r in table if r["keys"] == 1}) == 1
+    assert all(r["modelled_seconds"] == r["ops"] * LAUNCH_SECONDS + r["bytes"] / BANDWIDTH for r in table)
+    assert all(r["bytes"] > 0 for r in table)
 
 
 def test_crossover_script_runs() -> None:

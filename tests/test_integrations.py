@@ -7,6 +7,7 @@ drop-in on hand-checked inputs, and every silent case of the trainers refused wi
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 import types
@@ -313,3 +314,22 @@ def test_skyrl_drop_in_refuses_extra_rows_and_batches() -> None:
     extra_key[1]["more"] = torch.zeros(2)
     with pytest.raises(errors.KeyMismatchError):
         skyrl.reorder_and_combine_batches(it, extra_key)
+
+
+def test_areal_drop_in_costs_the_same_operations_at_any_batch_and_micro_batch_count() -> None:
+    """A constant number of torch operations (the device path's rule): 5 rows in 2 micro-batches and
+    600 rows in 60 cost the same."""
+    from property_tests.opcount import CountOps
+
+    def ops(b: int, m: int) -> int:
+        seqlens = [(i * 3) % 7 for i in range(b)]
+        forward = list(range(b))[::-1]
+        cuts = [round(k * b / m) for k in range(m + 1)]
+        outputs = [
+            torch.zeros(sum(seqlens[i] for i in forward[a:c]), 2, device="meta") for a, c in itertools.pairwise(cuts)
+        ]
+        with CountOps() as c:
+            areal.reorder_and_pad_outputs(outputs, seqlens, _mb_list(forward))
+        return sum(c.ops.values())
+
+    assert ops(5, 2) == ops(600, 60)

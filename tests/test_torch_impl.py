@@ -227,38 +227,49 @@ def test_every_kernel_resolves_lazy_conjugation_and_negation(path, lazy, force) 
 
 
 class _LargestIndex(torch.utils._python_dispatch.TorchDispatchMode):
-    """Records the largest index tensor given to ``index_copy_``."""
+    """Records the largest index tensor given to ``index_copy_``, and its number of calls."""
 
     def __init__(self) -> None:
         super().__init__()
         self.largest = 0
+        self.calls = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.aten.index_copy_.default:
             self.largest = max(self.largest, args[2].numel())
+            self.calls += 1
         return func(*args, **(kwargs or {}))
 
 
+@pytest.mark.parametrize("device", ["cpu", "meta"])
 @pytest.mark.parametrize("micro_batches", [1, 4])
 @pytest.mark.parametrize("trailing", [(), (3,)])
-def test_index_buffer_is_a_bounded_fraction_of_the_output(micro_batches, trailing) -> None:
-    """Peak memory on the index path: destinations for at most ``Settings.index_bytes_fraction`` (1/16) of the
-    output's bytes at a time, however few micro-batches hold the rows; and chunks as large as that allows
-    (more than half of it: a value row's bytes include its trailing size), not needlessly many."""
+def test_index_buffer_covers_one_chunk_at_a_time(micro_batches, trailing, device) -> None:
+    """Peak memory on the index path: destinations for one chunk at a time, however few micro-batches
+    hold the rows: ``Settings.cpu_index_chunk`` value rows on the CPU; elsewhere
+    ``Settings.index_chunk_bytes`` of output, rounded up to whole value rows (a value row's bytes
+    include its trailing size). Chunks as large as that allows, not needlessly many (on the CPU, a
+    key larger than a chunk is moved part by part)."""
     outs, parts = _outputs(256, micro_batches, mean_len=40)
     rng = np.random.default_rng(7)
     for o in outs:
         lengths = o["model_output"]["k0"].offsets().diff().tolist()
-        o["model_output"] = {"k0": jagged(random_tensor(rng, (sum(lengths), *trailing), "float32"), lengths)}
+        x = jagged(random_tensor(rng, (sum(lengths), *trailing), "float32"), lengths)
+        o["model_output"] = {"k0": x.to(device)}
     total = sum(o["model_output"]["k0"].values().shape[0] for o in outs)
-    # the constant floor small enough to see chunks here; element indices forced
-    with torch_impl.use_settings(index_min_chunk=64, row_copy_min_elements=math.inf), _LargestIndex() as seen:
+    row_bytes = 4 * math.prod(trailing)
+    chunk_bytes = total * row_bytes // 16 + 2  # about 16 chunks; not a multiple of a row's bytes
+    chunk = -(-chunk_bytes // row_bytes) if device == "meta" else total // 16 + 1
+    settings = {"index_chunk_bytes": chunk_bytes} if device == "meta" else {"cpu_index_chunk": chunk}
+    with torch_impl.use_settings(row_copy_min_elements=math.inf, **settings), _LargestIndex() as seen:
         got = torch_impl.postprocess_batch(outs, parts)
-    assert_same(got, verl_postprocess_batch_func(outs, parts, None))
-    output_bytes = total * 4 * math.prod(trailing)
-    fraction = torch_impl.get_settings().index_bytes_fraction
-    assert fraction == 1 / 16
-    assert output_bytes * fraction / 2 < seen.largest * 8 <= output_bytes * fraction, (seen.largest, total)
+    if device == "cpu":
+        assert_same(got, verl_postprocess_batch_func(outs, parts, None))
+    assert seen.largest == chunk, (seen.largest, total)
+    sizes = [o["model_output"]["k0"].values().shape[0] for o in outs] if device == "cpu" else [total]
+    assert seen.calls == sum(-(-n // chunk) for n in sizes)  # on the CPU part by part
+    defaults = torch_impl.get_settings()
+    assert (defaults.index_chunk_bytes, defaults.cpu_index_chunk) == (16 * 2**20, 2**14)
 
 
 def test_row_copies_under_inference_mode(force) -> None:

@@ -12,14 +12,11 @@ __all__ = ["assemble_dense"]
 
 
 def assemble_dense(parts: Sequence[DensePart], perm: torch.Tensor | None) -> torch.Tensor:
-    """``[B, *F]``: the parts' rows in micro-batch order (``perm`` None), or with row ``k`` of that
-    order at row ``perm[k]`` (one ``index_copy_`` per part). Always a new tensor (never an input)."""
-    first = parts[0].values
+    """``[B, *F]``: the parts' rows in micro-batch order (``perm`` None: one ``cat``), or with row ``k``
+    of that order at row ``perm[k]`` (``[B]`` on the parts' device: one ``cat`` of two or more parts,
+    then one ``index_copy_``, whose backward gives each part exactly its rows' gradient). Always a new
+    tensor (never an input)."""
     if perm is None:
         return torch.cat([p.values for p in parts])
-    out = first.new_empty((perm.numel(), *first.shape[1:]))
-    start = 0
-    for p in parts:
-        out.index_copy_(0, perm[start : start + p.rows], p.values)
-        start += p.rows
-    return out
+    values = parts[0].values if len(parts) == 1 else torch.cat([p.values for p in parts])
+    return values.new_empty(values.shape).index_copy_(0, perm, values)

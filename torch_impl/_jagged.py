@@ -1,15 +1,17 @@
-"""Jagged building blocks: a nested tensor over values and offsets, offsets from lengths, runs as indices,
+"""Jagged building blocks: a nested tensor over values and offsets, offsets from lengths, runs as indices (`Runs`),
 and rows gathered by index. No checks here beyond `check_offsets` on the gathered input."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 from ._parts import JaggedPart, check_offsets
 
-__all__ = ["gather_jagged", "njt", "runs_to_indices", "zero_prefixed_cumsum"]
+__all__ = ["Runs", "gather_jagged", "njt", "zero_prefixed_cumsum"]
 
 
 def _internal_nested_view() -> Callable[..., torch.Tensor] | None:
@@ -48,19 +50,46 @@ def zero_prefixed_cumsum(lengths: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def runs_to_indices(starts: torch.Tensor, lengths: torch.Tensor, total: int) -> torch.Tensor:
-    """Runs laid end to end, as one index per element: ``[s + j for s, n in zip(starts, lengths) for j in range(n)]``.
+class Runs(NamedTuple):
+    """Runs of consecutive indices laid end to end, as the running sum of their steps.
 
-    ``starts``, ``lengths``: int64 ``[R]``; ``total == sum(lengths)`` (host-known). Built as the running
-    sum of steps (1 inside a run, a jump at each run's first element; zero-length runs telescope away),
-    so it costs one fill, one ``index_add_`` of ``R`` jumps and one in-place ``cumsum``.
+    Element ``e`` of run ``r`` (``positions[r] <= e < positions[r + 1]``, the last run ending at
+    ``total``) stands for index ``e + shift[r]``. The running sum steps by 1 inside a run and by
+    ``jumps[r] + 1`` at the run's first element (``jumps[r] = shift[r] - shift[r - 1]``, and ``jumps[0]
+    = shift[0] - 1``); zero-length runs share a first element and their jumps telescope away.
+    ``positions``, ``jumps``: int64 ``[R]``; ``total``: the number of elements (host-known).
     """
-    ends = starts + lengths
-    previous_ends = torch.cat([ends.new_ones(1), ends[:-1]])  # 1 folds the running sum's -1 into run 0
-    positions = zero_prefixed_cumsum(lengths)[:-1]
-    steps = torch.ones(total + 1, dtype=torch.int64, device=starts.device)  # + 1: trailing empty runs land here
-    steps.index_add_(0, positions, starts - previous_ends)
-    return steps[:-1].cumsum_(0)
+
+    positions: torch.Tensor
+    jumps: torch.Tensor
+    total: int
+
+    @classmethod
+    def of(cls, starts: torch.Tensor, positions: torch.Tensor, total: int) -> Runs:
+        """Run ``r`` covering elements from ``positions[r]`` (non-decreasing, ``positions[0] == 0``) and
+        standing for indices from ``starts[r]``. Four operations."""
+        shift = starts - positions
+        return cls(positions, shift - F.pad(shift[:-1], (1, 0), value=1), total)
+
+    def indices(self, begin: int = 0, end: int | None = None) -> torch.Tensor:
+        """int64 ``[end - begin]``: the index of every element in ``[begin, end)`` (default: all).
+
+        A constant number of operations (5 for all elements, 6 for the first of several slices, 8 for a later one): one fill, one
+        ``index_add_`` of the ``R`` jumps (runs that begin before ``begin`` land on its first element,
+        where their jumps sum to the shift in force there; runs that begin at or after ``end`` land on
+        one spare slot past the end), one in-place ``cumsum``.
+        """
+        end = self.total if end is None else end
+        n = end - begin
+        steps = torch.ones(n + 1, dtype=torch.int64, device=self.jumps.device)  # + 1: the spare slot
+        positions = self.positions
+        if begin:
+            steps[:1].fill_(begin + 1)
+            positions = (positions - begin).clamp_(0, n)
+        elif end < self.total:
+            positions = positions.clamp(max=n)
+        steps.index_add_(0, positions, self.jumps)
+        return steps[:-1].cumsum_(0)
 
 
 def gather_jagged(x: JaggedPart, rows: torch.Tensor, total: int | None = None) -> torch.Tensor:
@@ -75,5 +104,5 @@ def gather_jagged(x: JaggedPart, rows: torch.Tensor, total: int | None = None) -
     new_offsets = zero_prefixed_cumsum(new_lengths)
     if total is None:
         total = int(new_offsets[-1])
-    src = runs_to_indices(x.offsets[:-1].index_select(0, rows), new_lengths, total)
+    src = Runs.of(x.offsets[:-1].index_select(0, rows), new_offsets[:-1], total).indices()
     return njt(x.values.index_select(0, src), new_offsets)

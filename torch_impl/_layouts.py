@@ -3,7 +3,7 @@
 Each conversion is checked first (the lengths by `ref.structure.check_lengths`, shared with ``ref``;
 jagged inputs by `check_parts` and `check_offsets`), then moves the data with a constant number of torch
 operations whatever the number of rows: one ``index_copy_`` (into a pad-filled output) or one
-``index_select`` with element indices built from host-known sizes by `runs_to_indices`. Results are
+``index_select`` with element indices built from host-known sizes (`Runs`). Results are
 fresh storage and differentiable.
 """
 
@@ -18,7 +18,7 @@ from ref.errors import InvalidJaggedError, ShapeMismatchError, UnsupportedSettin
 from ref.structure import check_lengths, check_max_len, check_pad_value
 
 from ._entry import entry
-from ._jagged import njt, runs_to_indices, zero_prefixed_cumsum
+from ._jagged import Runs, njt, zero_prefixed_cumsum
 from ._parts import DensePart, JaggedPart, check_offsets, check_parts
 
 __all__ = ["from_packed", "from_padded", "host_lengths", "scatter_padded", "to_packed", "to_padded"]
@@ -44,8 +44,13 @@ def scatter_padded(
     out = values.new_full((b * max_len, *trailing), pad_value)
     n = int(values.shape[0])
     if n:
-        out.index_copy_(0, runs_to_indices(rows * max_len, lengths, n), values)
+        out.index_copy_(0, _runs(rows * max_len, lengths, n), values)
     return out.view(b, max_len, *trailing)
+
+
+def _runs(starts: torch.Tensor, lengths: torch.Tensor, total: int) -> torch.Tensor:
+    """``[s + j for s, n in zip(starts, lengths) for j in range(n)]``, int64 ``[total]``: a constant number of operations."""
+    return Runs.of(starts, zero_prefixed_cumsum(lengths)[:-1], total).indices()
 
 
 def _jagged_part(x: Any, name: str) -> JaggedPart:
@@ -142,4 +147,4 @@ def from_padded(x: torch.Tensor, lengths: Any) -> torch.Tensor:
     offsets = zero_prefixed_cumsum(lens)
     flat = dense.reshape(b * s, *dense.shape[2:])
     starts = torch.arange(b, dtype=torch.int64, device=dense.device) * s
-    return njt(flat.index_select(0, runs_to_indices(starts, lens, total)), offsets)
+    return njt(flat.index_select(0, _runs(starts, lens, total)), offsets)

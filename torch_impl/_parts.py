@@ -26,7 +26,7 @@ from ref.errors import (
     where,
 )
 
-__all__ = ["DensePart", "JaggedPart", "Part", "check_offsets", "check_parts", "unpack"]
+__all__ = ["DensePart", "JaggedPart", "Part", "check_offsets", "check_parts", "row_steps", "unpack"]
 
 
 class JaggedPart(NamedTuple):
@@ -176,7 +176,7 @@ def check_parts(parts: Sequence[Any], key: Any = None, *, allow_jagged: bool = T
     return out
 
 
-def check_offsets(parts: Sequence[JaggedPart], key: Any = None) -> torch.Tensor:
+def check_offsets(parts: Sequence[JaggedPart], key: Any = None, steps: torch.Tensor | None = None) -> torch.Tensor:
     """The one validator of the jagged invariants on the torch side; returns all row lengths ``[B]``.
 
     ``offsets[0] == 0``, non-decreasing, ``offsets[-1] == len(values)`` (`InvalidJaggedError`; 1-D
@@ -184,24 +184,17 @@ def check_offsets(parts: Sequence[JaggedPart], key: Any = None) -> torch.Tensor:
     an accelerator, so they are checked where they live on the CPU; on an accelerator they are trusted
     (torch builds them). A constant number of operations, whatever the numbers of rows and parts: all
     offsets are laid end to end (``[B + M]``) and differenced once; the steps that cross from one part
-    to the next are left out by one ``index_select``.
+    to the next are left out by one ``index_select`` with ``steps`` (`row_steps` of the parts' row
+    counts, on their device; built here when not given: a call shares it between keys).
     """
     if not parts:
         return torch.zeros(0, dtype=torch.int64)
     device = parts[0].offsets.device
     rows = [p.rows for p in parts]
-    total_rows = sum(rows)
     flat = torch.cat([p.offsets for p in parts]) if len(parts) > 1 else parts[0].offsets
-    steps = flat.diff()
-    if len(parts) == 1:
-        lengths = steps
-    else:  # row r (counted over all parts) of part m is step r + m of `flat`: a running sum of 1 per
-        # row and 1 more where each part after the first begins (trailing empty parts land past the end)
-        begins = torch.tensor(list(itertools.accumulate(rows[:-1])), device=device)
-        step_of_row = torch.ones(total_rows + 1, dtype=torch.int64, device=device)
-        step_of_row[0] = 0
-        step_of_row.index_add_(0, begins, torch.ones_like(begins))
-        lengths = steps.index_select(0, step_of_row.cumsum_(0)[:-1])
+    lengths = flat.diff()
+    if len(parts) > 1:
+        lengths = lengths.index_select(0, row_steps(rows, device) if steps is None else steps)
     if device.type == "cpu":
         firsts = list(itertools.accumulate((r + 1 for r in rows[:-1]), initial=0))
         ends = torch.tensor([f + r for f, r in zip(firsts, rows, strict=True)] + firsts)
@@ -209,6 +202,17 @@ def check_offsets(parts: Sequence[JaggedPart], key: Any = None) -> torch.Tensor:
         if bool((flat.index_select(0, ends) != want).any()) or bool((lengths < 0).any()):
             _explain_bad_offsets(parts, key)
     return lengths
+
+
+def row_steps(rows: Sequence[int], device: torch.device) -> torch.Tensor:
+    """int64 ``[sum(rows)]``: row ``r`` (counted over all parts) of part ``m`` is step ``r + m`` of the
+    parts' offsets laid end to end: a running sum of 1 per row and 1 more where each part after the
+    first begins (trailing empty parts land past the end). Seven operations."""
+    begins = torch.tensor(list(itertools.accumulate(rows[:-1])), dtype=torch.int64, device=device)
+    step_of_row = torch.ones(sum(rows) + 1, dtype=torch.int64, device=device)
+    step_of_row[:1].fill_(0)
+    step_of_row.index_add_(0, begins, torch.ones_like(begins))
+    return step_of_row.cumsum_(0)[:-1]
 
 
 def _explain_bad_offsets(parts: Sequence[JaggedPart], key: Any) -> None:

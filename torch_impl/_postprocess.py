@@ -19,6 +19,7 @@ from ._entry import entry
 from ._jagged import njt
 from ._parts import check_parts
 from ._permutation import check_permutation
+from ._rows import CallRows
 
 __all__ = ["postprocess_batch", "postprocess_batch_func", "read_setting"]
 
@@ -72,6 +73,7 @@ def _assemble_keys(
     """Check and assemble each key into ``model_output``; ``sizes``: each partition's size (None, as
     ``perm``, without dynamic batch size)."""
     first_rows: list[int] = []
+    rows: CallRows | None = None
     for key in keys:
         parts = check_parts([mo[key] for mo in outs], key, allow_jagged=pad_mode == "no_padding")
         if parts:
@@ -88,7 +90,9 @@ def _assemble_keys(
                 raise ShapeMismatchError(
                     f"{where(key, m)}{part.rows} rows, but key {keys[0]!r} has {first_rows[m]} there"
                 )
-        model_output[key] = assemble(parts, perm, key)
+        if rows is None:
+            rows = CallRows([p.rows for p in parts], perm)
+        model_output[key] = assemble(parts, perm, key, rows)
 
 
 def read_setting(data: Any, key: str, default: Any) -> Any:

@@ -33,20 +33,31 @@ class Settings:
     #: at B=4096, L=512, M=1, when this was 1024). 0 forces row copies wherever they apply;
     #: ``math.inf`` never.
     row_copy_min_elements: float = 64
-    #: The element-index path's destination buffer (int64, one per value) is built for at most this
-    #: fraction of the output's bytes at a time, so its peak memory stays near the output's (measured:
-    #: peak at most 1.07x the output on the standard grid; chunks add no measurable time from 1/16).
-    index_bytes_fraction: float = 1 / 16
-    #: ... but never fewer values per chunk than this (small outputs take one chunk per micro-batch).
-    index_min_chunk: int = 2**16
+    #: Output bytes each chunk of the element-index path covers (rounded up to whole value rows): its
+    #: destinations (int64, one per value row) are built for one chunk at a time, so the index
+    #: buffer's peak is ``8 * ceil(index_chunk_bytes / row_bytes)`` bytes (32 MiB for float32 values,
+    #: 64 MiB for bfloat16, less for a trailing shape), and each further chunk costs 10 operations. 16
+    #: MiB keeps a call's operations at a constant per key up to 16 MiB of output a key, and at most
+    #: 10 more per further 16 MiB (the launch bound, `tests/test_launch_bound.py`); chunk size made no
+    #: measurable difference to CPU time from 1 MiB up (`docs/kernels.md`).
+    index_chunk_bytes: int = 16 * 2**20
+    #: On the CPU, value rows per chunk of the element-index path instead (every chunk's kernels then
+    #: stay below torch's OpenMP grain size, 32768, and run on the calling thread: no parallel region
+    #: to collapse under contention, and a small index buffer that stays in cache). Measured on 2
+    #: busy cores (`docs/kernels.md`): 2**14 beat one chunk per key of 16 MiB at every size tried.
+    cpu_index_chunk: int = 2**14
 
     def __post_init__(self) -> None:
         if not self.row_copy_min_elements >= 0:
             raise ValueError(f"row_copy_min_elements must be >= 0, got {self.row_copy_min_elements}")
-        if not self.index_bytes_fraction >= 0:
-            raise ValueError(f"index_bytes_fraction must be >= 0, got {self.index_bytes_fraction}")
-        if self.index_min_chunk < 1:
-            raise ValueError(f"index_min_chunk must be >= 1, got {self.index_min_chunk}")
+        if isinstance(self.index_chunk_bytes, bool) or not isinstance(self.index_chunk_bytes, int):
+            raise ValueError(f"index_chunk_bytes must be an integer, got {self.index_chunk_bytes!r}")
+        if self.index_chunk_bytes < 1:
+            raise ValueError(f"index_chunk_bytes must be >= 1, got {self.index_chunk_bytes}")
+        if isinstance(self.cpu_index_chunk, bool) or not isinstance(self.cpu_index_chunk, int):
+            raise ValueError(f"cpu_index_chunk must be an integer, got {self.cpu_index_chunk!r}")
+        if self.cpu_index_chunk < 1:
+            raise ValueError(f"cpu_index_chunk must be >= 1, got {self.cpu_index_chunk}")
 
 
 _current: ContextVar[Settings] = ContextVar("torch_impl_settings", default=Settings())  # noqa: B039 (frozen)

@@ -29,6 +29,7 @@ import torch
 import torch_impl
 from property_tests.baseline import verl_postprocess_batch_func
 
+from . import launches
 from .cases import GRIDS, LARGE_ELEMENTS, Case, grid, make_inputs
 from .contention import busy_processes, core_count
 from .memory import peak_rss_bytes, peak_tensor_bytes, release_free_memory
@@ -397,6 +398,8 @@ def markdown(results: dict[str, Any]) -> str:
             f"{r.get('peak_extra_over_output', float('nan')):.2f} | {_fmt_mib(rss.get('torch_impl'))} | "
             f"{_fmt_mib(rss.get('per_row_baseline'))} |"
         )
+    if results.get("launches"):
+        lines += ["", *launches.markdown(results["launches"])]
     return "\n".join(lines) + "\n"
 
 
@@ -487,6 +490,7 @@ def run_bench(
             f"jit(ref.restore) / torch_impl.restore: {results['restore_side_by_side']['jit_over_torch']:.2f}",
             file=sys.stderr,
         )
+    results["launches"] = launches.launch_rows(*(launches.SMOKE_GRID if name == "smoke" else launches.GRID))
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "benchmarks.json").write_text(json.dumps(results, indent=1))

@@ -1,0 +1,73 @@
+"""The launch bound: on the device path a call dispatches at most 30 torch operations per key plus 60
+per call, whatever the numbers of rows (B) and micro-batches (M), for outputs up to 16 MiB a key; a
+larger output adds at most 10 per further 16 MiB. Counted on ``meta`` (the device path without data)
+with `property_tests.opcount.CountOps`; nothing is timed."""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import pytest
+
+from property_tests.launches import LAYOUTS, count_call, meta_batch, output_bytes
+
+PER_KEY, PER_CALL, PER_FURTHER_16_MIB = 30, 60, 10
+MIB16 = 16 * 2**20
+ROWS = (8, 1024, 16384)
+MICRO_BATCHES = (1, 2, 16, 64, 256)
+LENGTH = 32  # at B = 16384: 2 MiB a key for [b, (j)], 8 MiB for [b, (j), k]
+
+
+def allowed(keys: int, key_bytes: int) -> int:
+    """The bound for ``keys`` keys of ``key_bytes`` bytes of output each."""
+    further = math.ceil(max(0, key_bytes - MIB16) / MIB16)
+    return keys * (PER_KEY + PER_FURTHER_16_MIB * further) + PER_CALL
+
+
+@functools.cache
+def _batch(rows: int, micro_batches: int, layout: str, length: int = LENGTH) -> tuple[list[Any], list[list[int]]]:
+    return meta_batch(rows, micro_batches, keys=2, layout=layout, length=length)
+
+
+def _ops(
+    rows: int, micro_batches: int, layout: str, keys: int, dynamic: bool, drop_in: bool, length: int = LENGTH
+) -> int:
+    outs, indices = _batch(rows, micro_batches, layout, length)
+    outs = [{**o, "model_output": dict(list(o["model_output"].items())[:keys])} for o in outs]
+    return count_call(outs, indices if dynamic else None, drop_in=drop_in).ops
+
+
+@pytest.mark.parametrize("micro_batches", MICRO_BATCHES)
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_operations_per_key_and_per_call_are_bounded(layout: str, micro_batches: int) -> None:
+    """Every B, dynamic batching on and off, `postprocess_batch` and verl's drop-in: one key and two
+    keys within the bound, and the second key's operations (the per-key cost) at most 30. More
+    micro-batches than rows leaves some empty, which the partitions allow."""
+    for rows in ROWS:
+        key_bytes = output_bytes(rows, layout=layout, length=LENGTH)
+        assert key_bytes <= MIB16
+        for dynamic in (True, False):
+            for drop_in in (False, True):
+                one, two = (_ops(rows, micro_batches, layout, k, dynamic, drop_in) for k in (1, 2))
+                case = f"B={rows} M={micro_batches} {layout} dynamic={dynamic} drop_in={drop_in}: {one}, {two} ops"
+                assert one <= allowed(1, key_bytes), case
+                assert two <= allowed(2, key_bytes), case
+                assert two - one <= PER_KEY, case
+                assert one - (two - one) <= PER_CALL, case
+
+
+@pytest.mark.parametrize("layout", ["[b, (j)]", "[b, (j), k]"])
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_a_larger_output_adds_at_most_ten_operations_per_16_mib(layout: str, dynamic: bool) -> None:
+    """64 MiB a key (3 further 16 MiB) against 16 MiB a key, same B and M."""
+    rows, micro_batches = 1024, 16
+    row_bytes = output_bytes(rows, layout=layout, length=1)
+    small, large = MIB16 // row_bytes, 4 * MIB16 // row_bytes
+    assert output_bytes(rows, layout=layout, length=large) == 4 * MIB16
+    at_16 = _ops(rows, micro_batches, layout, 1, dynamic, False, length=small)
+    at_64 = _ops(rows, micro_batches, layout, 1, dynamic, False, length=large)
+    assert at_16 <= allowed(1, MIB16)
+    assert at_64 <= allowed(1, 4 * MIB16), (at_16, at_64)
+    assert at_64 - at_16 <= 3 * PER_FURTHER_16_MIB, (at_16, at_64)

@@ -1,0 +1,48 @@
+"""`CallRows`: what every key of one call shares, built once per call and device.
+
+Every key of a call has the same micro-batches' row counts (checked) and the same permutation, so the
+tensors derived from them alone (the permutation on the keys' device, its inverse, `row_steps`) are
+built on first use and kept for the other keys: a call's operations grow by a constant per key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from ._parts import row_steps
+from ._permutation import invert
+
+__all__ = ["CallRows"]
+
+
+class CallRows:
+    """``rows``: each micro-batch's row count; ``perm``: the checked permutation ``[B]`` (CPU), or None."""
+
+    def __init__(self, rows: Sequence[int], perm: torch.Tensor | None) -> None:
+        self.rows = list(rows)
+        self._perm = perm
+        self._made: dict[tuple[str, torch.device], torch.Tensor] = {}
+
+    def _once(self, what: str, device: torch.device, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+        key = (what, device)
+        if key not in self._made:
+            self._made[key] = make()
+        return self._made[key]
+
+    def perm(self, device: torch.device) -> torch.Tensor:
+        """The permutation on ``device`` (a copy from the host, not a read of the device)."""
+        assert self._perm is not None
+        perm = self._perm
+        return self._once("perm", device, lambda: perm.to(device, non_blocking=True))
+
+    def inverse(self, device: torch.device) -> torch.Tensor:
+        """``inv[perm[k]] == k``, on ``device``."""
+        return self._once("inverse", device, lambda: invert(self.perm(device)))
+
+    def steps(self, device: torch.device) -> torch.Tensor | None:
+        """`row_steps` of the row counts on ``device``; None for one micro-batch (nothing to leave out)."""
+        if len(self.rows) < 2:
+            return None
+        return self._once("steps", device, lambda: row_steps(self.rows, device))
