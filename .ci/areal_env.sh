@@ -21,7 +21,7 @@ echo "torch==2.9.1" > "$CONS"
 PIP() { "$VENV/bin/python" -m pip -q "$@"; }
 
 python3 -m venv "$VENV"
-PIP install -c "$CONS" "torch==2.9.1"
+bash .ci/torch_wheels.sh "$VENV" 2.9.1  # shared with the other environments of this torch
 PIP install -c "$CONS" "tensordict==0.10.0"
 # What areal.engine.core.train_engine and areal.utils.data pull in when imported (AReaL's pins where it
 # has them: hydra-core 1.4.0.dev1, omegaconf 2.4.0.dev2, transformers <=5.3.0):

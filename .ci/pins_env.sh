@@ -15,7 +15,7 @@ echo "torch==2.9.1" > "$CONS"
 PIP() { "$VENV/bin/python" -m pip -q "$@"; }
 
 python3 -m venv "$VENV"
-PIP install -c "$CONS" "torch==2.9.1"
+bash .ci/torch_wheels.sh "$VENV" 2.9.1  # shared with the other environments of this torch
 PIP install -c "$CONS" "tensordict==0.10.0"
 # verl 0.9.1 without its dependencies, then the ones its engine utils, partitioner and metric helpers
 # import: ray, omegaconf, transformers (verl/__init__ -> protocol, torch_functional, utils.config), and

@@ -31,7 +31,7 @@ done
 [ -n "$PY312" ] || { echo "skyrl_env.sh: no Python 3.12 found (python3.12 on PATH or pyenv's 3.12.x)" >&2; exit 1; }
 
 "$PY312" -m venv "$VENV"
-PIP install -c "$CONS" "torch==2.13.0"
+bash .ci/torch_wheels.sh "$VENV" 2.13.0  # shared with the other environments of this torch
 PIP install -c "$CONS" "tensordict==0.15.3"
 # What skyrl.backends.skyrl_train.workers.worker_utils and .training_batch pull in when imported
 # (SkyRL's ranges where it has them):
