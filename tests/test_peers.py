@@ -136,3 +136,39 @@ def test_skyrl_install_replaces_the_iterator_methods_and_a_real_iterator_agrees(
     finally:
         skyrl.uninstall()
     assert {n: vars(cls)[n] for n in SKYRL_METHODS} == theirs
+
+
+def test_skyrl_padding_micro_batches_none_and_metadata_as_skyrl_keeps_them() -> None:
+    _need("skyrl")
+    import torch
+
+    from property_tests.compare import assert_same
+    from property_tests.peers import PEERS, skyrl_iterator, tensor_batch
+
+    theirs, ours = PEERS["skyrl"].theirs(), PEERS["skyrl"].ours()
+    partitions = [[3, 0], [2], [1, 4]]
+
+    def batches() -> list:
+        real = [
+            tensor_batch(
+                {"lp": torch.tensor(p, dtype=torch.float32)[:, None] * 1.5, "none": None, "ids": torch.tensor(p)},
+                {"m": m},
+            )
+            for m, p in enumerate(partitions)
+        ]
+        padding = [
+            tensor_batch(
+                {"lp": torch.zeros(1, 1), "none": None, "ids": torch.zeros(1, dtype=torch.int64)},
+                {"is_padding_batch": True},
+            )
+        ] * 2
+        return real + padding
+
+    it = skyrl_iterator(partitions, 5, padding=2)
+    want = theirs["reorder_and_combine_batches"](it, batches())
+    got = ours["reorder_and_combine_batches"](it, batches())
+    assert_same(dict(got), dict(want))
+    assert got.metadata == want.metadata == {"m": 0}
+    assert type(got) is type(want)
+    items = [[{"i": i} for i in p] for p in partitions] + [[{"pad": True}]] * 2
+    assert ours["reorder_and_combine_items"](it, items) == theirs["reorder_and_combine_items"](it, items)
