@@ -7,6 +7,14 @@ import sys
 import zipfile
 
 ALLOWED = {"ref", "torch_impl", "property_tests", "rebatch"}
+#: modules of subpackages a wheel must hold (an explicit package list once left ``torch_impl.integrations`` out)
+REQUIRED = {
+    "torch_impl/integrations/_patch.py",
+    "torch_impl/integrations/verl.py",
+    "torch_impl/integrations/areal.py",
+    "torch_impl/integrations/skyrl.py",
+    "rebatch/bench/run.py",
+}
 
 
 def main(path: str) -> int:
@@ -14,9 +22,11 @@ def main(path: str) -> int:
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     tests_outside_kit = [n for n in names if "/test_" in n and not n.startswith("property_tests/")]
     print(f"{path}: top level {sorted(tops)}, {len(names)} files")
-    if tops != ALLOWED or tests_outside_kit:
+    missing = sorted(REQUIRED - set(names))
+    if tops != ALLOWED or tests_outside_kit or missing:
         print(
-            f"unexpected: top level {sorted(tops - ALLOWED)}, missing {sorted(ALLOWED - tops)}, tests {tests_outside_kit}"
+            f"unexpected: top level {sorted(tops - ALLOWED)}, missing {sorted(ALLOWED - tops)}, tests "
+            f"{tests_outside_kit}, modules missing {missing}"
         )
         return 1
     return 0
