@@ -65,3 +65,4 @@ assert areal_version == "1.0.4", areal_version
 assert callable(train_engine.reorder_and_pad_outputs)
 print(f"areal: torch {torch.__version__}, tensordict {tensordict.__version__}, areal {areal_version} importable")
 PY
+touch "$VENV/.rebatch-env-ok"  # built to the end (.ci/peers.sh builds an environment without it)

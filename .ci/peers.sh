@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The trainers beside rebatch, each in an environment of its own: AReaL 1.0.4 (torch 2.9.1, Python 3.11),
-# SkyRL 0.4.0 (Python 3.12) and verl 0.9.1 (the pins environment, built before this by .ci/run). In each:
+# SkyRL 0.4.0 (Python 3.12) and verl 0.9.1 (the pins environment); .ci/run builds all three beforehand
+# (.ci/envs.sh), and a missing one is built here. In each:
 # the drop-in's tests against the trainer's own function (a skip fails: REBATCH_REQUIRE_PEER), then the
 # trainer's conformance report (JSON). Last, docs/peers.md's table of outcomes is checked against the three
 # reports (regenerate it with `.venv/bin/python -m property_tests.conformance --report docs/peers.md
@@ -19,8 +20,10 @@ for part in "${PARTS[@]}"; do
   case "$part" in
     areal | skyrl)
       venv=".venv-$part"
-      step "$part: environment"
-      bash ".ci/${part}_env.sh" "$venv"
+      if [ ! -f "$venv/.rebatch-env-ok" ]; then  # .ci/run builds it beforehand (.ci/envs.sh)
+        step "$part: environment"
+        bash ".ci/${part}_env.sh" "$venv"
+      fi
       step "$part: the drop-in against the trainer's own function (a skip fails here)"
       REBATCH_REQUIRE_PEER=$part "$venv/bin/python" -m pytest -q "${TESTS[@]}"
       step "$part: conformance report"

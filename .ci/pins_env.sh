@@ -31,3 +31,4 @@ assert torch.__version__.split("+")[0] == "2.9.1", torch.__version__
 assert tensordict.__version__.startswith("0.10."), tensordict.__version__
 print(f"pins: torch {torch.__version__}, tensordict {tensordict.__version__}, verl 0.9.1 importable")
 PY
+touch "$VENV/.rebatch-env-ok"  # built to the end (.ci/peers.sh builds an environment without it)

@@ -60,3 +60,4 @@ for name in ("reorder_and_combine_batches", "reorder_and_combine_items"):
     assert callable(getattr(TokenBasedBatchIterator, name)), name
 print(f"skyrl: torch {torch.__version__}, tensordict {tensordict.__version__}, skyrl {skyrl_version} importable")
 PY
+touch "$VENV/.rebatch-env-ok"  # built to the end (.ci/peers.sh builds an environment without it)
