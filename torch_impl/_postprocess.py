@@ -21,7 +21,7 @@ from ._parts import check_parts
 from ._permutation import check_permutation
 from ._rows import CallRows
 
-__all__ = ["postprocess_batch", "postprocess_batch_func", "read_setting"]
+__all__ = ["check_batch_func", "postprocess_batch", "postprocess_batch_func", "read_setting"]
 
 
 @entry
@@ -41,6 +41,27 @@ def postprocess_batch(
     [...], "metrics": {...}}``. Every defect raises a `ref.errors.RebatchError` subclass, in the
     order documented in ``docs/spec.md``.
     """
+    output_lst, perm, checked = _check(output_lst, indices, use_dynamic_bsz, pad_mode)
+    model_output: dict[str, Any] = {}
+    rows: CallRows | None = None
+    for key, parts in checked.items():
+        if rows is None:
+            rows = CallRows([p.rows for p in parts], perm)
+        model_output[key] = assemble(parts, perm, key, rows)
+
+    losses = [o["loss"] for o in output_lst if "loss" in o]
+    metrics = fold_metrics(o["metrics"] for o in output_lst if "metrics" in o)
+    return {"model_output": model_output, "loss": losses, "metrics": metrics}
+
+
+def _check(
+    output_lst: Sequence[Mapping[str, Any]],
+    indices: Sequence[Sequence[int]] | None,
+    use_dynamic_bsz: Any,
+    pad_mode: Any,
+) -> tuple[Sequence[Mapping[str, Any]], torch.Tensor | None, dict[Any, list[Any]]]:
+    """Every check of a call, no data moved: the outputs without padding micro-batches, the permutation
+    (None without dynamic batch size) and each key's checked parts, in the keys' order."""
     if isinstance(pad_mode, Enum):
         pad_mode = pad_mode.value
     use_dynamic_bsz = check_settings(use_dynamic_bsz, pad_mode, indices)
@@ -51,29 +72,17 @@ def postprocess_batch(
     if use_dynamic_bsz:
         check_partition_count(indices, len(outs))
         perm = check_permutation(indices, sum(len(p) for p in indices))
-
-    model_output: dict[str, Any] = {}
     keys = list(outs[0]) if outs else []
     sizes = [len(p) for p in indices] if perm is not None and indices is not None else None
-    _assemble_keys(outs, keys, sizes, perm, pad_mode, model_output)
-
-    losses = [o["loss"] for o in output_lst if "loss" in o]
-    metrics = fold_metrics(o["metrics"] for o in output_lst if "metrics" in o)
-    return {"model_output": model_output, "loss": losses, "metrics": metrics}
+    return output_lst, perm, _check_keys(outs, keys, sizes, pad_mode)
 
 
-def _assemble_keys(
-    outs: Sequence[Mapping[str, Any]],
-    keys: list[Any],
-    sizes: list[int] | None,
-    perm: torch.Tensor | None,
-    pad_mode: str,
-    model_output: dict[str, Any],
-) -> None:
-    """Check and assemble each key into ``model_output``; ``sizes``: each partition's size (None, as
-    ``perm``, without dynamic batch size)."""
+def _check_keys(
+    outs: Sequence[Mapping[str, Any]], keys: list[Any], sizes: list[int] | None, pad_mode: str
+) -> dict[Any, list[Any]]:
+    """Each key's parts, checked; ``sizes``: each partition's size (None without dynamic batch size)."""
+    checked: dict[Any, list[Any]] = {}
     first_rows: list[int] = []
-    rows: CallRows | None = None
     for key in keys:
         parts = check_parts([mo[key] for mo in outs], key, allow_jagged=pad_mode == "no_padding")
         if parts:
@@ -90,9 +99,8 @@ def _assemble_keys(
                 raise ShapeMismatchError(
                     f"{where(key, m)}{part.rows} rows, but key {keys[0]!r} has {first_rows[m]} there"
                 )
-        if rows is None:
-            rows = CallRows([p.rows for p in parts], perm)
-        model_output[key] = assemble(parts, perm, key, rows)
+        checked[key] = parts
+    return checked
 
 
 def read_setting(data: Any, key: str, default: Any) -> Any:
@@ -123,6 +131,18 @@ def postprocess_batch_func(
     result = postprocess_batch(output_lst, indices, use_dynamic_bsz=use_dynamic_bsz, pad_mode=pad_mode)
     result["model_output"] = {k: _nested_like_verl(v) for k, v in result["model_output"].items()}
     return result
+
+
+@entry
+def check_batch_func(
+    output_lst: Sequence[Mapping[str, Any]], indices: Sequence[Sequence[int]] | None, data: Any
+) -> None:
+    """Every check `postprocess_batch_func` makes of this call, without moving data: returns None or
+    raises the same `ref.errors.RebatchError` (verl's shadow mode runs it on unsampled calls)."""
+    use_dynamic_bsz = read_setting(data, "use_dynamic_bsz", True)
+    pad_mode = read_setting(data, "pad_mode", "no_padding")
+    output_lst = [_plain_model_output(o) for o in output_lst] if isinstance(output_lst, list | tuple) else output_lst
+    _check(output_lst, indices, use_dynamic_bsz, pad_mode)
 
 
 def _plain_model_output(o: Any) -> Any:

@@ -8,22 +8,46 @@ the form ``"Class.method"`` is replaced on the class itself (every instance and 
 `Patcher.uninstall` puts every original back where it was replaced. Both are idempotent and
 thread-safe; the trainer is imported only when `install` runs.
 
+`Patcher.install_as_imported` does the same without importing anything: the names of modules already
+loaded are replaced at once, each other one right after its module finishes executing (an import hook
+on ``sys.meta_path``, removed once every module of the table has been patched, or by `uninstall`), so a
+module that binds it later binds the replacement. It is the form for a plugin that the trainer loads
+while it is itself half-imported (verl's ``verl.plugins`` entry points).
+
+A table value may be a `Wrap`: ``Wrap(factory)`` puts ``factory(original)`` in the original's place
+(a wrapper around the trainer's own function, built when the original is found).
+
 Each trainer's module (`torch_impl.integrations.verl`, ``.areal``, ``.skyrl``) is that table plus its
 adapter functions.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import importlib.abc
+import importlib.machinery
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from types import ModuleType
 from typing import Any
 
-__all__ = ["Patcher", "Table"]
+__all__ = ["Patcher", "Table", "Wrap"]
 
 #: ``(defining module, name) -> replacement``; a name ``"Class.attr"`` is an attribute of a class there.
 Table = Mapping[tuple[str, str], Any]
+
+
+class Wrap:
+    """A table value built from the original: `Patcher` puts ``factory(original)`` in its place."""
+
+    def __init__(self, factory: Callable[[Any], Any]) -> None:
+        self.factory = factory
+
+
+def _built(mine: Any, original: Any) -> Any:
+    return mine.factory(original) if isinstance(mine, Wrap) else mine
 
 
 class Patcher:
@@ -36,13 +60,16 @@ class Patcher:
     def __init__(self, package: str, table: Callable[..., Table]) -> None:
         self.package = package
         self._table = table
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         #: (owner: a module name or a class, attribute, original) for every replacement made, to undo them.
         self._replaced: list[tuple[str | type, str, Any]] = []
+        #: module name -> its table entries, waiting for the module to be imported (`install_as_imported`).
+        self._pending: dict[str, dict[tuple[str, str], Any]] = {}
+        self._finder: _AfterImport | None = None
 
     def installed(self) -> bool:
-        """True between `install` and `uninstall`."""
-        return bool(self._replaced)
+        """True between `install` (or `install_as_imported`) and `uninstall`."""
+        return bool(self._replaced or self._pending)
 
     def places(self) -> list[str]:
         """Every place replaced now, as ``"module.name"`` or ``"module.Class.attr"``."""
@@ -53,25 +80,64 @@ class Patcher:
         """Replace every name of the table (built with these arguments); returns the places replaced.
         Idempotent: a second call changes nothing and returns the places of the first."""
         with self._lock:
-            if not self._replaced:
-                self._install(self._table(*args, **kwargs))
+            if not self.installed():
+                table = self._table(*args, **kwargs)
+                for module_name, _ in table:
+                    importlib.import_module(module_name)
+                self._swap(table)
             return [_place(owner, attr) for owner, attr, _ in self._replaced]
 
-    def _install(self, table: Table) -> None:
+    def install_as_imported(self, *args: Any, **kwargs: Any) -> list[str]:
+        """`install` without importing the trainer: the names of loaded modules are replaced now, each
+        other one as soon as its module has executed. Returns the places replaced now; `installed` is
+        True from this call on. Idempotent (with `install` too)."""
+        with self._lock:
+            if not self.installed():
+                table = self._table(*args, **kwargs)
+                now: dict[tuple[str, str], Any] = {}
+                for (module_name, name), mine in table.items():
+                    if _loaded(module_name):
+                        now[module_name, name] = mine
+                    else:
+                        self._pending.setdefault(module_name, {})[module_name, name] = mine
+                self._swap(now)
+                if self._pending:
+                    self._finder = _AfterImport(self._pending, self._imported)
+                    sys.meta_path.insert(0, self._finder)
+            return [_place(owner, attr) for owner, attr, _ in self._replaced]
+
+    def _imported(self, module_name: str) -> None:
+        """The hook: ``module_name`` has just executed; replace its names."""
+        with self._lock:
+            entries = self._pending.pop(module_name, None)
+            if entries:
+                self._swap(entries)
+            if not self._pending:
+                self._drop_finder()
+
+    def _drop_finder(self) -> None:
+        if self._finder is not None:
+            with contextlib.suppress(ValueError):  # removed by someone else
+                sys.meta_path.remove(self._finder)
+            self._finder = None
+
+    def _swap(self, table: Table) -> None:
+        """Replace every name of ``table`` (its modules loaded) in its module and, by identity, in the
+        package's loaded modules."""
         swap: dict[int, tuple[Any, Any]] = {}  # id(original) -> (original, replacement)
         for (module_name, name), mine in table.items():
-            module = importlib.import_module(module_name)
+            module = sys.modules[module_name]
             if "." in name:
                 owner_path, attr = name.rsplit(".", 1)
                 owner: Any = module
                 for part in owner_path.split("."):
                     owner = getattr(owner, part)
                 original = vars(owner)[attr]  # the class's own entry (a staticmethod stays one)
-                setattr(owner, attr, mine)
+                setattr(owner, attr, _built(mine, original))
                 self._replaced.append((owner, attr, original))
             else:
                 original = getattr(module, name)
-                swap[id(original)] = (original, mine)
+                swap[id(original)] = (original, _built(mine, original))
         prefix = self.package + "."
         for module_name, module in list(sys.modules.items()):
             if module is None or not (module_name == self.package or module_name.startswith(prefix)):
@@ -86,6 +152,8 @@ class Patcher:
     def uninstall(self) -> None:
         """Put every original back wherever `install` replaced it. Idempotent."""
         with self._lock:
+            self._pending.clear()
+            self._drop_finder()
             while self._replaced:
                 owner, attr, original = self._replaced.pop()
                 if isinstance(owner, str):
@@ -94,6 +162,55 @@ class Patcher:
                         setattr(module, attr, original)
                 else:
                     setattr(owner, attr, original)
+
+
+def _loaded(module_name: str) -> bool:
+    """True when ``module_name`` has been imported and is not executing now."""
+    module = sys.modules.get(module_name)
+    return module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Finds the modules of ``pending`` with the other finders and calls ``then(name)`` once each has
+    executed (its loader wrapped for that one execution; the module keeps its own loader)."""
+
+    def __init__(self, pending: Mapping[str, Any], then: Callable[[str], None]) -> None:
+        self._pending = pending
+        self._then = then
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in self._pending:
+            return None
+        for finder in sys.meta_path:
+            find_spec = getattr(finder, "find_spec", None)
+            if finder is self or find_spec is None:
+                continue
+            spec = find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _ThenCall(spec.loader, fullname, self._then)
+                return spec
+        return None
+
+
+class _ThenCall(importlib.abc.Loader):
+    def __init__(self, loader: Any, name: str, then: Callable[[str], None]) -> None:
+        self._loader = loader
+        self._name = name
+        self._then = then
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        module: ModuleType | None = self._loader.create_module(spec)
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        module.__loader__ = self._loader  # the module and its spec keep the real loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self._loader
+        self._loader.exec_module(module)
+        self._then(self._name)
 
 
 def _place(owner: str | type, attr: str) -> str:
