@@ -1,0 +1,138 @@
+"""``REBATCH_VERL``: `torch_impl.integrations.verl_plugin` loaded by verl itself, mid-import, as a
+``verl.plugins`` entry point (made visible through a throwaway ``*.dist-info`` on ``PYTHONPATH``:
+exactly how ``importlib.metadata`` discovers entry points) or through ``VERL_USE_EXTERNAL_MODULES``,
+in a fresh interpreter and in a Ray worker. Needs verl (skipped without it, as test_verl_install.py)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from property_tests import verl_oracle as vo
+from ref.errors import UnsupportedSettingError
+from torch_impl.integrations import verl as integration, verl_plugin
+
+VERL = vo.verl_or_skip()
+ROOT = str(Path(__file__).resolve().parents[1])
+
+PROBE = (
+    "import warnings; warnings.simplefilter('ignore')\n"
+    "import torch_impl\n"
+    "import verl.workers.engine.fsdp.transformer_impl as m\n"
+    "from verl.workers.engine import utils\n"
+    "print('rebatch:', m.postprocess_batch_func is torch_impl.postprocess_batch_func)\n"
+    "print('verl:', m.postprocess_batch_func is utils.postprocess_batch_func)\n"
+)
+
+
+@pytest.fixture(scope="module")
+def entry_point(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A directory holding a ``*.dist-info`` that declares the plugin (what rebatch's install declares)."""
+    root = tmp_path_factory.mktemp("ep")
+    info = root / "rebatch_plugin_probe-0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: rebatch-plugin-probe\nVersion: 0\n")
+    (info / "entry_points.txt").write_text("[verl.plugins]\nrebatch = torch_impl.integrations.verl_plugin:activate\n")
+    return str(root)
+
+
+def _run(code: str, entry_point: str | None, **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if k not in ("REBATCH_VERL", "VERL_USE_EXTERNAL_MODULES")}
+    environ["PYTHONPATH"] = os.pathsep.join([ROOT] + ([entry_point] if entry_point else []))
+    environ.update(env)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=300, env=environ
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "ours"), [("on", True), (None, False), ("off", False), ("shadow", False), ("shadow:0.5", False)]
+)
+def test_the_entry_point_activates_as_the_variable_says(entry_point: str, value: str | None, ours: bool) -> None:
+    """on: the engine binds rebatch's function; unset, off: verl's; shadow: verl's own wrapped."""
+    env = {} if value is None else {"REBATCH_VERL": value}
+    code = PROBE
+    if value and value.startswith("shadow"):
+        code += "print('shadowed:', m.postprocess_batch_func.__wrapped__.__module__)\n"
+    done = _run(code, entry_point, **env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"rebatch: {ours}" in done.stdout, (done.stdout, done.stderr[-3000:])
+    if value and value.startswith("shadow"):
+        assert "verl: True" in done.stdout  # the engine and verl's module hold the same wrapper
+        assert "shadowed: verl.workers.engine.utils" in done.stdout  # a wrapper of verl's own function
+    elif not ours:
+        assert "verl: True" in done.stdout  # verl untouched
+
+
+def test_verl_use_external_modules_activates_the_same_way() -> None:
+    done = _run(PROBE, None, REBATCH_VERL="on", VERL_USE_EXTERNAL_MODULES="torch_impl.integrations.verl_plugin")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rebatch: True" in done.stdout, (done.stdout, done.stderr[-3000:])
+
+
+def test_activation_logs_one_info_line_naming_what_it_replaced(entry_point: str) -> None:
+    code = "import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout)\n" + PROBE
+    code += "from torch_impl.integrations import verl_plugin; verl_plugin.activate()\n"  # idempotent: no 2nd line
+    done = _run(code, entry_point, REBATCH_VERL="on")
+    lines = [line for line in done.stdout.splitlines() if line.startswith("INFO:rebatch:")]
+    assert len(lines) == 1, done.stdout
+    assert "replaces verl's verl.workers.engine.utils.postprocess_batch_func" in lines[0]
+
+
+def test_a_ray_worker_sees_rebatch_through_the_runtime_env(entry_point: str) -> None:
+    """``runtime_env.env_vars`` carries the variable to the workers (verl's
+    ``+ray_kwargs.ray_init.runtime_env.env_vars.REBATCH_VERL=on``); verl loads the plugin there."""
+    pytest.importorskip("ray", reason="ray is not installed")
+    path = os.pathsep.join([ROOT, entry_point])
+    code = (
+        "import ray, warnings; warnings.simplefilter('ignore')\n"
+        "ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,\n"
+        f"         runtime_env={{'env_vars': {{'REBATCH_VERL': 'on', 'PYTHONPATH': {path!r}}}}})\n"
+        "@ray.remote\n"
+        "def probe():\n"
+        "    import torch_impl, verl.workers.engine.fsdp.transformer_impl as m\n"
+        "    return m.postprocess_batch_func is torch_impl.postprocess_batch_func\n"
+        "print('worker sees rebatch:', ray.get(probe.remote(), timeout=240))\n"
+        "ray.shutdown()\n"
+    )
+    done = _run(code, None)  # the driver itself has no entry point and no REBATCH_VERL
+    assert "worker sees rebatch: True" in done.stdout, (done.stdout[-2000:], done.stderr[-3000:])
+
+
+@pytest.fixture
+def _fresh(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(verl_plugin, "_active", False)
+    yield
+    integration.uninstall()
+
+
+@pytest.mark.usefixtures("_fresh")
+def test_a_broken_activation_under_on_is_logged_and_raised(monkeypatch, caplog) -> None:
+    def broken(**kwargs: object) -> None:
+        raise RuntimeError("no verl here")
+
+    monkeypatch.setattr(integration, "install", broken)
+    monkeypatch.setenv("REBATCH_VERL", "on")
+    with caplog.at_level(logging.ERROR, logger="rebatch"), pytest.raises(RuntimeError, match="no verl here"):
+        verl_plugin.activate()
+    assert any("could not install rebatch in verl" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    monkeypatch.setenv("REBATCH_VERL", "shadow")  # shadow never stops the run: logged only
+    with caplog.at_level(logging.ERROR, logger="rebatch"):
+        verl_plugin.activate()
+    assert any("RuntimeError: no verl here" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.usefixtures("_fresh")
+def test_a_bad_value_is_refused(monkeypatch, caplog) -> None:
+    monkeypatch.setenv("REBATCH_VERL", "yes please")
+    with caplog.at_level(logging.ERROR, logger="rebatch"), pytest.raises(UnsupportedSettingError):
+        verl_plugin.activate()
+    assert not integration.installed()
+    assert verl_plugin.parse("shadow:0.05") == {"mode": "shadow", "sample": 0.05}
+    assert verl_plugin.parse(" OFF ") is None
