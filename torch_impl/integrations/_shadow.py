@@ -23,6 +23,7 @@ place (key), the row and both values. A normal call logs nothing.
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import logging
@@ -121,10 +122,13 @@ class Shadow:
         check: Callable[..., Any] | None = None,
         on_first_difference: Callable[..., Any] | None = None,
         keys_of: Callable[..., Any] | None = None,
+        mutates: bool = False,
     ) -> Callable[..., Any]:
         """``theirs`` in charge, ``ours`` (and ``check``) in its shadow. ``on_first_difference(*args,
         **kwargs)`` runs once, at the first call with a difference or a defect (a dump of that step);
-        ``keys_of(*args, **kwargs)`` names the keys a defect misaligns, in its log line."""
+        ``keys_of(*args, **kwargs)`` names the keys a defect misaligns, in its log line. ``mutates``: the
+        function changes its arguments (verl's ``append_to_dict`` fills its first): ``ours`` runs on a
+        deep copy of them, and the arguments after the call are compared too."""
         counter = iter(range(1 << 62))  # next() on an itertools counter is atomic under the GIL
         first = threading.Event()
 
@@ -138,7 +142,11 @@ class Shadow:
             t0 = time.perf_counter()
             if run is not None:
                 try:
-                    mine = run(*args, **kwargs)
+                    if sampled and mutates:
+                        copied = copy.deepcopy((args, kwargs))
+                        mine = (run(*copied[0], **copied[1]), copied)
+                    else:
+                        mine = run(*args, **kwargs)
                 except Exception as err:  # recorded (Scientist: the candidate never breaks the run)
                     failure = err
             t1 = time.perf_counter()
@@ -176,7 +184,7 @@ class Shadow:
                     failure,
                 )
             elif sampled:
-                why = first_difference(mine, result)
+                why = first_difference(mine, (result, (args, kwargs)) if mutates else result)
                 if why is not None:
                     bad = True
                     self._count(name, differences=1)

@@ -70,6 +70,7 @@ def replacements(dump: str | None = None, shadow: Shadow | None = None) -> dict[
                     check=check_batch_func if is_post else None,
                     on_first_difference=functools.partial(_save, dump) if is_post and dump else None,
                     keys_of=_keys if is_post else None,
+                    mutates=name == "append_to_dict",
                 )
             )
 

@@ -1,0 +1,151 @@
+"""``install(mode="shadow")``: verl's functions stay in charge (the trainer gets verl's results), rebatch's
+checks run on every call and its own function on sampled ones, compared bit for bit; defects verl
+passes silently are reported (or raised), counted by ``stats()``. Needs verl (skipped without it)."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import json
+import logging
+import warnings
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+
+import torch_impl
+from property_tests import verl_oracle as vo
+from property_tests.data import jagged
+from torch_impl.integrations import verl as integration
+from torch_impl.integrations._shadow import Shadow
+
+VERL = vo.verl_or_skip()
+ENGINE = "verl.workers.engine.fsdp.transformer_impl"
+
+
+def _engine():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return importlib.import_module(ENGINE)
+
+
+@pytest.fixture(autouse=True)
+def _restored():
+    yield
+    integration.uninstall()
+
+
+def _duplicate_step():
+    """A step whose indices repeat row 1 (and miss row 2): verl reorders it silently."""
+    outs = [
+        {"model_output": {"lp": jagged(torch.arange(3.0), [1, 2])}},
+        {"model_output": {"lp": jagged(torch.ones(1), [1])}},
+    ]
+    return outs, [[0, 1], [1]], vo.make_data({})
+
+
+def test_500_engine_steps_agree_and_the_trainer_gets_verls_results() -> None:
+    engine = _engine()
+    theirs = engine.postprocess_batch_func
+    integration.install(mode="shadow", sample=1.0)
+    assert engine.postprocess_batch_func is not theirs
+    assert engine.postprocess_batch_func.__wrapped__ is theirs
+
+    @settings(max_examples=500, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(vo.engine_calls(metric_cls=VERL.metric.Metric))
+    def step(call: vo.EngineCall) -> None:
+        data = vo.make_data(call.settings)
+        alone = theirs(copy.deepcopy(call.output_lst), call.indices, data)  # verl without rebatch
+        got = engine.postprocess_batch_func(call.output_lst, call.indices, data)
+        assert vo.same(got, alone) is None
+
+    step()
+    s = integration.stats()
+    post = s["by_name"]["postprocess_batch_func"]
+    assert post["calls"] >= 500
+    assert post["sampled"] == post["calls"]
+    assert (s["differences"], s["defects"], s["errors"]) == (0, 0, 0), s["messages"]
+    assert s["by_name"]["append_to_dict"]["calls"] > 0  # verl's own helper, shadowed too
+    assert s["verl_seconds"] > 0
+    assert s["rebatch_seconds"] > 0
+
+
+def test_a_duplicate_index_is_reported_as_misaligned(caplog, tmp_path) -> None:
+    engine = _engine()
+    outs, indices, data = _duplicate_step()
+    alone = engine.postprocess_batch_func(copy.deepcopy(outs), indices, data)  # verl alone
+    dump = tmp_path / "step.pt"
+    integration.install(mode="shadow", dump=str(dump))
+    with caplog.at_level(logging.ERROR, logger="rebatch.shadow"):
+        got = engine.postprocess_batch_func(outs, indices, data)
+    assert vo.same(got, alone) is None  # verl's (misaligned) result, unchanged
+    lines = {r.getMessage().split(",")[0]: r.getMessage() for r in caplog.records}
+    line = lines.pop("postprocess_batch_func")
+    assert "call 0: verl's result of this step is misaligned in keys ['lp']" in line
+    assert "NotAPermutationError" in line
+    assert "index 1 duplicates" in line
+    assert list(lines) == ["restore_dynamic_batch"]  # verl's own helper, shadowed too, refused as well
+    assert integration.stats()["by_name"]["postprocess_batch_func"]["defects"] == 1
+    saved = torch.load(dump, weights_only=False)  # the format `rebatch check --dump` reads
+    assert saved[1] == indices
+
+
+def test_on_defect_raise_stops_the_step() -> None:
+    engine = _engine()
+    integration.install(mode="shadow", on_defect="raise")
+    with pytest.raises(torch_impl.errors.NotAPermutationError, match="index 1 duplicates"):
+        engine.postprocess_batch_func(*_duplicate_step())
+
+
+def test_stats_count_sampled_calls_and_write_the_report(tmp_path) -> None:
+    engine = _engine()
+    report = tmp_path / "shadow.json"
+    integration.install(mode="shadow", sample=0.25, report=str(report))
+    outs = [{"model_output": {"lp": jagged(torch.arange(3.0), [1, 2])}}]
+    for _ in range(9):
+        engine.postprocess_batch_func(outs, [[1, 0]], vo.make_data({}))
+    s = integration.stats(json_path=str(tmp_path / "now.json"))
+    post = s["by_name"]["postprocess_batch_func"]
+    assert (post["calls"], post["sampled"], post["differences"], post["defects"]) == (9, 3, 0, 0)  # calls 0, 4, 8
+    assert json.loads(report.read_text())["by_name"]["postprocess_batch_func"]["sampled"] == 3
+    assert json.loads((tmp_path / "now.json").read_text())["calls"] == s["calls"]
+
+
+def test_uninstall_restores_verls_functions() -> None:
+    engine = _engine()
+    theirs = engine.postprocess_batch_func, VERL.seqlen_balancing.rearrange_micro_batches
+    integration.install(mode="shadow")
+    integration.install()  # idempotent: the shadow stays
+    assert engine.postprocess_batch_func.__wrapped__ is theirs[0]
+    integration.uninstall()
+    assert (engine.postprocess_batch_func, VERL.seqlen_balancing.rearrange_micro_batches) == theirs
+
+
+def test_a_difference_is_logged_with_its_row_and_both_values(caplog) -> None:
+    """The Shadow itself, with a candidate that differs: verl's object comes back, one ERROR line."""
+    shadow = Shadow(1.0, "log", None)
+    control = torch.tensor([1.0, 2.0])
+    wrapped = shadow.wrap("f", lambda: control, lambda: torch.tensor([1.0, 3.0]))
+    with caplog.at_level(logging.ERROR, logger="rebatch.shadow"):
+        assert wrapped() is control
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "f, call 0: rebatch and verl differ" in line
+    assert "values differ at row 1: 3.0 vs 2.0" in line
+    assert shadow.stats()["differences"] == 1
+
+
+def test_rebatchs_other_exceptions_are_recorded_not_raised(caplog) -> None:
+    def broken() -> None:
+        raise RuntimeError("a bug of rebatch's")
+
+    shadow = Shadow(1.0, "log", None)
+    wrapped = shadow.wrap("f", lambda: 7, broken)
+    with caplog.at_level(logging.WARNING, logger="rebatch.shadow"):
+        assert wrapped() == 7
+    assert shadow.stats()["errors"] == 1
+    assert "a bug of rebatch's" in caplog.text
+    with pytest.raises(RuntimeError):
+        Shadow(1.0, "raise", None).wrap("f", lambda: 7, broken)()
+    with pytest.raises(torch_impl.errors.UnsupportedSettingError):
+        Shadow(2.0, "log", None)
