@@ -119,6 +119,50 @@ def test_the_table_is_built_only_when_install_runs(fake_package) -> None:
     patcher.uninstall()
 
 
+def test_install_as_imported_patches_each_module_as_it_finishes_importing(tmp_path, monkeypatch) -> None:
+    """A package on disk, not imported yet: nothing is imported by the install; its defining module is
+    patched right after it executes, so a module importing it binds the replacement; `Wrap` builds the
+    replacement from the original; the hook leaves ``sys.meta_path`` once done, and uninstall restores."""
+    pkg = tmp_path / "lazypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "core.py").write_text("def fn(x):\n    return x + 1\n")
+    (pkg / "engine.py").write_text("from .core import fn\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    table = {("lazypkg.core", "fn"): _patch.Wrap(lambda theirs: lambda x: theirs(x) * 10)}
+    patcher = _patch.Patcher("lazypkg", lambda: table)
+    before = list(sys.meta_path)
+    try:
+        assert patcher.install_as_imported() == []
+        assert patcher.installed()
+        assert "lazypkg.core" not in sys.modules
+        import lazypkg.engine as engine  # type: ignore[import-not-found]
+
+        assert engine.fn(1) == 20
+        assert sys.modules["lazypkg.core"].fn is engine.fn
+        assert sys.modules["lazypkg.core"].__loader__.__class__.__name__ == "SourceFileLoader"
+        assert sys.meta_path == before
+        assert patcher.places() == ["lazypkg.core.fn"]  # the engine bound the replacement itself
+        patcher.uninstall()
+        assert engine.fn(1) == 2  # and gets the original back
+        assert sys.modules["lazypkg.core"].fn(1) == 2
+    finally:
+        patcher.uninstall()
+        for name in ("lazypkg", "lazypkg.core", "lazypkg.engine"):
+            sys.modules.pop(name, None)
+
+
+def test_uninstall_drops_a_pending_import_hook() -> None:
+    patcher = _patch.Patcher("nopkg", lambda: {("nopkg.never", "fn"): _ours})
+    before = list(sys.meta_path)
+    patcher.install_as_imported()
+    assert patcher.installed()
+    assert len(sys.meta_path) == len(before) + 1
+    patcher.uninstall()
+    assert sys.meta_path == before
+    assert not patcher.installed()
+
+
 # -- AReaL's reorder_and_pad_outputs -------------------------------------------------------------
 
 

@@ -149,3 +149,16 @@ def test_rebatchs_other_exceptions_are_recorded_not_raised(caplog) -> None:
         Shadow(1.0, "raise", None).wrap("f", lambda: 7, broken)()
     with pytest.raises(torch_impl.errors.UnsupportedSettingError):
         Shadow(2.0, "log", None)
+
+
+def test_a_failing_dump_or_report_never_breaks_the_run(tmp_path, caplog) -> None:
+    def full_disk() -> None:
+        raise OSError("no space left")
+
+    shadow = Shadow(1.0, "log", str(tmp_path / "missing" / "report.json"))
+    wrapped = shadow.wrap("f", lambda: 1, lambda: 2, on_first_difference=full_disk)
+    with caplog.at_level(logging.WARNING, logger="rebatch.shadow"):
+        assert wrapped() == 1
+    assert shadow.stats()["differences"] == 1
+    assert shadow.stats()["errors"] == 1
+    assert "shadow mode failed: OSError: no space left" in caplog.text

@@ -63,6 +63,9 @@ class Patcher:
         self._lock = threading.RLock()
         #: (owner: a module name or a class, attribute, original) for every replacement made, to undo them.
         self._replaced: list[tuple[str | type, str, Any]] = []
+        #: id(replacement) -> (replacement, original) of every module-level replacement, to find the
+        #: modules imported after the install that bound a replacement.
+        self._made: dict[int, tuple[Any, Any]] = {}
         #: module name -> its table entries, waiting for the module to be imported (`install_as_imported`).
         self._pending: dict[str, dict[tuple[str, str], Any]] = {}
         self._finder: _AfterImport | None = None
@@ -148,18 +151,30 @@ class Patcher:
                 if theirs is not None and value is theirs:
                     namespace[attr] = mine
                     self._replaced.append((module_name, attr, value))
+        self._made.update({id(mine): (mine, theirs) for theirs, mine in swap.values()})
 
     def uninstall(self) -> None:
-        """Put every original back wherever `install` replaced it. Idempotent."""
+        """Put every original back wherever `install` replaced it, and in every module of the package
+        imported since that bound a replacement. Idempotent."""
         with self._lock:
             self._pending.clear()
             self._drop_finder()
+            prefix = self.package + "."
+            for module_name, module in list(sys.modules.items()):
+                if module is None or not (module_name == self.package or module_name.startswith(prefix)):
+                    continue
+                namespace = vars(module)
+                for attr, value in list(namespace.items()):
+                    mine, theirs = self._made.get(id(value), (None, None))
+                    if mine is not None and value is mine:
+                        namespace[attr] = theirs
+            self._made.clear()
             while self._replaced:
                 owner, attr, original = self._replaced.pop()
                 if isinstance(owner, str):
-                    module = sys.modules.get(owner)
-                    if module is not None:
-                        setattr(module, attr, original)
+                    loaded = sys.modules.get(owner)
+                    if loaded is not None:
+                        setattr(loaded, attr, original)
                 else:
                     setattr(owner, attr, original)
 

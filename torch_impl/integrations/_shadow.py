@@ -114,6 +114,58 @@ class Shadow:
                 self._messages.append(text)
         log.log(level, "%s", text)
 
+    def _publish(
+        self,
+        name: str,
+        n: int,
+        sampled: bool,
+        failure: Exception | None,
+        mine: Any,
+        result: Any,
+        args: Any,
+        kwargs: Any,
+        mutates: bool,
+        keys_of: Callable[..., Any] | None,
+        first: threading.Event,
+        on_first_difference: Callable[..., Any] | None,
+    ) -> None:
+        """Count, log and report one call after the trainer's function returned ``result``."""
+        bad = False
+        if isinstance(failure, DEFECTS):
+            bad = True
+            self._count(name, defects=1)
+            keys = _keys(keys_of, args, kwargs)
+            self._say(
+                logging.ERROR,
+                "%s, call %d: verl's result of this step is misaligned%s (rebatch refuses its input, %s: %s)",
+                name,
+                n,
+                keys,
+                type(failure).__name__,
+                failure,
+            )
+        elif failure is not None:
+            self._count(name, errors=1)
+            self._say(
+                logging.WARNING,
+                "%s, call %d: rebatch raised %s: %s (recorded; verl's result returned)",
+                name,
+                n,
+                type(failure).__name__,
+                failure,
+            )
+        elif sampled:
+            why = first_difference(mine, (result, (args, kwargs)) if mutates else result)
+            if why is not None:
+                bad = True
+                self._count(name, differences=1)
+                self._say(logging.ERROR, "%s, call %d: rebatch and verl differ (rebatch vs verl): %s", name, n, why)
+        if bad and on_first_difference is not None and not first.is_set():
+            first.set()
+            on_first_difference(*args, **kwargs)
+        if sampled and self.report is not None:
+            self.stats(json_path=self.report)
+
     def wrap(
         self,
         name: str,
@@ -129,7 +181,7 @@ class Shadow:
         ``keys_of(*args, **kwargs)`` names the keys a defect misaligns, in its log line. ``mutates``: the
         function changes its arguments (verl's ``append_to_dict`` fills its first): ``ours`` runs on a
         deep copy of them, and the arguments after the call are compared too."""
-        counter = iter(range(1 << 62))  # next() on an itertools counter is atomic under the GIL
+        counter = iter(range(1 << 62))  # next() on a range iterator is atomic under the GIL
         first = threading.Event()
 
         @functools.wraps(theirs)
@@ -159,41 +211,13 @@ class Shadow:
             finally:
                 t2 = time.perf_counter()
                 self._count(name, calls=1, sampled=sampled, verl_seconds=t2 - t1, rebatch_seconds=t1 - t0)
-            bad = False
-            if isinstance(failure, DEFECTS):
-                bad = True
-                self._count(name, defects=1)
-                keys = _keys(keys_of, args, kwargs)
-                self._say(
-                    logging.ERROR,
-                    "%s, call %d: verl's result of this step is misaligned%s (rebatch refuses its input, %s: %s)",
-                    name,
-                    n,
-                    keys,
-                    type(failure).__name__,
-                    failure,
+            try:
+                self._publish(
+                    name, n, sampled, failure, mine, result, args, kwargs, mutates, keys_of, first, on_first_difference
                 )
-            elif failure is not None:
+            except Exception as err:  # a comparison, a dump or a report that fails never breaks the run
                 self._count(name, errors=1)
-                self._say(
-                    logging.WARNING,
-                    "%s, call %d: rebatch raised %s: %s (recorded; verl's result returned)",
-                    name,
-                    n,
-                    type(failure).__name__,
-                    failure,
-                )
-            elif sampled:
-                why = first_difference(mine, (result, (args, kwargs)) if mutates else result)
-                if why is not None:
-                    bad = True
-                    self._count(name, differences=1)
-                    self._say(logging.ERROR, "%s, call %d: rebatch and verl differ (rebatch vs verl): %s", name, n, why)
-            if bad and on_first_difference is not None and not first.is_set():
-                first.set()
-                on_first_difference(*args, **kwargs)
-            if sampled and self.report is not None:
-                self.stats(json_path=self.report)
+                self._say(logging.WARNING, "%s, call %d: shadow mode failed: %s: %s", name, n, type(err).__name__, err)
             return result
 
         return shadowed
