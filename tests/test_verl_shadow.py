@@ -4,6 +4,7 @@ passes silently are reported (or raised), counted by ``stats()``. Needs verl (sk
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib
 import json
@@ -13,6 +14,7 @@ import warnings
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
+from tensordict import TensorDict
 
 import torch_impl
 from property_tests import verl_oracle as vo
@@ -45,7 +47,7 @@ def _duplicate_step():
     return outs, [[0, 1], [1]], vo.make_data({})
 
 
-def test_500_engine_steps_agree_and_the_trainer_gets_verls_results() -> None:
+def test_500_engine_steps_agree_and_the_trainer_gets_verls_results(caplog) -> None:
     engine = _engine()
     theirs = engine.postprocess_batch_func
     integration.install(mode="shadow", sample=1.0)
@@ -60,7 +62,9 @@ def test_500_engine_steps_agree_and_the_trainer_gets_verls_results() -> None:
         got = engine.postprocess_batch_func(call.output_lst, call.indices, data)
         assert vo.same(got, alone) is None
 
-    step()
+    with caplog.at_level(logging.DEBUG, logger="rebatch"):
+        step()
+    assert not [r for r in caplog.records if r.name.startswith("rebatch")]  # a normal call logs nothing
     s = integration.stats()
     post = s["by_name"]["postprocess_batch_func"]
     assert post["calls"] >= 500
@@ -69,6 +73,34 @@ def test_500_engine_steps_agree_and_the_trainer_gets_verls_results() -> None:
     assert s["by_name"]["append_to_dict"]["calls"] > 0  # verl's own helper, shadowed too
     assert s["verl_seconds"] > 0
     assert s["rebatch_seconds"] > 0
+
+
+def test_the_partitioners_agree_in_shadow_mode() -> None:
+    """verl's split-side names through their modules, every call sampled: no difference reported."""
+    integration.install(mode="shadow", sample=1.0)
+    sb = VERL.seqlen_balancing
+
+    @settings(max_examples=200, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(vo.partition_calls())
+    def step(call: vo.PartitionCall) -> None:
+        lengths = call.lengths
+        n = len(lengths)
+        batch = TensorDict(
+            {"input_ids": jagged(torch.arange(sum(lengths)), lengths), "adv": torch.arange(float(n))}, batch_size=[n]
+        )
+        k = min(n, call.min_num_micro_batch or 1)
+        for fn in (
+            lambda: sb.rearrange_micro_batches(batch, call.max_token_len, min_num_micro_batch=call.min_num_micro_batch),
+            lambda: sb.get_seqlen_balanced_partitions(lengths, k, False),
+        ):
+            with contextlib.suppress(Exception):  # verl refuses it: its exception is the trainer's
+                fn()
+
+    step()
+    s = integration.stats()
+    assert s["by_name"]["get_seqlen_balanced_partitions"]["sampled"] > 100
+    assert s["by_name"]["rearrange_micro_batches"]["sampled"] > 100
+    assert s["differences"] == 0, s["messages"]
 
 
 def test_a_duplicate_index_is_reported_as_misaligned(caplog, tmp_path) -> None:

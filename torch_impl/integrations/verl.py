@@ -19,7 +19,9 @@ torch 2.9.1, 3 keys): on unsampled calls, where only rebatch's checks run, 16.1 
 15.9 ms for 256 rows in 8 micro-batches (+1%), 6.5 against 5.9 ms for 64 rows in 4 (+0.6 ms), within
 noise for 1024 rows in 16; a sampled call (rebatch's function and the comparison too) 1.4-2x verl's.
 The other names run nothing of rebatch's on unsampled calls (their inputs are verl's own
-computation; rebatch's checks of them are part of their function, run on sampled calls).
+computation; rebatch's checks of them are part of their function, run on sampled calls). Sampling is
+a per-process counter per name, so every rank samples the same calls: ``prepare_micro_batches`` with a
+``dp_group`` runs rebatch's collectives, then verl's, on every rank alike.
 
 verl is imported only when `install` is called. In Ray worker processes (verl's workers are Ray
 actors), run it in every worker with Ray's setup hook::
