@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from ref.errors import (
     InvalidJaggedError,
@@ -66,6 +66,16 @@ def _keys(keys_of: Callable[..., Any] | None, args: Any, kwargs: Any) -> str:
         return f" in keys {keys_of(*args, **kwargs)}"
     except Exception:  # an input too broken to name its keys: the message says the rest
         return ""
+
+
+class _Site(NamedTuple):
+    """One wrapped name: how its calls are reported; ``first`` is set at its first difference or defect."""
+
+    name: str
+    keys_of: Callable[..., Any] | None
+    mutates: bool
+    on_first_difference: Callable[..., Any] | None
+    first: threading.Event
 
 
 class Shadow:
@@ -116,7 +126,7 @@ class Shadow:
 
     def _publish(
         self,
-        name: str,
+        site: _Site,
         n: int,
         sampled: bool,
         failure: Exception | None,
@@ -124,12 +134,9 @@ class Shadow:
         result: Any,
         args: Any,
         kwargs: Any,
-        mutates: bool,
-        keys_of: Callable[..., Any] | None,
-        first: threading.Event,
-        on_first_difference: Callable[..., Any] | None,
     ) -> None:
-        """Count, log and report one call after the trainer's function returned ``result``."""
+        """Count, log and report call ``n`` after the trainer's function returned ``result``."""
+        name, keys_of, mutates, on_first_difference, first = site
         bad = False
         if isinstance(failure, DEFECTS):
             bad = True
@@ -182,7 +189,7 @@ class Shadow:
         function changes its arguments (verl's ``append_to_dict`` fills its first): ``ours`` runs on a
         deep copy of them, and the arguments after the call are compared too."""
         counter = iter(range(1 << 62))  # next() on a range iterator is atomic under the GIL
-        first = threading.Event()
+        site = _Site(name, keys_of, mutates, on_first_difference, threading.Event())
 
         @functools.wraps(theirs)
         def shadowed(*args: Any, **kwargs: Any) -> Any:
@@ -212,9 +219,7 @@ class Shadow:
                 t2 = time.perf_counter()
                 self._count(name, calls=1, sampled=sampled, verl_seconds=t2 - t1, rebatch_seconds=t1 - t0)
             try:
-                self._publish(
-                    name, n, sampled, failure, mine, result, args, kwargs, mutates, keys_of, first, on_first_difference
-                )
+                self._publish(site, n, sampled, failure, mine, result, args, kwargs)
             except Exception as err:  # a comparison, a dump or a report that fails never breaks the run
                 self._count(name, errors=1)
                 self._say(logging.WARNING, "%s, call %d: shadow mode failed: %s: %s", name, n, type(err).__name__, err)
