@@ -194,3 +194,15 @@ def test_a_failing_dump_or_report_never_breaks_the_run(tmp_path, caplog) -> None
     assert shadow.stats()["differences"] == 1
     assert shadow.stats()["errors"] == 1
     assert "shadow mode failed: OSError: no space left" in caplog.text
+
+
+def test_the_overhead_script_runs(capsys) -> None:
+    """`python -m rebatch.bench.shadow`, tiny: one line per variant, and verl left as it was."""
+    from rebatch.bench.shadow import main
+
+    theirs = _engine().postprocess_batch_func
+    assert main(["--rows", "8", "--micro-batches", "2", "--max-len", "4", "--repeats", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "verl alone" in out
+    assert "shadow, unsampled calls (checks only)" in out
+    assert _engine().postprocess_batch_func is theirs

@@ -69,7 +69,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--threads", type=int, default=1, help="torch's CPU threads (1: steadier timings)")
     args = parser.parse_args(argv)
+    threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
+    try:
+        return _measure(args)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _measure(args: argparse.Namespace) -> int:
     from torch_impl.integrations import verl as integration
 
     with warnings.catch_warnings():

@@ -28,7 +28,9 @@ actors), run it in every worker with Ray's setup hook::
 
     ray.init(runtime_env={"worker_process_setup_hook": "torch_impl.integrations.verl.install"})
 
-(verl's trainer passes ``ray_kwargs.ray_init`` to ``ray.init``: see the README for the command-line form).
+(verl's trainer passes ``ray_kwargs.ray_init`` to ``ray.init``: see the README for the command-line form),
+or set ``REBATCH_VERL=on`` (or ``shadow``) in their environment: `torch_impl.integrations.verl_plugin`,
+a ``verl.plugins`` entry point, installs then in every process that imports verl.
 """
 
 from __future__ import annotations
