@@ -15,6 +15,11 @@ CHECKS = {
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('verl', 'areal', 'skyrl', 'jax')); "
         "assert not loaded, loaded"
     ),
+    "verl_plugin_on_imports_no_verl": (
+        "import os, sys; os.environ['REBATCH_VERL'] = 'on'; import torch_impl.integrations.verl_plugin; "
+        "from torch_impl.integrations import verl; assert verl.installed(); "
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'verl'); assert not loaded, loaded"
+    ),
     "ref_without_torch": "import ref, sys; assert 'torch' not in sys.modules",
     "ref_errors_without_jax_or_torch": "import ref.errors, sys; assert 'jax' not in sys.modules and 'torch' not in sys.modules",
     "ref_functions_without_torch": "import ref, sys; ref.restore(ref.Jagged.from_rows([[1.0], [2.0, 3.0]]), [[1, 0]]); assert 'torch' not in sys.modules",
