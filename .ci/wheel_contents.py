@@ -13,6 +13,7 @@ REQUIRED = {
     "torch_impl/integrations/verl.py",
     "torch_impl/integrations/areal.py",
     "torch_impl/integrations/skyrl.py",
+    "torch_impl/integrations/verl_plugin.py",
     "rebatch/bench/run.py",
 }
 
