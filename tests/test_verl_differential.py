@@ -6,6 +6,7 @@ Skipped, with the reason shown, where verl is not installed; CI runs them in its
 from __future__ import annotations
 
 import copy
+import random
 import socket
 
 import pytest
@@ -166,3 +167,68 @@ def test_named_orders(lengths: list[int]) -> None:
             ours = torch_impl.rearrange_micro_batches(batch, budget, use_dynamic_bsz_balance=balance)[1]
             theirs = VERL.seqlen_balancing.rearrange_micro_batches(batch, budget, use_dynamic_bsz_balance=balance)[1]
             assert ours == theirs, (lengths, budget, balance)
+
+
+TRAINER_CASES = settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+
+#: How verl's trainers build ``get_seqlen_balanced_partitions``'s workloads: ``ray_trainer`` from an int64
+#: ``attention_mask.sum(-1)``, ``v1/trainer_base`` from ``torch.tensor(..., dtype=torch.int64)``,
+#: ``sft_trainer_ray`` from ``torch.Tensor(...)`` (float32), each through ``calculate_workload``; and
+#: the raw tensors (``calculate_workload`` skipped).
+WORKLOADS = {
+    "int64": lambda lengths: torch.tensor(lengths, dtype=torch.int64),
+    "float32": lambda lengths: torch.Tensor(lengths),
+    "int64_workload": lambda lengths: VERL.seqlen_balancing.calculate_workload(torch.tensor(lengths)),
+    "float32_workload": lambda lengths: VERL.seqlen_balancing.calculate_workload(torch.Tensor(lengths)),
+}
+
+
+@TRAINER_CASES
+@given(
+    st.lists(st.integers(0, 8192) | st.integers(0, 4), min_size=1, max_size=40),
+    st.integers(1, 8),
+    st.sampled_from(sorted(WORKLOADS)),
+    st.booleans(),
+    st.integers(0, 3),
+)
+def test_get_seqlen_balanced_partitions_as_the_trainers_call_it(
+    lengths: list[int], k: int, kind: str, equal_size: bool, skip: int
+) -> None:
+    """Tensor workloads (int64 and float32, a slice of a larger one as ``ray_trainer``'s minibatch loop
+    passes), keyword arguments as the trainers give them: partitions and their order identical."""
+    workload = WORKLOADS[kind](lengths)[skip:]
+    if workload.numel() == 0:
+        workload = WORKLOADS[kind](lengths)
+    a, b, ea, eb = vo.both(
+        lambda: torch_impl.get_seqlen_balanced_partitions(workload, k_partitions=k, equal_size=equal_size),
+        lambda: VERL.seqlen_balancing.get_seqlen_balanced_partitions(workload, k_partitions=k, equal_size=equal_size),
+    )
+    _require_same(a, b, ea, eb)
+
+
+@TRAINER_CASES
+@given(
+    st.lists(st.integers(0, 6), min_size=1, max_size=10),
+    st.integers(1, 4),
+    st.integers(1, 3),
+    st.randoms(use_true_random=False),
+)
+def test_restore_dynamic_batch_routed_experts(lengths: list[int], layers: int, topk: int, rnd: random.Random) -> None:
+    """Megatron's router replay: ``restore_dynamic_batch(layers_topk_idx, indices)`` on the int16 jagged
+    ``[b, (j), layers, topk]`` routes ``merge_nested_router_maps`` builds; bit for bit with verl's."""
+    gen = torch.Generator().manual_seed(rnd.getrandbits(32))
+    routes = [torch.randint(-(2**15), 2**15, (n, layers, topk), dtype=torch.int16, generator=gen) for n in lengths]
+    x = torch.nested.as_nested_tensor(routes, layout=torch.jagged)
+    perm = list(range(len(lengths)))
+    rnd.shuffle(perm)
+    cuts = sorted(rnd.sample(range(1, len(perm)), rnd.randint(0, len(perm) - 1))) if len(perm) > 1 else []
+    indices = [perm[i:j] for i, j in zip([0, *cuts], [*cuts, len(perm)], strict=True)]
+    a, c, ea, ec = vo.both(
+        lambda: torch_impl.restore_dynamic_batch(x, indices),
+        lambda: VERL.seqlen_balancing.restore_dynamic_batch(x, indices),
+    )
+    _require_same(a, c, ea, ec)
+    assert ea is None, ea
+    assert a.dtype == torch.int16
+    assert a.is_nested
+    assert a.dim() == 4
