@@ -29,7 +29,7 @@ import importlib.abc
 import importlib.machinery
 import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -141,11 +141,7 @@ class Patcher:
             else:
                 original = getattr(module, name)
                 swap[id(original)] = (original, _built(mine, original))
-        prefix = self.package + "."
-        for module_name, module in list(sys.modules.items()):
-            if module is None or not (module_name == self.package or module_name.startswith(prefix)):
-                continue
-            namespace = vars(module)
+        for module_name, namespace in self._namespaces():
             for attr, value in list(namespace.items()):
                 theirs, mine = swap.get(id(value), (None, None))
                 if theirs is not None and value is theirs:
@@ -153,17 +149,20 @@ class Patcher:
                     self._replaced.append((module_name, attr, value))
         self._made.update({id(mine): (mine, theirs) for theirs, mine in swap.values()})
 
+    def _namespaces(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        """``(name, namespace)`` of every loaded module of the package."""
+        prefix = self.package + "."
+        for module_name, module in list(sys.modules.items()):
+            if module is not None and (module_name == self.package or module_name.startswith(prefix)):
+                yield module_name, vars(module)
+
     def uninstall(self) -> None:
         """Put every original back wherever `install` replaced it, and in every module of the package
         imported since that bound a replacement. Idempotent."""
         with self._lock:
             self._pending.clear()
             self._drop_finder()
-            prefix = self.package + "."
-            for module_name, module in list(sys.modules.items()):
-                if module is None or not (module_name == self.package or module_name.startswith(prefix)):
-                    continue
-                namespace = vars(module)
+            for _, namespace in self._namespaces():
                 for attr, value in list(namespace.items()):
                     mine, theirs = self._made.get(id(value), (None, None))
                     if mine is not None and value is mine:
