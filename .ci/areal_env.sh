@@ -10,18 +10,21 @@
 # areal/__init__ imports areal.infra (controllers, launchers, schedulers, RPC server), which imports
 # areal.api.cli_args, areal.utils.data and areal.experimental.openai; each package below is one of those
 # imports (the file that needs it is named), installed with its own light requirements.
-# torch 2.9.1 comes from the registry with its CUDA libraries (about 3 GB) and runs on the CPU. A
-# constraint file pins it for every later pip call, so nothing can swap it for another build.
+# torch 2.9.1 (with its CUDA libraries, about 6 GB installed; it runs on the CPU) is the pins environment's
+# (.ci/pins_env.sh, built first if missing), hard-linked in (.ci/link_dists.py): one copy on disk for both.
+# A constraint file pins it for every later pip call, so nothing can swap it for another build.
 set -euo pipefail
 VENV="${1:?usage: bash .ci/areal_env.sh VENV}"
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 CONS="$(mktemp)"; trap 'rm -f "$CONS"' EXIT
 echo "torch==2.9.1" > "$CONS"
-PIP() { "$VENV/bin/python" -m pip -q "$@"; }
+PIP() { "$VENV/bin/python" -m pip -q --no-cache-dir "$@"; }
 
+PINS="${REBATCH_PINS_VENV:-.venv-pins}"
+[ -f "$PINS/.rebatch-env-ok" ] || bash .ci/pins_env.sh "$PINS"
 python3 -m venv "$VENV"
-bash .ci/torch_wheels.sh "$VENV" 2.9.1  # shared with the other environments of this torch
+"$PINS/bin/python" .ci/link_dists.py torch "$VENV"
 PIP install -c "$CONS" "tensordict==0.10.0"
 # What areal.engine.core.train_engine and areal.utils.data pull in when imported (AReaL's pins where it
 # has them: hydra-core 1.4.0.dev1, omegaconf 2.4.0.dev2, transformers <=5.3.0):

@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # The trainers' environments, one after another (.ci/run starts this in the background at its beginning,
 # so that their downloads overlap the main test suite): verl's pins (torch 2.9.1), AReaL 1.0.4 (the same
-# torch, its wheels shared through .cache/wheels) and SkyRL 0.4.0 (Python 3.12, torch 2.13.0).
+# torch, the pins environment's files hard-linked) and SkyRL 0.4.0 (Python 3.12, torch 2.13.0). About
+# 16 GB on disk in all (pins 8, AReaL 1.5, SkyRL 6), plus pip's temporary copy of the largest download;
+# pip's cache is off (PIP_NO_CACHE_DIR), so no second copy of the wheels stays behind.
 # Usage: bash .ci/envs.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export PIP_NO_CACHE_DIR=1
 SECONDS=0
+free() { df -h . | awk 'NR == 2 {print $4 " free on disk"}'; }
 bash .ci/pins_env.sh .venv-pins
-echo "== envs [$SECONDS s] verl's pins environment built"
+echo "== envs [$SECONDS s] verl's pins environment built ($(free))"
 bash .ci/areal_env.sh .venv-areal
-echo "== envs [$SECONDS s] AReaL's environment built"
+echo "== envs [$SECONDS s] AReaL's environment built ($(free))"
 bash .ci/skyrl_env.sh .venv-skyrl
-echo "== envs [$SECONDS s] SkyRL's environment built"
+echo "== envs [$SECONDS s] SkyRL's environment built ($(free))"

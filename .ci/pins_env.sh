@@ -12,10 +12,10 @@ cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 CONS="$(mktemp)"; trap 'rm -f "$CONS"' EXIT
 echo "torch==2.9.1" > "$CONS"
-PIP() { "$VENV/bin/python" -m pip -q "$@"; }
+PIP() { "$VENV/bin/python" -m pip -q --no-cache-dir "$@"; }
 
 python3 -m venv "$VENV"
-bash .ci/torch_wheels.sh "$VENV" 2.9.1  # shared with the other environments of this torch
+PIP install "torch==2.9.1"  # with its CUDA libraries: no CPU build of it on the registry
 PIP install -c "$CONS" "tensordict==0.10.0"
 # verl 0.9.1 without its dependencies, then the ones its engine utils, partitioner and metric helpers
 # import: ray, omegaconf, transformers (verl/__init__ -> protocol, torch_functional, utils.config), and

@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 CONS="$(mktemp)"; trap 'rm -f "$CONS"' EXIT
 echo "torch==2.13.0" > "$CONS"
-PIP() { "$VENV/bin/python" -m pip -q "$@"; }
+PIP() { "$VENV/bin/python" -m pip -q --no-cache-dir "$@"; }
 
 # python3.12 on PATH (GitHub runners, actions/setup-python), else pyenv's 3.12 (where pyenv's shim
 # does not serve it because 3.12 is not among the selected versions).
@@ -31,7 +31,7 @@ done
 [ -n "$PY312" ] || { echo "skyrl_env.sh: no Python 3.12 found (python3.12 on PATH or pyenv's 3.12.x)" >&2; exit 1; }
 
 "$PY312" -m venv "$VENV"
-bash .ci/torch_wheels.sh "$VENV" 2.13.0  # shared with the other environments of this torch
+PIP install "torch==2.13.0"  # with its CUDA libraries: no CPU build of it on the registry
 PIP install -c "$CONS" "tensordict==0.15.3"
 # What skyrl.backends.skyrl_train.workers.worker_utils and .training_batch pull in when imported
 # (SkyRL's ranges where it has them):
