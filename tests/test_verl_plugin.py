@@ -104,6 +104,32 @@ def test_a_ray_worker_sees_rebatch_through_the_runtime_env(entry_point: str) -> 
     assert "worker sees rebatch: True" in done.stdout, (done.stdout[-2000:], done.stderr[-3000:])
 
 
+@pytest.mark.parametrize(("value", "ours"), [("on", True), (None, False)])
+def test_a_ray_worker_of_plain_ray_init_sees_what_the_driver_variable_says(
+    entry_point: str, value: str | None, ours: bool
+) -> None:
+    """``REBATCH_VERL=on`` in the driver's environment and nothing else (no runtime_env, no setup hook):
+    the workers of the local cluster that ``ray.init()`` starts inherit it, and verl loads the plugin
+    in each; unset, a worker sees verl's own function."""
+    pytest.importorskip("ray", reason="ray is not installed")
+    code = (
+        "import ray, warnings; warnings.simplefilter('ignore')\n"
+        "ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)\n"
+        "@ray.remote\n"
+        "def probe():\n"
+        "    import torch_impl, verl.workers.engine.fsdp.transformer_impl as m\n"
+        "    from verl.workers.engine import utils\n"
+        "    ours = m.postprocess_batch_func is torch_impl.postprocess_batch_func\n"
+        "    theirs = m.postprocess_batch_func is utils.postprocess_batch_func and not ours\n"
+        "    return ours, theirs\n"
+        "print('worker sees (rebatch, verl):', ray.get(probe.remote(), timeout=240))\n"
+        "ray.shutdown()\n"
+    )
+    done = _run(code, entry_point, **({} if value is None else {"REBATCH_VERL": value}))
+    expected = f"worker sees (rebatch, verl): ({ours}, {not ours})"
+    assert expected in done.stdout, (done.stdout[-2000:], done.stderr[-3000:])
+
+
 @pytest.fixture
 def _fresh(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(verl_plugin, "_active", False)
