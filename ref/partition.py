@@ -1,4 +1,4 @@
-"""verl 0.9.1's token-budget micro-batch partitioner (pure Python: no JAX, no torch; shared by `ref` and
+"""verl's token-budget micro-batch partitioner (0.9.1's rule, and 0.8.0's and 0.9.0's with ``one_pass``) (pure Python: no JAX, no torch; shared by `ref` and
 `torch_impl`).
 
 Rows (or groups of ``force_group_size`` consecutive rows, kept together) are packed into micro-batches
@@ -198,8 +198,10 @@ def plan_micro_batches(
     max_seq_len: int | None = None,
     sync: CountSync | None = None,
     pad_to_count: bool = False,
+    one_pass: bool = False,
 ) -> list[Any]:
-    """The micro-batches of verl 0.9.1's ``rearrange_micro_batches`` (same partitions, same order).
+    """The micro-batches of verl 0.9.1's ``rearrange_micro_batches`` (same partitions, same order), or
+    with ``one_pass`` those of verl 0.8.0's and 0.9.0's.
 
     ``lengths``: tokens per row; ``max_seq_len``: the longest row as verl measures it (the padded width
     of a dense batch; default ``max(lengths)``); ``sync``: the data-parallel group's agreement, or None.
@@ -217,6 +219,10 @@ def plan_micro_batches(
     ``pad_to_count``: a rank with fewer groups than the agreed count is not an error (3): it gets each
     group alone, then `PADDING` for each micro-batch it lacks (a padding micro-batch), while still
     taking part in every agreement. Every rank makes the same ``sync`` calls whatever its data.
+
+    ``one_pass`` (verl 0.8.0 and 0.9.0, before verl PR #7553): 4 runs once, with the count of 2: a
+    micro-batch may hold more than ``max_token_len`` tokens, and 3 checks only ``count <= groups`` (a
+    forced group longer than the budget is not refused; a row longer than it is, by 1).
     """
     fgs = force_group_size
     if num_batches_divided_by is not None and num_batches_divided_by < 1:
@@ -250,7 +256,7 @@ def plan_micro_batches(
     if sync is not None:  # verl's fatal constraints, agreed before any rank raises
         longest_group, neg = sync.max([longest_group, -num_groups])
         fewest_groups = -neg
-    if longest_group > max_token_len:
+    if longest_group > max_token_len and not one_pass:
         raise TokenBudgetError(  # verl's words, so that what matches verl's message matches this one
             "A forced group exceeds max_token_len and cannot be split. "
             f"Got max_group_token_len={longest_group} and max_token_len={max_token_len}."
@@ -260,18 +266,20 @@ def plan_micro_batches(
         if count > fewest_groups and not pad_to_count:
             who = "a rank of the data-parallel group has" if sync is not None else "there are"
             what = "rows" if fgs == 1 else f"groups of force_group_size={fgs} rows"
+            if one_pass:  # verl 0.8.0 and 0.9.0: ``assert num_micro_batches <= num_groups``
+                raise TokenBudgetError(f"{count} micro-batches, but {who} only {fewest_groups} {what}")
             raise TokenBudgetError(
                 "Cannot satisfy max_token_len while keeping forced groups atomic and using the same micro-batch "
                 f"count across DP ranks: {count} micro-batches are needed for the token budget of "
                 f"{max_token_len}, but {who} only {fewest_groups} {what}"
             )
-        if count > num_groups or count == 0:  # every group alone (each fits: checked above), then padding
+        if count > num_groups or count == 0:  # every group alone (each fits, unless one_pass), then padding
             parts = [[g] for g in range(num_groups)] + [PADDING] * (count - num_groups)
             fits = True
         else:
             parts = get_seqlen_balanced_partitions(group_loads, count, equal_size=False)
-            fits = all(sum(group_tokens[g] for g in p) <= max_token_len for p in parts)
-        if sync is not None:
+            fits = one_pass or all(sum(group_tokens[g] for g in p) <= max_token_len for p in parts)
+        if sync is not None and not one_pass:
             (fits_everywhere,) = sync.min([int(fits)])
             fits = bool(fits_everywhere)
         if fits:

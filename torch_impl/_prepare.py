@@ -2,7 +2,7 @@
 partitioner ``rearrange_micro_batches``) and its ``restore_dynamic_batch``, with verl's signatures.
 
 The partitions come from `ref.partition` (pure Python, shared with the reference): the same partitions,
-in the same order, as verl 0.9.1, and `TokenBudgetError` where verl fails an ``assert`` or raises
+in the same order, as verl 0.9.1 (or, with ``one_pass=True``, as verl 0.8.0 and 0.9.0), and `TokenBudgetError` where verl fails an ``assert`` or raises
 ``ValueError``. The micro-batches are cut by `torch_impl.split` (one gather per field). Across
 data-parallel ranks the counts are agreed with all-reduces (`DistSync`), as verl does, and a fatal
 problem on any rank is raised on every rank, never left to a collective's timeout.
@@ -114,6 +114,7 @@ def prepare_micro_batches(
     micro_batch_size: int | None = None,
     length_key: str | None = None,
     pad_micro_batches: bool = False,
+    one_pass: bool = False,
 ) -> tuple[Sequence[TensorDictBase], list[Any] | None]:
     """verl's engine ``prepare_micro_batches``: the micro-batches of ``data`` and their ``indices``.
 
@@ -131,6 +132,7 @@ def prepare_micro_batches(
     with; ``pad_micro_batches``: a rank with fewer rows than the count agreed over ``dp_group`` gets
     `PADDING` micro-batches (a copy of its first row, or no rows) instead of verl's error. The engine
     must then leave their loss out of the gradient; `postprocess_batch_func` drops their outputs.
+    ``one_pass``: verl 0.8.0's and 0.9.0's count rule (see `rearrange_micro_batches`).
     """
     use_dynamic = (
         as_flag(read_setting(data, "use_dynamic_bsz", True), "use_dynamic_bsz") if micro_batch_size is None else False
@@ -171,6 +173,7 @@ def prepare_micro_batches(
         force_group_size,
         length_key=length_key,
         pad_micro_batches=pad_micro_batches,
+        one_pass=one_pass,
     )
 
 
@@ -186,6 +189,7 @@ def rearrange_micro_batches(
     *,
     length_key: str | None = None,
     pad_micro_batches: bool = False,
+    one_pass: bool = False,
 ) -> tuple[list[TensorDictBase], list[Any]]:
     """verl's ``rearrange_micro_batches``: ``batch`` split into micro-batches of at most ``max_token_len``
     tokens (`ref.partition.plan_micro_batches`: verl's partitions and order), and their indices.
@@ -193,8 +197,10 @@ def rearrange_micro_batches(
     Tokens per row: jagged ``input_ids``' row lengths, else ``attention_mask``'s row sums (and, as in
     verl, a dense batch's padded width must fit the budget). With ``dp_group`` (and
     ``same_micro_num_in_dp``, ``torch.distributed`` initialised) the ranks agree on the count.
-    Keyword-only extensions: ``length_key`` (the field to count tokens with) and
-    ``pad_micro_batches`` (see `prepare_micro_batches`).
+    Keyword-only extensions: ``length_key`` (the field to count tokens with),
+    ``pad_micro_batches`` (see `prepare_micro_batches`) and ``one_pass``: verl 0.8.0's and 0.9.0's rule,
+    one partitioning pass with the first count, so a micro-batch may exceed the budget (verl 0.9.1 raises
+    the count until every micro-batch fits; `ref.partition.plan_micro_batches`).
     """
     synced = same_micro_num_in_dp and dp_group is not None and dist.is_available() and dist.is_initialized()
     lengths_t, failure = torch.zeros(0, dtype=torch.int64), None
@@ -218,6 +224,7 @@ def rearrange_micro_batches(
         max_seq_len=longest,
         sync=DistSync(dp_group) if synced else None,
         pad_to_count=pad_micro_batches,
+        one_pass=one_pass,
     )
     real = [p for p in parts if p is not PADDING]
     pieces = iter(split(batch, real)) if real else iter(())
