@@ -16,7 +16,9 @@ CHECKS = {
         "assert not loaded, loaded"
     ),
     "verl_plugin_on_imports_no_verl": (
-        "import os, sys; os.environ['REBATCH_VERL'] = 'on'; import torch_impl.integrations.verl_plugin; "
+        "import os, sys, importlib.metadata as md; os.environ['REBATCH_VERL'] = 'on'; "
+        "real = md.version; md.version = lambda name: '0.9.1' if name == 'verl' else real(name); "  # verl absent here
+        "import torch_impl.integrations.verl_plugin; "
         "from torch_impl.integrations import verl; assert verl.installed(); "
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'verl'); assert not loaded, loaded"
     ),

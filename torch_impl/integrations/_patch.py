@@ -18,7 +18,9 @@ A table value may be a `Wrap`: ``Wrap(factory)`` puts ``factory(original)`` in t
 (a wrapper around the trainer's own function, built when the original is found).
 
 Each trainer's module (`torch_impl.integrations.verl`, ``.areal``, ``.skyrl``) is that table plus its
-adapter functions.
+adapter functions. A trainer whose functions change between its releases keeps one row of its table per
+supported version: `Versions` reads the installed version (from the distribution's metadata, without
+importing the trainer) and gives that version's row, or refuses another version unless forced.
 """
 
 from __future__ import annotations
@@ -27,13 +29,17 @@ import contextlib
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.metadata
+import logging
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import ModuleType
-from typing import Any
+from typing import Any, Generic, TypeVar
 
-__all__ = ["Patcher", "Table", "Wrap"]
+__all__ = ["Patcher", "Table", "Versions", "Wrap"]
+
+R = TypeVar("R")
 
 #: ``(defining module, name) -> replacement``; a name ``"Class.attr"`` is an attribute of a class there.
 Table = Mapping[tuple[str, str], Any]
@@ -44,6 +50,54 @@ class Wrap:
 
     def __init__(self, factory: Callable[[Any], Any]) -> None:
         self.factory = factory
+
+
+class Versions(Generic[R]):
+    """The versions of ``distribution`` (``"verl"``) an integration supports, each with its row ``R``
+    (what the integration does there).
+
+    `installed` reads the installed version from the distribution's metadata (``importlib.metadata``:
+    nothing of the trainer is imported, so it works while the trainer is half-imported); `pick` gives
+    the row of a version, and for another version raises `ref.errors.UnsupportedSettingError` naming it
+    and the supported ones, unless ``force``: then the row of ``fallback`` (the newest), with a warning
+    on the ``"rebatch"`` logger.
+    """
+
+    def __init__(self, distribution: str, rows: Mapping[str, R], *, fallback: str) -> None:
+        if fallback not in rows:
+            raise ValueError(f"the fallback {fallback!r} is not one of the rows {sorted(rows)}")
+        self.distribution = distribution
+        self.rows = dict(rows)
+        self.fallback = fallback
+
+    def installed(self) -> str | None:
+        """The installed version of the distribution, or None when it has no metadata here."""
+        try:
+            return importlib.metadata.version(self.distribution)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    def pick(self, version: str | None, *, force: bool = False) -> tuple[str, R]:
+        """``(the version whose row applies, its row)`` for ``version`` (None: not installed, or unknown)."""
+        if version in self.rows:
+            return version, self.rows[version]
+        from ref.errors import UnsupportedSettingError
+
+        found = f"{self.distribution} {version}" if version else f"{self.distribution} (version unknown: no metadata)"
+        supported = ", ".join(self.rows)
+        if not force:
+            raise UnsupportedSettingError(
+                f"{found} is not supported by rebatch (supported: {supported}); install(force=True) uses "
+                f"{self.distribution} {self.fallback}'s replacements anyway"
+            )
+        logging.getLogger("rebatch").warning(
+            "rebatch: %s is not supported (supported: %s); force=True: using %s %s's replacements",
+            found,
+            supported,
+            self.distribution,
+            self.fallback,
+        )
+        return self.fallback, self.rows[self.fallback]
 
 
 def _built(mine: Any, original: Any) -> Any:

@@ -10,6 +10,13 @@ partitioner functions (``rearrange_micro_batches``, ``restore_dynamic_batch``,
 and ``append_to_dict`` (``verl.utils.py_functional``); it is idempotent, and
 `uninstall` puts verl's originals back wherever `install` replaced them.
 
+Each verl release gets its own result: `VERSIONS` (the one table) says, for verl 0.8.0, 0.9.0 and
+0.9.1, which names rebatch replaces there and with which rule (0.8.0 and 0.9.0 partition in one pass,
+0.9.1 until every micro-batch fits the budget); `install` reads the installed release from verl's
+metadata, logs one INFO line saying what it replaces and what it leaves as verl's, and returns that
+`Plan` (`plan(version)` gives it for any release without installing). Another release is refused
+(`ref.errors.UnsupportedSettingError`) unless ``install(force=True)``.
+
 ``install(mode="shadow")`` adopts rebatch safely: verl's functions stay in charge (the trainer gets
 verl's results, the same objects); each call's input goes through rebatch's checks, a sampled fraction
 of calls (``sample``: the first, then every ``round(1 / sample)``-th) is also run through rebatch's
@@ -36,34 +43,152 @@ a ``verl.plugins`` entry point, installs then in every process that imports verl
 from __future__ import annotations
 
 import functools
+import logging
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
-from ._patch import Patcher, Wrap
+from ._patch import Patcher, Versions, Wrap
 from ._shadow import Shadow
 
 __all__ = [
     "ENGINE_UTILS",
+    "NAMES",
     "PY_FUNCTIONAL",
     "SEQLEN_BALANCING",
+    "VERSIONS",
+    "Plan",
     "install",
     "installed",
+    "plan",
     "replacements",
     "stats",
     "uninstall",
 ]
+
+log = logging.getLogger("rebatch")
 
 #: The verl modules whose functions `install` replaces (see `replacements`).
 ENGINE_UTILS = "verl.workers.engine.utils"
 SEQLEN_BALANCING = "verl.utils.seqlen_balancing"
 PY_FUNCTIONAL = "verl.utils.py_functional"
 
+#: Every name rebatch can put in verl's place, with the verl module defining it.
+NAMES: dict[str, str] = {
+    "postprocess_batch_func": ENGINE_UTILS,
+    "prepare_micro_batches": ENGINE_UTILS,
+    "rearrange_micro_batches": SEQLEN_BALANCING,
+    "restore_dynamic_batch": SEQLEN_BALANCING,
+    "get_seqlen_balanced_partitions": SEQLEN_BALANCING,
+    "get_group_balanced_partitions": SEQLEN_BALANCING,
+    "append_to_dict": PY_FUNCTIONAL,
+}
 
-def replacements(dump: str | None = None, shadow: Shadow | None = None) -> dict[tuple[str, str], Any]:
-    """``(verl module, name) -> rebatch's function`` that `install` puts in verl's place (with
-    ``shadow``: a `Wrap` building the shadowing wrapper around verl's own function)."""
+_SAME: dict[str, Any] = {}  # rebatch's function as it is
+_ONE_PASS: dict[str, Any] = {"one_pass": True}  # verl 0.8.0's and 0.9.0's count rule
+
+#: THE table: supported verl release -> the names `install` replaces there, each with the keywords
+#: rebatch's function is bound with for that release (``{}``: as it is). A name of `NAMES` missing from
+#: a release's row is left as verl's (none is, today). Another release is refused unless
+#: ``install(force=True)``, which uses 0.9.1's row.
+#:
+#: The facts (verl 0.8.0, 0.9.0 and 0.9.1's sources compared function by function):
+#: ``postprocess_batch_func``, ``prepare_micro_batches``, ``restore_dynamic_batch``,
+#: ``get_seqlen_balanced_partitions``, ``get_group_balanced_partitions``, ``append_to_dict`` and what
+#: they call (``karmarkar_karp``, ``calculate_workload``, ``ceildiv``, ``roundup_divisible``,
+#: ``verl.utils.metric``, ``verl.utils.tensordict_utils``) are the same code, signatures and defaults in
+#: all three. ``rearrange_micro_batches`` is the same in 0.8.0 and 0.9.0: one partitioning pass with
+#: ``min(groups, ceil(total / max_token_len))`` micro-batches (raised to ``min_num_micro_batch``, the
+#: largest over the DP group, rounded up to ``num_batches_divided_by``), ``assert count <= groups``,
+#: so a micro-batch may hold more than ``max_token_len`` tokens and a forced group longer than the
+#: budget is not refused; 0.9.1 (verl PR #7553) refuses such a group (``ValueError``) and raises the
+#: count by ``num_batches_divided_by`` (or 1) until every micro-batch fits (``ValueError`` once it
+#: exceeds the groups). rebatch's ``one_pass=True`` is the former rule
+#: (`ref.partition.plan_micro_batches`); ``prepare_micro_batches`` calls the partitioner, so it is
+#: bound the same way.
+VERSIONS: dict[str, dict[str, dict[str, Any]]] = {
+    "0.8.0": {
+        **{name: _SAME for name in NAMES},
+        "prepare_micro_batches": _ONE_PASS,
+        "rearrange_micro_batches": _ONE_PASS,
+    },
+    "0.9.0": {
+        **{name: _SAME for name in NAMES},
+        "prepare_micro_batches": _ONE_PASS,
+        "rearrange_micro_batches": _ONE_PASS,
+    },
+    "0.9.1": {name: _SAME for name in NAMES},
+}
+
+_versions = Versions("verl", VERSIONS, fallback="0.9.1")
+
+
+class Plan(NamedTuple):
+    """What `install` does on a verl release (`plan`)."""
+
+    #: The verl version read (None: no distribution metadata).
+    verl: str | None
+    #: The release of `VERSIONS` whose row applies (``"0.9.1"`` for another version with ``force``).
+    row: str
+    #: ``"module.name"`` of each name rebatch replaces, in `NAMES`' order.
+    replaced: tuple[str, ...]
+    #: ``"module.name"`` of each name of `NAMES` left as verl's.
+    left: tuple[str, ...]
+    #: The replaced names bound with keywords there (``{"rearrange_micro_batches": {"one_pass": True}}``).
+    bound: dict[str, dict[str, Any]]
+
+    def describe(self, how: str = "replaces") -> str:
+        """The one line `install` logs."""
+        verl = f"verl {self.verl}" if self.verl else "verl (version unknown)"
+        if self.row != self.verl:
+            verl += f", treated as {self.row}"
+        rules = "".join(
+            f"; {name} with {', '.join(f'{k}={v!r}' for k, v in kw.items())}" for name, kw in self.bound.items()
+        )
+        return (
+            f"rebatch: {verl}: rebatch {how} verl's {', '.join(self.replaced) or 'nothing'}{rules}; "
+            f"left as verl's: {', '.join(self.left) or 'none'}"
+        )
+
+
+def plan(version: str | None = None, *, force: bool = False) -> Plan:
+    """What `install` does on verl ``version`` (default: the installed one, read from its metadata, verl
+    not imported): the names replaced and those left as verl's (`VERSIONS`). Another version raises
+    `ref.errors.UnsupportedSettingError` naming it and the supported ones, unless ``force`` (0.9.1's row,
+    with a warning logged)."""
+    if version is None:
+        version = _versions.installed()
+    row_version, row = _versions.pick(version, force=force)
+    return Plan(
+        version,
+        row_version,
+        tuple(f"{NAMES[name]}.{name}" for name in NAMES if name in row),
+        tuple(f"{NAMES[name]}.{name}" for name in NAMES if name not in row),
+        {name: dict(kw) for name, kw in row.items() if kw},
+    )
+
+
+@functools.cache
+def _functions(row: str) -> dict[str, Any]:
+    """rebatch's function for each name of release ``row`` (built once: the same objects every call)."""
     import torch_impl
 
+    out: dict[str, Any] = {}
+    for name, kwargs in VERSIONS[row].items():
+        fn = getattr(torch_impl, name)
+        out[name] = functools.update_wrapper(functools.partial(fn, **kwargs), fn) if kwargs else fn
+    return out
+
+
+def replacements(
+    dump: str | None = None, shadow: Shadow | None = None, version: str | None = None
+) -> dict[tuple[str, str], Any]:
+    """``(verl module, name) -> rebatch's function`` that `install` puts in verl's place on verl release
+    ``version`` (`VERSIONS`; default: the installed one, 0.9.1's row for a release not there); with
+    ``shadow``: a `Wrap` building the shadowing wrapper around verl's own function."""
+    if version is None:
+        installed_version = _versions.installed()
+        version = installed_version if installed_version in VERSIONS else _versions.fallback
+    functions = _functions(version)
     if shadow is not None:
         from .._postprocess import check_batch_func
 
@@ -81,20 +206,17 @@ def replacements(dump: str | None = None, shadow: Shadow | None = None) -> dict[
                 )
             )
 
-        return {place: shadowing(place[1], ours) for place, ours in replacements().items()}
+        return {(NAMES[name], name): shadowing(name, ours) for name, ours in functions.items()}
     return {
-        (ENGINE_UTILS, "postprocess_batch_func"): _dumping(torch_impl.postprocess_batch_func, dump),
-        (ENGINE_UTILS, "prepare_micro_batches"): torch_impl.prepare_micro_batches,
-        (SEQLEN_BALANCING, "rearrange_micro_batches"): torch_impl.rearrange_micro_batches,
-        (SEQLEN_BALANCING, "restore_dynamic_batch"): torch_impl.restore_dynamic_batch,
-        (SEQLEN_BALANCING, "get_seqlen_balanced_partitions"): torch_impl.get_seqlen_balanced_partitions,
-        (SEQLEN_BALANCING, "get_group_balanced_partitions"): torch_impl.get_group_balanced_partitions,
-        (PY_FUNCTIONAL, "append_to_dict"): torch_impl.append_to_dict,
+        (NAMES[name], name): _dumping(ours, dump) if name == "postprocess_batch_func" else ours
+        for name, ours in functions.items()
     }
 
 
 _patcher = Patcher("verl", replacements)
 _shadow: Shadow | None = None  # the last shadow install's counters (kept after uninstall, for stats)
+_plan: Plan | None = None  # the plan of the install in force
+_lock = threading.Lock()
 
 
 def installed() -> bool:
@@ -142,10 +264,17 @@ def install(
     on_defect: str = "log",
     report: str | None = None,
     lazy: bool = False,
-) -> None:
+    force: bool = False,
+) -> Plan:
     """Replace verl's functions (`replacements`) with rebatch's, in their verl modules and in every
-    loaded ``verl`` module that bound them. Idempotent (a second call, whatever its arguments, changes
-    nothing); `uninstall` undoes it.
+    loaded ``verl`` module that bound them; returns the `Plan` (the names replaced, and left as verl's,
+    on the installed verl release), also logged as one INFO line on the ``"rebatch"`` logger. Idempotent
+    (a second call, whatever its arguments, changes nothing and returns the first's plan); `uninstall`
+    undoes it.
+
+    The installed verl must be a release of `VERSIONS` (0.8.0, 0.9.0, 0.9.1; read from its metadata):
+    another raises `ref.errors.UnsupportedSettingError`, replacing nothing, unless ``force=True`` (then
+    0.9.1's replacements, with a warning logged).
 
     ``dump``: a file to save the first step's ``(output_lst, indices, data)`` to, for
     ``rebatch check --dump FILE`` (no edit of verl's source needed to capture a real step); in shadow
@@ -160,20 +289,25 @@ def install(
     as their modules finish importing (the form `torch_impl.integrations.verl_plugin` uses while verl
     is half-imported).
     """
-    global _shadow
+    global _shadow, _plan
     if mode not in ("on", "shadow"):
         from ref.errors import UnsupportedSettingError
 
         raise UnsupportedSettingError(f"mode must be 'on' or 'shadow', got {mode!r}")
-    if _patcher.installed():
-        return
-    shadow = Shadow(sample, on_defect, report) if mode == "shadow" else None
-    if lazy:
-        _patcher.install_as_imported(dump, shadow)
-    else:
-        _patcher.install(dump, shadow)
-    if shadow is not None:
-        _shadow = shadow
+    with _lock:
+        if _patcher.installed() and _plan is not None:
+            return _plan
+        chosen = plan(force=force)
+        shadow = Shadow(sample, on_defect, report) if mode == "shadow" else None
+        if lazy:
+            _patcher.install_as_imported(dump, shadow, chosen.row)
+        else:
+            _patcher.install(dump, shadow, chosen.row)
+        if shadow is not None:
+            _shadow = shadow
+        _plan = chosen
+        log.info(chosen.describe("shadows" if shadow is not None else "replaces"))
+        return chosen
 
 
 def stats(json_path: str | None = None) -> dict[str, Any]:
@@ -188,4 +322,7 @@ def stats(json_path: str | None = None) -> dict[str, Any]:
 
 def uninstall() -> None:
     """Put verl's originals back wherever `install` replaced them. Idempotent."""
-    _patcher.uninstall()
+    global _plan
+    with _lock:
+        _patcher.uninstall()
+        _plan = None

@@ -20,7 +20,9 @@ Both happen while ``verl`` is half-imported, so nothing of verl is imported here
 ``verl.workers.engine.utils`` and the other modules of the table right after each finishes importing,
 so every engine imported later binds rebatch's functions.
 
-Activation logs one INFO line per process (logger ``"rebatch"``) naming what it replaces. A failure is
+Activation logs one INFO line per process (logger ``"rebatch"``, `torch_impl.integrations.verl.install`'s)
+naming the verl release and what it replaces. The release is read from verl's metadata (verl is not
+imported): one verl 0.8.0, 0.9.0 or 0.9.1, as `install`, or the activation fails. A failure is
 logged as an ERROR and, unless the mode is a shadow one, raised (verl 0.9.x's entry-point loader
 catches exceptions and logs them at DEBUG: the ERROR line is what shows; ``VERL_USE_EXTERNAL_MODULES``
 lets the exception stop the import). Ray workers get the variable through the runtime environment:
@@ -84,10 +86,7 @@ def activate() -> None:
             if not (value or "").strip().lower().startswith("shadow"):
                 raise
             return
-        _active = True
-        names = ", ".join(f"{module}.{name}" for module, name in verl.replacements())
-        how = "shadows" if kwargs.get("mode") == "shadow" else "replaces"
-        log.info("rebatch: %s=%s: rebatch %s verl's %s", ENV, value, how, names)
+        _active = True  # install logged its INFO line (the verl release, what it replaces, what it leaves)
 
 
 activate()  # verl's plugin loader imports this module and never calls the function
