@@ -1,6 +1,6 @@
-"""verl 0.9.1 itself as an oracle: engine-style inputs drawn by Hypothesis, and each drop-in name of
-``torch_impl`` run beside verl's own function on them (results and order compared exactly, errors
-compared as "both raise").
+"""verl itself as an oracle (the installed release: 0.8.0, 0.9.0 or 0.9.1): engine-style inputs drawn by
+Hypothesis, and each drop-in name of ``torch_impl`` run beside verl's own function on them (results
+and order compared exactly, errors compared as "both raise").
 
 verl is optional: `verl_or_skip` skips with a visible reason where it is not installed, and fails
 instead when ``REBATCH_REQUIRE_VERL=1`` (set by CI's pins environment, where verl must run).
@@ -38,7 +38,11 @@ REQUIRE_ENV = "REBATCH_REQUIRE_VERL"
 
 def verl_or_skip() -> Any:
     """verl's modules as a namespace (``engine_utils``, ``seqlen_balancing``, ``py_functional``,
-    ``metric``), or ``pytest.skip`` with the reason (``pytest.fail`` under ``REBATCH_REQUIRE_VERL=1``)."""
+    ``metric``, and ``version``: the release imported, from its metadata, checked against
+    ``verl.__version__``), or ``pytest.skip`` with the reason (``pytest.fail`` under
+    ``REBATCH_REQUIRE_VERL=1``)."""
+    import importlib.metadata
+
     import pytest
 
     try:
@@ -49,18 +53,25 @@ def verl_or_skip() -> Any:
             import verl.utils.seqlen_balancing as seqlen_balancing
             import verl.workers.engine.utils as engine_utils
     except ImportError as err:  # verl, or one of what it imports, is missing
-        why = f"verl 0.9.1 is not installed here ({err}); CI runs these in its pins environment"
+        why = f"verl is not installed here ({err}); CI runs these in its pins environment (verl 0.9.1, 0.8.0, 0.9.0)"
         if os.environ.get(REQUIRE_ENV) == "1":
             pytest.fail(why)
         pytest.skip(why, allow_module_level=True)
+
+    import verl
+
+    version = importlib.metadata.version("verl")  # what rebatch's install reads
+    imported = getattr(verl, "__version__", version)
+    assert imported == version, f"verl's metadata says {version}, the verl imported ({verl.__file__}) {imported}"
 
     class Verl(NamedTuple):
         engine_utils: Any
         seqlen_balancing: Any
         py_functional: Any
         metric: Any
+        version: str
 
-    return Verl(engine_utils, seqlen_balancing, py_functional, metric)
+    return Verl(engine_utils, seqlen_balancing, py_functional, metric, version)
 
 
 def both(
