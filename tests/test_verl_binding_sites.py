@@ -1,5 +1,6 @@
-"""Every place verl 0.9.1 binds a name `install` replaces (``from X import name``), and `install` /
-`uninstall` at each one that imports here, for modules imported before and after `install`.
+"""Every place verl binds a name `install` replaces (``from X import name``), and `install` /
+`uninstall` at each one that imports here, for modules imported before and after `install`, on the
+installed release (0.9.1; 0.9.0 binds them at the same sites; 0.8.0 at the ones `SITES_0_8_0` says).
 
 `SITES` is the table (found by grepping the installed verl; `test_the_table_covers_every_site_in_verl`
 re-derives it with `ast`, so a new verl site fails here). A row whose module cannot be imported in this
@@ -53,6 +54,13 @@ SITES: list[tuple[str, str, str]] = [
     ("verl.workers.engine_workers", "append_to_dict", PYF),
 ]
 
+#: verl 0.8.0 (0.9.0 binds at 0.9.1's sites): ``main_ppo_sync`` binds the partitioner too; there is no
+#: ``ppo.v1`` trainer and no ``dynamic_cp_scheduler``.
+SITES_0_8_0_ADDS = [("verl.trainer.main_ppo_sync", "get_seqlen_balanced_partitions", SEQLEN)]
+SITES_0_8_0_LACKS = {"verl.trainer.ppo.v1.trainer_base", "verl.utils.dynamic_cp_scheduler"}
+if VERL.version == "0.8.0":
+    SITES = sorted([s for s in SITES if s[0] not in SITES_0_8_0_LACKS] + SITES_0_8_0_ADDS)
+
 #: Imports inside a function: they read the name from its module at call time, so replacing it in its
 #: defining module (what `install` does) is what they see; no module-level binding to check.
 CALL_TIME: list[tuple[str, str, str]] = [
@@ -77,9 +85,13 @@ MISSING = {
     "verl.workers.engine_workers": "uvicorn",
 }
 
+if VERL.version == "0.8.0":
+    IMPORTABLE -= SITES_0_8_0_LACKS
+    MISSING = {m: why for m, why in MISSING.items() if m not in SITES_0_8_0_LACKS} | {"verl.trainer.main_ppo_sync": "hydra"}
+
 #: The importable site modules that `install` itself does not import (``verl.workers.engine``'s
 #: ``__init__`` imports the fsdp engine with ``verl.workers.engine.utils``): imported after it.
-LATE = {"verl.utils.dynamic_cp_scheduler"}
+LATE = {"verl.utils.dynamic_cp_scheduler"} & IMPORTABLE
 
 
 def _replaced_names() -> set[str]:

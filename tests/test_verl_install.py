@@ -37,15 +37,18 @@ def test_install_replaces_every_binding_and_uninstall_restores_them() -> None:
     engine = _engine(ENGINES[0])  # imported before install: bound verl's functions
     theirs_post, theirs_prep = engine.postprocess_batch_func, engine.prepare_micro_batches
     assert theirs_post is not torch_impl.postprocess_batch_func
-    integration.install()
+    chosen = integration.install()
     assert integration.installed()
+    assert (chosen.verl, chosen.row, chosen.left) == (VERL.version, VERL.version, ())
+    ours = integration.replacements()  # this release's (VERSIONS)
+    rearrange = ours[integration.SEQLEN_BALANCING, "rearrange_micro_batches"]
     assert engine.postprocess_batch_func is torch_impl.postprocess_batch_func
-    assert engine.prepare_micro_batches is torch_impl.prepare_micro_batches
+    assert engine.prepare_micro_batches is ours[integration.ENGINE_UTILS, "prepare_micro_batches"]
     assert VERL.engine_utils.postprocess_batch_func is torch_impl.postprocess_batch_func
-    assert VERL.seqlen_balancing.rearrange_micro_batches is torch_impl.rearrange_micro_batches
-    assert VERL.engine_utils.rearrange_micro_batches is torch_impl.rearrange_micro_batches  # bound in engine utils
+    assert VERL.seqlen_balancing.rearrange_micro_batches is rearrange
+    assert VERL.engine_utils.rearrange_micro_batches is rearrange  # bound in engine utils
     assert VERL.py_functional.append_to_dict is torch_impl.append_to_dict
-    integration.install()  # idempotent: nothing recorded twice
+    assert integration.install() is chosen  # idempotent: nothing recorded twice, the same plan
     integration.uninstall()
     assert not integration.installed()
     assert engine.postprocess_batch_func is theirs_post
@@ -63,7 +66,8 @@ def test_an_engine_imported_after_install_binds_rebatch() -> None:
         "verl.install()\n"
         "import verl.workers.engine.fsdp.transformer_impl as m\n"
         "assert m.postprocess_batch_func is torch_impl.postprocess_batch_func\n"
-        "assert m.prepare_micro_batches is torch_impl.prepare_micro_batches\n"
+        "assert m.prepare_micro_batches is verl.replacements()[verl.ENGINE_UTILS, 'prepare_micro_batches']\n"
+        "assert getattr(m.prepare_micro_batches, '__wrapped__', m.prepare_micro_batches) is torch_impl.prepare_micro_batches\n"
         "print('ok')\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=300)

@@ -1,7 +1,9 @@
 """``REBATCH_VERL``: `torch_impl.integrations.verl_plugin` loaded by verl itself, mid-import, as a
 ``verl.plugins`` entry point (made visible through a throwaway ``*.dist-info`` on ``PYTHONPATH``:
 exactly how ``importlib.metadata`` discovers entry points) or through ``VERL_USE_EXTERNAL_MODULES``,
-in a fresh interpreter and in a Ray worker. Needs verl (skipped without it, as test_verl_install.py)."""
+in a fresh interpreter and in a Ray worker, on the installed verl release: 0.9.0 and 0.9.1 load the
+entry point, 0.8.0 (no plugin group) only ``VERL_USE_EXTERNAL_MODULES``, so the same activations go
+through that there. Needs verl (skipped without it, as test_verl_install.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,9 @@ from torch_impl.integrations import verl as integration, verl_plugin
 
 VERL = vo.verl_or_skip()
 ROOT = str(Path(__file__).resolve().parents[1])
+#: Whether each release's ``verl/__init__.py`` loads the ``verl.plugins`` entry points.
+PLUGIN_GROUP = {"0.8.0": False, "0.9.0": True, "0.9.1": True}
+EXTERNAL = {"VERL_USE_EXTERNAL_MODULES": "torch_impl.integrations.verl_plugin"}
 
 PROBE = (
     "import warnings; warnings.simplefilter('ignore')\n"
@@ -43,7 +48,8 @@ def entry_point(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def _run(code: str, entry_point: str | None, **env: str) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if k not in ("REBATCH_VERL", "VERL_USE_EXTERNAL_MODULES")}
-    environ["PYTHONPATH"] = os.pathsep.join([ROOT] + ([entry_point] if entry_point else []))
+    outer = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]  # where this verl comes from
+    environ["PYTHONPATH"] = os.pathsep.join([ROOT] + ([entry_point] if entry_point else []) + outer)
     environ.update(env)
     return subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=300, env=environ
@@ -54,8 +60,11 @@ def _run(code: str, entry_point: str | None, **env: str) -> subprocess.Completed
     ("value", "ours"), [("on", True), (None, False), ("off", False), ("shadow", False), ("shadow:0.5", False)]
 )
 def test_the_entry_point_activates_as_the_variable_says(entry_point: str, value: str | None, ours: bool) -> None:
-    """on: the engine binds rebatch's function; unset, off: verl's; shadow: verl's own wrapped."""
+    """on: the engine binds rebatch's function; unset, off: verl's; shadow: verl's own wrapped (verl
+    0.8.0: through ``VERL_USE_EXTERNAL_MODULES``, its only way)."""
     env = {} if value is None else {"REBATCH_VERL": value}
+    if not PLUGIN_GROUP[VERL.version]:
+        env.update(EXTERNAL)
     code = PROBE
     if value and value.startswith("shadow"):
         code += "print('shadowed:', m.postprocess_batch_func.__wrapped__.__module__)\n"
@@ -70,29 +79,54 @@ def test_the_entry_point_activates_as_the_variable_says(entry_point: str, value:
 
 
 def test_verl_use_external_modules_activates_the_same_way() -> None:
-    done = _run(PROBE, None, REBATCH_VERL="on", VERL_USE_EXTERNAL_MODULES="torch_impl.integrations.verl_plugin")
+    done = _run(PROBE, None, REBATCH_VERL="on", **EXTERNAL)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "rebatch: True" in done.stdout, (done.stdout, done.stderr[-3000:])
+
+
+def test_the_entry_point_alone_activates_where_verl_has_the_plugin_group(entry_point: str) -> None:
+    """0.9.0 and 0.9.1 load it; 0.8.0 has no plugin group, so it stays untouched (hence EXTERNAL there)."""
+    done = _run(PROBE + "import verl; print('version:', verl.__version__)\n", entry_point, REBATCH_VERL="on")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"version: {VERL.version}" in done.stdout, done.stdout  # the subprocess imports the same verl
+    assert f"rebatch: {PLUGIN_GROUP[VERL.version]}" in done.stdout, (done.stdout, done.stderr[-3000:])
+
+
+def test_on_fails_loudly_on_a_release_rebatch_does_not_support() -> None:
+    """The version read from verl's metadata (faked: 0.7.0) refused under on: the ERROR line names it,
+    and the exception stops verl's import (``VERL_USE_EXTERNAL_MODULES`` lets it through)."""
+    fake = (
+        "import importlib.metadata as md\n"
+        "real = md.version\n"
+        "md.version = lambda name: '0.7.0' if name == 'verl' else real(name)\n"
+    )
+    done = _run(fake + PROBE, None, REBATCH_VERL="on", **EXTERNAL)
+    assert done.returncode != 0, done.stdout
+    assert "could not install rebatch in verl: UnsupportedSettingError: verl 0.7.0 is not supported" in done.stderr
+    assert "supported: 0.8.0, 0.9.0, 0.9.1" in done.stderr
 
 
 def test_activation_logs_one_info_line_naming_what_it_replaced(entry_point: str) -> None:
     code = "import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout)\n" + PROBE
     code += "from torch_impl.integrations import verl_plugin; verl_plugin.activate()\n"  # idempotent: no 2nd line
-    done = _run(code, entry_point, REBATCH_VERL="on")
+    done = _run(code, entry_point, REBATCH_VERL="on", **({} if PLUGIN_GROUP[VERL.version] else EXTERNAL))
     lines = [line for line in done.stdout.splitlines() if line.startswith("INFO:rebatch:")]
     assert len(lines) == 1, done.stdout
-    assert "replaces verl's verl.workers.engine.utils.postprocess_batch_func" in lines[0]
+    assert f"rebatch: verl {VERL.version}: rebatch replaces verl's verl.workers.engine.utils.postprocess_batch_func" in lines[0]
+    assert lines[0].endswith("left as verl's: none"), lines[0]
 
 
 def test_a_ray_worker_sees_rebatch_through_the_runtime_env(entry_point: str) -> None:
     """``runtime_env.env_vars`` carries the variable to the workers (verl's
     ``+ray_kwargs.ray_init.runtime_env.env_vars.REBATCH_VERL=on``); verl loads the plugin there."""
     pytest.importorskip("ray", reason="ray is not installed")
-    path = os.pathsep.join([ROOT, entry_point])
+    outer = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    path = os.pathsep.join([ROOT, entry_point, *outer])
+    env_vars = {"REBATCH_VERL": "on", "PYTHONPATH": path, **({} if PLUGIN_GROUP[VERL.version] else EXTERNAL)}
     code = (
         "import ray, warnings; warnings.simplefilter('ignore')\n"
         "ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,\n"
-        f"         runtime_env={{'env_vars': {{'REBATCH_VERL': 'on', 'PYTHONPATH': {path!r}}}}})\n"
+        f"         runtime_env={{'env_vars': {env_vars!r}}})\n"
         "@ray.remote\n"
         "def probe():\n"
         "    import torch_impl, verl.workers.engine.fsdp.transformer_impl as m\n"
