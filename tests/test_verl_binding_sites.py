@@ -87,7 +87,9 @@ MISSING = {
 
 if VERL.version == "0.8.0":
     IMPORTABLE -= SITES_0_8_0_LACKS
-    MISSING = {m: why for m, why in MISSING.items() if m not in SITES_0_8_0_LACKS} | {"verl.trainer.main_ppo_sync": "hydra"}
+    MISSING = {m: why for m, why in MISSING.items() if m not in SITES_0_8_0_LACKS} | {
+        "verl.trainer.main_ppo_sync": "hydra"
+    }
 
 #: The importable site modules that `install` itself does not import (``verl.workers.engine``'s
 #: ``__init__`` imports the fsdp engine with ``verl.workers.engine.utils``): imported after it.

@@ -112,7 +112,10 @@ def test_activation_logs_one_info_line_naming_what_it_replaced(entry_point: str)
     done = _run(code, entry_point, REBATCH_VERL="on", **({} if PLUGIN_GROUP[VERL.version] else EXTERNAL))
     lines = [line for line in done.stdout.splitlines() if line.startswith("INFO:rebatch:")]
     assert len(lines) == 1, done.stdout
-    assert f"rebatch: verl {VERL.version}: rebatch replaces verl's verl.workers.engine.utils.postprocess_batch_func" in lines[0]
+    assert (
+        f"rebatch: verl {VERL.version}: rebatch replaces verl's verl.workers.engine.utils.postprocess_batch_func"
+        in lines[0]
+    )
     assert lines[0].endswith("left as verl's: none"), lines[0]
 
 
