@@ -85,6 +85,7 @@ NAMES: dict[str, str] = {
 
 _SAME: dict[str, Any] = {}  # rebatch's function as it is
 _ONE_PASS: dict[str, Any] = {"one_pass": True}  # verl 0.8.0's and 0.9.0's count rule
+_PARTITIONER = ("prepare_micro_batches", "rearrange_micro_batches")  # the names the count rule reaches
 
 #: THE table: supported verl release -> the names `install` replaces there, each with the keywords
 #: rebatch's function is bound with for that release (``{}``: as it is). A name of `NAMES` missing from
@@ -106,17 +107,9 @@ _ONE_PASS: dict[str, Any] = {"one_pass": True}  # verl 0.8.0's and 0.9.0's count
 #: (`ref.partition.plan_micro_batches`); ``prepare_micro_batches`` calls the partitioner, so it is
 #: bound the same way.
 VERSIONS: dict[str, dict[str, dict[str, Any]]] = {
-    "0.8.0": {
-        **{name: _SAME for name in NAMES},
-        "prepare_micro_batches": _ONE_PASS,
-        "rearrange_micro_batches": _ONE_PASS,
-    },
-    "0.9.0": {
-        **{name: _SAME for name in NAMES},
-        "prepare_micro_batches": _ONE_PASS,
-        "rearrange_micro_batches": _ONE_PASS,
-    },
-    "0.9.1": {name: _SAME for name in NAMES},
+    "0.8.0": {**dict.fromkeys(NAMES, _SAME), **dict.fromkeys(_PARTITIONER, _ONE_PASS)},
+    "0.9.0": {**dict.fromkeys(NAMES, _SAME), **dict.fromkeys(_PARTITIONER, _ONE_PASS)},
+    "0.9.1": dict.fromkeys(NAMES, _SAME),
 }
 
 _versions = Versions("verl", VERSIONS, fallback="0.9.1")
