@@ -162,7 +162,10 @@ def test_a_ray_worker_of_plain_ray_init_sees_what_the_driver_variable_says(
         "print('worker sees (rebatch, verl):', ray.get(probe.remote(), timeout=240))\n"
         "ray.shutdown()\n"
     )
-    done = _run(code, entry_point, **({} if value is None else {"REBATCH_VERL": value}))
+    env = {} if value is None else {"REBATCH_VERL": value}
+    if not PLUGIN_GROUP[VERL.version]:
+        env.update(EXTERNAL)  # verl 0.8.0's only way to load a plugin
+    done = _run(code, entry_point, **env)
     expected = f"worker sees (rebatch, verl): ({ours}, {not ours})"
     assert expected in done.stdout, (done.stdout[-2000:], done.stderr[-3000:])
 
