@@ -19,7 +19,7 @@ from tensordict import TensorDict
 import torch_impl
 from property_tests import verl_oracle as vo
 from property_tests.data import jagged
-from torch_impl.integrations import verl as integration
+from torch_impl.integrations import verl as integration, verl_plugin
 from torch_impl.integrations._shadow import Shadow
 
 VERL = vo.verl_or_skip()
@@ -47,10 +47,18 @@ def _duplicate_step():
     return outs, [[0, 1], [1]], vo.make_data({})
 
 
-def test_500_engine_steps_agree_and_the_trainer_gets_verls_results(caplog) -> None:
+def _activate(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    """What verl does in every process that imports it: load the plugin, which reads ``REBATCH_VERL``."""
+    monkeypatch.setenv("REBATCH_VERL", value)
+    monkeypatch.setattr(verl_plugin, "_active", False)
+    verl_plugin.activate()
+
+
+def test_500_engine_steps_agree_and_the_trainer_gets_verls_results(caplog, monkeypatch) -> None:
+    """``REBATCH_VERL=shadow:1`` (every call compared): 500 engine-style steps, 0 differences."""
     engine = _engine()
     theirs = engine.postprocess_batch_func
-    integration.install(mode="shadow", sample=1.0)
+    _activate(monkeypatch, "shadow:1")
     assert engine.postprocess_batch_func is not theirs
     assert engine.postprocess_batch_func.__wrapped__ is theirs
 
@@ -121,6 +129,19 @@ def test_a_duplicate_index_is_reported_as_misaligned(caplog, tmp_path) -> None:
     assert integration.stats()["by_name"]["postprocess_batch_func"]["defects"] == 1
     saved = torch.load(dump, weights_only=False)  # the format `rebatch check --dump` reads
     assert saved[1] == indices
+
+
+def test_rebatch_verl_shadow_reports_a_duplicate_index_step_with_its_key_and_row(caplog, monkeypatch) -> None:
+    """``REBATCH_VERL=shadow`` (the default sample): the first step is always compared and checked."""
+    engine = _engine()
+    outs, indices, data = _duplicate_step()
+    _activate(monkeypatch, "shadow")
+    with caplog.at_level(logging.ERROR, logger="rebatch.shadow"):
+        engine.postprocess_batch_func(outs, indices, data)
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("postprocess_batch_func"))
+    assert "verl's result of this step is misaligned in keys ['lp']" in line
+    assert "index 1 duplicates" in line  # the row, named with its micro-batch and position
+    assert integration.stats()["defects"] >= 1
 
 
 def test_on_defect_raise_stops_the_step() -> None:
