@@ -1,0 +1,412 @@
+"""Today's ``torch_impl.postprocess_batch_func`` against the same function at an older commit, side by
+side in one run, quiet and with one busy process per core; plus today's code against a same-bytes clone.
+
+Both implementations have the same package names (``ref``, ``torch_impl``), so each runs in a worker
+process of its own: the baseline's with ``PYTHONPATH`` at an extract of the commit's ``ref``,
+``torch_impl`` and ``property_tests`` (``git archive``, cached under ``.cache/``), today's with this
+checkout's. The harness drives the workers alternately, round by round (order shuffled each round, as
+`rebatch.bench.run._median_times`): a worker times its own calls while the other waits on its pipe,
+so both meet the same state of the machine. Each worker builds identical inputs from the same seed
+(plain torch, no code of either implementation), and the results are checked bit-equal (a digest of
+every output's bytes and offsets) before any timing.
+
+    python -m rebatch.bench.versus [--commit 3c468db6] [--grid targets|smoke|quick|standard]
+                                   [--contended] [--out docs/versus.json]
+
+Prints a table: case, baseline ms, today ms, baseline / today (quiet and contended), today / clone;
+then the issue's targets (item 2: fixed cost and speed-ups against the commit; item 3: large outputs
+against a same-bytes clone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["TARGETS", "main", "targets_grid", "versus"]
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_COMMIT = "3c468db6"
+
+
+# ---------------------------------------------------------------------------------------------------
+# The worker: one process per implementation, JSON lines on stdin/stdout.
+
+
+def _inputs(case: Any, seed: int = 0) -> tuple[list[dict[str, Any]], list[list[int]], list[Any]]:
+    """``output_lst``, ``indices`` and each key's whole values for ``case`` (as
+    `rebatch.bench.cases.make_inputs`, built with plain torch so both workers build the same bytes)."""
+    import numpy as np
+    import torch
+
+    from .cases import lengths_for
+
+    rng = np.random.default_rng(seed + 1)
+    lengths = lengths_for(case, seed)
+    perm = rng.permutation(case.rows)
+    bounds = np.linspace(0, case.rows, case.micro_batches + 1).astype(int)
+    indices = [sorted(perm[bounds[m] : bounds[m + 1]].tolist()) for m in range(case.micro_batches)]
+    offsets = np.zeros(case.rows + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum(lengths)
+    feature = (5,) if case.ndim == 3 else ()
+    dtype = getattr(torch, case.dtype)
+    outs: list[dict[str, Any]] = [{"model_output": {}, "loss": torch.tensor(0.0)} for _ in indices]
+    wholes = []
+    for k in range(case.keys):
+        values = torch.randn((int(offsets[-1]), *feature), generator=torch.Generator().manual_seed(seed + k)).to(dtype)
+        wholes.append(values)
+        for o, part in zip(outs, indices, strict=True):
+            rows = np.asarray(part, dtype=np.int64)
+            starts, ends = offsets[rows], offsets[rows + 1]
+            take = np.concatenate([np.arange(s, e) for s, e in zip(starts, ends, strict=True)])
+            piece_offsets = np.zeros(len(part) + 1, dtype=np.int64)
+            piece_offsets[1:] = np.cumsum(ends - starts)
+            piece = torch.nested.nested_tensor_from_jagged(
+                values[torch.from_numpy(take)], torch.from_numpy(piece_offsets)
+            )
+            o["model_output"][f"key{k}"] = piece
+    return outs, indices, wholes
+
+
+def _digest(result: dict[str, Any]) -> str:
+    """A digest of every output's bytes (and a jagged one's offsets), key by key."""
+    import torch
+
+    h = hashlib.sha256()
+    for key, t in result["model_output"].items():
+        h.update(repr((key, str(t.dtype), t.is_nested)).encode())
+        parts = [t.values(), t.offsets()] if t.is_nested else [t]
+        for p in parts:
+            p = p.detach().contiguous()
+            h.update(repr(tuple(p.shape)).encode())
+            h.update(p.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _worker() -> int:
+    """Serve the harness: ``setup`` (a case: inputs built, a warm-up call, the result's digest),
+    ``time`` (``n`` calls of ``impl`` or ``clone``, each timed alone after returning the C heap's free
+    pages), ``quit``."""
+    import torch
+
+    import torch_impl
+
+    from .cases import Case
+    from .memory import release_free_memory
+
+    fns: dict[str, Callable[[], Any]] = {}
+    out = sys.stdout
+    sys.stdout = sys.stderr  # nothing but replies on the pipe
+    for line in sys.stdin:
+        msg = json.loads(line)
+        reply: dict[str, Any]
+        if msg["cmd"] == "setup":
+            fns.clear()
+            case = Case(*msg["case"])
+            outs, indices, wholes = _inputs(case)
+            fns["impl"] = lambda outs=outs, indices=indices: torch_impl.postprocess_batch_func(outs, indices, None)
+            fns["clone"] = lambda wholes=wholes: [w.clone() for w in wholes]
+            start = time.perf_counter()
+            result = fns["impl"]()
+            first = time.perf_counter() - start
+            reply = {"digest": _digest(result), "first": first, "torch": torch.__version__}
+            del result
+        elif msg["cmd"] == "time":
+            fn = fns[msg["fn"]]
+            times = []
+            for _ in range(msg["n"]):
+                release_free_memory()
+                start = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - start)
+            reply = {"times": times}
+        elif msg["cmd"] == "quit":
+            return 0
+        else:
+            reply = {"error": f"unknown command {msg['cmd']!r}"}
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# The harness.
+
+
+class Worker:
+    """One worker process with ``ref``/``torch_impl`` from ``root``."""
+
+    def __init__(self, root: Path) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([str(root), str(ROOT)]))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rebatch.bench.versus", "--worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+
+    def ask(self, **msg: Any) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(msg) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"worker exited with {self.proc.wait()}")
+        reply: dict[str, Any] = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(reply["error"])
+        return reply
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.ask(cmd="quit")
+            except (RuntimeError, BrokenPipeError, json.JSONDecodeError):
+                pass
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def baseline_root(commit: str) -> Path:
+    """An extract of ``ref``, ``torch_impl`` and ``property_tests`` at ``commit`` (cached)."""
+    full = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--verify", f"{commit}^{{commit}}"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    folder = ROOT / ".cache" / f"baseline-{full[:7]}"
+    if not (folder / "torch_impl" / "__init__.py").exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", full, "ref", "torch_impl", "property_tests"],
+            check=True,
+            capture_output=True,
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+    return folder
+
+
+def _medians(
+    workers: dict[str, tuple[Worker, str]], first: float, *, min_time: float, rounds: int, seed: int
+) -> dict[str, float]:
+    """Median seconds per call of each (worker, function), in rounds of shuffled order; each turn is
+    ``n`` calls (more for cheap calls, so a turn lasts about 20 ms)."""
+    n = max(1, min(50, int(0.02 / max(first, 1e-6))))
+    times: dict[str, list[float]] = {name: [] for name in workers}
+    for name, (w, fn) in workers.items():  # warm-up turn each
+        w.ask(cmd="time", fn=fn, n=1)
+    order = list(workers)
+    rng = random.Random(seed)
+    spent = 0.0
+    done = 0
+    while done < rounds or (spent < min_time and done < 3 * rounds):
+        rng.shuffle(order)
+        for name in order:
+            w, fn = workers[name]
+            t = w.ask(cmd="time", fn=fn, n=n)["times"]
+            times[name] += t
+            spent += sum(t)
+        done += 1
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def targets_grid() -> list[Any]:
+    """The cases of issue 25's items 2 and 3."""
+    from .cases import Case
+
+    return [
+        Case(8, 16, 4, 1, "float32", 2),  # the fixed cost: at most 0.2 ms
+        Case(1024, 512, 64, 5, "float32", 2),  # at least 2x the commit
+        Case(1024, 512, 16, 1, "float32", 2),  # at least 1.5x the commit
+        Case(16384, 4096, 16, 1, "float32", 2),  # >= 64M elements: within 1.5x of a clone
+    ]
+
+
+TARGETS = "targets"
+
+
+def versus(
+    cases: list[Any], commit: str, *, contended: bool, rounds: int = 7, min_time: float = 0.5, log: Any = None
+) -> dict[str, Any]:
+    from .contention import busy_processes, core_count
+
+    base = Worker(baseline_root(commit))
+    today = Worker(ROOT)
+    rows = []
+    try:
+        fns = {"baseline": (base, "impl"), "today": (today, "impl"), "clone": (today, "clone")}
+        start = time.perf_counter()
+        for i, case in enumerate(cases):
+            a = base.ask(cmd="setup", case=list(case))
+            b = today.ask(cmd="setup", case=list(case))
+            if a["digest"] != b["digest"]:
+                raise AssertionError(f"{case.name}: the baseline's result and today's differ")
+            first = max(a["first"], b["first"])
+            row: dict[str, Any] = {"case": case._asdict(), "name": case.name, "elements": case.elements}
+            row["quiet"] = _medians(fns, first, min_time=min_time, rounds=rounds, seed=i)
+            if contended:
+                with busy_processes():
+                    row["contended"] = _medians(fns, first, min_time=min_time, rounds=rounds, seed=i)
+            rows.append(row)
+            if log is not None:
+                print(f"[{time.perf_counter() - start:6.0f}s] {_line(row)}", file=log, flush=True)
+    finally:
+        base.close()
+        today.close()
+    return {
+        "commit": commit,
+        "torch": a["torch"] if cases else None,
+        "busy_processes": core_count() if contended else 0,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "rows": rows,
+    }
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.3g}"
+
+
+def _ratios(s: dict[str, float]) -> tuple[float, float]:
+    return s["baseline"] / s["today"], s["today"] / s["clone"]
+
+
+def _line(row: dict[str, Any]) -> str:
+    q = row["quiet"]
+    text = f"{row['name']}: {_ms(q['baseline'])} / {_ms(q['today'])} ms = {_ratios(q)[0]:.2f}x"
+    if "contended" in row:
+        text += f", contended {_ratios(row['contended'])[0]:.2f}x"
+    return text
+
+
+def markdown(results: dict[str, Any]) -> list[str]:
+    contended = any("contended" in r for r in results["rows"])
+    head = "| case | baseline ms | today ms | clone ms | baseline / today | today / clone |"
+    sep = "|---|---|---|---|---|---|"
+    if contended:
+        head += " contended: baseline ms | today ms | baseline / today | today / clone |"
+        sep += "---|---|---|---|"
+    lines = [head, sep]
+    for r in results["rows"]:
+        q = r["quiet"]
+        sp, cl = _ratios(q)
+        line = f"| {r['name']} | {_ms(q['baseline'])} | {_ms(q['today'])} | {_ms(q['clone'])} | {sp:.2f}x | {cl:.2f} |"
+        if "contended" in r:
+            c = r["contended"]
+            csp, ccl = _ratios(c)
+            line += f" {_ms(c['baseline'])} | {_ms(c['today'])} | {csp:.2f}x | {ccl:.2f} |"
+        lines.append(line)
+    return lines + ["", *targets(results)]
+
+
+def targets(results: dict[str, Any]) -> list[str]:
+    """Issue 25's items 2 and 3, each with its figure from ``results``, met / missed."""
+
+    def verdict(ok: bool) -> str:
+        return "**met**" if ok else "**missed**"
+
+    def pick(rows: int, length: int, mbs: int, keys: int) -> dict[str, Any] | None:
+        for r in results["rows"]:
+            c = r["case"]
+            if (c["rows"], c["mean_length"], c["micro_batches"], c["keys"], c["dtype"], c["ndim"]) == (
+                rows,
+                length,
+                mbs,
+                keys,
+                "float32",
+                2,
+            ):
+                return r
+        return None
+
+    def both(r: dict[str, Any], fig: Callable[[dict[str, float]], float], fmt: str) -> str:
+        text = "quiet " + fmt.format(fig(r["quiet"]))
+        if "contended" in r:
+            text += ", contended " + fmt.format(fig(r["contended"]))
+        return text
+
+    def worst(r: dict[str, Any], fig: Callable[[dict[str, float]], float], low: bool = True) -> float:
+        vals = [fig(r[k]) for k in ("quiet", "contended") if k in r]
+        return min(vals) if low else max(vals)
+
+    out = []
+    small = pick(8, 16, 4, 1)
+    if small:
+        ms = small["quiet"]["today"] * 1e3
+        out.append(
+            f"- Fixed cost at B=8, L=16, M=4, one key, at most 0.2 ms quiet: {ms:.3f} ms "
+            f"(the commit's {small['quiet']['baseline'] * 1e3:.3f} ms), {verdict(ms <= 0.2)}."
+        )
+    speed = lambda s: s["baseline"] / s["today"]  # noqa: E731
+    for args, want in (((1024, 512, 64, 5), 2.0), ((1024, 512, 16, 1), 1.5)):
+        r = pick(*args)
+        if r:
+            x = worst(r, speed)
+            out.append(
+                f"- At least {want}x faster than the commit at B={args[0]}, L={args[1]}, M={args[2]}, "
+                f"{args[3]} key{'s' if args[3] > 1 else ''}: {both(r, speed, '{:.2f}x')}, {verdict(x >= want)}."
+            )
+    rows = results["rows"]
+    if rows:
+        slow = min(rows, key=lambda r: worst(r, speed))
+        x = worst(slow, speed)
+        out.append(
+            f"- Never slower than the commit ({len(rows)} cases, quiet"
+            f"{' and contended' if any('contended' in r for r in rows) else ''}): slowest {x:.2f}x "
+            f"({slow['name']}), {verdict(x >= 1.0)}."
+        )
+    from .cases import LARGE_ELEMENTS
+
+    large = [r for r in rows if r["elements"] >= LARGE_ELEMENTS]
+    if large:
+        clone = lambda s: s["today"] / s["clone"]  # noqa: E731
+        far = max(large, key=lambda r: worst(r, clone, low=False))
+        x = worst(far, clone, low=False)
+        out.append(
+            f"- Within 1.5x of a same-bytes clone at >= 64M output elements ({len(large)} cases; "
+            f"worst {far['name']}): {both(far, clone, '{:.2f}x')}, {verdict(x <= 1.5)}."
+        )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m rebatch.bench.versus", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--commit", default=DEFAULT_COMMIT)
+    parser.add_argument("--grid", default=TARGETS, help="targets (issue 25's cases), or a grid of rebatch.bench.cases")
+    parser.add_argument("--contended", action="store_true", help="also time every case with one busy process per core")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--out", help="write the results as JSON here")
+    args = parser.parse_args(argv)
+    if args.worker:
+        return _worker()
+    from .cases import grid
+
+    cases = targets_grid() if args.grid == TARGETS else grid(args.grid)
+    results = versus(cases, args.commit, contended=args.contended, rounds=args.rounds, log=sys.stderr)
+    results["command"] = "python -m rebatch.bench.versus " + " ".join(argv if argv is not None else sys.argv[1:])
+    print("\n".join(markdown(results)))
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
