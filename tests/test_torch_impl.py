@@ -7,6 +7,8 @@ import contextlib
 import enum
 import math
 from collections import Counter
+from typing import Any
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -14,6 +16,8 @@ import torch
 from tensordict import NonTensorData, TensorDict
 
 import torch_impl
+import torch_impl._assemble
+import torch_impl._host
 from property_tests.baseline import verl_postprocess_batch_func
 from property_tests.compare import assert_same
 from property_tests.data import jagged, random_tensor, rows_of
@@ -261,7 +265,18 @@ def test_index_buffer_covers_one_chunk_at_a_time(micro_batches, trailing, device
     chunk_bytes = total * row_bytes // 16 + 2  # about 16 chunks; not a multiple of a row's bytes
     chunk = -(-chunk_bytes // row_bytes) if device == "meta" else total // 16 + 1
     settings = {"index_chunk_bytes": chunk_bytes} if device == "meta" else {"cpu_index_chunk": chunk}
-    with torch_impl.use_settings(row_copy_min_elements=math.inf, **settings), _LargestIndex() as seen:
+    real_scatter = torch_impl._host._scatter
+
+    def scatter(dest: np.ndarray, where: np.ndarray, src: np.ndarray) -> None:  # the CPU's NumPy index path
+        seen.largest = max(seen.largest, where.size)
+        seen.calls += 1
+        real_scatter(dest, where, src)
+
+    with (
+        torch_impl.use_settings(row_copy_min_elements=math.inf, **settings),
+        _LargestIndex() as seen,
+        mock.patch.object(torch_impl._host, "_scatter", scatter),
+    ):
         got = torch_impl.postprocess_batch(outs, parts)
     if device == "cpu":
         assert_same(got, verl_postprocess_batch_func(outs, parts, None))
@@ -319,13 +334,13 @@ def test_padding_marker_survives_pickling() -> None:
 
 def test_row_copies_step_aside_where_torch_cannot_share_memory_with_numpy(monkeypatch, force) -> None:
     """A torch built against another NumPy cannot lend its storage (``Tensor.numpy()`` raises): the
-    element-index path then moves the rows, with the same result."""
-    from torch_impl import _rowcopy
+    torch element-index path then moves the rows (and torch checks the offsets), with the same result."""
+    from torch_impl import _host
 
     force("row_copies")
     outs, parts = _outputs(32, 4, mean_len=50)
     want = torch_impl.postprocess_batch(outs, parts)
-    monkeypatch.setattr(_rowcopy, "_numpy_bridge", lambda: False)
+    monkeypatch.setattr(_host, "numpy_bridge", lambda: False)
     with CountOps() as counter:
         got = torch_impl.postprocess_batch(outs, parts)
     assert "aten.index_copy_.default" in counter.ops
@@ -341,9 +356,19 @@ def _path_taken(lengths: list[int], trailing: tuple[int, ...], min_elements: flo
         {"model_output": {"x": jagged(random_tensor(rng, (sum(ls), *trailing), "float32"), ls)}}
         for ls in (lengths[half:], lengths[:half])
     ]
-    with torch_impl.use_settings(row_copy_min_elements=min_elements), CountOps() as counter:
+    real = torch_impl._assemble.permute_by_rows
+    taken: list[str] = []
+
+    def row_copies(*args: Any) -> torch.Tensor:
+        taken.append("row_copies")
+        return real(*args)
+
+    with (
+        torch_impl.use_settings(row_copy_min_elements=min_elements),
+        mock.patch.object(torch_impl._assemble, "permute_by_rows", row_copies),
+    ):
         torch_impl.postprocess_batch(outs, parts)
-    return "element_indices" if "aten.index_copy_.default" in counter.ops else "row_copies"
+    return taken[0] if taken else "element_indices"
 
 
 @pytest.mark.parametrize("trailing", [(), (4,)])
@@ -362,15 +387,15 @@ def test_the_row_copy_threshold_counts_elements_per_row(trailing) -> None:
 def test_a_torch_without_numpy_is_detected(monkeypatch) -> None:
     """``Tensor.numpy()`` raising (torch built against another NumPy: "Numpy is not available") means no
     NumPy bridge; the check itself, uncached."""
-    from torch_impl import _rowcopy
+    from torch_impl import _host
 
-    assert _rowcopy._numpy_bridge.__wrapped__() is True
+    assert _host.numpy_bridge.__wrapped__() is True
 
     def unavailable(self):
         raise RuntimeError("Numpy is not available")
 
     monkeypatch.setattr(torch.Tensor, "numpy", unavailable)
-    assert _rowcopy._numpy_bridge.__wrapped__() is False
+    assert _host.numpy_bridge.__wrapped__() is False
 
 
 @pytest.mark.parametrize("feature", [(), (4,), (2, 3)])

@@ -21,11 +21,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from ._dense import assemble_dense
+from ._host import host_checkable, host_lengths, host_movable, permute_by_host_indices
 from ._indexcopy import permute_by_indices
-from ._jagged import njt, zero_prefixed_cumsum
+from ._jagged import fresh_njt as njt
+from ._jagged import zero_prefixed_cumsum
 from ._parts import DensePart, JaggedPart, Part, check_offsets
 from ._rowcopy import permute_by_rows, row_copies_apply
 from ._rows import CallRows
@@ -50,6 +53,8 @@ def assemble(
         dense = [p for p in parts if isinstance(p, DensePart)]
         return assemble_dense(dense, None if perm is None else rows.perm(device))
     jagged = [p for p in parts if isinstance(p, JaggedPart)]
+    if device.type == "cpu" and host_checkable(jagged):
+        return _assemble_on_host(jagged, perm, key, rows)
     lengths = check_offsets(jagged, key, rows.steps(device))
     if perm is None:
         return njt(torch.cat([p.values for p in jagged]), zero_prefixed_cumsum(lengths))
@@ -59,3 +64,28 @@ def assemble(
     if row_copies_apply(jagged, total, perm.numel()):
         return njt(permute_by_rows(jagged, lengths, inv, total), out_offsets)
     return njt(permute_by_indices(jagged, lengths, rows.perm(device), out_offsets), out_offsets)
+
+
+def _assemble_on_host(
+    jagged: Sequence[JaggedPart], perm: torch.Tensor | None, key: Any, rows: CallRows
+) -> torch.Tensor:
+    """`assemble` of CPU jagged parts with the bookkeeping in NumPy (`torch_impl._host`): the same checks,
+    offsets and values; the values moved by row copies, by NumPy scatters (no gradient to carry) or
+    by the differentiable element-index path."""
+    host = rows.host()
+    lengths = host_lengths(jagged, key, host)
+    out_offsets = torch.empty(lengths.shape[0] + 1, dtype=torch.int64)
+    offsets = out_offsets.numpy()
+    offsets[0] = 0
+    if perm is None:
+        np.cumsum(lengths, out=offsets[1:])
+        return njt(torch.cat([p.values for p in jagged]), out_offsets)
+    assert host.inv is not None
+    np.cumsum(lengths[host.inv], out=offsets[1:])
+    total = int(offsets[-1])
+    if row_copies_apply(jagged, total, perm.numel()):
+        return njt(permute_by_rows(jagged, torch.from_numpy(lengths), torch.from_numpy(host.inv), total), out_offsets)
+    if host_movable(jagged):
+        return njt(permute_by_host_indices(jagged, lengths, offsets, host, total), out_offsets)
+    device = jagged[0].values.device
+    return njt(permute_by_indices(jagged, torch.from_numpy(lengths), rows.perm(device), out_offsets), out_offsets)

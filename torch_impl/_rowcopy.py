@@ -11,29 +11,18 @@ Peak memory is the output. No threads of its own, no process-wide setting touche
 
 from __future__ import annotations
 
-import functools
-import itertools
 import math
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
+from . import _host
+from ._host import numpy_bytes
 from ._parts import JaggedPart
 from ._settings import get_settings
 
 __all__ = ["permute_by_rows", "row_copies_apply"]
-
-
-@functools.cache
-def _numpy_bridge() -> bool:
-    """Whether this torch can share CPU storage with NumPy (it cannot when built against another NumPy
-    ABI: then ``Tensor.numpy()`` raises, and row copies are not used)."""
-    try:
-        torch.zeros(1).numpy()
-    except (RuntimeError, ImportError, TypeError):  # "Numpy is not available"
-        return False
-    return True
 
 
 def row_copies_apply(parts: Sequence[JaggedPart], total: int, rows: int) -> bool:
@@ -45,31 +34,36 @@ def row_copies_apply(parts: Sequence[JaggedPart], total: int, rows: int) -> bool
         or first.device.type != "cpu"
         or (torch.is_grad_enabled() and any(p.values.requires_grad for p in parts))
         or not all(type(p.values) is torch.Tensor and p.values.is_contiguous() for p in parts)
-        or not _numpy_bridge()
+        or not _host.numpy_bridge()
     ):
         return False
     return total * math.prod(first.shape[1:]) >= get_settings().row_copy_min_elements * rows
 
 
-def _bytes(x: torch.Tensor) -> np.ndarray:
-    """``x``'s storage as a 1-D NumPy array of bytes (shared, not copied)."""
-    return x.detach().reshape(-1).view(torch.uint8).numpy()
-
-
 def permute_by_rows(parts: Sequence[JaggedPart], lengths: torch.Tensor, inv: torch.Tensor, total: int) -> torch.Tensor:
     """Output values ``[N, *F]``: ``[rows[k] for k in inv]`` laid end to end, where ``rows`` are the
     parts' rows in concatenation order (``lengths`` ``[B]``: their lengths in rows of ``values``) and
-    ``inv`` ``[B]`` is the inverse permutation."""
+    ``inv`` ``[B]`` is the inverse permutation. Every row's byte range inside its part is computed at
+    once with NumPy (a constant number of operations), then each part is cut into its rows."""
     first = parts[0].values
     out = first.new_empty((total, *first.shape[1:]))
     row_bytes = first.element_size() * math.prod(first.shape[1:])
-    sizes = (lengths * row_bytes).tolist()  # every row's byte count, all parts at once
+    lens = lengths.numpy()
+    counts = np.fromiter((p.rows for p in parts), dtype=np.int64, count=len(parts))
+    sizes = np.fromiter((p.values.shape[0] for p in parts), dtype=np.int64, count=len(parts))
+    # each row's start in the parts laid end to end, less its part's start: its start inside its part
+    starts = np.zeros(lens.shape[0] + 1, dtype=np.int64)
+    np.cumsum(lens, out=starts[1:])
+    part_starts = np.zeros(len(parts), dtype=np.int64)
+    np.cumsum(sizes[:-1], out=part_starts[1:])
+    local = starts[:-1] - np.repeat(part_starts, counts)
+    begin = (local * row_bytes).tolist()
+    end = ((local + lens) * row_bytes).tolist()
     rows: list[np.ndarray] = []
-    start = 0
+    row = 0
     for p in parts:
-        buf = _bytes(p.values)
-        cuts = list(itertools.accumulate(sizes[start : start + p.rows], initial=0))
-        rows += map(buf.__getitem__, map(slice, cuts[:-1], cuts[1:]))
-        start += p.rows
-    np.concatenate([rows[k] for k in inv.tolist()], out=_bytes(out), casting="no")
+        buf = numpy_bytes(p.values)
+        rows += map(buf.__getitem__, map(slice, begin[row : row + p.rows], end[row : row + p.rows]))
+        row += p.rows
+    np.concatenate([rows[k] for k in inv.tolist()], out=numpy_bytes(out), casting="no")
     return out

@@ -8,13 +8,30 @@ built on first use and kept for the other keys: a call's operations grow by a co
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from ._parts import row_steps
 from ._permutation import invert
 
-__all__ = ["CallRows"]
+__all__ = ["CallRows", "HostRows"]
+
+
+class HostRows(NamedTuple):
+    """The host (NumPy) side of a call's rows, for CPU parts: ``part_of_row`` (``[B]``: each row's
+    micro-batch, rows in concatenation order), ``steps`` (``[B]``: row ``r`` of part ``m`` is step
+    ``r + m`` of the parts' offsets laid end to end, `row_steps`), ``firsts``/``ends`` (``[M]``: where
+    each part's offsets begin and end there), ``perm``/``inv`` (``[B]``, or None without a
+    permutation)."""
+
+    part_of_row: np.ndarray
+    steps: np.ndarray
+    firsts: np.ndarray
+    ends: np.ndarray
+    perm: np.ndarray | None
+    inv: np.ndarray | None
 
 
 class CallRows:
@@ -24,6 +41,23 @@ class CallRows:
         self.rows = list(rows)
         self._perm = perm
         self._made: dict[tuple[str, torch.device], torch.Tensor] = {}
+        self._host: HostRows | None = None
+
+    def host(self) -> HostRows:
+        """The `HostRows` of this call (built on first use): a few NumPy operations, whatever B and M."""
+        if self._host is None:
+            rows = np.asarray(self.rows, dtype=np.int64)
+            part_of_row = np.repeat(np.arange(len(rows), dtype=np.int64), rows)
+            firsts = np.zeros(len(rows), dtype=np.int64)
+            np.cumsum(rows[:-1] + 1, out=firsts[1:])
+            perm = inv = None
+            if self._perm is not None:
+                perm = self._perm.numpy()
+                inv = np.empty_like(perm)
+                inv[perm] = np.arange(perm.shape[0], dtype=perm.dtype)
+            steps = np.arange(part_of_row.shape[0], dtype=np.int64) + part_of_row
+            self._host = HostRows(part_of_row, steps, firsts, firsts + rows, perm, inv)
+        return self._host
 
     def _once(self, what: str, device: torch.device, make: Callable[[], torch.Tensor]) -> torch.Tensor:
         key = (what, device)

@@ -1,0 +1,149 @@
+"""The CPU path's bookkeeping on the host: offsets checked and row lengths derived with NumPy, and the
+element-index path without autograd as NumPy scatters.
+
+On the CPU a torch operation on a small tensor costs a few microseconds of dispatch, a NumPy one a
+fraction of that, and CPU offsets can be read as NumPy arrays without a copy (``Tensor.numpy()``
+shares the storage). `host_lengths` makes exactly the checks of `torch_impl._parts.check_offsets`
+(and raises through the same `_explain_bad_offsets`, so every message is the same), in a constant
+number of NumPy operations per key; `permute_by_host_indices` writes every value row of a part to its
+destination with one NumPy fancy assignment per chunk of ``Settings.cpu_index_chunk`` value rows (the
+index buffer stays that small: int64 per value row), on the calling thread. Values are moved as
+unsigned integers or raw bytes of their own width, so every dtype comes out bit for bit (NaN payloads
+included). Neither path is used where a gradient can flow or for tensor subclasses (`host_movable`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ._parts import JaggedPart, _explain_bad_offsets
+from ._rows import HostRows
+from ._settings import get_settings
+
+__all__ = ["host_checkable", "host_lengths", "host_movable", "numpy_bytes", "permute_by_host_indices"]
+
+#: torch dtypes whose ``Tensor.numpy()`` works (the others, bfloat16 and float8 among them, are read
+#: through a ``uint8`` view first).
+_NUMPY_DTYPES = frozenset(
+    {
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.float32,
+        torch.float64,
+        torch.complex64,
+        torch.complex128,
+    }
+)
+
+
+@functools.cache
+def numpy_bridge() -> bool:
+    """Whether this torch can share CPU storage with NumPy (it cannot when built against another NumPy
+    ABI: then ``Tensor.numpy()`` raises, and the host paths are not used)."""
+    try:
+        torch.zeros(1).numpy()
+    except (RuntimeError, ImportError, TypeError):  # "Numpy is not available"
+        return False
+    return True
+
+
+def numpy_bytes(x: torch.Tensor) -> np.ndarray:
+    """A contiguous CPU tensor's elements as a 1-D NumPy array of bytes (shared, not copied)."""
+    if x.dtype in _NUMPY_DTYPES and not x.requires_grad:
+        return x.numpy().reshape(-1).view(np.uint8)
+    return x.detach().reshape(-1).view(torch.uint8).numpy()
+
+
+def host_checkable(parts: Sequence[JaggedPart]) -> bool:
+    """CPU offsets of plain tensors, which NumPy can read in place."""
+    return numpy_bridge() and all(p.offsets.device.type == "cpu" and type(p.offsets) is torch.Tensor for p in parts)
+
+
+def host_movable(parts: Sequence[JaggedPart]) -> bool:
+    """Values NumPy may move: CPU plain tensors, contiguous, and no gradient to carry."""
+    grad = torch.is_grad_enabled()
+    return all(
+        type(p.values) is torch.Tensor
+        and p.values.device.type == "cpu"
+        and not (grad and p.values.requires_grad)
+        and p.values.is_contiguous()
+        for p in parts
+    )
+
+
+def host_lengths(parts: Sequence[JaggedPart], key: Any, rows: HostRows) -> np.ndarray:
+    """`check_offsets` on the host: ``offsets[0] == 0``, non-decreasing, ``offsets[-1] == len(values)``
+    for every part (`InvalidJaggedError` otherwise, the same message); returns every row's length
+    (int64 ``[B]``, concatenation order). ``rows``: the call's `HostRows` (the parts' row counts)."""
+    offsets = [p.offsets.numpy() for p in parts]
+    flat = offsets[0] if len(offsets) == 1 else np.concatenate(offsets)
+    lengths = np.diff(flat)
+    if len(parts) > 1:
+        lengths = lengths[rows.steps]
+    sizes = np.fromiter((p.values.shape[0] for p in parts), dtype=np.int64, count=len(parts))
+    if flat[rows.firsts].any() or (flat[rows.ends] != sizes).any() or (lengths < 0).any():
+        _explain_bad_offsets(parts, key)
+    return lengths
+
+
+def _value_rows(x: torch.Tensor) -> np.ndarray:
+    """A contiguous CPU tensor ``[N, *F]`` as a 1-D NumPy array of ``N`` elements, each one value row's
+    bytes (an unsigned integer of its width, or raw bytes), shared."""
+    raw = numpy_bytes(x)
+    row_bytes = x.element_size() * math.prod(x.shape[1:])
+    kind = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}.get(row_bytes)
+    return raw.view(kind if kind is not None else np.dtype((np.void, row_bytes)))
+
+
+def permute_by_host_indices(
+    parts: Sequence[JaggedPart], lengths: np.ndarray, out_offsets: np.ndarray, rows: HostRows, total: int
+) -> torch.Tensor:
+    """Output values ``[N, *F]``: row ``k`` of the parts' rows end to end (``lengths`` ``[B]``) written
+    at output row ``perm[k]``, which starts at ``out_offsets[perm[k]]`` (``[B + 1]``); each part's
+    value rows scattered to their destinations, ``Settings.cpu_index_chunk`` value rows at a time."""
+    assert rows.perm is not None
+    first = parts[0].values
+    out = first.new_empty((total, *first.shape[1:]))
+    if total == 0 or (first.element_size() * math.prod(first.shape[1:])) == 0:
+        return out
+    dest = _value_rows(out)
+    chunk = get_settings().cpu_index_chunk
+    dest_starts = out_offsets[rows.perm]
+    row = 0
+    for p in parts:
+        n, r = p.values.shape[0], p.rows
+        if n:
+            local = p.offsets.numpy()
+            shift = dest_starts[row : row + r] - local[:-1]
+            src = _value_rows(p.values)
+            if n <= chunk:
+                where = np.repeat(shift, lengths[row : row + r])
+                where += np.arange(n, dtype=np.int64)
+                _scatter(dest, where, src)
+            else:
+                for a in range(0, n, chunk):
+                    b = min(n, a + chunk)
+                    r0 = int(np.searchsorted(local, a, "right")) - 1
+                    r1 = int(np.searchsorted(local, b, "left"))
+                    counts = np.minimum(local[r0 + 1 : r1 + 1], b) - np.maximum(local[r0:r1], a)
+                    where = np.repeat(shift[r0:r1], counts)
+                    where += np.arange(a, b, dtype=np.int64)
+                    _scatter(dest, where, src[a:b])
+        row += r
+    return out
+
+
+def _scatter(dest: np.ndarray, where: np.ndarray, src: np.ndarray) -> None:
+    """``dest[where] = src``: one chunk of the NumPy index path."""
+    dest[where] = src
