@@ -7,7 +7,8 @@ shares the storage). `host_lengths` makes exactly the checks of `torch_impl._par
 (and raises through the same `_explain_bad_offsets`, so every message is the same), in a constant
 number of NumPy operations per key; `permute_by_host_indices` writes every value row of a part to its
 destination with one NumPy fancy assignment per chunk of ``Settings.cpu_index_chunk`` value rows (the
-index buffer stays that small: int64 per value row), on the calling thread. Values are moved as
+index buffer stays that small: int64 per value row), on the calling thread; a key of one chunk is
+laid end to end first and gathered at once, in a constant number of operations whatever M. Values are moved as
 unsigned integers or raw bytes of their own width, so every dtype comes out bit for bit (NaN payloads
 included). Neither path is used where a gradient can flow or for tensor subclasses (`host_movable`).
 """
@@ -119,6 +120,15 @@ def permute_by_host_indices(
         return out
     dest = _value_rows(out)
     chunk = get_settings().cpu_index_chunk
+    if total <= chunk:  # one chunk: the parts laid end to end (a copy of at most a chunk), one gather
+        assert rows.inv is not None
+        src = np.concatenate([_value_rows(p.values) for p in parts]) if len(parts) > 1 else _value_rows(first)
+        starts = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
+        np.cumsum(lengths, out=starts[1:])
+        where = np.repeat(starts[:-1][rows.inv] - out_offsets[:-1], lengths[rows.inv])
+        where += np.arange(total, dtype=np.int64)
+        np.take(src, where, out=dest)
+        return out
     dest_starts = out_offsets[rows.perm]
     row = 0
     for p in parts:

@@ -70,17 +70,18 @@ def unpack(x: Any, key: Any = None, micro_batch: int | None = None, *, allow_jag
     """``x`` as a `Part`: a jagged nested tensor (ragged dimension 1; made contiguous if it has holes)
     or a dense tensor with a batch dimension. Raises `InvalidJaggedError`, `UnsupportedSettingError`
     or `ShapeMismatchError` for anything else."""
-    at = where(key, micro_batch)
     if not isinstance(x, torch.Tensor):
-        raise ShapeMismatchError(f"{at}an output must be a tensor, got {type(x).__name__}")
+        raise ShapeMismatchError(f"{where(key, micro_batch)}an output must be a tensor, got {type(x).__name__}")
     with torch._C.DisableTorchFunctionSubclass():
         if isinstance(x, _NJT):
             if x._ragged_idx != 1:
-                raise InvalidJaggedError(f"{at}the ragged dimension must be 1, got {x._ragged_idx}")
+                raise InvalidJaggedError(f"{where(key, micro_batch)}the ragged dimension must be 1, got {x._ragged_idx}")
             if not allow_jagged:
-                raise UnsupportedSettingError(f"{at}jagged outputs need pad_mode 'no_padding', got a jagged tensor")
+                raise UnsupportedSettingError(
+                    f"{where(key, micro_batch)}jagged outputs need pad_mode 'no_padding', got a jagged tensor"
+                )
             if x._lengths is not None:
-                holed = _without_holes(x, at)
+                holed = _without_holes(x, where(key, micro_batch))
                 if isinstance(holed, JaggedPart):
                     return holed
                 x = holed
@@ -88,13 +89,19 @@ def unpack(x: Any, key: Any = None, micro_batch: int | None = None, *, allow_jag
             # values through values(), which is differentiable; otherwise the buffer itself is exact.
             values = x.values() if x.requires_grad else x._values
             offsets = x._offsets
-            if offsets.dim() != 1 or offsets.dtype.is_floating_point or offsets.dtype == torch.bool:
-                raise InvalidJaggedError(f"{at}offsets must be 1-D integers, got {offsets.dtype}{list(offsets.shape)}")
-            return JaggedPart(_resolved(values), offsets.to(torch.int64), int(offsets.shape[0]) - 1)
+            if offsets.dtype != torch.int64 or offsets.dim() != 1:
+                if offsets.dim() != 1 or offsets.dtype.is_floating_point or offsets.dtype == torch.bool:
+                    raise InvalidJaggedError(
+                        f"{where(key, micro_batch)}offsets must be 1-D integers, got {offsets.dtype}{list(offsets.shape)}"
+                    )
+                offsets = offsets.to(torch.int64)
+            return JaggedPart(_resolved(values), offsets, int(offsets.shape[0]) - 1)
         if x.is_nested:
-            raise InvalidJaggedError(f"{at}a nested tensor must use the jagged layout, got {x.layout}")
+            raise InvalidJaggedError(f"{where(key, micro_batch)}a nested tensor must use the jagged layout, got {x.layout}")
         if x.dim() == 0:
-            raise ShapeMismatchError(f"{at}a dense output needs a leading batch dimension, got a scalar")
+            raise ShapeMismatchError(
+                f"{where(key, micro_batch)}a dense output needs a leading batch dimension, got a scalar"
+            )
         return DensePart(_resolved(x), int(x.shape[0]))
 
 
@@ -152,10 +159,13 @@ def check_parts(parts: Sequence[Any], key: Any = None, *, allow_jagged: bool = T
     dtype (`DtypeMismatchError`), device (`DeviceMismatchError`), trailing shape (`ShapeMismatchError`).
     """
     out: list[Part] = []
+    first: Part | None = None
     for m, x in enumerate(parts):
         p = unpack(x, key, m, allow_jagged=allow_jagged)
-        if out:
-            first = out[0]
+        if first is None:
+            first = p
+            dtype, device, trailing, jagged = p.values.dtype, p.values.device, p.values.shape[1:], p.jagged
+        elif p.values.dtype != dtype or p.values.device != device or p.values.shape[1:] != trailing or p.jagged != jagged:
             at = where(key, m)
             if p.jagged != first.jagged:
                 kind, kind0 = ("jagged" if q.jagged else "dense" for q in (p, first))
@@ -168,10 +178,7 @@ def check_parts(parts: Sequence[Any], key: Any = None, *, allow_jagged: bool = T
                 raise DeviceMismatchError(
                     f"{at}device {p.values.device} differs from micro-batch 0's {first.values.device}"
                 )
-            if p.trailing != first.trailing:
-                raise ShapeMismatchError(
-                    f"{at}trailing shape {p.trailing} differs from micro-batch 0's {first.trailing}"
-                )
+            raise ShapeMismatchError(f"{at}trailing shape {p.trailing} differs from micro-batch 0's {first.trailing}")
         out.append(p)
     return out
 

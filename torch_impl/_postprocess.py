@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 from tensordict import NonTensorData, TensorDictBase
+from torch.nested._internal.nested_tensor import NestedTensor as _NJT
 
 from ref.dtypes import check_dtype
 from ref.errors import PartitionMismatchError, ShapeMismatchError, where
@@ -156,7 +157,7 @@ def _plain_model_output(o: Any) -> Any:
 def _nested_like_verl(x: torch.Tensor) -> torch.Tensor:
     """A dense ``[B, S, *F]`` result as the jagged ``[B, (S), *F]`` verl returns (every row of length
     ``S``; a view of the result's own fresh storage); jagged and ``[B]`` results as they are."""
-    if x.is_nested or x.dim() < 2:
+    if isinstance(x, _NJT) or x.is_nested or x.dim() < 2:  # the class first: no __torch_function__ for it
         return x
     b, s = int(x.shape[0]), int(x.shape[1])
     offsets = (
