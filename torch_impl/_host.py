@@ -15,7 +15,6 @@ included). Neither path is used where a gradient can flow or for tensor subclass
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -23,11 +22,19 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._bridge import numpy_bridge
 from ._parts import JaggedPart, _explain_bad_offsets
 from ._rows import HostRows
 from ._settings import get_settings
 
-__all__ = ["host_checkable", "host_lengths", "host_movable", "numpy_bytes", "permute_by_host_indices"]
+__all__ = [
+    "host_checkable",
+    "host_lengths",
+    "host_movable",
+    "numpy_bridge",
+    "numpy_bytes",
+    "permute_by_host_indices",
+]
 
 #: torch dtypes whose ``Tensor.numpy()`` works (the others, bfloat16 and float8 among them, are read
 #: through a ``uint8`` view first).
@@ -46,17 +53,6 @@ _NUMPY_DTYPES = frozenset(
         torch.complex128,
     }
 )
-
-
-@functools.cache
-def numpy_bridge() -> bool:
-    """Whether this torch can share CPU storage with NumPy (it cannot when built against another NumPy
-    ABI: then ``Tensor.numpy()`` raises, and the host paths are not used)."""
-    try:
-        torch.zeros(1).numpy()
-    except (RuntimeError, ImportError, TypeError):  # "Numpy is not available"
-        return False
-    return True
 
 
 def numpy_bytes(x: torch.Tensor) -> np.ndarray:

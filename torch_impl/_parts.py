@@ -70,39 +70,44 @@ def unpack(x: Any, key: Any = None, micro_batch: int | None = None, *, allow_jag
     """``x`` as a `Part`: a jagged nested tensor (ragged dimension 1; made contiguous if it has holes)
     or a dense tensor with a batch dimension. Raises `InvalidJaggedError`, `UnsupportedSettingError`
     or `ShapeMismatchError` for anything else."""
+    with torch._C.DisableTorchFunctionSubclass():
+        return _unpack(x, key, micro_batch, allow_jagged)
+
+
+def _unpack(x: Any, key: Any, micro_batch: int | None, allow_jagged: bool) -> Part:
+    """`unpack`, with torch's ``__torch_function__`` handling of subclasses already switched off."""
     if not isinstance(x, torch.Tensor):
         raise ShapeMismatchError(f"{where(key, micro_batch)}an output must be a tensor, got {type(x).__name__}")
-    with torch._C.DisableTorchFunctionSubclass():
-        if isinstance(x, _NJT):
-            if x._ragged_idx != 1:
-                raise InvalidJaggedError(f"{where(key, micro_batch)}the ragged dimension must be 1, got {x._ragged_idx}")
-            if not allow_jagged:
-                raise UnsupportedSettingError(
-                    f"{where(key, micro_batch)}jagged outputs need pad_mode 'no_padding', got a jagged tensor"
-                )
-            if x._lengths is not None:
-                holed = _without_holes(x, where(key, micro_batch))
-                if isinstance(holed, JaggedPart):
-                    return holed
-                x = holed
-            # A nested tensor that requires grad keeps its autograd history on the wrapper: read its
-            # values through values(), which is differentiable; otherwise the buffer itself is exact.
-            values = x.values() if x.requires_grad else x._values
-            offsets = x._offsets
-            if offsets.dtype != torch.int64 or offsets.dim() != 1:
-                if offsets.dim() != 1 or offsets.dtype.is_floating_point or offsets.dtype == torch.bool:
-                    raise InvalidJaggedError(
-                        f"{where(key, micro_batch)}offsets must be 1-D integers, got {offsets.dtype}{list(offsets.shape)}"
-                    )
-                offsets = offsets.to(torch.int64)
-            return JaggedPart(_resolved(values), offsets, int(offsets.shape[0]) - 1)
-        if x.is_nested:
-            raise InvalidJaggedError(f"{where(key, micro_batch)}a nested tensor must use the jagged layout, got {x.layout}")
-        if x.dim() == 0:
-            raise ShapeMismatchError(
-                f"{where(key, micro_batch)}a dense output needs a leading batch dimension, got a scalar"
+    if isinstance(x, _NJT):
+        if x._ragged_idx != 1:
+            raise InvalidJaggedError(f"{where(key, micro_batch)}the ragged dimension must be 1, got {x._ragged_idx}")
+        if not allow_jagged:
+            raise UnsupportedSettingError(
+                f"{where(key, micro_batch)}jagged outputs need pad_mode 'no_padding', got a jagged tensor"
             )
-        return DensePart(_resolved(x), int(x.shape[0]))
+        if x._lengths is not None:
+            holed = _without_holes(x, where(key, micro_batch))
+            if isinstance(holed, JaggedPart):
+                return holed
+            x = holed
+        # A nested tensor that requires grad keeps its autograd history on the wrapper: read its
+        # values through values(), which is differentiable; otherwise the buffer itself is exact.
+        values = x.values() if x.requires_grad else x._values
+        offsets = x._offsets
+        if offsets.dtype != torch.int64 or offsets.dim() != 1:
+            if offsets.dim() != 1 or offsets.dtype.is_floating_point or offsets.dtype == torch.bool:
+                raise InvalidJaggedError(
+                    f"{where(key, micro_batch)}offsets must be 1-D integers, got {offsets.dtype}{list(offsets.shape)}"
+                )
+            offsets = offsets.to(torch.int64)
+        return JaggedPart(_resolved(values), offsets, int(offsets.shape[0]) - 1)
+    if x.is_nested:
+        raise InvalidJaggedError(f"{where(key, micro_batch)}a nested tensor must use the jagged layout, got {x.layout}")
+    if x.dim() == 0:
+        raise ShapeMismatchError(
+            f"{where(key, micro_batch)}a dense output needs a leading batch dimension, got a scalar"
+        )
+    return DensePart(_resolved(x), int(x.shape[0]))
 
 
 def _resolved(values: torch.Tensor) -> torch.Tensor:
@@ -158,10 +163,15 @@ def check_parts(parts: Sequence[Any], key: Any = None, *, allow_jagged: bool = T
     For each micro-batch ``m``: `unpack`; then, against micro-batch 0: layout (`ShapeMismatchError`),
     dtype (`DtypeMismatchError`), device (`DeviceMismatchError`), trailing shape (`ShapeMismatchError`).
     """
+    with torch._C.DisableTorchFunctionSubclass():  # once for all parts (see the module's docstring)
+        return _check_unpacked(parts, key, allow_jagged)
+
+
+def _check_unpacked(parts: Sequence[Any], key: Any, allow_jagged: bool) -> list[Part]:
     out: list[Part] = []
     first: Part | None = None
     for m, x in enumerate(parts):
-        p = unpack(x, key, m, allow_jagged=allow_jagged)
+        p = _unpack(x, key, m, allow_jagged)
         if first is None:
             first = p
             dtype, device, trailing, jagged = p.values.dtype, p.values.device, p.values.shape[1:], p.jagged
