@@ -156,3 +156,20 @@ def test_cuda_check_dry_run_passes_on_the_cpu(capsys) -> None:
 
     assert main(["--dry-run"]) == 0
     assert "passed: 0 failure(s) on cpu" in capsys.readouterr().out
+
+
+def test_versus_runs_both_commits_side_by_side_on_a_tiny_grid() -> None:
+    """`rebatch.bench.versus` end to end on one tiny case against this checkout's own HEAD (a worker
+    process each, results checked bit-equal first), quiet and contended: every column filled, the
+    targets summarised. Nothing is timed against a bound."""
+    from rebatch.bench.cases import Case
+    from rebatch.bench.versus import markdown, versus
+
+    results = versus([Case(8, 16, 4, 1, "float32", 2)], "HEAD", contended=True, rounds=1, min_time=0.0)
+    (row,) = results["rows"]
+    for column in ("quiet", "contended"):
+        assert set(row[column]) == {"baseline", "today", "clone"}
+        assert all(s > 0 for s in row[column].values())
+    text = "\n".join(markdown(results))
+    assert "| B=8 L=16 M=4 keys=1 float32 2-D |" in text
+    assert "Fixed cost at B=8, L=16, M=4" in text
