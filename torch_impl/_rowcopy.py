@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from . import _host
-from ._host import numpy_bytes
+from ._host import fresh_output, numpy_bytes
 from ._parts import JaggedPart
 from ._settings import get_settings
 
@@ -46,7 +46,7 @@ def permute_by_rows(parts: Sequence[JaggedPart], lengths: torch.Tensor, inv: tor
     ``inv`` ``[B]`` is the inverse permutation. Every row's byte range inside its part is computed at
     once with NumPy (a constant number of operations), then each part is cut into its rows."""
     first = parts[0].values
-    out = first.new_empty((total, *first.shape[1:]))
+    out = fresh_output(first, (total, *first.shape[1:]))
     row_bytes = first.element_size() * math.prod(first.shape[1:])
     lens = lengths.numpy()
     counts = np.fromiter((p.rows for p in parts), dtype=np.int64, count=len(parts))

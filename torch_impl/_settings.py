@@ -46,6 +46,11 @@ class Settings:
     #: to collapse under contention, and a small index buffer that stays in cache). Measured on 2
     #: busy cores (`docs/kernels.md`): 2**14 beat one chunk per key of 16 MiB at every size tried.
     cpu_index_chunk: int = 2**14
+    #: Output bytes from which a CPU output's pages are faulted in by one ``madvise`` before the host
+    #: paths (row copies, NumPy scatters) write it, instead of one page fault per 4 KiB as they touch
+    #: it. Measured on 2 cores (Linux 6.18, fresh heap pages each call): writing 2 MiB into a fresh
+    #: buffer 1.08-1.18 ms, after the advice 0.82-0.85 ms. ``math.inf``: never.
+    cpu_prefault_min_bytes: float = 2**20
 
     def __post_init__(self) -> None:
         if not self.row_copy_min_elements >= 0:
@@ -58,6 +63,8 @@ class Settings:
             raise ValueError(f"cpu_index_chunk must be an integer, got {self.cpu_index_chunk!r}")
         if self.cpu_index_chunk < 1:
             raise ValueError(f"cpu_index_chunk must be >= 1, got {self.cpu_index_chunk}")
+        if not self.cpu_prefault_min_bytes >= 0:
+            raise ValueError(f"cpu_prefault_min_bytes must be >= 0, got {self.cpu_prefault_min_bytes}")
 
 
 _current: ContextVar[Settings] = ContextVar("torch_impl_settings", default=Settings())  # noqa: B039 (frozen)
