@@ -103,10 +103,12 @@ def model_outputs(output_lst: Sequence[Any]) -> list[Mapping[str, Any]]:
     Raises `UnsupportedSettingError` for an output that is not a dict and `KeyMismatchError` for a
     ``model_output`` or a key that some micro-batches have and others lack.
     """
-    if isinstance(output_lst, (str, bytes, Mapping)) or not isinstance(output_lst, Sequence):
+    if type(output_lst) not in _SEQUENCES and (
+        isinstance(output_lst, (str, bytes, Mapping)) or not isinstance(output_lst, Sequence)
+    ):
         raise UnsupportedSettingError(f"output_lst must be a list of dicts, got {type(output_lst).__name__}")
     for m, o in enumerate(output_lst):
-        if not isinstance(o, Mapping):
+        if type(o) is not dict and not isinstance(o, Mapping):
             raise UnsupportedSettingError(f"micro-batch {m}: an output must be a dict, got {type(o).__name__}")
     carriers = [m for m, o in enumerate(output_lst) if "model_output" in o]
     if carriers and len(carriers) != len(output_lst):
@@ -114,7 +116,7 @@ def model_outputs(output_lst: Sequence[Any]) -> list[Mapping[str, Any]]:
         raise KeyMismatchError(f"{where('model_output', m)}missing, while micro-batch {carriers[0]} has it")
     outs = [output_lst[m]["model_output"] for m in carriers]
     for m, mo in enumerate(outs):
-        if not isinstance(mo, Mapping):
+        if type(mo) is not dict and not isinstance(mo, Mapping):
             raise UnsupportedSettingError(f"micro-batch {m}: model_output must be a dict, got {type(mo).__name__}")
     for m, mo in enumerate(outs[1:], start=1):
         for key in outs[0]:
@@ -136,6 +138,11 @@ def check_metrics(output_lst: Sequence[Mapping[str, Any]]) -> None:
             )
 
 
+#: Built-in sequences, which the checks accept without asking the abstract ``Sequence`` (a slower
+#: check): every ``isinstance`` test below gives them the same answer.
+_SEQUENCES = (list, tuple, range)
+
+
 def check_partitions(partitions: Any, name: str = "partitions") -> Sequence[Any]:
     """``partitions`` is a sequence of partitions: a list, a tuple, or an array of at least one dimension
     (`PartitionMismatchError` for a scalar, ``None``, a string, a mapping, a 0-d array, an iterator)."""
@@ -152,6 +159,8 @@ def check_partitions(partitions: Any, name: str = "partitions") -> Sequence[Any]
 def check_partition(part: Any, m: int | None = None) -> None:
     """One partition is 1-D: a 1-D array (NumPy, JAX, torch) or a sequence (list, tuple, range) of row
     indices (`PartitionMismatchError`; its entries are checked by the permutation check)."""
+    if type(part) in _SEQUENCES:  # the common case, without the abstract class's check
+        return
     sequence = isinstance(part, Sequence) and not isinstance(part, (str, bytes))
     if not (part.ndim == 1 if hasattr(part, "ndim") else sequence):  # an array (NumPy, JAX, torch) or a sequence
         at = "" if m is None else f"micro-batch {m}: "

@@ -11,7 +11,8 @@ the element-index path), never growing with the number of rows or parts:
   `torch_impl.Settings`.
 
 What the keys of one call share (the permutation on the device, its inverse) is built once per call
-(`torch_impl._rows.CallRows`). Under ``torch.compile`` the whole call runs eagerly (a graph break):
+(`torch_impl._rows.CallRows`). Under ``torch.compile`` the whole call runs eagerly (a graph break at
+the public entry point that calls this, `torch_impl._entry.entry`):
 its work is data movement whose sizes are read on the host, which a graph could not hold without a
 specialisation per batch.
 """
@@ -36,7 +37,6 @@ from ._rows import CallRows
 __all__ = ["assemble"]
 
 
-@torch.compiler.disable
 def assemble(
     parts: Sequence[Part], perm: torch.Tensor | None, key: Any = None, rows: CallRows | None = None
 ) -> torch.Tensor:

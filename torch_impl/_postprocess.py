@@ -42,6 +42,13 @@ def postprocess_batch(
     [...], "metrics": {...}}``. Every defect raises a `ref.errors.RebatchError` subclass, in the
     order documented in ``docs/spec.md``.
     """
+    return _postprocess_batch(output_lst, indices, use_dynamic_bsz, pad_mode)
+
+
+def _postprocess_batch(
+    output_lst: Sequence[Mapping[str, Any]], indices: Sequence[Sequence[int]] | None, use_dynamic_bsz: Any, pad_mode: Any
+) -> dict[str, Any]:
+    """`postprocess_batch` itself (its public name adds the entry checks, which verl's drop-in has made)."""
     output_lst, perm, checked = _check(output_lst, indices, use_dynamic_bsz, pad_mode)
     model_output: dict[str, Any] = {}
     rows: CallRows | None = None
@@ -129,7 +136,7 @@ def postprocess_batch_func(
     use_dynamic_bsz = read_setting(data, "use_dynamic_bsz", True)
     pad_mode = read_setting(data, "pad_mode", "no_padding")
     output_lst = [_plain_model_output(o) for o in output_lst] if isinstance(output_lst, list | tuple) else output_lst
-    result = postprocess_batch(output_lst, indices, use_dynamic_bsz=use_dynamic_bsz, pad_mode=pad_mode)
+    result = _postprocess_batch(output_lst, indices, use_dynamic_bsz, pad_mode)
     result["model_output"] = {k: _nested_like_verl(v) for k, v in result["model_output"].items()}
     return result
 
@@ -148,6 +155,8 @@ def check_batch_func(
 
 def _plain_model_output(o: Any) -> Any:
     """``o`` with a TensorDict ``model_output`` as a dict of its entries (verl reads ``.items()``)."""
+    if type(o) is dict and type(o.get("model_output")) is dict:  # the common case, without abstract classes
+        return o
     if isinstance(o, Mapping) and isinstance(o.get("model_output"), TensorDictBase):
         td = o["model_output"]
         return {**o, "model_output": {k: td.get(k) for k in td.keys()}}
