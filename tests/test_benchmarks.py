@@ -173,3 +173,18 @@ def test_versus_runs_both_commits_side_by_side_on_a_tiny_grid() -> None:
     text = "\n".join(markdown(results))
     assert "| B=8 L=16 M=4 keys=1 float32 2-D |" in text
     assert "Fixed cost at B=8, L=16, M=4" in text
+
+
+def test_versus_section_replaces_its_earlier_self(tmp_path) -> None:
+    from rebatch.bench.versus import BEGIN, END, kept_section, write_docs
+
+    results = {"commit": "abc", "torch": "2.13", "date": "today", "busy_processes": 0, "rows": [], "command": "cmd"}
+    page = tmp_path / "benchmarks.md"
+    page.write_text("# Benchmarks\n\ntable\n")
+    write_docs(results, page)
+    write_docs({**results, "commit": "def"}, page)
+    text = page.read_text()
+    assert text.startswith("# Benchmarks\n\ntable\n")
+    assert text.count(BEGIN) == text.count(END) == 1
+    assert "Against commit def" in text and "Against commit abc" not in text
+    assert kept_section(text).startswith(BEGIN) and "`cmd`" in kept_section(text)

@@ -29,7 +29,7 @@ import torch
 import torch_impl
 from property_tests.baseline import verl_postprocess_batch_func
 
-from . import launches
+from . import launches, versus
 from .cases import GRIDS, LARGE_ELEMENTS, Case, grid, make_inputs
 from .contention import busy_processes, core_count
 from .memory import peak_rss_bytes, peak_tensor_bytes, release_free_memory
@@ -494,7 +494,9 @@ def run_bench(
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "benchmarks.json").write_text(json.dumps(results, indent=1))
-    (folder / "benchmarks.md").write_text(markdown(results))
+    page = folder / "benchmarks.md"
+    kept = versus.kept_section(page.read_text()) if page.exists() else ""  # the side-by-side run stays
+    page.write_text(markdown(results) + ("\n" + kept if kept else ""))
     plot(results, folder / "benchmarks.png")
     if as_json:
         print(json.dumps(results, indent=1))

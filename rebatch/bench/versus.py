@@ -11,7 +11,7 @@ so both meet the same state of the machine. Each worker builds identical inputs 
 every output's bytes and offsets) before any timing.
 
     python -m rebatch.bench.versus [--commit 3c468db6] [--grid targets|smoke|quick|standard]
-                                   [--contended] [--out docs/versus.json]
+                                   [--contended] [--out versus.json] [--docs docs/benchmarks.md]
 
 Prints a table: case, baseline ms, today ms, baseline / today (quiet and contended), today / clone;
 then the issue's targets (item 2: fixed cost and speed-ups against the commit; item 3: large outputs
@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TARGETS", "main", "targets_grid", "versus"]
+__all__ = ["TARGETS", "kept_section", "main", "section", "targets_grid", "versus", "write_docs"]
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_COMMIT = "3c468db6"
@@ -396,6 +396,46 @@ def targets(results: dict[str, Any]) -> list[str]:
     return out
 
 
+BEGIN, END = "<!-- versus: written by python -m rebatch.bench.versus -->", "<!-- /versus -->"
+
+
+def section(results: dict[str, Any]) -> str:
+    """The side-by-side run as a section of ``docs/benchmarks.md`` (between `BEGIN` and `END`)."""
+    lines = [
+        BEGIN,
+        f"## Against commit {results['commit']}, side by side",
+        "",
+        f"Command: `{results.get('command', 'python -m rebatch.bench.versus')}` ({results['date']}, torch "
+        f"{results['torch']}, CPU). The commit's `postprocess_batch_func` and today's run in one worker process "
+        "each (the commit's `ref`, `torch_impl`, `property_tests` extracted with `git archive`), on identical "
+        "inputs built from the same seed, results checked bit-equal first; the harness alternates them turn "
+        "by turn in a shuffled order (a turn: one call, or as many as last about 20 ms), each call timed "
+        "alone after the C heap's free pages go back to the kernel; medians. *clone* is one clone of a "
+        "buffer of the output's bytes, in today's worker. *contended*: the same with one busy process per "
+        f"core ({results['busy_processes']} here). Ratios above 1 mean today is faster.",
+        "",
+        *markdown(results),
+        END,
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def kept_section(text: str) -> str:
+    """The side-by-side section of an existing ``benchmarks.md`` ("" if none), to keep when the rest is
+    regenerated."""
+    start, end = text.find(BEGIN), text.find(END)
+    return "" if start < 0 or end < start else text[start : end + len(END)] + "\n"
+
+
+def write_docs(results: dict[str, Any], path: Path) -> None:
+    """Put `section` into ``path`` (``docs/benchmarks.md``), replacing an earlier one, else appended."""
+    text = path.read_text() if path.exists() else ""
+    old = kept_section(text)
+    new = section(results)
+    text = text.replace(old, new) if old else text.rstrip("\n") + "\n\n" + new
+    path.write_text(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m rebatch.bench.versus", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -406,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--contended", action="store_true", help="also time every case with one busy process per core")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument("--docs", help="put the results into this markdown file's side-by-side section")
     args = parser.parse_args(argv)
     if args.worker:
         return _worker()
@@ -417,6 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(markdown(results)))
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))
+    if args.docs:
+        write_docs(results, Path(args.docs))
     return 0
 
 
