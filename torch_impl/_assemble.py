@@ -28,8 +28,7 @@ import torch
 from ._dense import assemble_dense
 from ._host import host_checkable, host_lengths, host_movable, permute_by_host_indices
 from ._indexcopy import permute_by_indices
-from ._jagged import fresh_njt as njt
-from ._jagged import zero_prefixed_cumsum
+from ._jagged import fresh_njt as njt, zero_prefixed_cumsum
 from ._parts import DensePart, JaggedPart, Part, check_offsets
 from ._rowcopy import permute_by_rows, row_copies_apply
 from ._rows import CallRows

@@ -8,7 +8,6 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
-
 from torch.nested._internal.nested_tensor import NestedTensor as _NJT
 
 from ._parts import JaggedPart, check_offsets

@@ -175,7 +175,9 @@ def _check_unpacked(parts: Sequence[Any], key: Any, allow_jagged: bool) -> list[
         if first is None:
             first = p
             dtype, device, trailing, jagged = p.values.dtype, p.values.device, p.values.shape[1:], p.jagged
-        elif p.values.dtype != dtype or p.values.device != device or p.values.shape[1:] != trailing or p.jagged != jagged:
+        elif (
+            p.values.dtype != dtype or p.values.device != device or p.values.shape[1:] != trailing or p.jagged != jagged
+        ):
             at = where(key, m)
             if p.jagged != first.jagged:
                 kind, kind0 = ("jagged" if q.jagged else "dense" for q in (p, first))

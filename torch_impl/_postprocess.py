@@ -46,7 +46,10 @@ def postprocess_batch(
 
 
 def _postprocess_batch(
-    output_lst: Sequence[Mapping[str, Any]], indices: Sequence[Sequence[int]] | None, use_dynamic_bsz: Any, pad_mode: Any
+    output_lst: Sequence[Mapping[str, Any]],
+    indices: Sequence[Sequence[int]] | None,
+    use_dynamic_bsz: Any,
+    pad_mode: Any,
 ) -> dict[str, Any]:
     """`postprocess_batch` itself (its public name adds the entry checks, which verl's drop-in has made)."""
     output_lst, perm, checked = _check(output_lst, indices, use_dynamic_bsz, pad_mode)

@@ -45,6 +45,7 @@ class Settings:
     #: stay below torch's OpenMP grain size, 32768, and run on the calling thread: no parallel region
     #: to collapse under contention, and a small index buffer that stays in cache). Measured on 2
     #: busy cores (`docs/kernels.md`): 2**14 beat one chunk per key of 16 MiB at every size tried.
+    #: Without a gradient the same chunks bound the NumPy scatters' destinations (`torch_impl._host`).
     cpu_index_chunk: int = 2**14
     #: Output bytes from which a CPU output's pages are faulted in by one ``madvise`` before the host
     #: paths (row copies, NumPy scatters) write it, instead of one page fault per 4 KiB as they touch
