@@ -21,6 +21,8 @@ against a same-bytes clone).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -93,6 +95,11 @@ def _digest(result: dict[str, Any]) -> str:
     return h.hexdigest()
 
 
+def _clones(wholes: list[Any]) -> list[Any]:
+    """One clone of each key's whole values: a buffer of the output's bytes."""
+    return [w.clone() for w in wholes]
+
+
 def _worker() -> int:
     """Serve the harness: ``setup`` (a case: inputs built, a warm-up call, the result's digest),
     ``time`` (``n`` calls of ``impl`` or ``clone``, each timed alone after returning the C heap's free
@@ -114,8 +121,8 @@ def _worker() -> int:
             fns.clear()
             case = Case(*msg["case"])
             outs, indices, wholes = _inputs(case)
-            fns["impl"] = lambda outs=outs, indices=indices: torch_impl.postprocess_batch_func(outs, indices, None)
-            fns["clone"] = lambda wholes=wholes: [w.clone() for w in wholes]
+            fns["impl"] = functools.partial(torch_impl.postprocess_batch_func, outs, indices, None)
+            fns["clone"] = functools.partial(_clones, wholes)
             result = fns["impl"]()
             reply = {"digest": _digest(result), "torch": torch.__version__, "torch_impl": torch_impl.__file__}
             del result
@@ -164,7 +171,8 @@ class Worker:
         self.root = root
 
     def ask(self, **msg: Any) -> dict[str, Any]:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
         self.proc.stdin.write(json.dumps(msg) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
@@ -177,10 +185,8 @@ class Worker:
 
     def close(self) -> None:
         if self.proc.poll() is None:
-            try:
+            with contextlib.suppress(RuntimeError, BrokenPipeError, json.JSONDecodeError):
                 self.ask(cmd="quit")
-            except (RuntimeError, BrokenPipeError, json.JSONDecodeError):
-                pass
             try:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
@@ -218,7 +224,7 @@ def _medians(
     ``n`` calls (more for cheap calls, so a turn lasts about 20 ms)."""
     n = max(1, min(50, int(0.02 / max(first, 1e-6))))
     times: dict[str, list[float]] = {name: [] for name in workers}
-    for name, (w, fn) in workers.items():  # warm-up turn each
+    for w, fn in workers.values():  # warm-up turn each
         w.ask(cmd="time", fn=fn, n=1)
     order = list(workers)
     rng = random.Random(seed)
@@ -323,7 +329,7 @@ def markdown(results: dict[str, Any]) -> list[str]:
             csp, ccl = _ratios(c)
             line += f" {_ms(c['baseline'])} | {_ms(c['today'])} | {csp:.2f}x | {ccl:.2f} |"
         lines.append(line)
-    return lines + ["", *targets(results)]
+    return [*lines, "", *targets(results)]
 
 
 def targets(results: dict[str, Any]) -> list[str]:
