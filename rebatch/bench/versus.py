@@ -10,7 +10,7 @@ so both meet the same state of the machine. Each worker builds identical inputs 
 (plain torch, no code of either implementation), and the results are checked bit-equal (a digest of
 every output's bytes and offsets) before any timing.
 
-    python -m rebatch.bench.versus [--commit 3c468db6] [--grid targets|smoke|quick|standard]
+    python -m rebatch.bench.versus [--commit 3c468db6] [--grid targets|acceptance|smoke|quick|standard]
                                    [--contended] [--out versus.json] [--docs docs/benchmarks.md]
 
 Prints a table: case, baseline ms, today ms, baseline / today (quiet and contended), today / clone;
@@ -254,6 +254,7 @@ def targets_grid() -> list[Any]:
 
 
 TARGETS = "targets"
+ACCEPTANCE = "acceptance"
 
 
 def versus(
@@ -448,7 +449,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--commit", default=DEFAULT_COMMIT)
-    parser.add_argument("--grid", default=TARGETS, help="targets (issue 25's cases), or a grid of rebatch.bench.cases")
+    parser.add_argument(
+        "--grid",
+        default=TARGETS,
+        help="targets (issue 25's cases), acceptance (the standard grid and the targets), or a grid of rebatch.bench.cases",
+    )
     parser.add_argument("--contended", action="store_true", help="also time every case with one busy process per core")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--out", help="write the results as JSON here")
@@ -458,7 +463,13 @@ def main(argv: list[str] | None = None) -> int:
         return _worker()
     from .cases import grid
 
-    cases = targets_grid() if args.grid == TARGETS else grid(args.grid)
+    if args.grid == TARGETS:
+        cases = targets_grid()
+    elif args.grid == ACCEPTANCE:  # the standard grid and the targets it lacks
+        cases = grid("standard")
+        cases += [c for c in targets_grid() if c not in cases]
+    else:
+        cases = grid(args.grid)
     results = versus(cases, args.commit, contended=args.contended, rounds=args.rounds, log=sys.stderr)
     results["command"] = "python -m rebatch.bench.versus " + " ".join(argv if argv is not None else sys.argv[1:])
     print("\n".join(markdown(results)))
