@@ -290,11 +290,23 @@ def versus(
         today.close()
     return {
         "commit": commit,
+        "today": _describe(),
         "torch": a["torch"] if cases else None,
         "busy_processes": core_count() if contended else 0,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "rows": rows,
     }
+
+
+def _describe() -> str:
+    """This checkout's commit, with ``+changes`` where its libraries differ from it."""
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "-C", str(ROOT), "diff", "--quiet", "HEAD", "--", "ref", "torch_impl"], capture_output=True
+    ).returncode
+    return (head or "unknown") + ("+changes" if dirty else "")
 
 
 def _ms(s: float) -> str:
@@ -413,7 +425,8 @@ def section(results: dict[str, Any]) -> str:
         f"## Against commit {results['commit']}, side by side",
         "",
         f"Command: `{results.get('command', 'python -m rebatch.bench.versus')}` ({results['date']}, torch "
-        f"{results['torch']}, CPU). The commit's `postprocess_batch_func` and today's run in one worker process "
+        f"{results['torch']}, CPU; today is {results.get('today', 'this checkout')}). The commit's "
+        "`postprocess_batch_func` and today's run in one worker process "
         "each (the commit's `ref`, `torch_impl`, `property_tests` extracted with `git archive`), on identical "
         "inputs built from the same seed, results checked bit-equal first; the harness alternates them turn "
         "by turn in a shuffled order (a turn: one call, or as many as last about 20 ms), each call timed "
