@@ -7,7 +7,9 @@ drop-in on hand-checked inputs, and every silent case of the trainers refused wi
 
 from __future__ import annotations
 
+import importlib
 import itertools
+import logging
 import math
 import sys
 import types
@@ -377,3 +379,26 @@ def test_areal_drop_in_costs_the_same_operations_at_any_batch_and_micro_batch_co
         return sum(c.ops.values())
 
     assert ops(5, 2) == ops(600, 60)
+
+
+@pytest.mark.parametrize(("name", "release"), [("areal", "1.0.4"), ("skyrl", "0.4.0")])
+def test_areal_and_skyrl_refuse_another_release_unless_forced(monkeypatch, caplog, name: str, release: str) -> None:
+    """The same gate as verl's (`_patch.Versions`): the supported release passes, another (or none
+    installed) raises naming it, the supported one and ``force=True``, replacing nothing."""
+    integration = importlib.import_module(f"torch_impl.integrations.{name}")
+    assert (release,) == integration.VERSIONS
+    calls: list[int] = []
+    monkeypatch.setattr(integration._patcher, "install", lambda: calls.append(1) or ["place"])
+    for version in ("9.9.9", None):
+        monkeypatch.setattr(integration._versions, "installed", lambda version=version: version)
+        with pytest.raises(errors.UnsupportedSettingError) as err:
+            integration.install()
+        assert f"supported: {release}" in str(err.value)
+        assert "force=True" in str(err.value)
+        assert str(version or "version unknown") in str(err.value)
+    assert calls == []  # refused before anything is replaced
+    with caplog.at_level(logging.WARNING, logger="rebatch"):
+        assert integration.install(force=True) == ["place"]
+    assert any("not supported" in r.getMessage() for r in caplog.records)
+    monkeypatch.setattr(integration._versions, "installed", lambda: release)
+    assert integration.install() == ["place"]

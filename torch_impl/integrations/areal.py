@@ -30,9 +30,9 @@ from .._entry import entry
 from .._layouts import scatter_padded
 from .._parts import DensePart, check_parts
 from .._permutation import check_permutation, invert
-from ._patch import Patcher
+from ._patch import Patcher, Versions
 
-__all__ = ["TRAIN_ENGINE", "install", "installed", "reorder_and_pad_outputs", "replacements", "uninstall"]
+__all__ = ["TRAIN_ENGINE", "VERSIONS", "install", "installed", "reorder_and_pad_outputs", "replacements", "uninstall"]
 
 #: The AReaL module that defines the function `install` replaces.
 TRAIN_ENGINE = "areal.engine.core.train_engine"
@@ -148,11 +148,19 @@ def replacements() -> dict[tuple[str, str], Any]:
 
 
 _patcher = Patcher("areal", replacements)
+#: The AReaL releases `install` supports (checked against AReaL itself in CI: .ci/peers.sh).
+VERSIONS = ("1.0.4",)
+_versions: Versions[None] = Versions("areal", dict.fromkeys(VERSIONS), fallback=VERSIONS[-1])
 
 
-def install() -> list[str]:
+def install(*, force: bool = False) -> list[str]:
     """Replace AReaL's ``reorder_and_pad_outputs`` in its module and in every loaded ``areal`` module bound
-    to it; returns the places replaced. Idempotent; `uninstall` undoes it."""
+    to it; returns the places replaced. Idempotent; `uninstall` undoes it.
+
+    The installed AReaL must be a release of `VERSIONS` (read from its metadata, AReaL not imported):
+    another raises `ref.errors.UnsupportedSettingError`, replacing nothing, unless ``force=True`` (then
+    the same replacements, with a warning logged)."""
+    _versions.pick(_versions.installed(), force=force)
     return _patcher.install()
 
 

@@ -24,10 +24,11 @@ from ref.errors import PartitionMismatchError
 from .._entry import entry
 from .._permutation import check_permutation, invert
 from .._postprocess import postprocess_batch
-from ._patch import Patcher
+from ._patch import Patcher, Versions
 
 __all__ = [
     "ITERATOR",
+    "VERSIONS",
     "WORKER_UTILS",
     "install",
     "installed",
@@ -111,11 +112,19 @@ def replacements() -> dict[tuple[str, str], Any]:
 
 
 _patcher = Patcher("skyrl", replacements)
+#: The SkyRL releases `install` supports (checked against SkyRL itself in CI: .ci/peers.sh).
+VERSIONS = ("0.4.0",)
+_versions: Versions[None] = Versions("skyrl", dict.fromkeys(VERSIONS), fallback=VERSIONS[-1])
 
 
-def install() -> list[str]:
+def install(*, force: bool = False) -> list[str]:
     """Replace the iterator's two methods with rebatch's; returns the places replaced. Idempotent;
-    `uninstall` undoes it."""
+    `uninstall` undoes it.
+
+    The installed SkyRL must be a release of `VERSIONS` (read from its metadata, SkyRL not imported):
+    another raises `ref.errors.UnsupportedSettingError`, replacing nothing, unless ``force=True`` (then
+    the same replacements, with a warning logged)."""
+    _versions.pick(_versions.installed(), force=force)
     return _patcher.install()
 
 
