@@ -382,7 +382,7 @@ def test_areal_drop_in_costs_the_same_operations_at_any_batch_and_micro_batch_co
 
 
 @pytest.mark.parametrize(("name", "release"), [("areal", "1.0.4"), ("skyrl", "0.4.0")])
-def test_areal_and_skyrl_refuse_another_release_unless_forced(monkeypatch, caplog, name: str, release: str) -> None:
+def test_areal_and_skyrl_refuse_another_release_unless_forced(monkeypatch, name: str, release: str) -> None:
     """The same gate as verl's (`_patch.Versions`): the supported release passes, another (or none
     installed) raises naming it, the supported one and ``force=True``, replacing nothing."""
     integration = importlib.import_module(f"torch_impl.integrations.{name}")
@@ -397,8 +397,17 @@ def test_areal_and_skyrl_refuse_another_release_unless_forced(monkeypatch, caplo
         assert "force=True" in str(err.value)
         assert str(version or "version unknown") in str(err.value)
     assert calls == []  # refused before anything is replaced
-    with caplog.at_level(logging.WARNING, logger="rebatch"):
+    # a handler on rebatch's own logger: a trainer imported by other tests may have reconfigured logging
+    # (AReaL's set-up keeps records from reaching the root logger, where caplog listens)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("rebatch")
+    logger.addHandler(handler)
+    try:
         assert integration.install(force=True) == ["place"]
-    assert any("not supported" in r.getMessage() for r in caplog.records)
+    finally:
+        logger.removeHandler(handler)
+    assert any("not supported" in r.getMessage() for r in records)
     monkeypatch.setattr(integration._versions, "installed", lambda: release)
     assert integration.install() == ["place"]
