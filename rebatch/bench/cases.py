@@ -10,7 +10,7 @@ import torch
 
 import torch_impl
 
-__all__ = ["Case", "Inputs", "grid", "make_inputs", "GRIDS"]
+__all__ = ["Case", "Inputs", "grid", "make_inputs", "micro_batch_indices", "GRIDS"]
 
 
 class Case(NamedTuple):
@@ -48,14 +48,20 @@ def lengths_for(case: Case, seed: int = 0) -> np.ndarray:
     return np.maximum(1, np.round(raw / raw.mean() * case.mean_length)).astype(np.int64)
 
 
+def micro_batch_indices(case: Case, seed: int = 0) -> list[list[int]]:
+    """The case's rows, a random permutation cut into M micro-batches of about equal row counts (each
+    micro-batch's rows in ascending order)."""
+    rng = np.random.default_rng(seed + 1)
+    perm = rng.permutation(case.rows)
+    bounds = np.linspace(0, case.rows, case.micro_batches + 1).astype(int)
+    return [sorted(perm[bounds[m] : bounds[m + 1]].tolist()) for m in range(case.micro_batches)]
+
+
 def make_inputs(case: Case, device: str = "cpu", seed: int = 0) -> Inputs:
     """``output_lst``/``indices`` for the case: a random permutation cut into M micro-batches of about
     equal row counts, each key's rows split with ``torch_impl.split``."""
-    rng = np.random.default_rng(seed + 1)
     lengths = lengths_for(case, seed)
-    perm = rng.permutation(case.rows)
-    bounds = np.linspace(0, case.rows, case.micro_batches + 1).astype(int)
-    indices = [sorted(perm[bounds[m] : bounds[m + 1]].tolist()) for m in range(case.micro_batches)]
+    indices = micro_batch_indices(case, seed)
     offsets = torch.zeros(case.rows + 1, dtype=torch.int64)
     offsets[1:] = torch.cumsum(torch.from_numpy(lengths), 0)
     total = int(offsets[-1])

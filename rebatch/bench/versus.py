@@ -51,13 +51,10 @@ def _inputs(case: Any, seed: int = 0) -> tuple[list[dict[str, Any]], list[list[i
     import numpy as np
     import torch
 
-    from .cases import lengths_for
+    from .cases import lengths_for, micro_batch_indices
 
-    rng = np.random.default_rng(seed + 1)
     lengths = lengths_for(case, seed)
-    perm = rng.permutation(case.rows)
-    bounds = np.linspace(0, case.rows, case.micro_batches + 1).astype(int)
-    indices = [sorted(perm[bounds[m] : bounds[m + 1]].tolist()) for m in range(case.micro_batches)]
+    indices = micro_batch_indices(case, seed)
     offsets = np.zeros(case.rows + 1, dtype=np.int64)
     offsets[1:] = np.cumsum(lengths)
     feature = (5,) if case.ndim == 3 else ()
