@@ -547,3 +547,46 @@ def test_concat_key_is_keyword_only() -> None:
     with pytest.raises(TypeError):
         torch_impl.concat([x], "lp")  # type: ignore[misc]
     assert_same(torch_impl.concat([x], key="lp"), torch_impl.concat([x]))
+
+
+@pytest.mark.parametrize("field", ["cpu_prefault_min_bytes", "cpu_hugepage_min_bytes"])
+def test_the_page_knobs_refuse_a_negative_size(field) -> None:
+    with pytest.raises(ValueError, match=field):
+        torch_impl.Settings(**{field: -1})
+
+
+def test_a_large_fresh_output_is_advised_only_inside_its_own_pages(monkeypatch) -> None:
+    """From ``cpu_hugepage_min_bytes`` the whole 2 MiB pages inside the output are advised
+    ``MADV_HUGEPAGE`` (14), then its whole 4 KiB pages ``MADV_POPULATE_WRITE`` (23); below it only the
+    latter; never a byte outside the buffer. Results are the same with and without the advice."""
+    calls: list[tuple[int, int, int]] = []
+    monkeypatch.setattr(
+        torch_impl._host, "_madvise", lambda: lambda start, size, advice: calls.append((start, size, advice))
+    )
+    like = torch.zeros(1, dtype=torch.float32)
+    n = 3 * 2**19 + 123  # 6 MiB and a bit: one or two whole 2 MiB pages, wherever it starts
+    with torch_impl.use_settings(cpu_prefault_min_bytes=2**20, cpu_hugepage_min_bytes=4 * 2**20):
+        out = torch_impl._host.fresh_output(like, (n,))
+        small = torch_impl._host.fresh_output(like, (2**19,))
+    ptr, end = out.data_ptr(), out.data_ptr() + 4 * n
+    (h_start, h_size, h_adv), (p_start, p_size, p_adv), (s_start, s_size, s_adv) = calls
+    assert (h_adv, p_adv, s_adv) == (14, 23, 23)
+    assert h_start % 2**21 == 0
+    assert h_size % 2**21 == 0
+    assert h_size >= 2**21
+    assert ptr <= h_start
+    assert h_start - ptr < 2**21
+    assert end - 2**21 < h_start + h_size <= end
+    assert p_start % 4096 == 0
+    assert ptr <= p_start < ptr + 4096
+    assert end - 4096 < p_start + p_size <= end
+    assert small.data_ptr() <= s_start
+    assert s_start + s_size <= small.data_ptr() + 4 * 2**19
+
+    monkeypatch.undo()
+    outs, parts = _outputs(256, 4, mean_len=300)
+    with torch_impl.use_settings(cpu_prefault_min_bytes=math.inf, cpu_hugepage_min_bytes=math.inf):
+        plain = torch_impl.postprocess_batch(outs, parts)
+    with torch_impl.use_settings(cpu_prefault_min_bytes=0, cpu_hugepage_min_bytes=0):
+        advised = torch_impl.postprocess_batch(outs, parts)
+    assert_same(advised, plain)

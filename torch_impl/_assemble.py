@@ -30,7 +30,7 @@ from ._host import host_checkable, host_lengths, host_movable, permute_by_host_i
 from ._indexcopy import permute_by_indices
 from ._jagged import fresh_njt as njt, zero_prefixed_cumsum
 from ._parts import DensePart, JaggedPart, Part, check_offsets
-from ._rowcopy import permute_by_rows, row_copies_apply
+from ._rowcopy import long_rows, permute_by_rows, row_copies_apply
 from ._rows import CallRows
 
 __all__ = ["assemble"]
@@ -80,11 +80,14 @@ def _assemble_on_host(
         np.cumsum(lengths, out=offsets[1:])
         return njt(torch.cat([p.values for p in jagged]), out_offsets)
     assert host.inv is not None
-    np.cumsum(lengths[host.inv], out=offsets[1:])
+    out_lengths = lengths[host.inv]
+    np.cumsum(out_lengths, out=offsets[1:])
     total = int(offsets[-1])
-    if row_copies_apply(jagged, total, perm.numel()):
-        return njt(permute_by_rows(jagged, torch.from_numpy(lengths), torch.from_numpy(host.inv), total), out_offsets)
-    if host_movable(jagged):
-        return njt(permute_by_host_indices(jagged, lengths, offsets, host, total), out_offsets)
+    if host_movable(jagged):  # `row_copies_apply`'s conditions but the rows' length, which `long_rows` reads
+        if long_rows(jagged, total, perm.numel()):
+            return njt(
+                permute_by_rows(jagged, torch.from_numpy(lengths), torch.from_numpy(host.inv), total), out_offsets
+            )
+        return njt(permute_by_host_indices(jagged, lengths, offsets, host, total, out_lengths), out_offsets)
     device = jagged[0].values.device
     return njt(permute_by_indices(jagged, torch.from_numpy(lengths), rows.perm(device), out_offsets), out_offsets)

@@ -60,7 +60,10 @@ _NUMPY_DTYPES = frozenset(
 
 #: ``madvise`` advice: fault a range's pages in, writable, in one call (Linux >= 5.14).
 _MADV_POPULATE_WRITE = 23
+#: ``madvise`` advice: back a range with transparent huge pages where the kernel allows it.
+_MADV_HUGEPAGE = 14
 _PAGE = 4096
+_HUGE_PAGE = 2**21
 
 
 @functools.cache
@@ -80,30 +83,46 @@ def fresh_output(like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     """``like.new_empty(shape)``, its whole pages faulted in at once where it spans at least
     ``Settings.cpu_prefault_min_bytes``: one ``madvise(MADV_POPULATE_WRITE)`` of the pages inside the
     buffer (nothing outside it; contents untouched: they are written next) instead of one page fault
-    per 4 KiB as the copy first touches them. Where the advice is unknown (older kernels) or there is no
-    ``madvise``, nothing happens: the copy faults the pages in as before."""
+    per 4 KiB as the copy first touches them. From ``Settings.cpu_hugepage_min_bytes`` the whole 2 MiB
+    pages inside the buffer are first advised ``MADV_HUGEPAGE`` (what torch's own allocator does under
+    ``THP_MEM_ALLOC_ENABLE=1``), so they fault in as one transparent huge page each where the kernel
+    allows it (``enabled`` = ``always`` or ``madvise``). Only the buffer's own pages are advised: a
+    buffer that large is its own mapping (glibc's largest mmap threshold is 32 MiB), unmapped
+    when the tensor is freed. Where an advice is unknown (older kernels) or there is no ``madvise``,
+    nothing happens: the copy faults the pages in as before."""
     out = like.new_empty(shape)
     nbytes = out.numel() * out.element_size()
-    if nbytes >= get_settings().cpu_prefault_min_bytes and out.device.type == "cpu":
+    settings = get_settings()
+    if nbytes >= settings.cpu_prefault_min_bytes and out.is_cpu:
         madvise = _madvise()
-        if madvise is not None:
-            start = -(-out.data_ptr() // _PAGE) * _PAGE
-            end = (out.data_ptr() + nbytes) // _PAGE * _PAGE
+        if madvise is not None:  # an error (EINVAL: advice unknown or refused) changes nothing
+            ptr = out.data_ptr()
+            if nbytes >= settings.cpu_hugepage_min_bytes:
+                start, end = _inside(ptr, nbytes, _HUGE_PAGE)
+                if end > start:
+                    madvise(start, end - start, _MADV_HUGEPAGE)
+            start, end = _inside(ptr, nbytes, _PAGE)
             if end > start:
-                madvise(start, end - start, _MADV_POPULATE_WRITE)  # an error (EINVAL) changes nothing
+                madvise(start, end - start, _MADV_POPULATE_WRITE)
     return out
+
+
+def _inside(ptr: int, nbytes: int, page: int) -> tuple[int, int]:
+    """The first and past-the-last address of the whole ``page``-sized pages inside ``[ptr, ptr + nbytes)``."""
+    return -(-ptr // page) * page, (ptr + nbytes) // page * page
 
 
 def numpy_bytes(x: torch.Tensor) -> np.ndarray:
     """A contiguous CPU tensor's elements as a 1-D NumPy array of bytes (shared, not copied)."""
-    if x.dtype in _NUMPY_DTYPES and not x.requires_grad:
-        return x.numpy().reshape(-1).view(np.uint8)
+    if not x.requires_grad and x.dtype in _NUMPY_DTYPES:
+        a = x.numpy()
+        return (a if a.ndim == 1 else a.reshape(-1)).view(np.uint8)
     return x.detach().reshape(-1).view(torch.uint8).numpy()
 
 
 def host_checkable(parts: Sequence[JaggedPart]) -> bool:
     """CPU offsets of plain tensors, which NumPy can read in place."""
-    return numpy_bridge() and all(p.offsets.device.type == "cpu" and type(p.offsets) is torch.Tensor for p in parts)
+    return numpy_bridge() and all(type(p.offsets) is torch.Tensor and p.offsets.is_cpu for p in parts)
 
 
 def host_movable(parts: Sequence[JaggedPart]) -> bool:
@@ -111,7 +130,7 @@ def host_movable(parts: Sequence[JaggedPart]) -> bool:
     grad = torch.is_grad_enabled()
     return all(
         type(p.values) is torch.Tensor
-        and p.values.device.type == "cpu"
+        and p.values.is_cpu
         and not (grad and p.values.requires_grad)
         and p.values.is_contiguous()
         for p in parts
@@ -124,7 +143,7 @@ def host_lengths(parts: Sequence[JaggedPart], key: Any, rows: HostRows) -> np.nd
     (int64 ``[B]``, concatenation order). ``rows``: the call's `HostRows` (the parts' row counts)."""
     offsets = [p.offsets.numpy() for p in parts]
     flat = offsets[0] if len(offsets) == 1 else np.concatenate(offsets)
-    lengths = np.diff(flat)
+    lengths = flat[1:] - flat[:-1]
     if len(parts) > 1:
         lengths = lengths[rows.steps]
     sizes = np.fromiter((p.values.shape[0] for p in parts), dtype=np.int64, count=len(parts))
@@ -143,11 +162,17 @@ def _value_rows(x: torch.Tensor) -> np.ndarray:
 
 
 def permute_by_host_indices(
-    parts: Sequence[JaggedPart], lengths: np.ndarray, out_offsets: np.ndarray, rows: HostRows, total: int
+    parts: Sequence[JaggedPart],
+    lengths: np.ndarray,
+    out_offsets: np.ndarray,
+    rows: HostRows,
+    total: int,
+    out_lengths: np.ndarray | None = None,
 ) -> torch.Tensor:
     """Output values ``[N, *F]``: row ``k`` of the parts' rows end to end (``lengths`` ``[B]``) written
     at output row ``perm[k]``, which starts at ``out_offsets[perm[k]]`` (``[B + 1]``); each part's
-    value rows scattered to their destinations, ``Settings.cpu_index_chunk`` value rows at a time."""
+    value rows scattered to their destinations, ``Settings.cpu_index_chunk`` value rows at a time.
+    ``out_lengths``: ``lengths[inv]`` where the caller has it (the output rows' lengths)."""
     assert rows.perm is not None
     first = parts[0].values
     out = fresh_output(first, (total, *first.shape[1:]))
@@ -157,10 +182,11 @@ def permute_by_host_indices(
     chunk = get_settings().cpu_index_chunk
     if total <= chunk:  # one chunk: the parts laid end to end (a copy of at most a chunk), one gather
         assert rows.inv is not None
-        src = np.concatenate([_value_rows(p.values) for p in parts]) if len(parts) > 1 else _value_rows(first)
-        starts = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
-        np.cumsum(lengths, out=starts[1:])
-        where = np.repeat(starts[:-1][rows.inv] - out_offsets[:-1], lengths[rows.inv])
+        src = _value_rows(torch.cat([p.values for p in parts]) if len(parts) > 1 else first)
+        starts = np.zeros(lengths.shape[0], dtype=np.int64)
+        np.cumsum(lengths[:-1], out=starts[1:])
+        out_lengths = lengths[rows.inv] if out_lengths is None else out_lengths
+        where = np.repeat(starts[rows.inv] - out_offsets[:-1], out_lengths)
         where += np.arange(total, dtype=np.int64)
         np.take(src, where, out=dest)
         return out
