@@ -128,8 +128,8 @@ def _row_copies_in_concatenation_order() -> Iterator[None]:
     offsets are still right, so only the values are misplaced."""
     real = assemble_mod.permute_by_rows
 
-    def mutated(parts: Any, lengths: torch.Tensor, inv: torch.Tensor, total: int) -> torch.Tensor:
-        return real(parts, lengths, torch.arange(inv.numel()), total)
+    def mutated(parts: Any, lengths: torch.Tensor, inv: torch.Tensor, total: int, *layout: Any) -> torch.Tensor:
+        return real(parts, lengths, torch.arange(inv.numel()), total, *layout)
 
     with mock.patch.object(assemble_mod, "permute_by_rows", mutated):
         yield

@@ -30,7 +30,7 @@ from ._host import host_checkable, host_lengths, host_movable, permute_by_host_i
 from ._indexcopy import permute_by_indices
 from ._jagged import fresh_njt as njt, zero_prefixed_cumsum
 from ._parts import DensePart, JaggedPart, Part, check_offsets
-from ._rowcopy import long_rows, permute_by_rows, row_copies_apply
+from ._rowcopy import RowLayout, long_rows, permute_by_rows, row_copies_apply
 from ._rows import CallRows
 
 __all__ = ["assemble"]
@@ -72,7 +72,7 @@ def _assemble_on_host(
     offsets and values; the values moved by row copies, by NumPy scatters (no gradient to carry) or
     by the differentiable element-index path."""
     host = rows.host()
-    lengths = host_lengths(jagged, key, host)
+    lengths, starts = host_lengths(jagged, key, host)
     out_offsets = torch.empty(lengths.shape[0] + 1, dtype=torch.int64)
     offsets = out_offsets.numpy()
     offsets[0] = 0
@@ -85,9 +85,9 @@ def _assemble_on_host(
     total = int(offsets[-1])
     if host_movable(jagged):  # `row_copies_apply`'s conditions but the rows' length, which `long_rows` reads
         if long_rows(jagged, total, perm.numel()):
-            return njt(
-                permute_by_rows(jagged, torch.from_numpy(lengths), torch.from_numpy(host.inv), total), out_offsets
-            )
+            layout = RowLayout(host.part_of_row, starts)
+            moved = permute_by_rows(jagged, torch.from_numpy(lengths), torch.from_numpy(host.inv), total, layout)
+            return njt(moved, out_offsets)
         return njt(permute_by_host_indices(jagged, lengths, offsets, host, total, out_lengths), out_offsets)
     device = jagged[0].values.device
     return njt(permute_by_indices(jagged, torch.from_numpy(lengths), rows.perm(device), out_offsets), out_offsets)

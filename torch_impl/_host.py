@@ -137,19 +137,21 @@ def host_movable(parts: Sequence[JaggedPart]) -> bool:
     )
 
 
-def host_lengths(parts: Sequence[JaggedPart], key: Any, rows: HostRows) -> np.ndarray:
+def host_lengths(parts: Sequence[JaggedPart], key: Any, rows: HostRows) -> tuple[np.ndarray, np.ndarray]:
     """`check_offsets` on the host: ``offsets[0] == 0``, non-decreasing, ``offsets[-1] == len(values)``
-    for every part (`InvalidJaggedError` otherwise, the same message); returns every row's length
-    (int64 ``[B]``, concatenation order). ``rows``: the call's `HostRows` (the parts' row counts)."""
+    for every part (`InvalidJaggedError` otherwise, the same message); returns every row's length and
+    its first value row inside its part (int64 ``[B]`` each, concatenation order). ``rows``: the
+    call's `HostRows` (the parts' row counts)."""
     offsets = [p.offsets.numpy() for p in parts]
     flat = offsets[0] if len(offsets) == 1 else np.concatenate(offsets)
-    lengths = flat[1:] - flat[:-1]
+    starts = flat[:-1]
+    lengths = flat[1:] - starts
     if len(parts) > 1:
-        lengths = lengths[rows.steps]
+        lengths, starts = lengths[rows.steps], starts[rows.steps]
     sizes = np.fromiter((p.values.shape[0] for p in parts), dtype=np.int64, count=len(parts))
     if flat[rows.firsts].any() or (flat[rows.ends] != sizes).any() or (lengths < 0).any():
         _explain_bad_offsets(parts, key)
-    return lengths
+    return lengths, starts
 
 
 def _value_rows(x: torch.Tensor) -> np.ndarray:

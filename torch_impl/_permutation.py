@@ -142,14 +142,23 @@ def check_permutation(partitions: Sequence[Any], num_rows: int, *, at: Locator =
     return perm
 
 
+#: Up to this many indices `_valid` sorts them as Python ints (measured, 2 cores: 1.1 us at 8, 4.1 at 64,
+#: 7.8 at 128, where the NumPy checks take 9-10 us at any of these sizes and 11 us at 1024).
+_SORT_MAX = 64
+
+
 def _valid(perm: torch.Tensor, num_rows: int) -> bool:
     """Every index of ``perm`` (CPU int64, not empty) in ``range(num_rows)`` and none twice, checked
-    with NumPy on the tensor's own memory (a fraction of torch's dispatch cost on small inputs); False
-    (also where NumPy cannot read it) sends the caller to the torch checks, which name the first defect."""
+    with NumPy on the tensor's own memory (a fraction of torch's dispatch cost on small inputs), or,
+    for a few indices, as ``sorted(perm) == range(num_rows)``; False (also where NumPy cannot read it,
+    or where ``perm`` is a valid part of ``range(num_rows)`` but not all of it) sends the caller to
+    the torch checks, which name the first defect."""
     try:
         p = perm.numpy()
     except (RuntimeError, TypeError):  # no NumPy bridge
         return False
+    if p.shape[0] <= _SORT_MAX:  # a few rows: sorting Python ints beats four NumPy calls
+        return sorted(p.tolist()) == list(range(num_rows))
     if int(p.min()) < 0 or int(p.max()) >= num_rows:
         return False
     return bool(np.bincount(p, minlength=num_rows).max() <= 1)

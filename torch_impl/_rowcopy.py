@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -24,7 +25,7 @@ from ._host import fresh_output, numpy_bytes
 from ._parts import JaggedPart
 from ._settings import get_settings
 
-__all__ = ["long_rows", "permute_by_rows", "row_copies_apply"]
+__all__ = ["RowLayout", "long_rows", "permute_by_rows", "row_copies_apply", "row_layout"]
 
 
 def row_copies_apply(parts: Sequence[JaggedPart], total: int, rows: int) -> bool:
@@ -48,26 +49,49 @@ def long_rows(parts: Sequence[JaggedPart], total: int, rows: int) -> bool:
     return rows > 0 and total * math.prod(parts[0].values.shape[1:]) >= get_settings().row_copy_min_elements * rows
 
 
-def permute_by_rows(parts: Sequence[JaggedPart], lengths: torch.Tensor, inv: torch.Tensor, total: int) -> torch.Tensor:
+class RowLayout(NamedTuple):
+    """Where each row of the parts (concatenation order) lives: ``part_of_row`` (``[B]``: its part)
+    and ``starts`` (``[B]``: its first value row inside that part)."""
+
+    part_of_row: np.ndarray
+    starts: np.ndarray
+
+
+def row_layout(parts: Sequence[JaggedPart], lengths: np.ndarray) -> RowLayout:
+    """The `RowLayout` of ``parts`` from every row's length (``[B]``), in a constant number of NumPy
+    operations (the host path reads it off the offsets instead, `torch_impl._host.host_lengths`)."""
+    counts = np.fromiter((p.rows for p in parts), dtype=np.int64, count=len(parts))
+    sizes = np.fromiter((p.values.shape[0] for p in parts), dtype=np.int64, count=len(parts))
+    # each row's start in the parts laid end to end, less its part's start: its start inside its part
+    starts = np.zeros(lengths.shape[0], dtype=np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    part_starts = np.zeros(len(parts), dtype=np.int64)
+    np.cumsum(sizes[:-1], out=part_starts[1:])
+    part_of_row = np.repeat(np.arange(len(parts), dtype=np.int64), counts)
+    return RowLayout(part_of_row, starts - part_starts[part_of_row])
+
+
+def permute_by_rows(
+    parts: Sequence[JaggedPart],
+    lengths: torch.Tensor,
+    inv: torch.Tensor,
+    total: int,
+    layout: RowLayout | None = None,
+) -> torch.Tensor:
     """Output values ``[N, *F]``: ``[rows[k] for k in inv]`` laid end to end, where ``rows`` are the
     parts' rows in concatenation order (``lengths`` ``[B]``: their lengths in rows of ``values``) and
-    ``inv`` ``[B]`` is the inverse permutation. Every output row's part, its byte range there and its
-    byte range in the output are computed at once with NumPy (a constant number of operations); then
-    each row is one slice assignment between memoryviews (a ``memcpy``; no array object per row)."""
+    ``inv`` ``[B]`` is the inverse permutation; ``layout``: the parts' `RowLayout` where the caller has
+    it. Every output row's part, its byte range there and its byte range in the output are computed at
+    once with NumPy (a constant number of operations); then each row is one slice assignment between
+    memoryviews (a ``memcpy``; no array object per row)."""
     first = parts[0].values
     out = fresh_output(first, (total, *first.shape[1:]))
     row_bytes = first.element_size() * math.prod(first.shape[1:])
     lens, order = lengths.numpy(), inv.numpy()
-    counts = np.fromiter((p.rows for p in parts), dtype=np.int64, count=len(parts))
-    sizes = np.fromiter((p.values.shape[0] for p in parts), dtype=np.int64, count=len(parts))
-    # each row's start in the parts laid end to end, less its part's start: its start inside its part
-    starts = np.zeros(lens.shape[0] + 1, dtype=np.int64)
-    np.cumsum(lens, out=starts[1:])
-    part_starts = np.zeros(len(parts), dtype=np.int64)
-    np.cumsum(sizes[:-1], out=part_starts[1:])
-    part_of_row = np.repeat(np.arange(len(parts), dtype=np.int64), counts)[order]  # output order from here
+    where = row_layout(parts, lens) if layout is None else layout
+    part_of_row = where.part_of_row[order]  # output order from here
     nbytes = lens[order] * row_bytes
-    src_begin = (starts[:-1][order] - part_starts[part_of_row]) * row_bytes
+    src_begin = where.starts[order] * row_bytes
     dest = np.zeros(nbytes.shape[0] + 1, dtype=np.int64)
     np.cumsum(nbytes, out=dest[1:])
     views = [numpy_bytes(p.values).data for p in parts]  # memoryviews of the bytes
