@@ -146,6 +146,8 @@ _SEQUENCES = (list, tuple, range)
 def check_partitions(partitions: Any, name: str = "partitions") -> Sequence[Any]:
     """``partitions`` is a sequence of partitions: a list, a tuple, or an array of at least one dimension
     (`PartitionMismatchError` for a scalar, ``None``, a string, a mapping, a 0-d array, an iterator)."""
+    if type(partitions) in _SEQUENCES:  # the common case, without the abstract class's check
+        return partitions
     if (
         isinstance(partitions, (str, bytes, Mapping))
         or not hasattr(partitions, "__len__")

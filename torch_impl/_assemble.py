@@ -22,7 +22,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from ._dense import assemble_dense
@@ -77,11 +76,11 @@ def _assemble_on_host(
     offsets = out_offsets.numpy()
     offsets[0] = 0
     if perm is None:
-        np.cumsum(lengths, out=offsets[1:])
+        lengths.cumsum(out=offsets[1:])
         return njt(torch.cat([p.values for p in jagged]), out_offsets)
     assert host.inv is not None
     out_lengths = lengths[host.inv]
-    np.cumsum(out_lengths, out=offsets[1:])
+    out_lengths.cumsum(out=offsets[1:])
     total = int(offsets[-1])
     if host_movable(jagged):  # `row_copies_apply`'s conditions but the rows' length, which `long_rows` reads
         if long_rows(jagged, total, perm.numel()):

@@ -148,8 +148,9 @@ def host_lengths(parts: Sequence[JaggedPart], key: Any, rows: HostRows) -> tuple
     lengths = flat[1:] - starts
     if len(parts) > 1:
         lengths, starts = lengths[rows.steps], starts[rows.steps]
-    sizes = np.fromiter((p.values.shape[0] for p in parts), dtype=np.int64, count=len(parts))
-    if flat[rows.firsts].any() or (flat[rows.ends] != sizes).any() or (lengths < 0).any():
+    probe = flat[rows.bounds]  # each part's first offsets, then its last ones, which less the sizes are 0
+    probe[len(parts) :] -= np.fromiter((p.values.shape[0] for p in parts), dtype=np.int64, count=len(parts))
+    if probe.any() or (lengths < 0).any():
         _explain_bad_offsets(parts, key)
     return lengths, starts
 
@@ -186,9 +187,9 @@ def permute_by_host_indices(
         assert rows.inv is not None
         src = _value_rows(torch.cat([p.values for p in parts]) if len(parts) > 1 else first)
         starts = np.zeros(lengths.shape[0], dtype=np.int64)
-        np.cumsum(lengths[:-1], out=starts[1:])
+        lengths[:-1].cumsum(out=starts[1:])
         out_lengths = lengths[rows.inv] if out_lengths is None else out_lengths
-        where = np.repeat(starts[rows.inv] - out_offsets[:-1], out_lengths)
+        where = (starts[rows.inv] - out_offsets[:-1]).repeat(out_lengths)
         where += np.arange(total, dtype=np.int64)
         np.take(src, where, out=dest)
         return out
@@ -201,7 +202,7 @@ def permute_by_host_indices(
             shift = dest_starts[row : row + r] - local[:-1]
             src = _value_rows(p.values)
             if n <= chunk:
-                where = np.repeat(shift, lengths[row : row + r])
+                where = shift.repeat(lengths[row : row + r])
                 where += np.arange(n, dtype=np.int64)
                 _scatter(dest, where, src)
             else:
@@ -210,7 +211,7 @@ def permute_by_host_indices(
                     r0 = int(np.searchsorted(local, a, "right")) - 1
                     r1 = int(np.searchsorted(local, b, "left"))
                     counts = np.minimum(local[r0 + 1 : r1 + 1], b) - np.maximum(local[r0:r1], a)
-                    where = np.repeat(shift[r0:r1], counts)
+                    where = shift[r0:r1].repeat(counts)
                     where += np.arange(a, b, dtype=np.int64)
                     _scatter(dest, where, src[a:b])
         row += r

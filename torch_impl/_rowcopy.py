@@ -64,10 +64,10 @@ def row_layout(parts: Sequence[JaggedPart], lengths: np.ndarray) -> RowLayout:
     sizes = np.fromiter((p.values.shape[0] for p in parts), dtype=np.int64, count=len(parts))
     # each row's start in the parts laid end to end, less its part's start: its start inside its part
     starts = np.zeros(lengths.shape[0], dtype=np.int64)
-    np.cumsum(lengths[:-1], out=starts[1:])
+    lengths[:-1].cumsum(out=starts[1:])
     part_starts = np.zeros(len(parts), dtype=np.int64)
-    np.cumsum(sizes[:-1], out=part_starts[1:])
-    part_of_row = np.repeat(np.arange(len(parts), dtype=np.int64), counts)
+    sizes[:-1].cumsum(out=part_starts[1:])
+    part_of_row = np.arange(len(parts), dtype=np.int64).repeat(counts)
     return RowLayout(part_of_row, starts - part_starts[part_of_row])
 
 
@@ -93,7 +93,7 @@ def permute_by_rows(
     nbytes = lens[order] * row_bytes
     src_begin = where.starts[order] * row_bytes
     dest = np.zeros(nbytes.shape[0] + 1, dtype=np.int64)
-    np.cumsum(nbytes, out=dest[1:])
+    nbytes.cumsum(out=dest[1:])
     views = [numpy_bytes(p.values).data for p in parts]  # memoryviews of the bytes
     target = numpy_bytes(out).data
     d = dest.tolist()

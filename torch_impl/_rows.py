@@ -22,14 +22,13 @@ __all__ = ["CallRows", "HostRows"]
 class HostRows(NamedTuple):
     """The host (NumPy) side of a call's rows, for CPU parts: ``part_of_row`` (``[B]``: each row's
     micro-batch, rows in concatenation order), ``steps`` (``[B]``: row ``r`` of part ``m`` is step
-    ``r + m`` of the parts' offsets laid end to end, `row_steps`), ``firsts``/``ends`` (``[M]``: where
-    each part's offsets begin and end there), ``perm``/``inv`` (``[B]``, or None without a
+    ``r + m`` of the parts' offsets laid end to end, `row_steps`), ``bounds`` (``[2M]``: where each
+    part's offsets begin there, then where each ends), ``perm``/``inv`` (``[B]``, or None without a
     permutation)."""
 
     part_of_row: np.ndarray
     steps: np.ndarray
-    firsts: np.ndarray
-    ends: np.ndarray
+    bounds: np.ndarray
     perm: np.ndarray | None
     inv: np.ndarray | None
 
@@ -47,16 +46,18 @@ class CallRows:
         """The `HostRows` of this call (built on first use): a few NumPy operations, whatever B and M."""
         if self._host is None:
             rows = np.asarray(self.rows, dtype=np.int64)
-            part_of_row = np.repeat(np.arange(len(rows), dtype=np.int64), rows)
-            firsts = np.zeros(len(rows), dtype=np.int64)
-            np.cumsum(rows[:-1] + 1, out=firsts[1:])
+            part_of_row = np.arange(len(rows), dtype=np.int64).repeat(rows)
+            bounds = np.zeros(2 * len(rows), dtype=np.int64)
+            firsts, ends = bounds[: len(rows)], bounds[len(rows) :]
+            (rows[:-1] + 1).cumsum(out=firsts[1:])
+            np.add(firsts, rows, out=ends)
             perm = inv = None
             if self._perm is not None:
                 perm = self._perm.numpy()
                 inv = np.empty_like(perm)
                 inv[perm] = np.arange(perm.shape[0], dtype=perm.dtype)
             steps = np.arange(part_of_row.shape[0], dtype=np.int64) + part_of_row
-            self._host = HostRows(part_of_row, steps, firsts, firsts + rows, perm, inv)
+            self._host = HostRows(part_of_row, steps, bounds, perm, inv)
         return self._host
 
     def _once(self, what: str, device: torch.device, make: Callable[[], torch.Tensor]) -> torch.Tensor:
