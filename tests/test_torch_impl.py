@@ -563,6 +563,7 @@ def test_a_large_fresh_output_is_advised_only_inside_its_own_pages(monkeypatch) 
     monkeypatch.setattr(
         torch_impl._host, "_madvise", lambda: lambda start, size, advice: calls.append((start, size, advice))
     )
+    monkeypatch.setattr(torch_impl._host, "huge_pages_without_stalls", lambda: True)
     like = torch.zeros(1, dtype=torch.float32)
     n = 3 * 2**19 + 123  # 6 MiB and a bit: one or two whole 2 MiB pages, wherever it starts
     with torch_impl.use_settings(cpu_prefault_min_bytes=2**20, cpu_hugepage_min_bytes=4 * 2**20):
@@ -590,3 +591,36 @@ def test_a_large_fresh_output_is_advised_only_inside_its_own_pages(monkeypatch) 
     with torch_impl.use_settings(cpu_prefault_min_bytes=0, cpu_hugepage_min_bytes=0):
         advised = torch_impl.postprocess_batch(outs, parts)
     assert_same(advised, plain)
+
+
+@pytest.mark.parametrize(
+    ("enabled", "defrag", "advised"),
+    [
+        ("always [madvise] never", "always defer [defer+madvise] madvise never", False),
+        ("always [madvise] never", "always defer defer+madvise [madvise] never", False),
+        ("always [madvise] never", "always [defer] defer+madvise madvise never", True),
+        ("always [madvise] never", "always defer defer+madvise madvise [never]", True),
+        ("[always] madvise never", "always [defer] defer+madvise madvise never", False),
+        ("always madvise [never]", "always [defer] defer+madvise madvise never", False),
+        (None, None, False),
+    ],
+)
+def test_huge_pages_only_where_the_kernel_never_stalls_for_them(tmp_path, monkeypatch, enabled, defrag, advised):
+    """``MADV_HUGEPAGE`` only under THP ``enabled=madvise`` with ``defrag=defer`` or ``never``: the other
+    defrag modes compact memory in the faulting thread (seconds, measured), and without the sysfs
+    files (not Linux, or no THP) nothing is advised."""
+    if enabled is not None:
+        (tmp_path / "enabled").write_text(enabled + "\n")
+        (tmp_path / "defrag").write_text(defrag + "\n")
+    monkeypatch.setattr(torch_impl._host, "_THP", tmp_path)
+    torch_impl._host.huge_pages_without_stalls.cache_clear()
+    try:
+        assert torch_impl._host.huge_pages_without_stalls() is advised
+        calls: list[int] = []
+        monkeypatch.setattr(torch_impl._host, "_madvise", lambda: lambda start, size, advice: calls.append(advice))
+        with torch_impl.use_settings(cpu_prefault_min_bytes=0, cpu_hugepage_min_bytes=0):
+            torch_impl._host.fresh_output(torch.zeros(1), (2**21,))
+        assert (14 in calls) is advised
+        assert calls[-1] == 23
+    finally:
+        torch_impl._host.huge_pages_without_stalls.cache_clear()

@@ -158,7 +158,7 @@ def _valid(perm: torch.Tensor, num_rows: int) -> bool:
     except (RuntimeError, TypeError):  # no NumPy bridge
         return False
     if p.shape[0] <= _SORT_MAX:  # a few rows: sorting Python ints beats four NumPy calls
-        return sorted(p.tolist()) == list(range(num_rows))
+        return p.shape[0] == num_rows and sorted(p.tolist()) == list(range(num_rows))
     if int(p.min()) < 0 or int(p.max()) >= num_rows:
         return False
     return bool(np.bincount(p, minlength=num_rows).max() <= 1)

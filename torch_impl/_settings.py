@@ -53,13 +53,15 @@ class Settings:
     #: buffer 1.08-1.18 ms, after the advice 0.82-0.85 ms. ``math.inf``: never.
     cpu_prefault_min_bytes: float = 2**20
     #: Output bytes from which the whole 2 MiB pages of such a CPU output are advised
-    #: ``MADV_HUGEPAGE`` before they are faulted in (one transparent huge page per 2 MiB where the
-    #: kernel allows it). Measured on 2 cores (Linux 6.18, THP ``madvise``, fresh pages each call,
-    #: `torch_impl._host.fresh_output` alone): 32 MiB 13.6 ms with 4 KiB pages, 3.1 ms with huge
-    #: pages; 64 MiB 18.0 / 9.3 ms; 256 MiB 91 / 39 ms (8 MiB: 1.64 / 1.50 ms). 32 MiB: glibc's
-    #: largest mmap threshold, so the advice lands on the output's own mapping, unmapped with it,
-    #: never on heap pages reused later (unless the process raised ``M_MMAP_THRESHOLD`` itself).
-    #: ``math.inf``: never.
+    #: ``MADV_HUGEPAGE`` before they are faulted in, where the kernel then never stalls for them
+    #: (`torch_impl._host.huge_pages_without_stalls`: THP ``enabled=madvise``, ``defrag=defer`` or
+    #: ``never``). Measured on 2 cores (Linux 6.18, fresh pages each call, `fresh_output` alone): 32
+    #: MiB 13.6 ms with 4 KiB pages, 3.1 ms with huge pages; 64 MiB 18.0 / 9.3 ms; 256 MiB 91 / 39
+    #: ms (8 MiB: 1.64 / 1.50 ms); but under ``defrag=madvise`` (that machine's, the kernel's default)
+    #: the first advised output waited 1.0-3.9 s for memory compaction, so it is not advised there.
+    #: 32 MiB: glibc's largest mmap threshold, so the advice lands on the output's own mapping,
+    #: unmapped with it, never on heap pages reused later (unless the process raised
+    #: ``M_MMAP_THRESHOLD`` itself). ``math.inf``: never.
     cpu_hugepage_min_bytes: float = 32 * 2**20
 
     def __post_init__(self) -> None:
