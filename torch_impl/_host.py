@@ -162,8 +162,8 @@ def host_lengths(parts: Sequence[JaggedPart], key: Any, rows: HostRows) -> tuple
     for every part (`InvalidJaggedError` otherwise, the same message); returns every row's length and
     its first value row inside its part (int64 ``[B]`` each, concatenation order). ``rows``: the
     call's `HostRows` (the parts' row counts)."""
-    offsets = [p.offsets.numpy() for p in parts]
-    flat = offsets[0] if len(offsets) == 1 else np.concatenate(offsets)
+    # the parts' offsets end to end: one ``cat`` and one NumPy view (a view of each costs ~1 µs)
+    flat = parts[0].offsets.numpy() if len(parts) == 1 else torch.cat([p.offsets for p in parts]).numpy()
     starts = flat[:-1]
     lengths = flat[1:] - starts
     if len(parts) > 1:
