@@ -172,11 +172,16 @@ def _check_unpacked(parts: Sequence[Any], key: Any, allow_jagged: bool) -> list[
     first: Part | None = None
     for m, x in enumerate(parts):
         p = _unpack(x, key, m, allow_jagged)
+        v = p.values
         if first is None:
             first = p
-            dtype, device, trailing, jagged = p.values.dtype, p.values.device, p.values.shape[1:], p.jagged
-        elif (
-            p.values.dtype != dtype or p.values.device != device or p.values.shape[1:] != trailing or p.jagged != jagged
+            part_type, dtype, device, ndim, trailing = type(p), v.dtype, v.device, v.dim(), v.shape[1:]
+        elif (  # cheapest reads first: a 1-D values tensor has no trailing shape to compare
+            type(p) is not part_type
+            or v.dtype != dtype
+            or v.device != device
+            or v.dim() != ndim
+            or (ndim > 1 and v.shape[1:] != trailing)
         ):
             at = where(key, m)
             if p.jagged != first.jagged:
