@@ -3,7 +3,7 @@ element-index path without autograd as NumPy scatters.
 
 On the CPU a torch operation on a small tensor costs a few microseconds of dispatch, a NumPy one a
 fraction of that, and CPU offsets can be read as NumPy arrays without a copy (``Tensor.numpy()``
-shares the storage). `host_lengths` makes exactly the checks of `torch_impl._parts.check_offsets`
+shares the storage; several micro-batches' offsets through one ``cat``). `host_lengths` makes exactly the checks of `torch_impl._parts.check_offsets`
 (and raises through the same `_explain_bad_offsets`, so every message is the same), in a constant
 number of NumPy operations per key; `permute_by_host_indices` writes every value row of a part to its
 destination with one NumPy fancy assignment per chunk of ``Settings.cpu_index_chunk`` value rows (the
