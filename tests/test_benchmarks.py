@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 import torch
 
 from rebatch.bench.cases import LARGE_ELEMENTS, grid
@@ -168,8 +169,12 @@ def test_versus_runs_both_commits_side_by_side_on_a_tiny_grid() -> None:
     results = versus([Case(8, 16, 4, 1, "float32", 2)], "HEAD", contended=True, rounds=1, min_time=0.0)
     (row,) = results["rows"]
     for column in ("quiet", "contended"):
-        assert set(row[column]) == {"baseline", "today", "clone"}
-        assert all(s > 0 for s in row[column].values())
+        s = row[column]
+        assert set(s) == {"baseline", "today", "clone", "speedup", "vs_clone"}
+        assert all(v > 0 for v in s.values())
+        # one round: the paired ratios are that round's, the ratios of the calls' medians
+        assert s["speedup"] == pytest.approx(s["baseline"] / s["today"])
+        assert s["vs_clone"] == pytest.approx(s["today"] / s["clone"])
     text = "\n".join(markdown(results))
     assert "| B=8 L=16 M=4 keys=1 float32 2-D |" in text
     assert "Fixed cost at B=8, L=16, M=4" in text

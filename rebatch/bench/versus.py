@@ -218,9 +218,13 @@ def _medians(
     workers: dict[str, tuple[Worker, str]], first: float, *, min_time: float, rounds: int, seed: int
 ) -> dict[str, float]:
     """Median seconds per call of each (worker, function), in rounds of shuffled order; each turn is
-    ``n`` calls (more for cheap calls, so a turn lasts about 20 ms)."""
+    ``n`` calls (more for cheap calls, so a turn lasts about 20 ms). Also ``speedup`` and ``vs_clone``:
+    the medians over rounds of each round's ``baseline / today`` and ``today / clone`` (the turns'
+    medians), a paired estimate that a slower or faster phase of a shared machine, lasting longer than
+    a round, cancels out of."""
     n = max(1, min(50, int(0.02 / max(first, 1e-6))))
     times: dict[str, list[float]] = {name: [] for name in workers}
+    paired: dict[str, list[float]] = {"speedup": [], "vs_clone": []}
     for w, fn in workers.values():  # warm-up turn each
         w.ask(cmd="time", fn=fn, n=1)
     order = list(workers)
@@ -229,13 +233,20 @@ def _medians(
     done = 0
     while done < rounds or (spent < min_time and done < 3 * rounds):
         rng.shuffle(order)
+        turn: dict[str, float] = {}
         for name in order:
             w, fn = workers[name]
             t = w.ask(cmd="time", fn=fn, n=n)["times"]
             times[name] += t
+            turn[name] = statistics.median(t)
             spent += sum(t)
+        if {"baseline", "today", "clone"} <= turn.keys():
+            paired["speedup"].append(turn["baseline"] / turn["today"])
+            paired["vs_clone"].append(turn["today"] / turn["clone"])
         done += 1
-    return {name: statistics.median(t) for name, t in times.items()}
+    result = {name: statistics.median(t) for name, t in times.items()}
+    result.update({name: statistics.median(r) for name, r in paired.items() if r})
+    return result
 
 
 def targets_grid() -> list[Any]:
@@ -311,6 +322,9 @@ def _ms(s: float) -> str:
 
 
 def _ratios(s: dict[str, float]) -> tuple[float, float]:
+    """``baseline / today`` and ``today / clone``: the paired medians where the run has them."""
+    if "speedup" in s and "vs_clone" in s:
+        return s["speedup"], s["vs_clone"]
     return s["baseline"] / s["today"], s["today"] / s["clone"]
 
 
@@ -380,7 +394,7 @@ def targets(results: dict[str, Any]) -> list[str]:
             f"- Fixed cost at B=8, L=16, M=4, one key, at most 0.2 ms quiet: {ms:.3f} ms "
             f"(the commit's {small['quiet']['baseline'] * 1e3:.3f} ms), {verdict(ms <= 0.2)}."
         )
-    speed = lambda s: s["baseline"] / s["today"]  # noqa: E731
+    speed = lambda s: _ratios(s)[0]  # noqa: E731
     for args, want in (((1024, 512, 64, 5), 2.0), ((1024, 512, 16, 1), 1.5)):
         r = pick(*args)
         if r:
@@ -402,7 +416,7 @@ def targets(results: dict[str, Any]) -> list[str]:
 
     large = [r for r in rows if r["elements"] >= LARGE_ELEMENTS]
     if large:
-        clone = lambda s: s["today"] / s["clone"]  # noqa: E731
+        clone = lambda s: _ratios(s)[1]  # noqa: E731
         far = max(large, key=lambda r: worst(r, clone, low=False))
         x = worst(far, clone, low=False)
         out.append(
@@ -427,7 +441,9 @@ def section(results: dict[str, Any]) -> str:
         "each (the commit's `ref`, `torch_impl`, `property_tests` extracted with `git archive`), on identical "
         "inputs built from the same seed, results checked bit-equal first; the harness alternates them turn "
         "by turn in a shuffled order (a turn: one call, or as many as last about 20 ms), each call timed "
-        "alone after the C heap's free pages go back to the kernel; medians. *clone* is one clone of a "
+        "alone after the C heap's free pages go back to the kernel; the ms columns are medians of all calls, "
+        "the ratios medians of each round's ratio of the turns' medians (paired: a slower or faster phase of "
+        "the machine, longer than a round, cancels out). *clone* is one clone of a "
         "buffer of the output's bytes, in today's worker. *contended*: the same with one busy process per "
         f"core ({results['busy_processes']} here). Ratios above 1 mean today is faster.",
         "",
