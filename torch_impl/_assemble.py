@@ -82,7 +82,7 @@ def _assemble_on_host(
     out_lengths = lengths[host.inv]
     out_lengths.cumsum(out=offsets[1:])
     total = int(offsets[-1])
-    if host_movable(jagged):  # `row_copies_apply`'s conditions but the rows' length, which `long_rows` reads
+    if host_movable(jagged):  # with `host_checkable` above: `row_copies_apply` but the rows' length
         if long_rows(jagged, total, perm.numel()):
             layout = RowLayout(host.part_of_row, starts)
             moved = permute_by_rows(jagged, torch.from_numpy(lengths), torch.from_numpy(host.inv), total, layout)

@@ -190,12 +190,12 @@ def permute_by_host_indices(
     out_offsets: np.ndarray,
     rows: HostRows,
     total: int,
-    out_lengths: np.ndarray | None = None,
+    out_lengths: np.ndarray,
 ) -> torch.Tensor:
     """Output values ``[N, *F]``: row ``k`` of the parts' rows end to end (``lengths`` ``[B]``) written
-    at output row ``perm[k]``, which starts at ``out_offsets[perm[k]]`` (``[B + 1]``); each part's
-    value rows scattered to their destinations, ``Settings.cpu_index_chunk`` value rows at a time.
-    ``out_lengths``: ``lengths[inv]`` where the caller has it (the output rows' lengths)."""
+    at output row ``perm[k]``, which starts at ``out_offsets[perm[k]]`` (``[B + 1]``; the output
+    rows' lengths ``out_lengths = lengths[inv]``); each part's value rows scattered to their
+    destinations, ``Settings.cpu_index_chunk`` value rows at a time."""
     assert rows.perm is not None
     first = parts[0].values
     out = fresh_output(first, (total, *first.shape[1:]))
@@ -208,7 +208,6 @@ def permute_by_host_indices(
         src = _value_rows(torch.cat([p.values for p in parts]) if len(parts) > 1 else first)
         starts = np.zeros(lengths.shape[0], dtype=np.int64)
         lengths[:-1].cumsum(out=starts[1:])
-        out_lengths = lengths[rows.inv] if out_lengths is None else out_lengths
         where = (starts[rows.inv] - out_offsets[:-1]).repeat(out_lengths)
         where += np.arange(total, dtype=np.int64)
         np.take(src, where, out=dest)

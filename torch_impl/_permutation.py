@@ -54,10 +54,11 @@ def _flat_indices(
         else:
             lists[m] = part
             sizes.append(len(part))
-    if lists and len(lists) == len(sizes):  # every partition a sequence: already flat, in order
-        return _from_lists(lists, num_rows, at, split=False)[-1], sizes
     if lists:
-        pieces.update(_from_lists(lists, num_rows, at))
+        whole = _from_lists(lists, num_rows, at)
+        if len(lists) == len(sizes):  # every partition a sequence: already flat, in order
+            return whole, sizes
+        pieces.update(zip(lists, torch.split(whole, [len(lists[m]) for m in lists]), strict=True))
     if len(pieces) == 1:
         return next(iter(pieces.values())), sizes
     ordered = [pieces[m] for m in range(len(sizes))]
@@ -67,9 +68,9 @@ def _flat_indices(
 _INT64 = range(-(2**63), 2**63)
 
 
-def _from_lists(lists: dict[int, Any], num_rows: int, at: Locator, *, split: bool = True) -> dict[int, torch.Tensor]:
-    """Partitions given as Python sequences (micro-batch ``m`` -> entries), all converted at once;
-    without ``split``, the whole flat tensor under key -1."""
+def _from_lists(lists: dict[int, Any], num_rows: int, at: Locator) -> torch.Tensor:
+    """Partitions given as Python sequences (micro-batch ``m`` -> entries), all converted at once: their
+    entries end to end, in the order of ``lists``."""
     ms = list(lists)
     flat = list(itertools.chain.from_iterable(lists[m] for m in ms))
     local_sizes = [len(lists[m]) for m in ms]
@@ -95,9 +96,7 @@ def _from_lists(lists: dict[int, Any], num_rows: int, at: Locator, *, split: boo
         i = int(flat[j])
         what = "is negative (negative indices are not wrapped)" if i < 0 else f"is out of range for {num_rows} rows"
         raise NotAPermutationError(f"{at(ms[m], pos)}: index {i} {what}") from None
-    if not split:
-        return {-1: whole}
-    return dict(zip(ms, torch.split(whole, local_sizes), strict=True))
+    return whole
 
 
 def _locate(j: int, sizes: list[int]) -> tuple[int, int]:
@@ -153,10 +152,9 @@ def _valid(perm: torch.Tensor, num_rows: int) -> bool:
     for a few indices, as ``sorted(perm) == range(num_rows)``; False (also where NumPy cannot read it,
     or where ``perm`` is a valid part of ``range(num_rows)`` but not all of it) sends the caller to
     the torch checks, which name the first defect."""
-    try:
-        p = perm.numpy()
-    except (RuntimeError, TypeError):  # no NumPy bridge
+    if not numpy_bridge():
         return False
+    p = perm.numpy()
     if p.shape[0] <= _SORT_MAX:  # a few rows: sorting Python ints beats four NumPy calls
         return p.shape[0] == num_rows and sorted(p.tolist()) == list(range(num_rows))
     if int(p.min()) < 0 or int(p.max()) >= num_rows:

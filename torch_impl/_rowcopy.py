@@ -29,18 +29,10 @@ __all__ = ["RowLayout", "long_rows", "permute_by_rows", "row_copies_apply", "row
 
 
 def row_copies_apply(parts: Sequence[JaggedPart], total: int, rows: int) -> bool:
-    """Row copies: CPU plain tensors, no autograd, contiguous values (`unpack` has resolved any lazy
-    conjugate or negative bit), rows long enough to amortise a slice each (`long_rows`)."""
-    first = parts[0].values
-    if (
-        rows == 0
-        or not first.is_cpu
-        or (torch.is_grad_enabled() and any(p.values.requires_grad for p in parts))
-        or not all(type(p.values) is torch.Tensor and p.values.is_contiguous() for p in parts)
-        or not _host.numpy_bridge()
-    ):
-        return False
-    return long_rows(parts, total, rows)
+    """Row copies: values NumPy may move (`torch_impl._host.host_movable`: CPU plain tensors,
+    contiguous, no gradient to carry; `unpack` has resolved any lazy conjugate or negative bit), through
+    a torch that shares storage with NumPy, in rows long enough to amortise a copy each (`long_rows`)."""
+    return _host.numpy_bridge() and _host.host_movable(parts) and long_rows(parts, total, rows)
 
 
 def long_rows(parts: Sequence[JaggedPart], total: int, rows: int) -> bool:
