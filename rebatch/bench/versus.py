@@ -13,8 +13,8 @@ every output's bytes and offsets) before any timing.
     python -m rebatch.bench.versus [--commit 3c468db6] [--grid targets|acceptance|smoke|quick|standard]
                                    [--contended] [--out versus.json] [--docs docs/benchmarks.md]
 
-Prints a table: case, baseline ms, today ms, baseline / today (quiet and contended), today / clone;
-then the issue's targets (item 2: fixed cost and speed-ups against the commit; item 3: large outputs
+Prints a table: case, baseline ms, today ms, baseline / today (quiet and contended), today / clone
+(the ms columns medians of all calls, the ratios medians of each round's paired ratio); then the issue's targets (item 2: fixed cost and speed-ups against the commit; item 3: large outputs
 against a same-bytes clone).
 """
 
