@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import itertools
 import math
 from collections import Counter
 from typing import Any
@@ -591,6 +592,65 @@ def test_a_large_fresh_output_is_advised_only_inside_its_own_pages(monkeypatch) 
     with torch_impl.use_settings(cpu_prefault_min_bytes=0, cpu_hugepage_min_bytes=0):
         advised = torch_impl.postprocess_batch(outs, parts)
     assert_same(advised, plain)
+
+
+@pytest.mark.parametrize("chunk", [4096, 3 * 4096 + 5, 2**16, 2**30])
+@pytest.mark.parametrize("seed", range(4))
+def test_the_row_copies_fault_each_page_in_once_before_the_rows_that_write_it(monkeypatch, chunk, seed) -> None:
+    """`fault_plan`: its groups cover every row once, in order; every whole page inside the output is
+    advised exactly once (``MADV_POPULATE_WRITE``, nothing outside the buffer), before any row writes
+    it and just before the first one that does (faulted in as the copies reach them); long rows,
+    empty rows and a single row among them."""
+    calls: list[tuple[int, int, int]] = []
+    monkeypatch.setattr(
+        torch_impl._host, "_madvise", lambda: lambda start, size, advice: calls.append((start, size, advice))
+    )
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 3 * 4096, size=int(rng.integers(1, 300)))
+    lengths[rng.random(lengths.shape[0]) < 0.05] *= 40  # a few rows many pages long
+    ends = np.cumsum(lengths)
+    out = torch.empty(int(ends[-1]) + 1, dtype=torch.uint8)[1:]  # starts inside a page
+    with torch_impl.use_settings(cpu_prefault_min_bytes=0, cpu_fault_chunk_bytes=chunk, cpu_fault_chunks_min_bytes=0):
+        plan = torch_impl._host.fault_plan(out, ends)
+        for _, start, size in plan:
+            torch_impl._host.fault_in(start, size)
+    assert sum(rows for rows, _, _ in plan) == lengths.shape[0]
+    assert all(advice == 23 for _, _, advice in calls)
+    ptr, nbytes = out.data_ptr(), int(ends[-1])
+    first, last = -(-ptr // 4096) * 4096, (ptr + nbytes) // 4096 * 4096
+    spans = [(start, start + size) for _, start, size in plan if size]
+    assert [(s, s + n) for s, n, _ in calls] == spans
+    assert spans[0][0] == first
+    assert spans[-1][1] == last
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))  # each page once, in order
+    assert all(s % 4096 == 0 and e % 4096 == 0 and e > s for s, e in spans)
+    faulted, row = first, 0
+    for rows, start, size in plan:
+        if size:  # just in time: the group's first row writes its first page, the row before does not
+            faulted = start + size
+            assert ptr + int(ends[row]) > start
+            assert row == 0 or ptr + int(ends[row - 1]) <= start
+        for r in range(row, row + rows):
+            assert min(ptr + int(ends[r]), last) <= faulted  # every whole page the row writes is in
+        row += rows
+
+
+def test_the_chunk_knobs_refuse_bad_sizes() -> None:
+    bad: Any
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="cpu_fault_chunk_bytes"):
+            torch_impl.Settings(cpu_fault_chunk_bytes=bad)
+    with pytest.raises(ValueError, match="cpu_fault_chunks_min_bytes"):
+        torch_impl.Settings(cpu_fault_chunks_min_bytes=-1)
+
+
+def test_faulting_in_by_chunks_changes_no_byte() -> None:
+    outs, parts = _outputs(256, 4, mean_len=3000, keys=2)
+    with torch_impl.use_settings(cpu_prefault_min_bytes=math.inf):
+        plain = torch_impl.postprocess_batch(outs, parts)
+    with torch_impl.use_settings(cpu_prefault_min_bytes=0, cpu_fault_chunk_bytes=4096, cpu_fault_chunks_min_bytes=0):
+        chunked = torch_impl.postprocess_batch(outs, parts)
+    assert_same(chunked, plain)
 
 
 @pytest.mark.parametrize(

@@ -31,6 +31,8 @@ from ._rows import HostRows
 from ._settings import get_settings
 
 __all__ = [
+    "fault_in",
+    "fault_plan",
     "fresh_output",
     "host_checkable",
     "host_lengths",
@@ -99,7 +101,7 @@ def huge_pages_without_stalls() -> bool:
     return "[madvise]" in enabled and ("[defer]" in defrag or "[never]" in defrag)
 
 
-def fresh_output(like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+def fresh_output(like: torch.Tensor, shape: tuple[int, ...], *, populate: bool = True) -> torch.Tensor:
     """``like.new_empty(shape)``, its whole pages faulted in at once where it spans at least
     ``Settings.cpu_prefault_min_bytes``: one ``madvise(MADV_POPULATE_WRITE)`` of the pages inside the
     buffer (nothing outside it; contents untouched: they are written next) instead of one page fault
@@ -109,7 +111,9 @@ def fresh_output(like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     ``THP_MEM_ALLOC_ENABLE=1``), so each faults in as one transparent huge page. Only the buffer's own
     pages are advised: a buffer that large is its own mapping (glibc's largest mmap threshold is 32
     MiB), unmapped when the tensor is freed. Where an advice is unknown (older kernels) or there is no
-    ``madvise``, nothing happens: the copy faults the pages in as before."""
+    ``madvise``, nothing happens: the copy faults the pages in as before. ``populate=False``: only the
+    huge-page advice; a writer that goes through the buffer in order faults it in as it goes
+    (`fault_plan`)."""
     out = like.new_empty(shape)
     nbytes = out.numel() * out.element_size()
     settings = get_settings()
@@ -122,9 +126,51 @@ def fresh_output(like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
                 if end > start:
                     madvise(start, end - start, _MADV_HUGEPAGE)
             start, end = _inside(ptr, nbytes, _PAGE)
-            if end > start:
+            if end > start and populate:
                 madvise(start, end - start, _MADV_POPULATE_WRITE)
     return out
+
+
+def fault_plan(out: torch.Tensor, ends: np.ndarray) -> list[tuple[int, int, int]]:
+    """How a writer of ``out``'s rows, in order, faults the output's pages in as it goes: a list of
+    ``(rows, start, size)``: fault in the ``size`` bytes from address ``start`` (0: nothing), then write
+    the next ``rows`` rows. ``ends`` (``[B]``): where each row's bytes end in ``out``.
+
+    From ``Settings.cpu_fault_chunks_min_bytes``, each group faults in about
+    ``Settings.cpu_fault_chunk_bytes`` (whole pages inside the buffer, by one
+    ``madvise(MADV_POPULATE_WRITE)`` each, just before the first row that writes them), so the rows
+    are copied into pages the kernel has just zeroed, still in cache, instead of pages faulted in all
+    at once long before (whose lines the copy then reads back from memory before writing them);
+    smaller outputs are faulted in whole before the first row. Where `fresh_output` would not fault
+    the buffer in (below ``cpu_prefault_min_bytes``, no ``madvise``): one group of every row, nothing
+    faulted in. A constant number of NumPy operations."""
+    rows = int(ends.shape[0])
+    settings = get_settings()
+    nbytes = int(ends[-1]) if rows else 0
+    if nbytes < settings.cpu_prefault_min_bytes or _madvise() is None or not out.is_cpu:
+        return [(rows, 0, 0)]
+    ptr = out.data_ptr()
+    start, end = _inside(ptr, nbytes, _PAGE)
+    if end <= start:
+        return [(rows, 0, 0)]
+    if nbytes < settings.cpu_fault_chunks_min_bytes:  # the whole buffer, then every row
+        return [(rows, start, end - start)]
+    step = max(_PAGE, settings.cpu_fault_chunk_bytes // _PAGE * _PAGE)
+    bounds = np.arange(start, end, step, dtype=np.int64)  # each chunk's first address
+    first = np.searchsorted(ends + ptr, bounds, side="right")  # the first row that writes there
+    new = np.flatnonzero(np.diff(first, prepend=-1))  # chunks whose first row differs: groups
+    begins = bounds[new]
+    sizes = np.append(begins[1:], end) - begins
+    counts = np.diff(np.append(first[new], rows))
+    return [(int(first[0]), 0, 0), *zip(counts.tolist(), begins.tolist(), sizes.tolist(), strict=True)]
+
+
+def fault_in(start: int, size: int) -> None:
+    """Fault in ``size`` bytes of pages from ``start`` (one group of a `fault_plan`; 0: nothing)."""
+    if size:
+        madvise = _madvise()
+        if madvise is not None:
+            madvise(start, size, _MADV_POPULATE_WRITE)
 
 
 def _inside(ptr: int, nbytes: int, page: int) -> tuple[int, int]:

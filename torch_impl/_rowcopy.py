@@ -8,11 +8,15 @@ average (2 MiB), 2 cores, torch 2.13, NumPy 2: a NumPy view per row and one ``nu
 1.07-1.29 ms, memoryview slice assignments 0.79-0.90 ms, a plain copy of the same bytes 0.20 ms
 (torch's ``unsafe_split_with_sizes`` and ``cat``, per an earlier measurement, 3.3x the NumPy views).
 Bytes are moved as bytes, so every dtype (bfloat16 and float8, which NumPy lacks, included) comes
-out bit for bit. Peak memory is the output. No threads of its own, no process-wide setting touched.
+out bit for bit. The output's pages are faulted in as the rows reach them (`torch_impl._host.fault_plan`:
+by chunks of ``Settings.cpu_fault_chunk_bytes`` in large outputs, so each row lands in pages just
+zeroed, still in cache). Peak memory is the output. No threads of its own, no process-wide setting
+touched.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -21,7 +25,7 @@ import numpy as np
 import torch
 
 from . import _host
-from ._host import fresh_output, numpy_bytes
+from ._host import fault_in, fault_plan, fresh_output, numpy_bytes
 from ._parts import JaggedPart
 from ._settings import get_settings
 
@@ -75,9 +79,10 @@ def permute_by_rows(
     ``inv`` ``[B]`` is the inverse permutation; ``layout``: the parts' `RowLayout` where the caller has
     it. Every output row's part, its byte range there and its byte range in the output are computed at
     once with NumPy (a constant number of operations); then each row is one slice assignment between
-    memoryviews (a ``memcpy``; no array object per row)."""
+    memoryviews (a ``memcpy``; no array object per row), the output's pages faulted in group by group
+    just before the rows that write them (`torch_impl._host.fault_plan`)."""
     first = parts[0].values
-    out = fresh_output(first, (total, *first.shape[1:]))
+    out = fresh_output(first, (total, *first.shape[1:]), populate=False)
     row_bytes = first.element_size() * math.prod(first.shape[1:])
     lens, order = lengths.numpy(), inv.numpy()
     where = row_layout(parts, lens) if layout is None else layout
@@ -89,13 +94,16 @@ def permute_by_rows(
     views = [numpy_bytes(p.values).data for p in parts]  # memoryviews of the bytes
     target = numpy_bytes(out).data
     d = dest.tolist()
-    for a, b, src, c, e in zip(
+    copies = zip(
         d[:-1],
         d[1:],
         map(views.__getitem__, part_of_row.tolist()),
         src_begin.tolist(),
         (src_begin + nbytes).tolist(),
         strict=True,
-    ):
-        target[a:b] = src[c:e]
+    )
+    for rows, start, size in fault_plan(out, dest[1:]):  # the output's pages faulted in as the rows reach them
+        fault_in(start, size)
+        for a, b, src, c, e in itertools.islice(copies, rows):
+            target[a:b] = src[c:e]
     return out
