@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from ref.errors import NotAPermutationError, PartitionMismatchError
-from torch_impl._permutation import check_permutation, flatten_partitions, inverse_permutation, invert
+from torch_impl import _permutation
+from torch_impl._permutation import check_permutation, flatten_partitions, inverse_permutation, invert, is_identity
 
 
 def _flat(parts, n):
@@ -146,6 +147,26 @@ def test_inverse_permutation(perm) -> None:
     assert inv == [perm.index(i) for i in range(len(perm))]
     assert inverse_permutation(perm).tolist() == inv
     assert invert(torch.tensor(perm, dtype=torch.int64)).tolist() == inv
+
+
+@pytest.mark.parametrize("bridge", [True, False])
+@pytest.mark.parametrize(
+    ("perm", "identity"),
+    [
+        ([], True),
+        ([0], True),
+        ([0, 1, 2, 3, 4], True),
+        (list(range(200)), True),
+        ([1, 0, 2, 3, 4], False),
+        ([0, 1, 2, 4, 3], False),
+        ([0, 2, 1, 3, 4], False),  # first and last in place, the middle not
+        ([0, *range(100, 0, -1), 101], False),
+    ],
+)
+def test_is_identity_is_perm_equals_range(monkeypatch, bridge, perm, identity) -> None:
+    monkeypatch.setattr(_permutation, "numpy_bridge", lambda: bridge)
+    assert is_identity(torch.tensor(perm, dtype=torch.int64)) is identity
+    assert identity == (perm == list(range(len(perm))))
 
 
 def test_inverse_permutation_is_int64_and_checked() -> None:

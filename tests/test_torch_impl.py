@@ -333,6 +333,27 @@ def test_padding_marker_survives_pickling() -> None:
     assert torch_impl.PADDING is PADDING
 
 
+@pytest.mark.parametrize("parts", [[list(range(32))], [list(range(10)), list(range(10, 32))], [list(range(32)), []]])
+def test_partitions_already_in_order_are_one_concatenation(monkeypatch, parts) -> None:
+    """The identity permutation (one micro-batch in order, or contiguous micro-batches in order) is
+    a plain ``cat`` of each key, nothing moved by index, with verl's result."""
+    for mover in ("permute_by_rows", "permute_by_host_indices", "permute_by_indices"):
+        monkeypatch.setattr(torch_impl._assemble, mover, mock.Mock(side_effect=AssertionError(mover)))
+    rng = np.random.default_rng(0)
+    outs = []
+    for part in parts:
+        mo = {}
+        for k in range(2):
+            lengths = rng.integers(0, 100, size=len(part)).tolist()
+            mo[f"k{k}"] = jagged(random_tensor(rng, (sum(lengths),), "float32"), lengths)
+        outs.append({"model_output": mo})
+    with CountOps() as counter:
+        got = torch_impl.postprocess_batch_func(outs, parts, None)
+    assert counter.ops["aten.cat.default"] >= 2
+    assert not {"aten.index_copy_.default", "aten.index_select.default", "aten.scatter_.src"} & set(counter.ops)
+    assert_same(got, verl_postprocess_batch_func(outs, parts, None))
+
+
 def test_row_copies_step_aside_where_torch_cannot_share_memory_with_numpy(monkeypatch, force) -> None:
     """A torch built against another NumPy cannot lend its storage (``Tensor.numpy()`` raises): the
     torch element-index path then moves the rows (and torch checks the offsets), with the same result."""

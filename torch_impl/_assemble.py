@@ -5,7 +5,8 @@ number of torch operations is a constant per key (and one per further chunk of 1
 the element-index path), never growing with the number of rows or parts:
 
 - dense parts ``[b_m, *F]``: `torch_impl._dense`;
-- jagged parts without a permutation: one ``cat`` of the values, the offsets from all row lengths;
+- jagged parts without a permutation, or with the identity (`CallRows.in_order`): one ``cat`` of the
+  values (torch's own copy kernel), the offsets from all row lengths;
 - jagged parts with a permutation: row copies (`torch_impl._rowcopy`: CPU, no autograd, long rows)
   or element indices (`torch_impl._indexcopy`: any device, differentiable), chosen by
   `torch_impl.Settings`.
@@ -46,6 +47,8 @@ def assemble(
     """
     if rows is None:
         rows = CallRows([p.rows for p in parts], perm)
+    if perm is not None and rows.in_order():
+        perm = None  # the concatenation is the result
     device = parts[0].values.device
     if isinstance(parts[0], DensePart):
         dense = [p for p in parts if isinstance(p, DensePart)]

@@ -17,7 +17,7 @@ from ref.structure import check_partition, check_partitions
 from ._bridge import numpy_bridge
 from ._entry import entry
 
-__all__ = ["flatten_partitions", "inverse_permutation", "check_permutation", "Locator"]
+__all__ = ["flatten_partitions", "inverse_permutation", "check_permutation", "is_identity", "Locator"]
 
 #: How a message names flat position ``j``'s place: ``(micro-batch, position inside it) -> text``.
 Locator = Callable[[int, int], str]
@@ -180,6 +180,19 @@ def inverse_permutation(perm: Any) -> torch.Tensor:
     device = perm.device if isinstance(perm, torch.Tensor) else torch.device("cpu")
     p = check_permutation([perm], len(perm))
     return invert(p).to(device)
+
+
+def is_identity(perm: torch.Tensor) -> bool:
+    """Whether a checked permutation (CPU int64 ``[B]``) is ``range(B)``: ``perm == list(range(B))``.
+    Most are not, and say so at their first or last index; the rest are compared whole, with NumPy
+    where torch has it."""
+    n = perm.numel()
+    if not numpy_bridge():
+        return bool(torch.equal(perm, torch.arange(n, dtype=perm.dtype)))
+    p = perm.numpy()
+    if n == 0 or p[0] != 0 or p[-1] != n - 1:
+        return n == 0
+    return bool((p == np.arange(n, dtype=p.dtype)).all())
 
 
 def invert(perm: torch.Tensor) -> torch.Tensor:

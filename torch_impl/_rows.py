@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ._parts import row_steps
-from ._permutation import invert
+from ._permutation import invert, is_identity
 
 __all__ = ["CallRows", "HostRows"]
 
@@ -41,6 +41,14 @@ class CallRows:
         self._perm = perm
         self._made: dict[tuple[str, torch.device], torch.Tensor] = {}
         self._host: HostRows | None = None
+        self._in_order: bool | None = None
+
+    def in_order(self) -> bool:
+        """Whether the permutation is the identity, so the parts laid end to end already are in original
+        order (one micro-batch of sorted indices, or sorted contiguous micro-batches); checked once."""
+        if self._in_order is None:
+            self._in_order = self._perm is not None and is_identity(self._perm)
+        return self._in_order
 
     def host(self) -> HostRows:
         """The `HostRows` of this call (built on first use): a few NumPy operations, whatever B and M."""
