@@ -336,9 +336,12 @@ def test_padding_marker_survives_pickling() -> None:
 @pytest.mark.parametrize("parts", [[list(range(32))], [list(range(10)), list(range(10, 32))], [list(range(32)), []]])
 def test_partitions_already_in_order_are_one_concatenation(monkeypatch, parts) -> None:
     """The identity permutation (one micro-batch in order, or contiguous micro-batches in order) is
-    a plain ``cat`` of each key, nothing moved by index, with verl's result."""
+    a plain concatenation of each key (on the CPU, one copy a part), nothing moved by index, with
+    verl's result."""
     for mover in ("permute_by_rows", "permute_by_host_indices", "permute_by_indices"):
         monkeypatch.setattr(torch_impl._assemble, mover, mock.Mock(side_effect=AssertionError(mover)))
+    concat = mock.Mock(wraps=torch_impl._assemble.concat_by_copies)
+    monkeypatch.setattr(torch_impl._assemble, "concat_by_copies", concat)
     rng = np.random.default_rng(0)
     outs = []
     for part in parts:
@@ -347,10 +350,8 @@ def test_partitions_already_in_order_are_one_concatenation(monkeypatch, parts) -
             lengths = rng.integers(0, 100, size=len(part)).tolist()
             mo[f"k{k}"] = jagged(random_tensor(rng, (sum(lengths),), "float32"), lengths)
         outs.append({"model_output": mo})
-    with CountOps() as counter:
-        got = torch_impl.postprocess_batch_func(outs, parts, None)
-    assert counter.ops["aten.cat.default"] >= 2
-    assert not {"aten.index_copy_.default", "aten.index_select.default", "aten.scatter_.src"} & set(counter.ops)
+    got = torch_impl.postprocess_batch_func(outs, parts, None)
+    assert concat.call_count == 2
     assert_same(got, verl_postprocess_batch_func(outs, parts, None))
 
 
@@ -656,6 +657,44 @@ def test_the_row_copies_fault_each_page_in_once_before_the_rows_that_write_it(mo
         row += rows
 
 
+@pytest.mark.parametrize("chunk", [1, 4096, 3 * 4096 + 5, 2**30])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int64"])
+def test_concatenation_by_copies_is_cat_bit_for_bit(chunk, dtype) -> None:
+    """`concat_by_copies`: the values ``torch.cat`` gives (NaN payloads, dtype and shape), in pieces of
+    any size, empty parts and a part smaller than a piece among them, faulted in by chunks or whole."""
+    from torch_impl._parts import JaggedPart
+    from torch_impl._rowcopy import concat_by_copies
+
+    rng = np.random.default_rng(chunk)
+    values = [random_tensor(rng, (n, 3), dtype) for n in (0, 5000, 1, 0, 7001)]
+    parts = [JaggedPart(v, torch.tensor([0, v.shape[0]]), 1) for v in values]
+    total = sum(v.shape[0] for v in values)
+    for floor in (0, math.inf):  # by chunks, then one piece a part
+        with torch_impl.use_settings(
+            cpu_prefault_min_bytes=0, cpu_fault_chunks_min_bytes=floor, cpu_fault_chunk_bytes=chunk
+        ):
+            got = concat_by_copies(parts, total)
+        want = torch.cat(values)
+        assert got.dtype == want.dtype
+        assert got.shape == want.shape
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
+@pytest.mark.parametrize("floor", [0, math.inf])
+def test_a_large_concatenation_is_one_cat_and_a_smaller_one_copies(monkeypatch, floor) -> None:
+    """From ``cpu_parallel_concat_min_bytes`` a host concatenation is ``torch.cat`` (torch's threads),
+    below it `concat_by_copies` (the calling thread); the same values either way."""
+    outs, parts = _outputs(64, 1, mean_len=50)
+    parts = [sorted(parts[0])]
+    concat = mock.Mock(wraps=torch_impl._assemble.concat_by_copies)
+    monkeypatch.setattr(torch_impl._assemble, "concat_by_copies", concat)
+    with torch_impl.use_settings(cpu_parallel_concat_min_bytes=floor), CountOps() as counter:
+        got = torch_impl.postprocess_batch(outs, parts)
+    assert concat.called is (floor != 0)
+    assert ("aten.cat.default" in counter.ops) is (floor == 0)
+    assert_same(got, verl_postprocess_batch_func(outs, parts, None))
+
+
 def test_the_chunk_knobs_refuse_bad_sizes() -> None:
     bad: Any
     for bad in (0, -1, 1.5, True):
@@ -663,6 +702,8 @@ def test_the_chunk_knobs_refuse_bad_sizes() -> None:
             torch_impl.Settings(cpu_fault_chunk_bytes=bad)
     with pytest.raises(ValueError, match="cpu_fault_chunks_min_bytes"):
         torch_impl.Settings(cpu_fault_chunks_min_bytes=-1)
+    with pytest.raises(ValueError, match="cpu_parallel_concat_min_bytes"):
+        torch_impl.Settings(cpu_parallel_concat_min_bytes=-1)
 
 
 def test_faulting_in_by_chunks_changes_no_byte() -> None:

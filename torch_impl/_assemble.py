@@ -5,8 +5,9 @@ number of torch operations is a constant per key (and one per further chunk of 1
 the element-index path), never growing with the number of rows or parts:
 
 - dense parts ``[b_m, *F]``: `torch_impl._dense`;
-- jagged parts without a permutation, or with the identity (`CallRows.in_order`): one ``cat`` of the
-  values (torch's own copy kernel), the offsets from all row lengths;
+- jagged parts without a permutation, or with the identity (`CallRows.in_order`): the values laid
+  end to end (on the host, one ``memcpy`` a part, `torch_impl._rowcopy.concat_by_copies`; otherwise
+  one ``cat``), the offsets from all row lengths;
 - jagged parts with a permutation: row copies (`torch_impl._rowcopy`: CPU, no autograd, long rows)
   or element indices (`torch_impl._indexcopy`: any device, differentiable), chosen by
   `torch_impl.Settings`.
@@ -30,7 +31,7 @@ from ._host import host_checkable, host_lengths, host_movable, permute_by_host_i
 from ._indexcopy import permute_by_indices
 from ._jagged import fresh_njt as njt, zero_prefixed_cumsum
 from ._parts import DensePart, JaggedPart, Part, check_offsets
-from ._rowcopy import RowLayout, long_rows, permute_by_rows, row_copies_apply
+from ._rowcopy import RowLayout, concat_by_copies, long_rows, parallel_concat, permute_by_rows, row_copies_apply
 from ._rows import CallRows
 
 __all__ = ["assemble"]
@@ -80,6 +81,8 @@ def _assemble_on_host(
     offsets[0] = 0
     if perm is None:
         lengths.cumsum(out=offsets[1:])
+        if host_movable(jagged) and not parallel_concat(jagged):  # no parallel region to stall on a busy machine
+            return njt(concat_by_copies(jagged, int(offsets[-1])), out_offsets)
         return njt(torch.cat([p.values for p in jagged]), out_offsets)
     assert host.inv is not None
     out_lengths = lengths[host.inv]

@@ -127,7 +127,7 @@ def fresh_output(like: torch.Tensor, shape: tuple[int, ...], *, populate: bool =
                     madvise(start, end - start, _MADV_HUGEPAGE)
             start, end = _inside(ptr, nbytes, _PAGE)
             if end > start and populate:
-                madvise(start, end - start, _MADV_POPULATE_WRITE)
+                fault_in(start, end - start)
     return out
 
 

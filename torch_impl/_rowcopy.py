@@ -29,7 +29,15 @@ from ._host import fault_in, fault_plan, fresh_output, numpy_bytes
 from ._parts import JaggedPart
 from ._settings import get_settings
 
-__all__ = ["RowLayout", "long_rows", "permute_by_rows", "row_copies_apply", "row_layout"]
+__all__ = [
+    "RowLayout",
+    "concat_by_copies",
+    "long_rows",
+    "parallel_concat",
+    "permute_by_rows",
+    "row_copies_apply",
+    "row_layout",
+]
 
 
 def row_copies_apply(parts: Sequence[JaggedPart], total: int, rows: int) -> bool:
@@ -91,19 +99,65 @@ def permute_by_rows(
     src_begin = where.starts[order] * row_bytes
     dest = np.zeros(nbytes.shape[0] + 1, dtype=np.int64)
     nbytes.cumsum(out=dest[1:])
+    _copy_pieces(out, parts, dest, part_of_row, src_begin)
+    return out
+
+
+def parallel_concat(parts: Sequence[JaggedPart]) -> bool:
+    """Whether the parts' values make at least ``Settings.cpu_parallel_concat_min_bytes``, from which
+    ``torch.cat`` (its copy split among torch's threads) lays them end to end instead of
+    `concat_by_copies`."""
+    nbytes = sum(p.values.numel() for p in parts) * parts[0].values.element_size()
+    return nbytes >= get_settings().cpu_parallel_concat_min_bytes
+
+
+def concat_by_copies(parts: Sequence[JaggedPart], total: int) -> torch.Tensor:
+    """Output values ``[N, *F]``: the parts' values laid end to end (``torch.cat``'s result), each part
+    one ``memcpy`` (pieces of ``Settings.cpu_fault_chunk_bytes`` where the output is faulted in by
+    chunks, `torch_impl._host.fault_plan`), on the calling thread: ``torch.cat`` splits a copy of
+    32768 elements or more among torch's threads, whose parallel region then waits for any thread
+    the machine has descheduled (measured, 2 cores each running another process: B=512, L=512, one
+    micro-batch 7.7 ms instead of 0.78 quiet); below ``Settings.cpu_parallel_concat_min_bytes``
+    (`parallel_concat`), where that wait outweighs the second thread."""
+    first = parts[0].values
+    out = fresh_output(first, (total, *first.shape[1:]), populate=False)
+    sizes = np.fromiter((p.values.numel() * p.values.element_size() for p in parts), dtype=np.int64, count=len(parts))
+    settings = get_settings()
+    if sizes.sum() >= settings.cpu_fault_chunks_min_bytes:  # pieces of a chunk, the output faulted in as they go
+        step = settings.cpu_fault_chunk_bytes
+        counts = -(-sizes // step)
+        part_of_piece = np.arange(len(parts), dtype=np.int64).repeat(counts)
+        first_piece = np.zeros(len(parts), dtype=np.int64)
+        counts[:-1].cumsum(out=first_piece[1:])
+        begin = (np.arange(part_of_piece.shape[0], dtype=np.int64) - first_piece[part_of_piece]) * step
+        nbytes = np.minimum(sizes[part_of_piece] - begin, step)
+    else:  # one piece a part
+        part_of_piece, begin, nbytes = np.arange(len(parts), dtype=np.int64), np.zeros_like(sizes), sizes
+    dest = np.zeros(nbytes.shape[0] + 1, dtype=np.int64)
+    nbytes.cumsum(out=dest[1:])
+    _copy_pieces(out, parts, dest, part_of_piece, begin)
+    return out
+
+
+def _copy_pieces(
+    out: torch.Tensor, parts: Sequence[JaggedPart], dest: np.ndarray, part_of_piece: np.ndarray, begin: np.ndarray
+) -> None:
+    """Write piece ``k`` (``dest[k + 1] - dest[k]`` bytes from byte ``begin[k]`` of part
+    ``part_of_piece[k]``'s values) at bytes ``dest[k]`` to ``dest[k + 1]`` of ``out`` (``dest``:
+    ``[K + 1]``; the others ``[K]``), one slice assignment between memoryviews each, the output's pages
+    faulted in as the pieces reach them (`torch_impl._host.fault_plan`)."""
     views = [numpy_bytes(p.values).data for p in parts]  # memoryviews of the bytes
     target = numpy_bytes(out).data
     d = dest.tolist()
     copies = zip(
         d[:-1],
         d[1:],
-        map(views.__getitem__, part_of_row.tolist()),
-        src_begin.tolist(),
-        (src_begin + nbytes).tolist(),
+        map(views.__getitem__, part_of_piece.tolist()),
+        begin.tolist(),
+        (begin + np.diff(dest)).tolist(),
         strict=True,
     )
-    for rows, start, size in fault_plan(out, dest[1:]):  # the output's pages faulted in as the rows reach them
+    for pieces, start, size in fault_plan(out, dest[1:]):
         fault_in(start, size)
-        for a, b, src, c, e in itertools.islice(copies, rows):
+        for a, b, src, c, e in itertools.islice(copies, pieces):
             target[a:b] = src[c:e]
-    return out
