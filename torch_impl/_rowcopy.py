@@ -1,4 +1,5 @@
-"""The row-copy path (CPU, no autograd, long rows): each output row one contiguous copy, no index buffer.
+"""The copy paths (CPU, no autograd): row copies (long rows: each output row one contiguous copy, no
+index buffer) and a concatenation by copies of each part (`concat_by_copies`).
 
 Each part's values and the fresh output are seen as raw bytes through NumPy (``Tensor.numpy()``
 shares the storage, no copy) and Python memoryviews; every row's byte ranges are computed at once,
@@ -112,9 +113,10 @@ def parallel_concat(parts: Sequence[JaggedPart]) -> bool:
 
 
 def concat_by_copies(parts: Sequence[JaggedPart], total: int) -> torch.Tensor:
-    """Output values ``[N, *F]``: the parts' values laid end to end (``torch.cat``'s result), each part
-    one ``memcpy`` (pieces of ``Settings.cpu_fault_chunk_bytes`` where the output is faulted in by
-    chunks, `torch_impl._host.fault_plan`), on the calling thread: ``torch.cat`` splits a copy of
+    """Output values ``[N, *F]``: the parts' values laid end to end (``torch.cat``'s result), by
+    ``memcpy`` of pieces of at most ``Settings.cpu_fault_chunk_bytes`` (where the output is faulted
+    in by chunks, `torch_impl._host.fault_plan`, each lands in pages just faulted in), on the calling
+    thread: ``torch.cat`` splits a copy of
     32768 elements or more among torch's threads, whose parallel region then waits for any thread
     the machine has descheduled (measured, 2 cores each running another process: B=512, L=512, one
     micro-batch 7.7 ms instead of 0.78 quiet); below ``Settings.cpu_parallel_concat_min_bytes``
@@ -122,17 +124,13 @@ def concat_by_copies(parts: Sequence[JaggedPart], total: int) -> torch.Tensor:
     first = parts[0].values
     out = fresh_output(first, (total, *first.shape[1:]), populate=False)
     sizes = np.fromiter((p.values.numel() * p.values.element_size() for p in parts), dtype=np.int64, count=len(parts))
-    settings = get_settings()
-    if sizes.sum() >= settings.cpu_fault_chunks_min_bytes:  # pieces of a chunk, the output faulted in as they go
-        step = settings.cpu_fault_chunk_bytes
-        counts = -(-sizes // step)
-        part_of_piece = np.arange(len(parts), dtype=np.int64).repeat(counts)
-        first_piece = np.zeros(len(parts), dtype=np.int64)
-        counts[:-1].cumsum(out=first_piece[1:])
-        begin = (np.arange(part_of_piece.shape[0], dtype=np.int64) - first_piece[part_of_piece]) * step
-        nbytes = np.minimum(sizes[part_of_piece] - begin, step)
-    else:  # one piece a part
-        part_of_piece, begin, nbytes = np.arange(len(parts), dtype=np.int64), np.zeros_like(sizes), sizes
+    step = get_settings().cpu_fault_chunk_bytes  # pieces of at most a chunk: the faults follow them
+    counts = -(-sizes // step)
+    part_of_piece = np.arange(len(parts), dtype=np.int64).repeat(counts)
+    first_piece = np.zeros(len(parts), dtype=np.int64)
+    counts[:-1].cumsum(out=first_piece[1:])
+    begin = (np.arange(part_of_piece.shape[0], dtype=np.int64) - first_piece[part_of_piece]) * step
+    nbytes = np.minimum(sizes[part_of_piece] - begin, step)
     dest = np.zeros(nbytes.shape[0] + 1, dtype=np.int64)
     nbytes.cumsum(out=dest[1:])
     _copy_pieces(out, parts, dest, part_of_piece, begin)
