@@ -355,6 +355,21 @@ def test_partitions_already_in_order_are_one_concatenation(monkeypatch, parts) -
     assert_same(got, verl_postprocess_batch_func(outs, parts, None))
 
 
+def test_partitions_in_order_carry_gradients_and_dense_outputs_through() -> None:
+    """The identity permutation on the other paths: gradients flow to every micro-batch's values
+    (``cat``, differentiable) and a dense output is its parts end to end."""
+    parts = [list(range(5)), list(range(5, 12))]
+    lengths = [[4, 4, 4, 4, 4], [5, 4, 4, 4, 4, 5, 5]]
+    values = [torch.randn(sum(n), requires_grad=True) for n in lengths]
+    dense = [torch.randn(len(n), 3) for n in lengths]
+    outs = [{"model_output": {"lp": jagged(v, n), "d": d}} for v, n, d in zip(values, lengths, dense, strict=True)]
+    got = torch_impl.postprocess_batch(outs, parts)["model_output"]
+    assert torch.equal(got["d"], torch.cat(dense))
+    assert torch.equal(got["lp"].values(), torch.cat(values))
+    (got["lp"].values() * torch.arange(51.0)).sum().backward()
+    assert torch.equal(torch.cat([v.grad for v in values]), torch.arange(51.0))
+
+
 def test_row_copies_step_aside_where_torch_cannot_share_memory_with_numpy(monkeypatch, force) -> None:
     """A torch built against another NumPy cannot lend its storage (``Tensor.numpy()`` raises): the
     torch element-index path then moves the rows (and torch checks the offsets), with the same result."""
@@ -616,13 +631,15 @@ def test_a_large_fresh_output_is_advised_only_inside_its_own_pages(monkeypatch) 
     assert_same(advised, plain)
 
 
+@pytest.mark.parametrize("floor", [0, math.inf])
 @pytest.mark.parametrize("chunk", [4096, 3 * 4096 + 5, 2**16, 2**30])
 @pytest.mark.parametrize("seed", range(4))
-def test_the_row_copies_fault_each_page_in_once_before_the_rows_that_write_it(monkeypatch, chunk, seed) -> None:
+def test_the_row_copies_fault_each_page_in_once_before_the_rows_that_write_it(monkeypatch, chunk, seed, floor) -> None:
     """`fault_plan`: its groups cover every row once, in order; every whole page inside the output is
     advised exactly once (``MADV_POPULATE_WRITE``, nothing outside the buffer), before any row writes
-    it and just before the first one that does (faulted in as the copies reach them); long rows,
-    empty rows and a single row among them."""
+    it and just before the first one that does (faulted in as the copies reach them; below
+    ``cpu_fault_chunks_min_bytes``, all at once before the first row); long rows, empty rows and a
+    single row among them."""
     calls: list[tuple[int, int, int]] = []
     monkeypatch.setattr(
         torch_impl._host, "_madvise", lambda: lambda start, size, advice: calls.append((start, size, advice))
@@ -630,9 +647,12 @@ def test_the_row_copies_fault_each_page_in_once_before_the_rows_that_write_it(mo
     rng = np.random.default_rng(seed)
     lengths = rng.integers(0, 3 * 4096, size=int(rng.integers(1, 300)))
     lengths[rng.random(lengths.shape[0]) < 0.05] *= 40  # a few rows many pages long
+    lengths[0] += 3 * 4096  # whole pages inside the output, wherever it starts
     ends = np.cumsum(lengths)
     out = torch.empty(int(ends[-1]) + 1, dtype=torch.uint8)[1:]  # starts inside a page
-    with torch_impl.use_settings(cpu_prefault_min_bytes=0, cpu_fault_chunk_bytes=chunk, cpu_fault_chunks_min_bytes=0):
+    with torch_impl.use_settings(
+        cpu_prefault_min_bytes=0, cpu_fault_chunk_bytes=chunk, cpu_fault_chunks_min_bytes=floor
+    ):
         plan = torch_impl._host.fault_plan(out, ends)
         for _, start, size in plan:
             torch_impl._host.fault_in(start, size)
@@ -646,6 +666,7 @@ def test_the_row_copies_fault_each_page_in_once_before_the_rows_that_write_it(mo
     assert spans[-1][1] == last
     assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))  # each page once, in order
     assert all(s % 4096 == 0 and e % 4096 == 0 and e > s for s, e in spans)
+    assert (len(spans) == 1) is (floor == math.inf or chunk >= nbytes)
     faulted, row = first, 0
     for rows, start, size in plan:
         if size:  # just in time: the group's first row writes its first page, the row before does not
@@ -661,7 +682,8 @@ def test_the_row_copies_fault_each_page_in_once_before_the_rows_that_write_it(mo
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int64"])
 def test_concatenation_by_copies_is_cat_bit_for_bit(chunk, dtype) -> None:
     """`concat_by_copies`: the values ``torch.cat`` gives (NaN payloads, dtype and shape), in pieces of
-    any size, empty parts and a part smaller than a piece among them, faulted in by chunks or whole."""
+    any size (rounded to whole pages), empty parts and a part smaller than a piece among them, faulted
+    in by chunks or whole."""
     from torch_impl._parts import JaggedPart
     from torch_impl._rowcopy import concat_by_copies
 
@@ -669,7 +691,7 @@ def test_concatenation_by_copies_is_cat_bit_for_bit(chunk, dtype) -> None:
     values = [random_tensor(rng, (n, 3), dtype) for n in (0, 5000, 1, 0, 7001)]
     parts = [JaggedPart(v, torch.tensor([0, v.shape[0]]), 1) for v in values]
     total = sum(v.shape[0] for v in values)
-    for floor in (0, math.inf):  # by chunks, then one piece a part
+    for floor in (0, math.inf):  # faulted in by chunks, then whole
         with torch_impl.use_settings(
             cpu_prefault_min_bytes=0, cpu_fault_chunks_min_bytes=floor, cpu_fault_chunk_bytes=chunk
         ):
@@ -693,6 +715,16 @@ def test_a_large_concatenation_is_one_cat_and_a_smaller_one_copies(monkeypatch, 
     assert concat.called is (floor != 0)
     assert ("aten.cat.default" in counter.ops) is (floor == 0)
     assert_same(got, verl_postprocess_batch_func(outs, parts, None))
+
+
+def test_a_fault_group_is_whole_pages_and_a_whole_huge_page_where_huge_pages_are_advised(monkeypatch) -> None:
+    with torch_impl.use_settings(cpu_fault_chunk_bytes=3 * 4096 + 5, cpu_hugepage_min_bytes=2**25):
+        assert torch_impl._host.fault_step(2**30) == 3 * 4096
+        with torch_impl.use_settings(cpu_fault_chunk_bytes=1):
+            assert torch_impl._host.fault_step(2**30) == 4096
+        monkeypatch.setattr(torch_impl._host, "huge_pages_without_stalls", lambda: True)
+        assert torch_impl._host.fault_step(2**30) == 2**21
+        assert torch_impl._host.fault_step(2**24) == 3 * 4096  # below the huge-page floor
 
 
 def test_the_chunk_knobs_refuse_bad_sizes() -> None:

@@ -6,7 +6,7 @@ the element-index path), never growing with the number of rows or parts:
 
 - dense parts ``[b_m, *F]``: `torch_impl._dense`;
 - jagged parts without a permutation, or with the identity (`CallRows.in_order`): the values laid
-  end to end (on the host, one ``memcpy`` a part, `torch_impl._rowcopy.concat_by_copies`; otherwise
+  end to end (on the host, ``memcpy`` of pieces of each part, `torch_impl._rowcopy.concat_by_copies`; otherwise
   one ``cat``), the offsets from all row lengths;
 - jagged parts with a permutation: row copies (`torch_impl._rowcopy`: CPU, no autograd, long rows)
   or element indices (`torch_impl._indexcopy`: any device, differentiable), chosen by

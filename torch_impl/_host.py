@@ -33,6 +33,7 @@ from ._settings import get_settings
 __all__ = [
     "fault_in",
     "fault_plan",
+    "fault_step",
     "fresh_output",
     "host_checkable",
     "host_lengths",
@@ -136,8 +137,8 @@ def fault_plan(out: torch.Tensor, ends: np.ndarray) -> list[tuple[int, int, int]
     ``(rows, start, size)``: fault in the ``size`` bytes from address ``start`` (0: nothing), then write
     the next ``rows`` rows. ``ends`` (``[B]``): where each row's bytes end in ``out``.
 
-    From ``Settings.cpu_fault_chunks_min_bytes``, each group faults in about
-    ``Settings.cpu_fault_chunk_bytes`` (whole pages inside the buffer, by one
+    From ``Settings.cpu_fault_chunks_min_bytes``, each group faults in at least `fault_step`
+    bytes (more where a long row spans several; whole pages inside the buffer, by one
     ``madvise(MADV_POPULATE_WRITE)`` each, just before the first row that writes them), so the rows
     are copied into pages the kernel has just zeroed, still in cache, instead of pages faulted in all
     at once long before (whose lines the copy then reads back from memory before writing them);
@@ -155,7 +156,7 @@ def fault_plan(out: torch.Tensor, ends: np.ndarray) -> list[tuple[int, int, int]
         return [(rows, 0, 0)]
     if nbytes < settings.cpu_fault_chunks_min_bytes:  # the whole buffer, then every row
         return [(rows, start, end - start)]
-    step = max(_PAGE, settings.cpu_fault_chunk_bytes // _PAGE * _PAGE)
+    step = fault_step(nbytes)
     bounds = np.arange(start, end, step, dtype=np.int64)  # each chunk's first address
     first = np.searchsorted(ends + ptr, bounds, side="right")  # the first row that writes there
     new = np.flatnonzero(np.diff(first, prepend=-1))  # chunks whose first row differs: groups
@@ -163,6 +164,17 @@ def fault_plan(out: torch.Tensor, ends: np.ndarray) -> list[tuple[int, int, int]
     sizes = np.append(begins[1:], end) - begins
     counts = np.diff(np.append(first[new], rows))
     return [(int(first[0]), 0, 0), *zip(counts.tolist(), begins.tolist(), sizes.tolist(), strict=True)]
+
+
+def fault_step(nbytes: float) -> int:
+    """The bytes a `fault_plan` group of an output of ``nbytes`` faults in at least:
+    ``Settings.cpu_fault_chunk_bytes`` in whole pages (at least one), and a whole huge page where
+    `fresh_output` advised huge pages (one faults in whole at its first touch)."""
+    settings = get_settings()
+    step = max(_PAGE, settings.cpu_fault_chunk_bytes // _PAGE * _PAGE)
+    if nbytes >= settings.cpu_hugepage_min_bytes and huge_pages_without_stalls():
+        step = max(step, _HUGE_PAGE)
+    return step
 
 
 def fault_in(start: int, size: int) -> None:

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from . import _host
-from ._host import fault_in, fault_plan, fresh_output, numpy_bytes
+from ._host import fault_in, fault_plan, fault_step, fresh_output, numpy_bytes
 from ._parts import JaggedPart
 from ._settings import get_settings
 
@@ -114,7 +114,7 @@ def parallel_concat(parts: Sequence[JaggedPart]) -> bool:
 
 def concat_by_copies(parts: Sequence[JaggedPart], total: int) -> torch.Tensor:
     """Output values ``[N, *F]``: the parts' values laid end to end (``torch.cat``'s result), by
-    ``memcpy`` of pieces of at most ``Settings.cpu_fault_chunk_bytes`` (where the output is faulted
+    ``memcpy`` of pieces of at most `torch_impl._host.fault_step` bytes (where the output is faulted
     in by chunks, `torch_impl._host.fault_plan`, each lands in pages just faulted in), on the calling
     thread: ``torch.cat`` splits a copy of
     32768 elements or more among torch's threads, whose parallel region then waits for any thread
@@ -124,7 +124,7 @@ def concat_by_copies(parts: Sequence[JaggedPart], total: int) -> torch.Tensor:
     first = parts[0].values
     out = fresh_output(first, (total, *first.shape[1:]), populate=False)
     sizes = np.fromiter((p.values.numel() * p.values.element_size() for p in parts), dtype=np.int64, count=len(parts))
-    step = get_settings().cpu_fault_chunk_bytes  # pieces of at most a chunk: the faults follow them
+    step = fault_step(int(sizes.sum()))  # pieces of at most a fault group: the faults follow them
     counts = -(-sizes // step)
     part_of_piece = np.arange(len(parts), dtype=np.int64).repeat(counts)
     first_piece = np.zeros(len(parts), dtype=np.int64)
@@ -159,3 +159,5 @@ def _copy_pieces(
         fault_in(start, size)
         for a, b, src, c, e in itertools.islice(copies, pieces):
             target[a:b] = src[c:e]
+    for a, b, src, c, e in copies:  # none left (the plan counts every piece); a short plan faults, never skips
+        target[a:b] = src[c:e]

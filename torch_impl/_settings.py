@@ -52,8 +52,9 @@ class Settings:
     #: it. Measured on 2 cores (Linux 6.18, fresh heap pages each call): writing 2 MiB into a fresh
     #: buffer 1.08-1.18 ms, after the advice 0.82-0.85 ms. ``math.inf``: never.
     cpu_prefault_min_bytes: float = 2**20
-    #: Bytes faulted in at a time by the row copies of an output of at least ``cpu_fault_chunks_min_bytes``
-    #: (`torch_impl._host.fault_plan`), just before the rows that write them. Measured on 2 cores (Linux
+    #: Bytes faulted in at a time by the host copies (row copies, `concat_by_copies`) of an output of at
+    #: least ``cpu_fault_chunks_min_bytes`` (`torch_impl._host.fault_plan`; rounded down to whole pages,
+    #: at least one), just before the rows that write them. Measured on 2 cores (Linux
     #: 6.18, fresh pages each call, whole calls, paired against one ``madvise`` of the whole output):
     #: 64 MiB (B=4096, L=4096, M=16) 1.10x faster with 256 KiB, 1.09x with 1 MiB, 1.03x with 4 MiB;
     #: 256 MiB 1.09x; 3 keys of 40 MiB 1.07x.
@@ -63,11 +64,11 @@ class Settings:
     #: keys) 0.97x (slower), 8 MiB 1.02x, 32 MiB 1.11x.
     cpu_fault_chunks_min_bytes: float = 8 * 2**20
     #: Output bytes from which a concatenation on the host (no permutation, or the identity) is one
-    #: ``torch.cat``, whose copy torch splits among its threads, instead of one ``memcpy`` a part on the
+    #: ``torch.cat``, whose copy torch splits among its threads, instead of ``memcpy`` of pieces on the
     #: calling thread (`torch_impl._rowcopy.concat_by_copies`). Measured on 2 cores (one micro-batch in
     #: order, fresh pages each call, paired; "contended": one busy process per core), ``cat`` against
     #: the copies: 8 MiB quiet 1.23x faster, contended 1.65x slower (its parallel region waits for a
-    #: descheduled thread; at 1 MiB 7.7 ms against 0.78); 32 MiB 1.39x faster / 1.46x slower; 64 MiB
+    #: descheduled thread; at 1 MiB busy ``cat`` took 7.7 ms, 0.78 quiet); 32 MiB 1.39x faster / 1.46x slower; 64 MiB
     #: 1.43x / 1.22x faster; 256 MiB 1.32x / 1.03x faster. ``math.inf``: never.
     cpu_parallel_concat_min_bytes: float = 64 * 2**20
     #: Output bytes from which the whole 2 MiB pages of such a CPU output are advised
