@@ -21,7 +21,7 @@ import torch_impl._assemble
 import torch_impl._host
 from property_tests.baseline import verl_postprocess_batch_func
 from property_tests.compare import assert_same
-from property_tests.data import jagged, random_tensor, rows_of
+from property_tests.data import DTYPES, jagged, random_tensor, rows_of
 from property_tests.kernels import KERNELS, forced
 from property_tests.metric import FakeMetric
 from property_tests.opcount import CountOps
@@ -727,6 +727,29 @@ def test_a_fault_group_is_whole_pages_and_a_whole_huge_page_where_huge_pages_are
         assert torch_impl._host.fault_step(2**24) == 3 * 4096  # below the huge-page floor
 
 
+@pytest.mark.parametrize("trailing", [(), (3,), (2, 5), (0,)])
+@pytest.mark.parametrize("dtype", [*DTYPES, "complex64"])
+def test_dense_outputs_on_the_host_move_whole_rows_bit_for_bit(monkeypatch, dtype, trailing) -> None:
+    """Dense CPU parts NumPy may move: under a permutation, whole rows scattered with NumPy
+    (`scatter_rows`), in order by copies; the values of ``cat`` and ``index_copy_`` (torch's dense
+    path), NaN payloads, dtype and shape included, for rows of any width (none included)."""
+    scatter = mock.Mock(wraps=torch_impl._assemble.scatter_rows)
+    monkeypatch.setattr(torch_impl._assemble, "scatter_rows", scatter)
+    rng = np.random.default_rng(len(trailing))
+    perm = rng.permutation(40).tolist()
+    for parts in ([perm[:7], [], perm[7:30], perm[30:]], [list(range(25)), list(range(25, 40))]):
+        values = [random_tensor(rng, (len(p), *trailing), dtype) for p in parts]
+        outs = [{"model_output": {"d": v}} for v in values]
+        with torch_impl.use_settings(cpu_dense_host_min_elements=0):
+            got = torch_impl.postprocess_batch(outs, parts)["model_output"]["d"]
+        flat = torch.tensor([i for p in parts for i in p])
+        whole = torch.cat(values)
+        want = whole.new_empty(whole.shape).index_copy_(0, flat, whole)
+        assert_same(got, want)
+        assert_same(torch_impl.postprocess_batch(outs, parts)["model_output"]["d"], want)  # below the floor: torch's
+    assert scatter.call_count == 1  # the first partition on the host; the second is in order
+
+
 def test_the_chunk_knobs_refuse_bad_sizes() -> None:
     bad: Any
     for bad in (0, -1, 1.5, True):
@@ -736,6 +759,8 @@ def test_the_chunk_knobs_refuse_bad_sizes() -> None:
         torch_impl.Settings(cpu_fault_chunks_min_bytes=-1)
     with pytest.raises(ValueError, match="cpu_parallel_concat_min_bytes"):
         torch_impl.Settings(cpu_parallel_concat_min_bytes=-1)
+    with pytest.raises(ValueError, match="cpu_dense_host_min_elements"):
+        torch_impl.Settings(cpu_dense_host_min_elements=-1)
 
 
 def test_faulting_in_by_chunks_changes_no_byte() -> None:

@@ -4,7 +4,8 @@ Every output element is written exactly once into a fresh output (never an input
 number of torch operations is a constant per key (and one per further chunk of 16 MiB of output on
 the element-index path), never growing with the number of rows or parts:
 
-- dense parts ``[b_m, *F]``: `torch_impl._dense`;
+- dense parts ``[b_m, *F]``: on the host (CPU, no autograd) by copies or NumPy scatters of whole rows
+  (`torch_impl._host.scatter_rows`), otherwise `torch_impl._dense`;
 - jagged parts without a permutation, or with the identity (`CallRows.in_order`): the values laid
   end to end (on the host, ``memcpy`` of pieces of each part, `torch_impl._rowcopy.concat_by_copies`; otherwise
   one ``cat``), the offsets from all row lengths;
@@ -27,12 +28,13 @@ from typing import Any
 import torch
 
 from ._dense import assemble_dense
-from ._host import host_checkable, host_lengths, host_movable, permute_by_host_indices
+from ._host import host_checkable, host_lengths, host_movable, numpy_bridge, permute_by_host_indices, scatter_rows
 from ._indexcopy import permute_by_indices
 from ._jagged import fresh_njt as njt, zero_prefixed_cumsum
 from ._parts import DensePart, JaggedPart, Part, check_offsets
 from ._rowcopy import RowLayout, concat_by_copies, long_rows, parallel_concat, permute_by_rows, row_copies_apply
 from ._rows import CallRows
+from ._settings import get_settings
 
 __all__ = ["assemble"]
 
@@ -53,6 +55,8 @@ def assemble(
     device = parts[0].values.device
     if isinstance(parts[0], DensePart):
         dense = [p for p in parts if isinstance(p, DensePart)]
+        if device.type == "cpu" and numpy_bridge() and host_movable(dense) and _many(dense):
+            return _dense_on_host(dense, perm, rows)
         return assemble_dense(dense, None if perm is None else rows.perm(device))
     jagged = [p for p in parts if isinstance(p, JaggedPart)]
     if device.type == "cpu" and host_checkable(jagged):
@@ -66,6 +70,23 @@ def assemble(
     if row_copies_apply(jagged, total, perm.numel()):
         return njt(permute_by_rows(jagged, lengths, inv, total), out_offsets)
     return njt(permute_by_indices(jagged, lengths, rows.perm(device), out_offsets), out_offsets)
+
+
+def _many(dense: Sequence[DensePart]) -> bool:
+    """At least ``Settings.cpu_dense_host_min_elements`` elements in all."""
+    return sum(p.values.numel() for p in dense) >= get_settings().cpu_dense_host_min_elements
+
+
+def _dense_on_host(dense: Sequence[DensePart], perm: torch.Tensor | None, rows: CallRows) -> torch.Tensor:
+    """`assemble` of CPU dense parts NumPy may move, on the calling thread: laid end to end by copies
+    (``cat`` from ``Settings.cpu_parallel_concat_min_bytes``), or whole rows scattered to their places
+    with NumPy (`scatter_rows`), instead of ``cat`` and ``index_copy_``, whose parallel regions wait
+    for a descheduled thread on a busy machine (from ``Settings.cpu_dense_host_min_elements``, which
+    cites the measurements)."""
+    total = sum(p.rows for p in dense)
+    if perm is None:
+        return torch.cat([p.values for p in dense]) if parallel_concat(dense) else concat_by_copies(dense, total)
+    return scatter_rows(dense, rows.perm(torch.device("cpu")).numpy(), total)
 
 
 def _assemble_on_host(

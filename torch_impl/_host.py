@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ._bridge import numpy_bridge
-from ._parts import JaggedPart, _explain_bad_offsets
+from ._parts import JaggedPart, Part, _explain_bad_offsets
 from ._rows import HostRows
 from ._settings import get_settings
 
@@ -41,6 +41,7 @@ __all__ = [
     "numpy_bridge",
     "numpy_bytes",
     "permute_by_host_indices",
+    "scatter_rows",
 ]
 
 #: torch dtypes whose ``Tensor.numpy()`` works (the others, bfloat16 and float8 among them, are read
@@ -203,7 +204,7 @@ def host_checkable(parts: Sequence[JaggedPart]) -> bool:
     return numpy_bridge() and all(type(p.offsets) is torch.Tensor and p.offsets.is_cpu for p in parts)
 
 
-def host_movable(parts: Sequence[JaggedPart]) -> bool:
+def host_movable(parts: Sequence[Part]) -> bool:
     """Values NumPy may move: CPU plain tensors, contiguous, and no gradient to carry."""
     grad = torch.is_grad_enabled()
     return all(
@@ -292,6 +293,23 @@ def permute_by_host_indices(
                     where += np.arange(a, b, dtype=np.int64)
                     _scatter(dest, where, src[a:b])
         row += r
+    return out
+
+
+def scatter_rows(parts: Sequence[Part], perm: np.ndarray, total: int) -> torch.Tensor:
+    """Output ``[B, *F]`` (``B = total``): row ``k`` of the parts' values laid end to end written at row
+    ``perm[k]`` (``[B]``), one NumPy fancy assignment of whole rows per part (each row one element of
+    its width, `_value_rows`), on the calling thread."""
+    first = parts[0].values
+    out = fresh_output(first, (total, *first.shape[1:]))
+    if total == 0 or out.numel() == 0:
+        return out
+    dest, row = _value_rows(out), 0
+    for p in parts:
+        n = p.values.shape[0]
+        if n:
+            _scatter(dest, perm[row : row + n], _value_rows(p.values))
+        row += n
     return out
 
 

@@ -27,7 +27,7 @@ import torch
 
 from . import _host
 from ._host import fault_in, fault_plan, fault_step, fresh_output, numpy_bytes
-from ._parts import JaggedPart
+from ._parts import JaggedPart, Part
 from ._settings import get_settings
 
 __all__ = [
@@ -104,7 +104,7 @@ def permute_by_rows(
     return out
 
 
-def parallel_concat(parts: Sequence[JaggedPart]) -> bool:
+def parallel_concat(parts: Sequence[Part]) -> bool:
     """Whether the parts' values make at least ``Settings.cpu_parallel_concat_min_bytes``, from which
     ``torch.cat`` (its copy split among torch's threads) lays them end to end instead of
     `concat_by_copies`."""
@@ -112,7 +112,7 @@ def parallel_concat(parts: Sequence[JaggedPart]) -> bool:
     return nbytes >= get_settings().cpu_parallel_concat_min_bytes
 
 
-def concat_by_copies(parts: Sequence[JaggedPart], total: int) -> torch.Tensor:
+def concat_by_copies(parts: Sequence[Part], total: int) -> torch.Tensor:
     """Output values ``[N, *F]``: the parts' values laid end to end (``torch.cat``'s result), by
     ``memcpy`` of pieces of at most `torch_impl._host.fault_step` bytes (where the output is faulted
     in by chunks, `torch_impl._host.fault_plan`, each lands in pages just faulted in), on the calling
@@ -138,7 +138,7 @@ def concat_by_copies(parts: Sequence[JaggedPart], total: int) -> torch.Tensor:
 
 
 def _copy_pieces(
-    out: torch.Tensor, parts: Sequence[JaggedPart], dest: np.ndarray, part_of_piece: np.ndarray, begin: np.ndarray
+    out: torch.Tensor, parts: Sequence[Part], dest: np.ndarray, part_of_piece: np.ndarray, begin: np.ndarray
 ) -> None:
     """Write piece ``k`` (``dest[k + 1] - dest[k]`` bytes from byte ``begin[k]`` of part
     ``part_of_piece[k]``'s values) at bytes ``dest[k]`` to ``dest[k + 1]`` of ``out`` (``dest``:
