@@ -4,8 +4,9 @@ Every output element is written exactly once into a fresh output (never an input
 number of torch operations is a constant per key (and one per further chunk of 16 MiB of output on
 the element-index path), never growing with the number of rows or parts:
 
-- dense parts ``[b_m, *F]``: on the host (CPU, no autograd) by copies or NumPy scatters of whole rows
-  (`torch_impl._host.scatter_rows`), otherwise `torch_impl._dense`;
+- dense parts ``[b_m, *F]``: on the host (CPU, no autograd, from ``Settings.cpu_dense_host_min_elements``)
+  by copies or NumPy scatters of whole rows (`torch_impl._host.scatter_rows`), otherwise
+  `torch_impl._dense`;
 - jagged parts without a permutation, or with the identity (`CallRows.in_order`): the values laid
   end to end (on the host, ``memcpy`` of pieces of each part, `torch_impl._rowcopy.concat_by_copies`; otherwise
   one ``cat``), the offsets from all row lengths;
