@@ -19,6 +19,7 @@ from tensordict import NonTensorData, TensorDict
 import torch_impl
 import torch_impl._assemble
 import torch_impl._host
+import torch_impl._rowcopy
 from property_tests.baseline import verl_postprocess_batch_func
 from property_tests.compare import assert_same
 from property_tests.data import DTYPES, jagged, random_tensor, rows_of
@@ -340,8 +341,8 @@ def test_partitions_already_in_order_are_one_concatenation(monkeypatch, parts) -
     verl's result."""
     for mover in ("permute_by_rows", "permute_by_host_indices", "permute_by_indices"):
         monkeypatch.setattr(torch_impl._assemble, mover, mock.Mock(side_effect=AssertionError(mover)))
-    concat = mock.Mock(wraps=torch_impl._assemble.concat_by_copies)
-    monkeypatch.setattr(torch_impl._assemble, "concat_by_copies", concat)
+    concat = mock.Mock(wraps=torch_impl._rowcopy.concat_by_copies)
+    monkeypatch.setattr(torch_impl._rowcopy, "concat_by_copies", concat)
     rng = np.random.default_rng(0)
     outs = []
     for part in parts:
@@ -708,8 +709,8 @@ def test_a_large_concatenation_is_one_cat_and_a_smaller_one_copies(monkeypatch, 
     below it `concat_by_copies` (the calling thread); the same values either way."""
     outs, parts = _outputs(64, 1, mean_len=50)
     parts = [sorted(parts[0])]
-    concat = mock.Mock(wraps=torch_impl._assemble.concat_by_copies)
-    monkeypatch.setattr(torch_impl._assemble, "concat_by_copies", concat)
+    concat = mock.Mock(wraps=torch_impl._rowcopy.concat_by_copies)
+    monkeypatch.setattr(torch_impl._rowcopy, "concat_by_copies", concat)
     with torch_impl.use_settings(cpu_parallel_concat_min_bytes=floor), CountOps() as counter:
         got = torch_impl.postprocess_batch(outs, parts)
     assert concat.called is (floor != 0)

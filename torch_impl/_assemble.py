@@ -33,7 +33,7 @@ from ._host import host_checkable, host_lengths, host_movable, numpy_bridge, per
 from ._indexcopy import permute_by_indices
 from ._jagged import fresh_njt as njt, zero_prefixed_cumsum
 from ._parts import DensePart, JaggedPart, Part, check_offsets
-from ._rowcopy import RowLayout, concat_by_copies, long_rows, parallel_concat, permute_by_rows, row_copies_apply
+from ._rowcopy import RowLayout, concat_on_host, long_rows, permute_by_rows, row_copies_apply
 from ._rows import CallRows
 from ._settings import get_settings
 
@@ -80,13 +80,13 @@ def _many(dense: Sequence[DensePart]) -> bool:
 
 def _dense_on_host(dense: Sequence[DensePart], perm: torch.Tensor | None, rows: CallRows) -> torch.Tensor:
     """`assemble` of CPU dense parts NumPy may move, on the calling thread: laid end to end by copies
-    (``cat`` from ``Settings.cpu_parallel_concat_min_bytes``), or whole rows scattered to their places
+    (`concat_on_host`: ``cat`` from ``Settings.cpu_parallel_concat_min_bytes``), or whole rows scattered to their places
     with NumPy (`scatter_rows`), instead of ``cat`` and ``index_copy_``, whose parallel regions wait
     for a descheduled thread on a busy machine (from ``Settings.cpu_dense_host_min_elements``, which
     cites the measurements)."""
     total = sum(p.rows for p in dense)
     if perm is None:
-        return torch.cat([p.values for p in dense]) if parallel_concat(dense) else concat_by_copies(dense, total)
+        return concat_on_host(dense, total)
     return scatter_rows(dense, rows.perm(torch.device("cpu")).numpy(), total)
 
 
@@ -103,8 +103,8 @@ def _assemble_on_host(
     offsets[0] = 0
     if perm is None:
         lengths.cumsum(out=offsets[1:])
-        if host_movable(jagged) and not parallel_concat(jagged):  # no parallel region to stall on a busy machine
-            return njt(concat_by_copies(jagged, int(offsets[-1])), out_offsets)
+        if host_movable(jagged):  # below a floor, no parallel region to stall on a busy machine
+            return njt(concat_on_host(jagged, int(offsets[-1])), out_offsets)
         return njt(torch.cat([p.values for p in jagged]), out_offsets)
     assert host.inv is not None
     out_lengths = lengths[host.inv]

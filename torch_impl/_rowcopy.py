@@ -33,8 +33,8 @@ from ._settings import get_settings
 __all__ = [
     "RowLayout",
     "concat_by_copies",
+    "concat_on_host",
     "long_rows",
-    "parallel_concat",
     "permute_by_rows",
     "row_copies_apply",
     "row_layout",
@@ -104,23 +104,23 @@ def permute_by_rows(
     return out
 
 
-def parallel_concat(parts: Sequence[Part]) -> bool:
-    """Whether the parts' values make at least ``Settings.cpu_parallel_concat_min_bytes``, from which
-    ``torch.cat`` (its copy split among torch's threads) lays them end to end instead of
-    `concat_by_copies`."""
+def concat_on_host(parts: Sequence[Part], total: int) -> torch.Tensor:
+    """Output values ``[N, *F]`` (``N = total``): the values of parts NumPy may move laid end to end,
+    by `concat_by_copies` below ``Settings.cpu_parallel_concat_min_bytes``, by ``torch.cat`` (its
+    copy split among torch's threads) from there."""
     nbytes = sum(p.values.numel() for p in parts) * parts[0].values.element_size()
-    return nbytes >= get_settings().cpu_parallel_concat_min_bytes
+    if nbytes >= get_settings().cpu_parallel_concat_min_bytes:
+        return torch.cat([p.values for p in parts])
+    return concat_by_copies(parts, total)
 
 
 def concat_by_copies(parts: Sequence[Part], total: int) -> torch.Tensor:
     """Output values ``[N, *F]``: the parts' values laid end to end (``torch.cat``'s result), by
     ``memcpy`` of pieces of at most `torch_impl._host.fault_step` bytes (where the output is faulted
     in by chunks, `torch_impl._host.fault_plan`, each lands in pages just faulted in), on the calling
-    thread: ``torch.cat`` splits a copy of
-    32768 elements or more among torch's threads, whose parallel region then waits for any thread
-    the machine has descheduled (measured, 2 cores each running another process: B=512, L=512, one
-    micro-batch 7.7 ms instead of 0.78 quiet); below ``Settings.cpu_parallel_concat_min_bytes``
-    (`parallel_concat`), where that wait outweighs the second thread."""
+    thread. ``torch.cat`` splits a copy of 32768 elements or more among torch's threads, whose
+    parallel region then waits for any thread the machine has descheduled (measured, 2 cores each
+    running another process: B=512, L=512, one micro-batch 7.7 ms instead of 0.78 quiet)."""
     first = parts[0].values
     out = fresh_output(first, (total, *first.shape[1:]), populate=False)
     sizes = np.fromiter((p.values.numel() * p.values.element_size() for p in parts), dtype=np.int64, count=len(parts))
