@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import re
 import warnings
+from contextlib import nullcontext
+from typing import Any
+from unittest import mock
 
 import pytest
 import torch
 
+import torch_impl._parts
 from property_tests.samples import HOLE_DEFECTS, holed_tensor
 from ref.errors import (
     DeviceMismatchError,
@@ -362,3 +366,89 @@ def test_the_setting_of_the_checks_is_keyword_only() -> None:
         check_parts([x], "k", False)  # type: ignore[misc]
     assert unpack(x=x, key="k", micro_batch=0, allow_jagged=True).rows == 2
     assert check_parts(parts=[x], key="k", allow_jagged=True)[0].rows == 2
+
+
+def _odd_parts() -> dict[str, Any]:
+    """One part of each kind the C-level common case (`torch_impl._parts._plain_jagged`) must leave to
+    the per-part loop, by name (each differs from a plain float32 ``[(j)]`` part in one way)."""
+    offsets = torch.tensor([0, 1, 3])
+    grad = torch.nested.nested_tensor_from_jagged(torch.arange(3.0, requires_grad=True), offsets) * 2
+    int32 = torch.nested.nested_tensor_from_jagged(torch.arange(3.0), offsets.to(torch.int32))
+    complex_values = torch.complex(torch.arange(3.0), torch.ones(3))
+    floating = torch.nested.nested_tensor_from_jagged(torch.zeros(3), offsets.clone())
+    floating._offsets = torch.tensor([0.0, 1.0, 3.0])
+    return {
+        "dense": torch.zeros(2),
+        "not_a_tensor": [1, 2],
+        "holes": holed_tensor([0, 4, 9], [2, 3]),
+        "grad": grad,
+        "int32_offsets": int32,
+        "float_offsets": floating,
+        "conjugate": torch.nested.nested_tensor_from_jagged(complex_values.conj(), offsets),
+        "negative": torch.nested.nested_tensor_from_jagged(complex_values.conj().imag, offsets),
+        "float64": njt([1, 2], dtype=torch.float64),
+        "meta": torch.nested.nested_tensor_from_jagged(torch.zeros(3, device="meta"), offsets.to("meta")),
+        "feature": njt([1, 2], feature=(2,)),
+        "ragged_dim_2": torch.nested.nested_tensor_from_jagged(
+            torch.zeros(2, 5), torch.tensor([0, 2, 5]), jagged_dim=2
+        ),
+    }
+
+
+def _outcome(parts: list[Any], *, loop: bool, allow_jagged: bool = True) -> Any:
+    """`check_parts`' result as comparable data (each part's kind, buffers and rows), or its error."""
+    patch = mock.patch.object(torch_impl._parts, "_plain_jagged", return_value=None) if loop else nullcontext()
+    try:
+        with patch:
+            got = check_parts(parts, "k", allow_jagged=allow_jagged)
+    except Exception as e:  # the same class and words from both
+        return type(e), str(e)
+    return [
+        (type(p), p.rows, p.values.dtype, p.values.device, tuple(p.values.shape), p.values.requires_grad)
+        + (p.values.is_conj(), p.values.is_neg())
+        + ((p.offsets.dtype, tuple(p.offsets.shape)) if isinstance(p, JaggedPart) else ())
+        + (() if p.values.device.type == "meta" else (p.values.tolist(),))
+        + (() if not isinstance(p, JaggedPart) or p.offsets.device.type == "meta" else (p.offsets.tolist(),))
+        for p in got
+    ]
+
+
+@pytest.mark.parametrize("odd", list(_odd_parts()))
+@pytest.mark.parametrize("at", [0, 4, 8])
+def test_many_parts_check_as_the_loop_checks_them_one_by_one(odd, at) -> None:
+    """From ``_MAPPED_MIN_PARTS`` parts, where every part is a plain jagged tensor agreeing with the
+    first, the C-level common case gives the loop's parts (the same buffers); anything else, at any
+    position, goes to the loop: the same parts, converted, or the same error in the same words."""
+    assert torch_impl._parts._MAPPED_MIN_PARTS <= 9
+    plain = [njt([i % 3, 2, 0]) for i in range(9)]
+    with torch._C.DisableTorchFunctionSubclass():
+        fast = torch_impl._parts._plain_jagged(plain)
+    assert fast is not None  # taken, and the buffers as they are
+    assert all(
+        a.values is x._values and a.offsets is x._offsets and a.rows == 3 for a, x in zip(fast, plain, strict=True)
+    )
+    assert _outcome(plain, loop=False) == _outcome(plain, loop=True)
+    parts = [*plain[:at], _odd_parts()[odd], *plain[at + 1 :]]
+    if odd not in ("dense", "not_a_tensor"):
+        with torch._C.DisableTorchFunctionSubclass():
+            assert torch_impl._parts._plain_jagged(parts) is None
+    assert _outcome(parts, loop=False) == _outcome(parts, loop=True)
+    assert _outcome(plain, loop=False, allow_jagged=False) == _outcome(plain, loop=True, allow_jagged=False)
+
+
+def test_many_parts_of_one_odd_kind_check_as_the_loop_checks_them() -> None:
+    """Nine parts all of a kind the common case leaves alone (holes, a gradient, int32 offsets,
+    trailing features, another device...) or all agreeing dense: the loop's parts, or its error."""
+    for name in _odd_parts():
+        parts = [_odd_parts()[name] for _ in range(9)]
+        assert _outcome(parts, loop=False) == _outcome(parts, loop=True), name
+
+
+def test_many_parts_with_trailing_features_check_them() -> None:
+    """The common case over ``[(j), F]`` parts: their features must agree, as the loop requires."""
+    parts = [njt([1, 2], feature=(2,)) for _ in range(9)]
+    assert _outcome(parts, loop=False) == _outcome(parts, loop=True)
+    for at in (0, 5, 8):
+        odd = [*parts[:at], njt([1, 2], feature=(3,)), *parts[at + 1 :]]
+        assert _outcome(odd, loop=False) == _outcome(odd, loop=True)
+        assert _outcome(odd, loop=True)[0] is ShapeMismatchError

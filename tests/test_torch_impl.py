@@ -804,3 +804,85 @@ def test_huge_pages_only_where_the_kernel_never_stalls_for_them(tmp_path, monkey
         assert calls[-1] == 23
     finally:
         torch_impl._host.huge_pages_without_stalls.cache_clear()
+
+
+def test_the_address_space_view_reads_and_writes_a_tensor_at_its_address() -> None:
+    """`address_space`: bytes ``a`` to ``b`` of it are the memory at those addresses (one view, made once)."""
+    from torch_impl._host import address_space
+
+    x = torch.arange(16, dtype=torch.int32)
+    memory, ptr = address_space(), x.data_ptr()
+    assert address_space() is memory
+    assert bytes(memory[ptr : ptr + 64]) == x.numpy().tobytes()
+    memory[ptr : ptr + 4] = memory[ptr + 60 : ptr + 64]
+    assert x[0].item() == 15
+
+
+def _ranges() -> tuple[torch.Tensor, list[torch.Tensor], dict[str, np.ndarray]]:
+    """Two sources of 40 and 0 bytes and an output of 48: four pieces, each inside its tensors."""
+    sources = [torch.zeros(10, dtype=torch.int32), torch.zeros(0, dtype=torch.int32)]
+    pieces = {
+        "dest_begin": np.array([0, 8, 48, 20]),
+        "nbytes": np.array([8, 12, 0, 28]),
+        "source_of_piece": np.array([0, 0, 1, 0]),
+        "begin": np.array([32, 0, 0, 12]),
+    }
+    return torch.zeros(12, dtype=torch.int32), sources, pieces
+
+
+@pytest.mark.parametrize(
+    ("field", "k", "value"),
+    [
+        ("begin", 0, 33),  # past the source's end by one byte
+        ("begin", 1, -1),
+        ("nbytes", 1, -4),
+        ("nbytes", 3, 29),
+        ("dest_begin", 3, 21),  # past the output's end by one byte
+        ("dest_begin", 0, -8),
+        ("source_of_piece", 0, 1),  # a piece of the empty source
+    ],
+)
+def test_host_copies_refuse_a_piece_outside_its_tensors(field, k, value) -> None:
+    """`check_ranges`, the guard of the copies by address: every piece inside its source and the
+    output, to the byte (each bound met exactly passes); one byte outside raises, and nothing is copied."""
+    from torch_impl._rowcopy import check_ranges
+
+    out, sources, pieces = _ranges()
+    check_ranges(out, sources, *pieces.values())  # each piece ends exactly at its tensor's end, or is empty
+    pieces[field] = pieces[field].copy()
+    pieces[field][k] = value
+    with pytest.raises(RuntimeError, match="byte ranges fall outside its tensors"):
+        check_ranges(out, sources, *pieces.values())
+
+
+def test_planned_copies_are_made_when_run_and_hold_their_tensors() -> None:
+    """With a ``moves`` list, `assemble` returns outputs whose values come only when the moves run, and
+    the moves keep the parts they read alive: the caller may drop every input first."""
+    import gc
+    import weakref
+
+    from torch_impl._assemble import assemble
+    from torch_impl._parts import check_parts
+    from torch_impl._permutation import check_permutation
+
+    outs, parts = _outputs(64, 4, keys=2, mean_len=50)
+    want = torch_impl.postprocess_batch(outs, parts)["model_output"]
+    perm = check_permutation(parts, 64)
+    moves: list[Any] = []
+    with torch_impl.use_settings(row_copy_min_elements=0):
+        got = {k: assemble(check_parts([o["model_output"][k] for o in outs], k), perm, k, None, moves) for k in want}
+    assert len(moves) == 2
+    watch = [weakref.ref(o["model_output"]["k0"]._values) for o in outs]
+    del outs
+    gc.collect()
+    assert all(w() is not None for w in watch)  # held by the moves
+    for k in want:
+        got[k].values().fill_(0)  # what the moves overwrite
+    for move in moves:
+        move()
+    for k, v in want.items():  # bit for bit (NaN payloads among the values)
+        assert torch.equal(got[k].values().view(torch.uint8), v.values().view(torch.uint8))
+        assert torch.equal(got[k].offsets(), v.offsets())
+    del moves
+    gc.collect()
+    assert all(w() is None for w in watch)

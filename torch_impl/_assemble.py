@@ -33,7 +33,7 @@ from ._host import host_checkable, host_lengths, host_movable, numpy_bridge, per
 from ._indexcopy import permute_by_indices
 from ._jagged import fresh_njt as njt, zero_prefixed_cumsum
 from ._parts import DensePart, JaggedPart, Part, check_offsets
-from ._rowcopy import RowLayout, concat_on_host, long_rows, permute_by_rows, row_copies_apply
+from ._rowcopy import Moves, RowLayout, concat_on_host, long_rows, permute_by_rows, row_copies_apply
 from ._rows import CallRows
 from ._settings import get_settings
 
@@ -41,13 +41,18 @@ __all__ = ["assemble"]
 
 
 def assemble(
-    parts: Sequence[Part], perm: torch.Tensor | None, key: Any = None, rows: CallRows | None = None
+    parts: Sequence[Part],
+    perm: torch.Tensor | None,
+    key: Any = None,
+    rows: CallRows | None = None,
+    moves: Moves | None = None,
 ) -> torch.Tensor:
     """Concatenate ``parts`` (checked by `check_parts`), then put row ``k`` at row ``perm[k]``.
 
     ``perm``: ``None`` (plain concatenation) or a checked permutation of ``range(B)`` (CPU); ``rows``:
-    what the call's keys share (built here when not given; its ``perm`` is ``perm``). Jagged parts
-    ``[b_m, (j), *F]`` give ``[B, (j), *F]``; dense ``[b_m, *F]`` give ``[B, *F]``.
+    what the call's keys share (built here when not given; its ``perm`` is ``perm``); ``moves``: where
+    the host copies go when the caller runs them later (`torch_impl._rowcopy.Moves`; None: made
+    here). Jagged parts ``[b_m, (j), *F]`` give ``[B, (j), *F]``; dense ``[b_m, *F]`` give ``[B, *F]``.
     """
     if rows is None:
         rows = CallRows([p.rows for p in parts], perm)
@@ -57,11 +62,11 @@ def assemble(
     if isinstance(parts[0], DensePart):
         dense = [p for p in parts if isinstance(p, DensePart)]
         if device.type == "cpu" and numpy_bridge() and host_movable(dense) and _many(dense):
-            return _dense_on_host(dense, perm, rows)
+            return _dense_on_host(dense, perm, rows, moves)
         return assemble_dense(dense, None if perm is None else rows.perm(device))
     jagged = [p for p in parts if isinstance(p, JaggedPart)]
     if device.type == "cpu" and host_checkable(jagged):
-        return _assemble_on_host(jagged, perm, key, rows)
+        return _assemble_on_host(jagged, perm, key, rows, moves)
     lengths = check_offsets(jagged, key, rows.steps(device))
     if perm is None:
         return njt(torch.cat([p.values for p in jagged]), zero_prefixed_cumsum(lengths))
@@ -78,7 +83,9 @@ def _many(dense: Sequence[DensePart]) -> bool:
     return sum(p.values.numel() for p in dense) >= get_settings().cpu_dense_host_min_elements
 
 
-def _dense_on_host(dense: Sequence[DensePart], perm: torch.Tensor | None, rows: CallRows) -> torch.Tensor:
+def _dense_on_host(
+    dense: Sequence[DensePart], perm: torch.Tensor | None, rows: CallRows, moves: Moves | None
+) -> torch.Tensor:
     """`assemble` of CPU dense parts NumPy may move, on the calling thread: laid end to end by copies
     (`concat_on_host`: ``cat`` from ``Settings.cpu_parallel_concat_min_bytes``), or whole rows scattered to their places
     with NumPy (`scatter_rows`), instead of ``cat`` and ``index_copy_``, whose parallel regions wait
@@ -86,12 +93,12 @@ def _dense_on_host(dense: Sequence[DensePart], perm: torch.Tensor | None, rows: 
     cites the measurements)."""
     total = sum(p.rows for p in dense)
     if perm is None:
-        return concat_on_host(dense, total)
+        return concat_on_host(dense, total, moves)
     return scatter_rows(dense, rows.perm(torch.device("cpu")).numpy(), total)
 
 
 def _assemble_on_host(
-    jagged: Sequence[JaggedPart], perm: torch.Tensor | None, key: Any, rows: CallRows
+    jagged: Sequence[JaggedPart], perm: torch.Tensor | None, key: Any, rows: CallRows, moves: Moves | None
 ) -> torch.Tensor:
     """`assemble` of CPU jagged parts with the bookkeeping in NumPy (`torch_impl._host`): the same checks,
     offsets and values; the values moved by row copies, by NumPy scatters (no gradient to carry) or
@@ -104,7 +111,7 @@ def _assemble_on_host(
     if perm is None:
         lengths.cumsum(out=offsets[1:])
         if host_movable(jagged):  # below a floor, no parallel region to stall on a busy machine
-            return njt(concat_on_host(jagged, int(offsets[-1])), out_offsets)
+            return njt(concat_on_host(jagged, int(offsets[-1]), moves), out_offsets)
         return njt(torch.cat([p.values for p in jagged]), out_offsets)
     assert host.inv is not None
     out_lengths = lengths[host.inv]
@@ -113,7 +120,7 @@ def _assemble_on_host(
     if host_movable(jagged):  # with `host_checkable` above: `row_copies_apply` but the rows' length
         if long_rows(jagged, total, perm.numel()):
             layout = RowLayout(host.part_of_row, starts)
-            moved = permute_by_rows(jagged, torch.from_numpy(lengths), torch.from_numpy(host.inv), total, layout)
+            moved = permute_by_rows(jagged, torch.from_numpy(lengths), torch.from_numpy(host.inv), total, layout, moves)
             return njt(moved, out_offsets)
         return njt(permute_by_host_indices(jagged, lengths, offsets, host, total, out_lengths), out_offsets)
     device = jagged[0].values.device

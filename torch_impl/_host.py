@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from ._rows import HostRows
 from ._settings import get_settings
 
 __all__ = [
+    "address_space",
     "fault_in",
     "fault_plan",
     "fault_step",
@@ -197,6 +199,16 @@ def numpy_bytes(x: torch.Tensor) -> np.ndarray:
         a = x.numpy()
         return (a if a.ndim == 1 else a.reshape(-1)).view(np.uint8)
     return x.detach().reshape(-1).view(torch.uint8).numpy()
+
+
+@functools.cache
+def address_space() -> memoryview:
+    """The process's memory as one writable 1-D memoryview of bytes, indexed by address: ``m[a:b]``
+    is the bytes from address ``a`` to ``b``. Made once (one ctypes array type, nothing mapped or
+    read): slices of it are how the host copies name their pieces (`torch_impl._rowcopy`), with no
+    view object per tensor. Nothing checks an address against it: every user checks its ranges
+    against the tensors that own them first (`torch_impl._rowcopy.check_ranges`)."""
+    return memoryview((ctypes.c_char * sys.maxsize).from_address(0)).cast("B")
 
 
 def host_checkable(parts: Sequence[JaggedPart]) -> bool:

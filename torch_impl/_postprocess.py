@@ -20,6 +20,7 @@ from ._entry import entry
 from ._jagged import njt
 from ._parts import check_parts
 from ._permutation import check_permutation
+from ._rowcopy import Moves
 from ._rows import CallRows
 
 __all__ = ["check_batch_func", "postprocess_batch", "postprocess_batch_func", "read_setting"]
@@ -55,10 +56,13 @@ def _postprocess_batch(
     output_lst, perm, checked = _check(output_lst, indices, use_dynamic_bsz, pad_mode)
     model_output: dict[str, Any] = {}
     rows: CallRows | None = None
+    moves: Moves = []  # every key's outputs and plans first, then every host copy (`Moves`)
     for key, parts in checked.items():
         if rows is None:
             rows = CallRows([p.rows for p in parts], perm)
-        model_output[key] = assemble(parts, perm, key, rows)
+        model_output[key] = assemble(parts, perm, key, rows, moves)
+    for move in moves:
+        move()
 
     losses = [o["loss"] for o in output_lst if "loss" in o]
     metrics = fold_metrics(o["metrics"] for o in output_lst if "metrics" in o)
