@@ -201,8 +201,8 @@ def _copy_pieces(
     check_ranges(out, values, dest[:-1], nbytes, part_of_piece, begin)
     addresses = np.fromiter(map(torch.Tensor.data_ptr, values), dtype=np.int64, count=len(values))
     src = addresses[part_of_piece] + begin
-    target = dest + out.data_ptr()
-    copies = zip(target[:-1].tolist(), target[1:].tolist(), src.tolist(), (src + nbytes).tolist(), strict=True)
+    target = (dest + out.data_ptr()).tolist()  # each piece's destination, then the end of the last
+    copies = zip(target[:-1], target[1:], src.tolist(), (src + nbytes).tolist(), strict=True)
     move = _Copies(fault_plan(out, dest[1:]), copies, (out, *values))
     if moves is None:
         move()
