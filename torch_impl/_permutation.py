@@ -37,6 +37,11 @@ def _flat_indices(
     raises `NotAPermutationError`, as does one outside int64
     (named with its micro-batch and position, never wrapped: a uint64 ``2**64 - 1`` is not ``-1``).
     """
+    if type(partitions) is list and partitions and all(type(p) is list for p in partitions):
+        # the common case (verl's lists of ints), without a loop over the partitions in Python: the
+        # loop below takes each as a sequence (measured, 2 cores, paired: B=1024 in 64 partitions
+        # 133 µs against 175 for the loop, in 16 118 against 129; B=8 in 4 16.5 against 18.5)
+        return _from_lists(dict(enumerate(partitions)), num_rows, at), list(map(len, partitions))
     sizes: list[int] = []
     pieces: dict[int, torch.Tensor] = {}
     lists: dict[int, Any] = {}
