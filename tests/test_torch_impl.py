@@ -844,7 +844,7 @@ def _ranges() -> tuple[torch.Tensor, list[torch.Tensor], dict[str, np.ndarray]]:
 )
 def test_host_copies_refuse_a_piece_outside_its_tensors(field, k, value) -> None:
     """`check_ranges`, the guard of the copies by address: every piece inside its source and the
-    output, to the byte (each bound met exactly passes); one byte outside raises, and nothing is copied."""
+    output, to the byte (each bound met exactly passes); one byte outside raises."""
     from torch_impl._rowcopy import check_ranges
 
     out, sources, pieces = _ranges()
