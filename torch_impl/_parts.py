@@ -221,7 +221,7 @@ def _plain_jagged(parts: Sequence[Any]) -> list[Part] | None:
     lazy conjugate or negative bit) and agreeing with the first (dtype, dimensions, device, trailing
     shape). Their `JaggedPart`s, the loop's result; None where any of this does not hold (the loop
     then raises for the first defect, or converts)."""
-    if not parts or set(map(type, parts)) != {_NJT} or set(map(_AS_IS, parts)) != {(1, None, False)}:
+    if set(map(type, parts)) != {_NJT} or set(map(_AS_IS, parts)) != {(1, None, False)}:  # none: {} != {_NJT}
         return None
     values, offsets = zip(*map(_BUFFERS, parts), strict=True)
     kinds = set(map(_KIND, values))
