@@ -1,7 +1,8 @@
 """The data-movement paths of ``torch_impl`` and the settings that force each one (for tests and properties).
 
 ``torch_impl`` picks a path by device, autograd and shape (see ``docs/kernels.md``); small test inputs
-would otherwise only ever take the element-index path in one chunk per micro-batch. Each path is a set
+would otherwise only ever take the few-rows path on the CPU, or the element-index path in one chunk per
+micro-batch elsewhere. Each path is a set
 of `torch_impl.Settings` values, applied with `torch_impl.use_settings` (scoped to the calling thread).
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,19 +20,24 @@ __all__ = ["KERNELS", "forced"]
 
 #: path -> the `torch_impl.Settings` fields that force it
 KERNELS: dict[str, dict[str, Any]] = {
-    "row_copies": {"row_copy_min_elements": 0},
-    "element_indices": {"row_copy_min_elements": math.inf},
+    "row_copies": {"row_copy_min_elements": 0, "cpu_few_rows": 0},
+    "element_indices": {"row_copy_min_elements": math.inf, "cpu_few_rows": 0},
     "element_indices_one_value_per_chunk": {
         "row_copy_min_elements": math.inf,
         "index_chunk_bytes": 1,
         "cpu_index_chunk": 1,
+        "cpu_few_rows": 0,
     },
     # 3 value rows a chunk on the CPU; elsewhere 12 bytes: 3 float32 values, 6 bfloat16, 1 of a [b, (j), 3] float32 key
     "element_indices_few_values_per_chunk": {
         "row_copy_min_elements": math.inf,
         "index_chunk_bytes": 12,
         "cpu_index_chunk": 3,
+        "cpu_few_rows": 0,
     },
+    # a CPU jagged key's bookkeeping in Python ints and a copy a row, whatever its rows and bytes
+    # (`torch_impl._fewrows`; without a page-faulting plan, which it does not make)
+    "few_rows": {"cpu_few_rows": sys.maxsize, "cpu_prefault_min_bytes": math.inf},
 }
 
 

@@ -152,6 +152,16 @@ def test_crossover_script_runs() -> None:
     assert all(r["seconds"]["row_copies"] > 0 and r["seconds"]["element_indices"] > 0 for r in rows)
 
 
+def test_few_rows_crossover_runs(capsys) -> None:
+    from rebatch.bench.crossover import few_rows_crossover, main
+
+    rows = few_rows_crossover([2, 8], 4, 16, min_time=0.0)
+    assert [r["rows"] for r in rows] == [2, 8]
+    assert all(r["seconds"]["few_rows"] > 0 and r["seconds"]["numpy"] > 0 for r in rows)
+    assert main(["--few-rows", "--batches", "4", "--lengths", "8", "--min-time", "0"]) == 0
+    assert "NumPy / few rows" in capsys.readouterr().out
+
+
 def test_cuda_check_dry_run_passes_on_the_cpu(capsys) -> None:
     from rebatch.bench.cuda_check import main
 

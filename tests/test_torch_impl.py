@@ -173,8 +173,15 @@ def _count(b: int) -> Counter[str]:
     return counter.ops
 
 
-def test_operation_count_does_not_grow_with_rows() -> None:
-    small, large = _count(64), _count(4096)
+@pytest.mark.parametrize(
+    ("few_rows", "rows"),
+    [(0, (64, 4096)), (128, (8, 128))],  # the host's NumPy paths; the few-rows path (fewer operations)
+    ids=["numpy_paths", "few_rows"],
+)
+def test_operation_count_does_not_grow_with_rows(few_rows: int, rows: tuple[int, int]) -> None:
+    with torch_impl.use_settings(cpu_few_rows=few_rows):
+        _count(rows[0])  # once first: what a process does once (``numpy_bridge``'s probe) is not counted
+        small, large = _count(rows[0]), _count(rows[1])
     assert sum(small.values()) > 0
     assert small == large, f"ops differ: {small - large} vs {large - small}"
 
@@ -314,7 +321,7 @@ def test_long_rows_take_the_row_copy_path_and_match_verl() -> None:
 
 def _count_long(b: int) -> Counter[str]:
     outs, parts = _outputs(b, 8, seed=b, mean_len=1500)
-    with CountOps() as counter:
+    with torch_impl.use_settings(cpu_few_rows=0), CountOps() as counter:  # not the few-rows path at B=64
         torch_impl.postprocess_batch(outs, parts)
     return counter.ops
 
@@ -351,7 +358,8 @@ def test_partitions_already_in_order_are_one_concatenation(monkeypatch, parts) -
             lengths = rng.integers(0, 100, size=len(part)).tolist()
             mo[f"k{k}"] = jagged(random_tensor(rng, (sum(lengths),), "float32"), lengths)
         outs.append({"model_output": mo})
-    got = torch_impl.postprocess_batch_func(outs, parts, None)
+    with torch_impl.use_settings(cpu_few_rows=0):  # the NumPy host path (the few-rows path copies each row)
+        got = torch_impl.postprocess_batch_func(outs, parts, None)
     assert concat.call_count == 2
     assert_same(got, verl_postprocess_batch_func(outs, parts, None))
 
@@ -403,7 +411,7 @@ def _path_taken(lengths: list[int], trailing: tuple[int, ...], min_elements: flo
         return real(*args)
 
     with (
-        torch_impl.use_settings(row_copy_min_elements=min_elements),
+        torch_impl.use_settings(row_copy_min_elements=min_elements, cpu_few_rows=0),
         mock.patch.object(torch_impl._assemble, "permute_by_rows", row_copies),
     ):
         torch_impl.postprocess_batch(outs, parts)
@@ -711,7 +719,7 @@ def test_a_large_concatenation_is_one_cat_and_a_smaller_one_copies(monkeypatch, 
     parts = [sorted(parts[0])]
     concat = mock.Mock(wraps=torch_impl._rowcopy.concat_by_copies)
     monkeypatch.setattr(torch_impl._rowcopy, "concat_by_copies", concat)
-    with torch_impl.use_settings(cpu_parallel_concat_min_bytes=floor), CountOps() as counter:
+    with torch_impl.use_settings(cpu_parallel_concat_min_bytes=floor, cpu_few_rows=0), CountOps() as counter:
         got = torch_impl.postprocess_batch(outs, parts)
     assert concat.called is (floor != 0)
     assert ("aten.cat.default" in counter.ops) is (floor == 0)
@@ -869,7 +877,7 @@ def test_planned_copies_are_made_when_run_and_hold_their_tensors() -> None:
     want = torch_impl.postprocess_batch(outs, parts)["model_output"]
     perm = check_permutation(parts, 64)
     moves: list[Any] = []
-    with torch_impl.use_settings(row_copy_min_elements=0):
+    with torch_impl.use_settings(row_copy_min_elements=0, cpu_few_rows=0):
         got = {k: assemble(check_parts([o["model_output"][k] for o in outs], k), perm, k, None, moves) for k in want}
     assert len(moves) == 2
     watch = [weakref.ref(o["model_output"]["k0"]._values) for o in outs]
@@ -886,3 +894,108 @@ def test_planned_copies_are_made_when_run_and_hold_their_tensors() -> None:
     del moves
     gc.collect()
     assert all(w() is None for w in watch)
+
+
+def _few_rows_outputs(rng: np.random.Generator, parts: list[list[int]], dtype: str, trailing: tuple[int, ...]):
+    """One jagged key ``x`` per micro-batch of ``parts``: rows of 0 to 6 values (empty rows included)."""
+    outs = []
+    for part in parts:
+        lengths = rng.integers(0, 7, size=len(part)).tolist()
+        outs.append({"model_output": {"x": jagged(random_tensor(rng, (sum(lengths), *trailing), dtype), lengths)}})
+    return outs
+
+
+@pytest.mark.parametrize("trailing", [(), (3,), (2, 5), (0,)])
+@pytest.mark.parametrize("dtype", [*DTYPES, "complex64"])
+def test_the_few_rows_path_gives_the_numpy_paths_result_bit_for_bit(monkeypatch, dtype, trailing) -> None:
+    """Below ``cpu_few_rows`` rows a CPU jagged key is assembled with Python-int bookkeeping and a copy
+    a row (`torch_impl._fewrows`); its result is the NumPy host path's and verl's, NaN payloads, dtype
+    and shape included: permuted, with an empty micro-batch, in order (the identity), one micro-batch."""
+    few = mock.Mock(wraps=torch_impl._assemble.assemble_few_rows)
+    monkeypatch.setattr(torch_impl._assemble, "assemble_few_rows", few)
+    rng = np.random.default_rng(len(trailing))
+    perm = rng.permutation(40).tolist()
+    cases = [[perm[:7], [], perm[7:30], perm[30:]], [list(range(25)), list(range(25, 40))], [perm], [[0]]]
+    for parts in cases:
+        outs = _few_rows_outputs(rng, parts, dtype, trailing)
+        with torch_impl.use_settings(cpu_few_rows=0):
+            want = torch_impl.postprocess_batch(outs, parts)["model_output"]["x"]
+        assert few.call_count == 0
+        got = torch_impl.postprocess_batch_func(outs, parts, None)["model_output"]["x"]
+        assert few.call_count == 1
+        few.reset_mock()
+        assert_same(got, want)
+        assert_same(got, verl_postprocess_batch_func(outs, parts, None)["model_output"]["x"])
+
+
+def test_the_few_rows_path_stops_at_its_rows_and_at_the_prefault_floor(monkeypatch) -> None:
+    """``cpu_few_rows`` rows take it, one more does not; nor does an output of ``cpu_prefault_min_bytes``
+    (its pages are faulted in by the NumPy path), nor values that require grad."""
+    few = mock.Mock(wraps=torch_impl._assemble.assemble_few_rows)
+    monkeypatch.setattr(torch_impl._assemble, "assemble_few_rows", few)
+    rng = np.random.default_rng(5)
+    for rows, taken in ((12, True), (13, False)):
+        parts = [rng.permutation(rows).tolist()]
+        outs = _few_rows_outputs(rng, parts, "float32", ())
+        with torch_impl.use_settings(cpu_few_rows=12):
+            got = torch_impl.postprocess_batch(outs, parts)
+        assert few.call_count == taken
+        few.reset_mock()
+        assert_same(got["model_output"], verl_postprocess_batch_func(outs, parts, None)["model_output"])
+    outs = [{"model_output": {"x": jagged(torch.zeros(64, 4), [10, 20, 30, 4])}}]  # 1024 bytes
+    for floor, taken in ((1025, True), (1024, False)):
+        with torch_impl.use_settings(cpu_prefault_min_bytes=floor):
+            torch_impl.postprocess_batch(outs, [[3, 1, 0, 2]])
+        assert few.call_count == taken
+        few.reset_mock()
+    values = torch.zeros(64, 4, requires_grad=True)
+    torch_impl.postprocess_batch([{"model_output": {"x": jagged(values, [10, 20, 30, 4])}}], [[3, 1, 0, 2]])
+    assert few.call_count == 0
+
+
+@pytest.mark.parametrize(
+    ("offsets", "message"),
+    [
+        ([1, 2, 3], r"micro-batch 1: offsets\[0\] must be 0, got 1"),
+        ([0, 2, 1, 3], r"micro-batch 1: offsets must be non-decreasing, got offsets\[1\] = 2 > offsets\[2\] = 1"),
+        ([0, 1, 2], r"micro-batch 1: offsets\[-1\] must equal len\(values\) = 3, got 2"),
+    ],
+)
+def test_the_few_rows_path_rejects_bad_offsets_as_the_numpy_path_does(offsets, message) -> None:
+    """The same checks and messages on both host paths (`check_few_offsets`, `host_lengths`), the defect
+    in the second micro-batch after a valid first."""
+    good = jagged(torch.arange(4.0), [1, 3])
+    bad = torch_impl._jagged.njt(torch.arange(3.0), torch.tensor(offsets, dtype=torch.int64))
+    outs = [{"model_output": {"lp": good}}, {"model_output": {"lp": bad}}]
+    rows = 2 + len(offsets) - 1
+    parts = [[0, rows - 1], list(range(1, rows - 1))]
+    for few_rows in (0, 128):
+        with torch_impl.use_settings(cpu_few_rows=few_rows), pytest.raises(errors.InvalidJaggedError, match=message):
+            torch_impl.postprocess_batch(outs, parts)
+
+
+def test_the_few_rows_knob_refuses_bad_counts() -> None:
+    bad: Any
+    for bad in (-1, 1.5, True, None):
+        with pytest.raises(ValueError, match="cpu_few_rows"):
+            torch_impl.Settings(cpu_few_rows=bad)
+    assert torch_impl.Settings(cpu_few_rows=0).cpu_few_rows == 0
+
+
+def test_a_few_rows_copy_past_its_output_is_refused(monkeypatch) -> None:
+    """The few-rows path's guard: a defect that left the rows' lengths (which size the output) out of
+    step with their spans raises before any byte is written past the output."""
+    from torch_impl import _fewrows
+    from torch_impl._parts import check_parts
+
+    x = jagged(torch.arange(6.0), [2, 4])
+    parts = check_parts([x], "lp")
+    real = _fewrows.check_few_offsets
+
+    def short(parts: Any, key: Any) -> Any:
+        lengths, offsets = real(parts, key)
+        return [n - 1 for n in lengths], offsets  # two value rows fewer than the spans hold
+
+    monkeypatch.setattr(_fewrows, "check_few_offsets", short)
+    with pytest.raises(RuntimeError, match="a defect of rebatch"):
+        _fewrows.assemble_few_rows(parts, "lp", [1, 0])

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from ._dense import assemble_dense
+from ._fewrows import assemble_few_rows, few_rows_apply
 from ._host import host_checkable, host_lengths, host_movable, numpy_bridge, permute_by_host_indices, scatter_rows
 from ._indexcopy import permute_by_indices
 from ._jagged import fresh_njt as njt, zero_prefixed_cumsum
@@ -103,6 +104,8 @@ def _assemble_on_host(
     """`assemble` of CPU jagged parts with the bookkeeping in NumPy (`torch_impl._host`): the same checks,
     offsets and values; the values moved by row copies, by NumPy scatters (no gradient to carry) or
     by the differentiable element-index path."""
+    if few_rows_apply(jagged, sum(rows.rows)) and host_movable(jagged):
+        return assemble_few_rows(jagged, key, None if perm is None else rows.inverse_list())
     host = rows.host()
     lengths, starts = host_lengths(jagged, key, host)
     out_offsets = torch.empty(lengths.shape[0] + 1, dtype=torch.int64)

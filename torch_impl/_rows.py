@@ -42,6 +42,7 @@ class CallRows:
         self._made: dict[tuple[str, torch.device], torch.Tensor] = {}
         self._host: HostRows | None = None
         self._in_order: bool | None = None
+        self._inverse_list: list[int] | None = None
 
     def in_order(self) -> bool:
         """Whether the permutation is the identity, so the parts laid end to end already are in original
@@ -67,6 +68,17 @@ class CallRows:
             steps = np.arange(part_of_row.shape[0], dtype=np.int64) + part_of_row
             self._host = HostRows(part_of_row, steps, bounds, perm, inv)
         return self._host
+
+    def inverse_list(self) -> list[int]:
+        """``inv[perm[k]] == k`` as Python ints (built on first use; the few-rows path, `torch_impl._fewrows`)."""
+        if self._inverse_list is None:
+            assert self._perm is not None
+            perm = self._perm.tolist()
+            inv = [0] * len(perm)
+            for k, i in enumerate(perm):
+                inv[i] = k
+            self._inverse_list = inv
+        return self._inverse_list
 
     def _once(self, what: str, device: torch.device, make: Callable[[], torch.Tensor]) -> torch.Tensor:
         key = (what, device)

@@ -91,6 +91,16 @@ class Settings:
     #: unmapped with it, never on heap pages reused later (unless the process raised
     #: ``M_MMAP_THRESHOLD`` itself). ``math.inf``: never.
     cpu_hugepage_min_bytes: float = 32 * 2**20
+    #: Rows (B) up to which a CPU jagged key movable by the host and under ``cpu_prefault_min_bytes``
+    #: is assembled with its bookkeeping in Python ints and one copy by address a row
+    #: (`torch_impl._fewrows`) instead of NumPy operations (about forty a key, a few microseconds
+    #: each whatever their size). Its Python work grows with the rows; measured on 2 cores, torch 2.13,
+    #: one float32 key, whole calls, the NumPy paths' time over its own (`python -m
+    #: rebatch.bench.crossover --few-rows --batches 8 16 32 64 128 192 256 --lengths 16 512`): mean
+    #: length 16, M=4: 1.74x at B=8, 1.40-1.50x at 16-64, 1.19x at 128, 1.09x at 192, 1.00x at
+    #: 256; mean length 512, M=4: 1.40x at 8, 1.28x at 64, 1.19x at 128, 1.10x at 256; mean length
+    #: 16, M=16: 1.28x at 16, 1.12x at 128, 1.04x at 256. 0: never.
+    cpu_few_rows: int = 128
 
     def __post_init__(self) -> None:
         if not self.row_copy_min_elements >= 0:
@@ -117,6 +127,10 @@ class Settings:
             raise ValueError(f"cpu_parallel_concat_min_bytes must be >= 0, got {self.cpu_parallel_concat_min_bytes}")
         if not self.cpu_hugepage_min_bytes >= 0:
             raise ValueError(f"cpu_hugepage_min_bytes must be >= 0, got {self.cpu_hugepage_min_bytes}")
+        if isinstance(self.cpu_few_rows, bool) or not isinstance(self.cpu_few_rows, int):
+            raise ValueError(f"cpu_few_rows must be an integer, got {self.cpu_few_rows!r}")
+        if self.cpu_few_rows < 0:
+            raise ValueError(f"cpu_few_rows must be >= 0, got {self.cpu_few_rows}")
 
 
 _current: ContextVar[Settings] = ContextVar("torch_impl_settings", default=Settings())  # noqa: B039 (frozen)

@@ -1,10 +1,13 @@
-"""Where CPU row copies overtake element indices: the measurement behind ``Settings.row_copy_min_elements``.
+"""Where one CPU path overtakes another: the measurements behind ``Settings.row_copy_min_elements`` and
+``Settings.cpu_few_rows``.
 
-Times `torch_impl.postprocess_batch_func` on the calling thread with each path forced (row copies,
-element indices), alternating, for a few mean row lengths at one B and M (one float32 key, the
-benchmark grid's long-tailed lengths), and prints the ratio and the first length where row copies win.
+Times `torch_impl.postprocess_batch_func` on the calling thread with each path forced, alternating (one
+float32 key, the benchmark grid's long-tailed lengths), and prints the ratios: row copies against
+element indices for a few mean row lengths at one B and M; with ``--few-rows``, the few-rows path
+against the NumPy host paths for a few B at one mean length and M.
 
     python -m rebatch.bench.crossover [--rows 1024] [--micro-batches 16] [--lengths 32 64 128 256 512 1024]
+    python -m rebatch.bench.crossover --few-rows [--batches 8 16 32 64 128 256] [--micro-batches 4] [--lengths 16]
 
 Figures taken on a busy machine are contended: rerun on a quiet one before changing the setting.
 """
@@ -25,7 +28,7 @@ from property_tests.kernels import forced
 from .cases import Case, make_inputs
 from .run import _median_times
 
-__all__ = ["crossover", "main"]
+__all__ = ["crossover", "few_rows_crossover", "main"]
 
 
 def crossover(rows: int, micro_batches: int, lengths: list[int], *, min_time: float = 0.3) -> list[dict[str, Any]]:
@@ -54,14 +57,56 @@ def crossover(rows: int, micro_batches: int, lengths: list[int], *, min_time: fl
     return out
 
 
+def few_rows_crossover(
+    batches: list[int], micro_batches: int, length: int, *, min_time: float = 0.3
+) -> list[dict[str, Any]]:
+    """One row per B: seconds of the few-rows path and of the NumPy host paths (``cpu_few_rows`` 0), and
+    ``numpy / few_rows`` (above 1: the few-rows path faster)."""
+    out = []
+    for rows in batches:
+        inputs = make_inputs(Case(rows, length, min(micro_batches, rows), 1, "float32", 2))
+        calls: dict[str, Callable[[], Any]] = {}
+        for path, few in (("few_rows", rows), ("numpy", 0)):
+
+            def call(few: int = few, inputs: Any = inputs) -> Any:
+                with torch_impl.use_settings(cpu_few_rows=few):
+                    return torch_impl.postprocess_batch_func(inputs.output_lst, inputs.indices, None)
+
+            calls[path] = call
+        seconds = _median_times(calls, "cpu", min_time=min_time)
+        out.append({"rows": rows, "seconds": seconds, "numpy_over_few_rows": seconds["numpy"] / seconds["few_rows"]})
+    return out
+
+
+def _print_few_rows(results: list[dict[str, Any]], micro_batches: int, length: int) -> None:
+    print(f"mean length {length}, M={micro_batches}, float32, torch {torch.__version__}")
+    print("B | few rows ms | NumPy paths ms | NumPy / few rows")
+    for r in results:
+        s = r["seconds"]
+        print(f"{r['rows']} | {s['few_rows'] * 1e3:.3g} | {s['numpy'] * 1e3:.3g} | {r['numpy_over_few_rows']:.2f}")
+    print(f"Settings.cpu_few_rows = {torch_impl.get_settings().cpu_few_rows}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rebatch.bench.crossover", description=__doc__)
     parser.add_argument("--rows", type=int, default=1024)
     parser.add_argument("--micro-batches", type=int, default=16)
-    parser.add_argument("--lengths", type=int, nargs="+", default=[32, 64, 128, 256, 512, 1024])
+    parser.add_argument("--lengths", type=int, nargs="+", default=None)
     parser.add_argument("--min-time", type=float, default=0.3)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--few-rows", action="store_true", help="the few-rows path against the NumPy host paths")
+    parser.add_argument("--batches", type=int, nargs="+", default=[8, 16, 32, 64, 128, 256])
     args = parser.parse_args(argv)
+    if args.few_rows:
+        found: list[dict[str, Any]] = []
+        for length in args.lengths or [16]:
+            found += few_rows_crossover(args.batches, args.micro_batches, length, min_time=args.min_time)
+            if not args.json:
+                _print_few_rows(found[-len(args.batches) :], args.micro_batches, length)
+        if args.json:
+            print(json.dumps(found, indent=1))
+        return 0
+    args.lengths = args.lengths or [32, 64, 128, 256, 512, 1024]
     results = crossover(args.rows, args.micro_batches, args.lengths, min_time=args.min_time)
     if args.json:
         print(json.dumps(results, indent=1))

@@ -1,0 +1,98 @@
+"""Few rows on the host: a small CPU call's jagged bookkeeping in Python ints, each row one copy by address.
+
+A call of a few rows (B=8 in 4 micro-batches: a unit test, an evaluation step, a single prompt's
+group) is bound by the number of operations, not bytes: each NumPy operation of the host path
+(`torch_impl._host`) costs one to a few microseconds whatever its size, and that path makes about
+forty per key (the offsets read through a ``cat``, the checks, the row lengths, the inverse, the
+output offsets, the destinations of every value row, the scatter). Below ``Settings.cpu_few_rows``
+rows, and below ``Settings.cpu_prefault_min_bytes`` of output (no page faulting to plan), this does
+the same work on Python ints: each part's offsets are read as a list (``Tensor.tolist``, a fraction of
+a microsecond for a few rows), checked (`check_few_offsets`: the checks of
+`torch_impl._parts.check_offsets`, raising through the same `_explain_bad_offsets`), and each output
+row is one slice assignment between two slices of `torch_impl._host.address_space` at the rows'
+addresses (a ``memcpy`` of whole value rows: bytes as bytes, every dtype bit for bit). The operations
+grow with the rows, which is why this stops at a few: the crossover is measured in
+``Settings.cpu_few_rows``. The copies are made at once, not planned (`torch_impl._rowcopy.Moves`):
+a few rows under a megabyte leave no key's bookkeeping to run in caches they would fill.
+
+Every range copied lies inside its tensors. A row's source is the span between two consecutive
+offsets of its part, both checked (they start at 0, never decrease and end at the part's number of
+value rows, and the values are contiguous: `torch_impl._host.host_movable`), so it lies inside the
+part's values; the destinations follow one another from the output's start, and each copy is
+refused (`RuntimeError`, a defect of this package, never of the input) before it would write past
+the output's end: the guard the row copies' `torch_impl._rowcopy.check_ranges` is to them, one
+comparison a row.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ._host import address_space
+from ._jagged import fresh_njt
+from ._parts import JaggedPart, _explain_bad_offsets
+from ._settings import get_settings
+
+__all__ = ["assemble_few_rows", "check_few_offsets", "few_rows_apply"]
+
+
+def few_rows_apply(parts: Sequence[JaggedPart], rows: int) -> bool:
+    """At most ``Settings.cpu_few_rows`` rows and under ``Settings.cpu_prefault_min_bytes`` of values
+    (the output's size), for parts the host paths may read and move (the caller has checked that)."""
+    settings = get_settings()
+    if rows > settings.cpu_few_rows:
+        return False
+    nbytes = sum(p.values.numel() for p in parts) * parts[0].values.element_size()
+    return nbytes < settings.cpu_prefault_min_bytes
+
+
+def check_few_offsets(parts: Sequence[JaggedPart], key: Any) -> tuple[list[int], list[list[int]]]:
+    """`torch_impl._parts.check_offsets` on Python ints: every part's ``offsets[0] == 0``, non-decreasing,
+    ``offsets[-1] == len(values)`` (`InvalidJaggedError` otherwise, the same message). Returns every
+    row's length (concatenation order) and each part's offsets as a list."""
+    offsets = [p.offsets.tolist() for p in parts]
+    lengths: list[int] = []
+    for p, o in zip(parts, offsets, strict=True):
+        if o[0] != 0 or o[-1] != p.values.shape[0]:
+            _explain_bad_offsets(parts, key)
+        lengths += map(operator.sub, o[1:], o)
+    if lengths and min(lengths) < 0:
+        _explain_bad_offsets(parts, key)
+    return lengths, offsets
+
+
+def assemble_few_rows(parts: Sequence[JaggedPart], key: Any, inv: list[int] | None) -> torch.Tensor:
+    """The jagged result ``[B, (j), *F]`` of ``parts`` (CPU, movable by the host, `few_rows_apply`):
+    ``[rows[k] for k in inv]``, where ``rows`` are the parts' rows end to end and ``inv`` the inverse
+    permutation (None: the rows in their order), checked first (`check_few_offsets`)."""
+    lengths, offsets = check_few_offsets(parts, key)
+    first = parts[0].values
+    row_bytes = first.element_size() * math.prod(first.shape[1:])
+    spans: list[tuple[int, int]] = []  # each row's first and past-the-last byte (concatenation order)
+    for p, o in zip(parts, offsets, strict=True):
+        base = p.values.data_ptr()
+        at = [base + i * row_bytes for i in o]
+        spans += itertools.pairwise(at)
+    if inv is not None:
+        lengths = [lengths[k] for k in inv]
+        spans = [spans[k] for k in inv]
+    out_offsets = list(itertools.accumulate(lengths, initial=0))
+    out = first.new_empty((out_offsets[-1], *first.shape[1:]))
+    if row_bytes:
+        memory, dest = address_space(), out.data_ptr()
+        end = dest + out_offsets[-1] * row_bytes
+        for begin, stop in spans:
+            size = stop - begin
+            if size < 0 or dest + size > end:
+                raise RuntimeError("rebatch: a few-rows copy would fall outside its output (a defect of rebatch)")
+            memory[dest : dest + size] = memory[begin:stop]
+            dest += size
+    offsets_out = torch.empty(len(out_offsets), dtype=torch.int64)
+    offsets_out.numpy()[:] = out_offsets  # NumPy converts Python ints in a fraction of torch.tensor's time
+    return fresh_njt(out, offsets_out)
