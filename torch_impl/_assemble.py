@@ -7,6 +7,8 @@ the element-index path), never growing with the number of rows or parts:
 - dense parts ``[b_m, *F]``: on the host (CPU, no autograd, from ``Settings.cpu_dense_host_min_elements``)
   by copies or NumPy scatters of whole rows (`torch_impl._host.scatter_rows`), otherwise
   `torch_impl._dense`;
+- jagged CPU parts of a few rows (`torch_impl._fewrows`: up to ``Settings.cpu_few_rows``, under
+  ``Settings.cpu_prefault_min_bytes``, no autograd): the bookkeeping in Python ints, one copy a row;
 - jagged parts without a permutation, or with the identity (`CallRows.in_order`): the values laid
   end to end (on the host, ``memcpy`` of pieces of each part, `torch_impl._rowcopy.concat_by_copies`; otherwise
   one ``cat``), the offsets from all row lengths;
@@ -101,9 +103,10 @@ def _dense_on_host(
 def _assemble_on_host(
     jagged: Sequence[JaggedPart], perm: torch.Tensor | None, key: Any, rows: CallRows, moves: Moves | None
 ) -> torch.Tensor:
-    """`assemble` of CPU jagged parts with the bookkeeping in NumPy (`torch_impl._host`): the same checks,
-    offsets and values; the values moved by row copies, by NumPy scatters (no gradient to carry) or
-    by the differentiable element-index path."""
+    """`assemble` of CPU jagged parts with the bookkeeping on the host: in Python ints for a few rows
+    (`torch_impl._fewrows`), otherwise in NumPy (`torch_impl._host`): the same checks, offsets and
+    values; the values moved by copies a row, by NumPy scatters (no gradient to carry) or by the
+    differentiable element-index path."""
     if few_rows_apply(jagged, sum(rows.rows)) and host_movable(jagged):
         return assemble_few_rows(jagged, key, None if perm is None else rows.inverse_list())
     host = rows.host()
