@@ -863,9 +863,11 @@ def test_host_copies_refuse_a_piece_outside_its_tensors(field, k, value) -> None
         check_ranges(out, sources, *pieces.values())
 
 
-def test_planned_copies_are_made_when_run_and_hold_their_tensors() -> None:
+@pytest.mark.parametrize("few_rows", [0, 128], ids=["row_copies", "few_rows"])
+def test_planned_copies_are_made_when_run_and_hold_their_tensors(few_rows: int) -> None:
     """With a ``moves`` list, `assemble` returns outputs whose values come only when the moves run, and
-    the moves keep the parts they read alive: the caller may drop every input first."""
+    the moves keep the parts they read alive: the caller may drop every input first (the row copies
+    and the few-rows path)."""
     import gc
     import weakref
 
@@ -877,7 +879,7 @@ def test_planned_copies_are_made_when_run_and_hold_their_tensors() -> None:
     want = torch_impl.postprocess_batch(outs, parts)["model_output"]
     perm = check_permutation(parts, 64)
     moves: list[Any] = []
-    with torch_impl.use_settings(row_copy_min_elements=0, cpu_few_rows=0):
+    with torch_impl.use_settings(row_copy_min_elements=0, cpu_few_rows=few_rows):
         got = {k: assemble(check_parts([o["model_output"][k] for o in outs], k), perm, k, None, moves) for k in want}
     assert len(moves) == 2
     watch = [weakref.ref(o["model_output"]["k0"]._values) for o in outs]
@@ -999,3 +1001,7 @@ def test_a_few_rows_copy_past_its_output_is_refused(monkeypatch) -> None:
     monkeypatch.setattr(_fewrows, "check_few_offsets", short)
     with pytest.raises(RuntimeError, match="a defect of rebatch"):
         _fewrows.assemble_few_rows(parts, "lp", [1, 0])
+    moves: list[Any] = []
+    _fewrows.assemble_few_rows(parts, "lp", [1, 0], moves)  # planned: refused when it runs
+    with pytest.raises(RuntimeError, match="a defect of rebatch"):
+        moves[0]()

@@ -108,7 +108,7 @@ def _assemble_on_host(
     values; the values moved by copies a row, by NumPy scatters (no gradient to carry) or by the
     differentiable element-index path."""
     if few_rows_apply(jagged, sum(rows.rows)) and host_movable(jagged):
-        return assemble_few_rows(jagged, key, None if perm is None else rows.inverse_list())
+        return assemble_few_rows(jagged, key, None if perm is None else rows.inverse_list(), moves)
     host = rows.host()
     lengths, starts = host_lengths(jagged, key, host)
     out_offsets = torch.empty(lengths.shape[0] + 1, dtype=torch.int64)

@@ -12,8 +12,8 @@ a microsecond for a few rows), checked (`check_few_offsets`: the checks of
 row is one slice assignment between two slices of `torch_impl._host.address_space` at the rows'
 addresses (a ``memcpy`` of whole value rows: bytes as bytes, every dtype bit for bit). The operations
 grow with the rows, which is why this stops at a few: the crossover is measured in
-``Settings.cpu_few_rows``. The copies are made at once, not planned (`torch_impl._rowcopy.Moves`):
-a few rows under a megabyte leave no key's bookkeeping to run in caches they would fill.
+``Settings.cpu_few_rows``. Like the row copies, the copies can be planned
+(`torch_impl._rowcopy.Moves`): a call checks every key before any key's copies run.
 
 Every range copied lies inside its tensors. A row's source is the span between two consecutive
 offsets of its part, both checked (they start at 0, never decrease and end at the part's number of
@@ -26,6 +26,7 @@ comparison a row.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import operator
@@ -37,6 +38,7 @@ import torch
 from ._host import address_space
 from ._jagged import fresh_njt
 from ._parts import JaggedPart, _explain_bad_offsets
+from ._rowcopy import Moves
 from ._settings import get_settings
 
 __all__ = ["assemble_few_rows", "check_few_offsets", "few_rows_apply"]
@@ -67,10 +69,13 @@ def check_few_offsets(parts: Sequence[JaggedPart], key: Any) -> tuple[list[int],
     return lengths, offsets
 
 
-def assemble_few_rows(parts: Sequence[JaggedPart], key: Any, inv: list[int] | None) -> torch.Tensor:
+def assemble_few_rows(
+    parts: Sequence[JaggedPart], key: Any, inv: list[int] | None, moves: Moves | None = None
+) -> torch.Tensor:
     """The jagged result ``[B, (j), *F]`` of ``parts`` (CPU, movable by the host, `few_rows_apply`):
     ``[rows[k] for k in inv]``, where ``rows`` are the parts' rows end to end and ``inv`` the inverse
-    permutation (None: the rows in their order), checked first (`check_few_offsets`)."""
+    permutation (None: the rows in their order), checked first (`check_few_offsets`). ``moves``: see
+    `torch_impl._rowcopy.Moves` (None: the copies are made before returning)."""
     lengths, offsets = check_few_offsets(parts, key)
     first = parts[0].values
     row_bytes = first.element_size() * math.prod(first.shape[1:])
@@ -85,14 +90,25 @@ def assemble_few_rows(parts: Sequence[JaggedPart], key: Any, inv: list[int] | No
     out_offsets = list(itertools.accumulate(lengths, initial=0))
     out = first.new_empty((out_offsets[-1], *first.shape[1:]))
     if row_bytes:
-        memory, dest = address_space(), out.data_ptr()
-        end = dest + out_offsets[-1] * row_bytes
-        for begin, stop in spans:
-            size = stop - begin
-            if size < 0 or dest + size > end:
-                raise RuntimeError("rebatch: a few-rows copy would fall outside its output (a defect of rebatch)")
-            memory[dest : dest + size] = memory[begin:stop]
-            dest += size
+        copy = functools.partial(_copy_spans, out, spans, tuple(p.values for p in parts))
+        if moves is None:
+            copy()
+        else:
+            moves.append(copy)
     offsets_out = torch.empty(len(out_offsets), dtype=torch.int64)
     offsets_out.numpy()[:] = out_offsets  # NumPy converts Python ints in a fraction of torch.tensor's time
     return fresh_njt(out, offsets_out)
+
+
+def _copy_spans(out: torch.Tensor, spans: list[tuple[int, int]], owners: tuple[torch.Tensor, ...]) -> None:
+    """Each span's bytes (``(first, past the last)`` addresses, all inside ``owners``, which this holds
+    until it has run), one after the other from ``out``'s first byte, each refused before it would pass
+    ``out``'s last (`RuntimeError`: a defect of this package)."""
+    memory, dest = address_space(), out.data_ptr()
+    end = dest + out.numel() * out.element_size()
+    for begin, stop in spans:
+        size = stop - begin
+        if size < 0 or dest + size > end:
+            raise RuntimeError("rebatch: a few-rows copy would fall outside its output (a defect of rebatch)")
+        memory[dest : dest + size] = memory[begin:stop]
+        dest += size
