@@ -1005,3 +1005,59 @@ def test_a_few_rows_copy_past_its_output_is_refused(monkeypatch) -> None:
     _fewrows.assemble_few_rows(parts, "lp", [1, 0], moves)  # planned: refused when it runs
     with pytest.raises(RuntimeError, match="a defect of rebatch"):
         moves[0]()
+
+
+def test_touch_pages_writes_one_line_of_zeros_at_each_whole_page_and_nothing_else() -> None:
+    """`touch_pages`: the first 64 bytes of every whole page inside the tensor become zeros; every other
+    byte, inside the tensor or around it (partial pages at either end included), is left as it was."""
+    from torch_impl._host import touch_pages
+
+    base = torch.full((7 * 4096 + 300,), 0xAB, dtype=torch.uint8)
+    for begin, end in ((37, 6 * 4096 + 200), (4096 - base.data_ptr() % 4096, 7 * 4096), (5, 4000)):
+        base.fill_(0xAB)
+        x = base[begin:end]
+        touch_pages(x.view(torch.float32) if (end - begin) % 4 == 0 else x)
+        want = np.full(base.shape[0], 0xAB, dtype=np.uint8)
+        ptr = base.data_ptr()
+        first = -(-(ptr + begin) // 4096) * 4096 - ptr
+        for page in range(first, end - 4096 + 1, 4096):
+            want[page : page + 64] = 0
+        assert np.array_equal(base.numpy(), want), (begin, end)
+
+
+@pytest.mark.parametrize("threads", [2, 1])
+def test_large_outputs_fault_in_on_torchs_threads(monkeypatch, threads: int) -> None:
+    """From ``cpu_parallel_fault_min_bytes``, where torch has more than one thread, a fresh host output is
+    faulted in by `touch_pages` (no ``MADV_POPULATE_WRITE``, no fault plan); with one thread, by the
+    advice as below it. The same values on every host path (row copies, NumPy scatters, dense rows)."""
+    advice: list[int] = []
+    real_madvise = torch_impl._host._madvise()
+    monkeypatch.setattr(
+        torch_impl._host, "_madvise", lambda: lambda a, n, adv: advice.append(adv) or real_madvise(a, n, adv)
+    )
+    touch = mock.Mock(wraps=torch_impl._host.touch_pages)
+    monkeypatch.setattr(torch_impl._host, "touch_pages", touch)
+    monkeypatch.setattr(torch_impl._host.torch, "get_num_threads", lambda: threads)
+    outs, parts = _outputs(256, 4, mean_len=300)
+    for o in outs:
+        o["model_output"]["d"] = torch.arange(o["model_output"]["k0"].size(0) * 40.0).reshape(-1, 40)
+    plain = torch_impl.postprocess_batch(outs, parts)  # 300 KiB a key: below every floor
+    assert touch.call_count == 0
+    for path in ("row_copies", "element_indices"):
+        with (
+            forced(path),
+            torch_impl.use_settings(
+                cpu_prefault_min_bytes=0, cpu_parallel_fault_min_bytes=0, cpu_dense_host_min_elements=0
+            ),
+        ):
+            got = torch_impl.postprocess_batch(outs, parts)
+        assert_same(got, plain)
+        assert touch.call_count == (2 if threads > 1 else 0), path  # the jagged key and the dense one
+        assert (23 in advice) is (threads == 1)  # MADV_POPULATE_WRITE
+        touch.reset_mock()
+        advice.clear()
+
+
+def test_the_parallel_fault_knob_refuses_a_negative_size() -> None:
+    with pytest.raises(ValueError, match="cpu_parallel_fault_min_bytes"):
+        torch_impl.Settings(cpu_parallel_fault_min_bytes=-1)

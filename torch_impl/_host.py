@@ -36,6 +36,7 @@ __all__ = [
     "fault_in",
     "fault_plan",
     "fault_step",
+    "faulted_in_parallel",
     "fresh_output",
     "host_checkable",
     "host_lengths",
@@ -44,6 +45,7 @@ __all__ = [
     "numpy_bytes",
     "permute_by_host_indices",
     "scatter_rows",
+    "touch_pages",
 ]
 
 #: torch dtypes whose ``Tensor.numpy()`` works (the others, bfloat16 and float8 among them, are read
@@ -109,30 +111,60 @@ def fresh_output(like: torch.Tensor, shape: tuple[int, ...], *, populate: bool =
     """``like.new_empty(shape)``, its whole pages faulted in at once where it spans at least
     ``Settings.cpu_prefault_min_bytes``: one ``madvise(MADV_POPULATE_WRITE)`` of the pages inside the
     buffer (nothing outside it; contents untouched: they are written next) instead of one page fault
-    per 4 KiB as the copy first touches them. From ``Settings.cpu_hugepage_min_bytes``, where the
-    kernel gives huge pages without stalling (`huge_pages_without_stalls`), the whole 2 MiB pages
-    inside the buffer are first advised ``MADV_HUGEPAGE`` (what torch's own allocator does under
-    ``THP_MEM_ALLOC_ENABLE=1``), so each faults in as one transparent huge page. Only the buffer's own
-    pages are advised: a buffer that large is its own mapping (glibc's largest mmap threshold is 32
-    MiB), unmapped when the tensor is freed. Where an advice is unknown (older kernels) or there is no
-    ``madvise``, nothing happens: the copy faults the pages in as before. ``populate=False``: only the
-    huge-page advice; a writer that goes through the buffer in order faults it in as it goes
+    per 4 KiB as the copy first touches them; from ``Settings.cpu_parallel_fault_min_bytes``, where
+    torch has more than one thread, on torch's threads instead (`touch_pages`). From
+    ``Settings.cpu_hugepage_min_bytes``, where the kernel gives huge pages without stalling
+    (`huge_pages_without_stalls`), the whole 2 MiB pages inside the buffer are first advised
+    ``MADV_HUGEPAGE`` (what torch's own allocator does under ``THP_MEM_ALLOC_ENABLE=1``), so each
+    faults in as one transparent huge page. Only the buffer's own pages are advised: a buffer that
+    large is its own mapping (glibc's largest mmap threshold is 32 MiB), unmapped when the tensor is
+    freed. Where an advice is unknown (older kernels) or there is no ``madvise``, nothing happens: the
+    copy faults the pages in as before. ``populate=False``: only the huge-page advice and the parallel
+    faulting; a writer that goes through the buffer in order faults the rest in as it goes
     (`fault_plan`)."""
     out = like.new_empty(shape)
     nbytes = out.numel() * out.element_size()
     settings = get_settings()
-    if nbytes >= settings.cpu_prefault_min_bytes and out.is_cpu:
-        madvise = _madvise()
-        if madvise is not None:  # an error (EINVAL: advice unknown or refused) changes nothing
-            ptr = out.data_ptr()
-            if nbytes >= settings.cpu_hugepage_min_bytes and huge_pages_without_stalls():
-                start, end = _inside(ptr, nbytes, _HUGE_PAGE)
-                if end > start:
-                    madvise(start, end - start, _MADV_HUGEPAGE)
-            start, end = _inside(ptr, nbytes, _PAGE)
-            if end > start and populate:
-                fault_in(start, end - start)
+    if nbytes < settings.cpu_prefault_min_bytes or not out.is_cpu:
+        return out
+    madvise = _madvise()  # an error (EINVAL: advice unknown or refused) changes nothing
+    ptr = out.data_ptr()
+    if madvise is not None and nbytes >= settings.cpu_hugepage_min_bytes and huge_pages_without_stalls():
+        start, end = _inside(ptr, nbytes, _HUGE_PAGE)
+        if end > start:
+            madvise(start, end - start, _MADV_HUGEPAGE)
+    if faulted_in_parallel(nbytes):
+        touch_pages(out)
+    elif madvise is not None and populate:
+        start, end = _inside(ptr, nbytes, _PAGE)
+        if end > start:
+            fault_in(start, end - start)
     return out
+
+
+def faulted_in_parallel(nbytes: int) -> bool:
+    """Whether `fresh_output` faults a CPU output of ``nbytes`` in on torch's threads (`touch_pages`):
+    from ``Settings.cpu_parallel_fault_min_bytes``, where torch has more than one thread."""
+    return nbytes >= get_settings().cpu_parallel_fault_min_bytes and torch.get_num_threads() > 1
+
+
+#: Bytes written at the start of each page by `touch_pages` (a cache line): enough elements that
+#: torch's ``fill_`` splits them among its threads (its grain size is 32768) from 2 MiB of pages.
+_LINE = 64
+
+
+def touch_pages(out: torch.Tensor) -> None:
+    """Fault in the whole pages inside a fresh contiguous CPU tensor on torch's threads: one ``fill_``
+    of the first `_LINE` bytes of each page with zeros (a strided view; the rest of the page is left
+    as the kernel zeroed it), which torch splits among its threads; the writer that comes next
+    overwrites them. Faults are taken in parallel this way, where one ``madvise`` takes them on the
+    calling thread (see ``Settings.cpu_parallel_fault_min_bytes``)."""
+    ptr, nbytes = out.data_ptr(), out.numel() * out.element_size()
+    start, end = _inside(ptr, nbytes, _PAGE)
+    pages = (end - start) // _PAGE
+    if pages > 0:
+        raw = out.detach().reshape(-1).view(torch.uint8)[start - ptr : end - ptr]
+        raw.view(pages, _PAGE)[:, :_LINE].fill_(0)
 
 
 def fault_plan(out: torch.Tensor, ends: np.ndarray) -> list[tuple[int, int, int]]:
@@ -151,8 +183,8 @@ def fault_plan(out: torch.Tensor, ends: np.ndarray) -> list[tuple[int, int, int]
     rows = int(ends.shape[0])
     settings = get_settings()
     nbytes = int(ends[-1]) if rows else 0
-    if nbytes < settings.cpu_prefault_min_bytes or _madvise() is None or not out.is_cpu:
-        return [(rows, 0, 0)]
+    if nbytes < settings.cpu_prefault_min_bytes or _madvise() is None or not out.is_cpu or faulted_in_parallel(nbytes):
+        return [(rows, 0, 0)]  # nothing to fault in, or `fresh_output` has faulted it all in
     ptr = out.data_ptr()
     start, end = _inside(ptr, nbytes, _PAGE)
     if end <= start:

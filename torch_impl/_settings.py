@@ -91,6 +91,17 @@ class Settings:
     #: unmapped with it, never on heap pages reused later (unless the process raised
     #: ``M_MMAP_THRESHOLD`` itself). ``math.inf``: never.
     cpu_hugepage_min_bytes: float = 32 * 2**20
+    #: Output bytes from which a fresh CPU output of the host paths has its pages faulted in on torch's
+    #: threads (`torch_impl._host.touch_pages`: a parallel ``fill_`` of one cache line a page) instead
+    #: of one ``madvise`` (or a fault plan, `torch_impl._host.fault_plan`) on the calling thread, where
+    #: torch has more than one thread. Measured on 2 cores (Linux 6.18, fresh pages each call, whole
+    #: calls, paired, float32, M=16, the fault plan's time over the touch's): quiet, 8 MiB 1.06x, 16
+    #: MiB 1.09x, 32 MiB 1.15x, 64 MiB 1.15x, 128 MiB 1.08x, 256 MiB 1.22x, three bfloat16 keys
+    #: of 84 MiB 1.13x; with one busy process per core, noise in repeated runs: 32 MiB 0.66-1.11x, 64
+    #: MiB 0.88-1.07x, 128 MiB 0.90x, 256 MiB 0.93-1.12x, three keys of 84 MiB 1.14x. From 64 MiB,
+    #: where ``cpu_parallel_concat_min_bytes`` already trusts torch's threads under contention.
+    #: ``math.inf``: never.
+    cpu_parallel_fault_min_bytes: float = 64 * 2**20
     #: Rows (B) up to which a CPU jagged key movable by the host and under ``cpu_prefault_min_bytes``
     #: is assembled with its bookkeeping in Python ints and one copy by address a row
     #: (`torch_impl._fewrows`) instead of NumPy operations (about forty a key, a few microseconds
@@ -127,6 +138,8 @@ class Settings:
             raise ValueError(f"cpu_parallel_concat_min_bytes must be >= 0, got {self.cpu_parallel_concat_min_bytes}")
         if not self.cpu_hugepage_min_bytes >= 0:
             raise ValueError(f"cpu_hugepage_min_bytes must be >= 0, got {self.cpu_hugepage_min_bytes}")
+        if not self.cpu_parallel_fault_min_bytes >= 0:
+            raise ValueError(f"cpu_parallel_fault_min_bytes must be >= 0, got {self.cpu_parallel_fault_min_bytes}")
         if isinstance(self.cpu_few_rows, bool) or not isinstance(self.cpu_few_rows, int):
             raise ValueError(f"cpu_few_rows must be an integer, got {self.cpu_few_rows!r}")
         if self.cpu_few_rows < 0:
