@@ -1032,9 +1032,12 @@ def test_large_outputs_fault_in_on_torchs_threads(monkeypatch, threads: int) -> 
     advice as below it. The same values on every host path (row copies, NumPy scatters, dense rows)."""
     advice: list[int] = []
     real_madvise = torch_impl._host._madvise()
-    monkeypatch.setattr(
-        torch_impl._host, "_madvise", lambda: lambda a, n, adv: advice.append(adv) or real_madvise(a, n, adv)
-    )
+
+    def madvise(start: int, size: int, adv: int) -> int:
+        advice.append(adv)
+        return real_madvise(start, size, adv) if real_madvise is not None else 0
+
+    monkeypatch.setattr(torch_impl._host, "_madvise", lambda: madvise)
     touch = mock.Mock(wraps=torch_impl._host.touch_pages)
     monkeypatch.setattr(torch_impl._host, "touch_pages", touch)
     monkeypatch.setattr(torch_impl._host.torch, "get_num_threads", lambda: threads)
