@@ -180,7 +180,9 @@ def test_versus_runs_both_commits_side_by_side_on_a_tiny_grid() -> None:
     (row,) = results["rows"]
     for column in ("quiet", "contended"):
         s = row[column]
-        assert set(s) == {"baseline", "today", "clone", "speedup", "vs_clone"}
+        assert set(s) == {"baseline", "today", "clone", "speedup", "vs_clone"} | {
+            f"{name}_first" for name in ("baseline", "today", "clone")
+        }
         assert all(v > 0 for v in s.values())
         # one round: the paired ratios are that round's, the ratios of the calls' medians
         assert s["speedup"] == pytest.approx(s["baseline"] / s["today"])
@@ -188,6 +190,36 @@ def test_versus_runs_both_commits_side_by_side_on_a_tiny_grid() -> None:
     text = "\n".join(markdown(results))
     assert "| B=8 L=16 M=4 keys=1 float32 2-D |" in text
     assert "Fixed cost at B=8, L=16, M=4" in text
+    assert "a turn's first call, just after the other worker's turn" in text
+
+
+class _FakeWorker:
+    """A worker whose calls take ``cost`` seconds each, the first of a turn ``cold``; records each turn's
+    number of calls."""
+
+    def __init__(self, cost: float, cold: float) -> None:
+        self.cost, self.cold, self.turns = cost, cold, []
+
+    def ask(self, cmd: str, fn: str, n: int) -> dict:
+        self.turns.append(n)
+        return {"times": [self.cold] + [self.cost] * (n - 1)}
+
+
+def test_versus_turns_last_about_20_ms_for_each_function_by_its_own_cost() -> None:
+    """A cheap function gets as many calls a turn as last 20 ms (at most 50), not the dear one's count:
+    otherwise its median would be of cold calls."""
+    from rebatch.bench.versus import _medians
+
+    base, today, clone = _FakeWorker(0.002, 0.004), _FakeWorker(0.0003, 0.001), _FakeWorker(0.01, 0.01)
+    workers = {"baseline": (base, "impl"), "today": (today, "impl"), "clone": (clone, "clone")}
+    s = _medians(workers, {"baseline": 0.002, "today": 0.0003}, min_time=0.0, rounds=3, seed=0)
+    assert base.turns == [1, 10, 10, 10]  # a warm-up turn, then 20 ms turns
+    assert today.turns == [1, 50, 50, 50]  # 66 would last 20 ms: capped at 50
+    assert clone.turns == [1, 2, 2, 2]  # priced by its warm-up call
+    # the median is warm; the first call is kept apart
+    assert (s["today"], s["today_first"]) == (0.0003, 0.001)
+    assert (s["baseline"], s["baseline_first"]) == (0.002, 0.004)
+    assert s["speedup"] == pytest.approx(0.002 / 0.0003)
 
 
 def test_versus_section_replaces_its_earlier_self(tmp_path) -> None:
