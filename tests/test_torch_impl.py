@@ -1064,3 +1064,17 @@ def test_large_outputs_fault_in_on_torchs_threads(monkeypatch, threads: int) -> 
 def test_the_parallel_fault_knob_refuses_a_negative_size() -> None:
     with pytest.raises(ValueError, match="cpu_parallel_fault_min_bytes"):
         torch_impl.Settings(cpu_parallel_fault_min_bytes=-1)
+
+
+@pytest.mark.parametrize("name", [b[0] for b in torch_impl._settings._BOUNDS])
+def test_every_knob_refuses_a_value_below_its_bound_and_a_non_integer_where_it_counts(name: str) -> None:
+    from torch_impl._settings import _BOUNDS
+
+    integer, least = next((i, lo) for n, i, lo in _BOUNDS if n == name)
+    with pytest.raises(ValueError, match=rf"^{name} must be >= {least}, got {least - 1}$"):
+        torch_impl.Settings(**{name: least - 1})
+    torch_impl.Settings(**{name: least})  # the bound itself is allowed
+    if integer:
+        for bad in (True, 2.0):
+            with pytest.raises(ValueError, match=rf"^{name} must be an integer"):
+                torch_impl.Settings(**{name: bad})

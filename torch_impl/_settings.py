@@ -114,36 +114,28 @@ class Settings:
     cpu_few_rows: int = 128
 
     def __post_init__(self) -> None:
-        if not self.row_copy_min_elements >= 0:
-            raise ValueError(f"row_copy_min_elements must be >= 0, got {self.row_copy_min_elements}")
-        if isinstance(self.index_chunk_bytes, bool) or not isinstance(self.index_chunk_bytes, int):
-            raise ValueError(f"index_chunk_bytes must be an integer, got {self.index_chunk_bytes!r}")
-        if self.index_chunk_bytes < 1:
-            raise ValueError(f"index_chunk_bytes must be >= 1, got {self.index_chunk_bytes}")
-        if isinstance(self.cpu_index_chunk, bool) or not isinstance(self.cpu_index_chunk, int):
-            raise ValueError(f"cpu_index_chunk must be an integer, got {self.cpu_index_chunk!r}")
-        if self.cpu_index_chunk < 1:
-            raise ValueError(f"cpu_index_chunk must be >= 1, got {self.cpu_index_chunk}")
-        if not self.cpu_prefault_min_bytes >= 0:
-            raise ValueError(f"cpu_prefault_min_bytes must be >= 0, got {self.cpu_prefault_min_bytes}")
-        if isinstance(self.cpu_fault_chunk_bytes, bool) or not isinstance(self.cpu_fault_chunk_bytes, int):
-            raise ValueError(f"cpu_fault_chunk_bytes must be an integer, got {self.cpu_fault_chunk_bytes!r}")
-        if self.cpu_fault_chunk_bytes < 1:
-            raise ValueError(f"cpu_fault_chunk_bytes must be >= 1, got {self.cpu_fault_chunk_bytes}")
-        if not self.cpu_fault_chunks_min_bytes >= 0:
-            raise ValueError(f"cpu_fault_chunks_min_bytes must be >= 0, got {self.cpu_fault_chunks_min_bytes}")
-        if not self.cpu_dense_host_min_elements >= 0:
-            raise ValueError(f"cpu_dense_host_min_elements must be >= 0, got {self.cpu_dense_host_min_elements}")
-        if not self.cpu_parallel_concat_min_bytes >= 0:
-            raise ValueError(f"cpu_parallel_concat_min_bytes must be >= 0, got {self.cpu_parallel_concat_min_bytes}")
-        if not self.cpu_hugepage_min_bytes >= 0:
-            raise ValueError(f"cpu_hugepage_min_bytes must be >= 0, got {self.cpu_hugepage_min_bytes}")
-        if not self.cpu_parallel_fault_min_bytes >= 0:
-            raise ValueError(f"cpu_parallel_fault_min_bytes must be >= 0, got {self.cpu_parallel_fault_min_bytes}")
-        if isinstance(self.cpu_few_rows, bool) or not isinstance(self.cpu_few_rows, int):
-            raise ValueError(f"cpu_few_rows must be an integer, got {self.cpu_few_rows!r}")
-        if self.cpu_few_rows < 0:
-            raise ValueError(f"cpu_few_rows must be >= 0, got {self.cpu_few_rows}")
+        for name, integer, least in _BOUNDS:  # in the fields' order: the first bad one is named
+            value = getattr(self, name)
+            if integer and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
+            if not value >= least:
+                raise ValueError(f"{name} must be >= {least}, got {value}")
+
+
+#: Each knob's bound, checked by `Settings.__post_init__`: (field, an integer?, least value).
+_BOUNDS: tuple[tuple[str, bool, int], ...] = (
+    ("row_copy_min_elements", False, 0),
+    ("index_chunk_bytes", True, 1),
+    ("cpu_index_chunk", True, 1),
+    ("cpu_prefault_min_bytes", False, 0),
+    ("cpu_fault_chunk_bytes", True, 1),
+    ("cpu_fault_chunks_min_bytes", False, 0),
+    ("cpu_dense_host_min_elements", False, 0),
+    ("cpu_parallel_concat_min_bytes", False, 0),
+    ("cpu_hugepage_min_bytes", False, 0),
+    ("cpu_parallel_fault_min_bytes", False, 0),
+    ("cpu_few_rows", True, 0),
+)
 
 
 _current: ContextVar[Settings] = ContextVar("torch_impl_settings", default=Settings())  # noqa: B039 (frozen)
