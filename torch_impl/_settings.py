@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import numbers
 from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Any
@@ -115,9 +116,9 @@ class Settings:
 
     def __post_init__(self) -> None:
         for name, integer, least in _BOUNDS:  # in the fields' order: the first bad one is named
-            value = getattr(self, name)
-            if integer and (isinstance(value, bool) or not isinstance(value, int)):
-                raise ValueError(f"{name} must be an integer, got {value!r}")
+            value: float = getattr(self, name)  # an int or a float (``math.inf``) once checked here
+            if isinstance(value, bool) or not isinstance(value, int if integer else numbers.Real):
+                raise ValueError(f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}")
             if not value >= least:
                 raise ValueError(f"{name} must be >= {least}, got {value}")
 
