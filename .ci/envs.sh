@@ -4,6 +4,8 @@
 # torch, the pins environment's files hard-linked) and SkyRL 0.4.0 (Python 3.12, torch 2.13.0). About
 # 16 GB on disk in all (pins 8, AReaL 1.5, SkyRL 6), plus pip's temporary copy of the largest download;
 # pip's cache is off (PIP_NO_CACHE_DIR), so no second copy of the wheels stays behind.
+# Progress for .ci/lanes.sh: .cache/envs/pins.built once the pins environment is built (.ci/run also
+# writes .cache/envs/status, this script's exit status, when it ends).
 # Usage: bash .ci/envs.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +14,7 @@ SECONDS=0
 free() { df -h . | awk 'NR == 2 {print $4 " free on disk"}'; }
 bash .ci/pins_env.sh .venv-pins
 echo "== envs [$SECONDS s] verl's pins environment built ($(free))"
+mkdir -p .cache/envs && touch .cache/envs/pins.built  # .ci/lanes.sh starts the tests on verl's pins
 bash .ci/areal_env.sh .venv-areal
 echo "== envs [$SECONDS s] AReaL's environment built ($(free))"
 bash .ci/skyrl_env.sh .venv-skyrl

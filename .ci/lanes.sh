@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
-# The end of CI, once the trainers' environments are built (.ci/envs.sh), in two lanes at once (each is
-# mostly one process on one core, so on 2 cores the two take about as long as the longer one):
-#  pins:     the tests on verl's pins, verl 0.9.1's own functions as oracle (a skip fails here)
+# CI's tests, in three lanes (each mostly one process on one core), so that both cores test while the
+# trainers' environments still download (.ci/envs.sh, started in the background by .ci/run, writes
+# .cache/envs/pins.built once verl's pins are built and .cache/envs/status, its exit status, at its end):
+#  main:     the README's test command (torch 2.13, tensordict today's), from the start
+#  pins:     the tests on verl's pins, verl 0.9.1's own functions as oracle (a skip fails here), from when
+#            the pins environment is built
 #  trainers: the verl tests on verl 0.8.0 and 0.9.0 too (each --no-deps beside the pins' torch); verl's own
 #            tests on verl, then with rebatch's install() applied (same outcomes); AReaL 1.0.4 and SkyRL
 #            0.4.0 in environments of their own (and verl in the pins one): the drop-ins against the
-#            trainers' own functions (a skip fails), each trainer's conformance report, docs/peers.md checked
-# Each lane's output goes to .cache/lane-NAME.log, printed when both have ended; fails if either failed.
-# Usage: bash .ci/lanes.sh
+#            trainers' own functions (a skip fails), each trainer's conformance report, docs/peers.md checked;
+#            from when the main lane has ended and every environment is built
+# Each lane's output goes to .cache/lane-NAME.log, printed when all have ended; fails if any failed (a lane
+# whose environment failed to build fails with the build's log).
+# Usage: bash .ci/lanes.sh   (from .ci/run, after it has started .ci/envs.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 step() { echo "== lanes [$SECONDS s] $*"; }
-step "two lanes: the tests on verl's pins | verl 0.8.0 and 0.9.0, verl's own tests, the trainers (.ci/peers.sh)"
 lane() {  # lane NAME COMMAND...: its output in .cache/lane-NAME.log, its time and verdict as it ends
   local name="$1"; shift
   local start=$SECONDS rc=0
@@ -20,17 +24,34 @@ lane() {  # lane NAME COMMAND...: its output in .cache/lane-NAME.log, its time a
   echo "== lanes [$SECONDS s] lane $name: exit $rc after $((SECONDS - start)) s"
   return "$rc"
 }
-trainers() {
-  bash .ci/verl_versions.sh "$PWD/.venv-pins" && bash .ci/verl_upstream/run.sh "$PWD/.venv-pins" && bash .ci/peers.sh
+built() {  # built pins|all: wait until .ci/envs.sh has built verl's pins (or every environment); 1 if it failed first
+  local what="$1"
+  while :; do
+    if [ "$what" = pins ] && [ -e .cache/envs/pins.built ]; then return 0; fi
+    if [ -e .cache/envs/status ]; then
+      [ "$(cat .cache/envs/status)" = 0 ] && return 0
+      echo "building the trainers' environments failed ($(df -h . | awk 'NR == 2 {print $4}') free on disk now):"
+      grep -v "is ignored" .cache/envs.log | tail -n 60
+      return 1
+    fi
+    sleep 2
+  done
 }
-lane pins env REBATCH_REQUIRE_VERL=1 REBATCH_REQUIRE_PEER=verl .venv-pins/bin/python -m pytest tests &
-PINS=$!
-lane trainers trainers &
-TRAINERS=$!
+pins() {
+  built pins && env REBATCH_REQUIRE_VERL=1 REBATCH_REQUIRE_PEER=verl .venv-pins/bin/python -m pytest tests
+}
+trainers() {
+  built all && grep "^== envs\|^pins:\|^areal:\|^skyrl:" .cache/envs.log \
+    && bash .ci/verl_versions.sh "$PWD/.venv-pins" && bash .ci/verl_upstream/run.sh "$PWD/.venv-pins" && bash .ci/peers.sh
+}
+step "three lanes: the main tests now | the tests on verl's pins once built | then verl 0.8.0 and 0.9.0, verl's own tests, the trainers"
 rc=0
+lane pins pins &
+PINS=$!
+lane main .venv/bin/python -m pytest || rc=1
+lane trainers trainers || rc=1
 wait "$PINS" || rc=1
-wait "$TRAINERS" || rc=1
-for name in pins trainers; do
+for name in main pins trainers; do
   step "lane $name: its output"
   grep -v "is ignored" ".cache/lane-$name.log" || true
 done

@@ -222,6 +222,39 @@ def test_versus_turns_last_about_20_ms_for_each_function_by_its_own_cost() -> No
     assert s["speedup"] == pytest.approx(0.002 / 0.0003)
 
 
+def test_baseline_extracts_are_whole_when_processes_extract_the_same_commit_at_once(tmp_path, monkeypatch) -> None:
+    """CI's test lanes run side by side in one checkout: every caller gets the whole extract, and no
+    scratch folder is left behind."""
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rebatch.bench import versus
+
+    repo = tmp_path / "repo"
+    files = {
+        f"{pkg}/m{i}.py": f"X = {i}\n" * 2000 for pkg in ("ref", "torch_impl", "property_tests") for i in range(40)
+    }
+    for name, text in files.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(text)
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    monkeypatch.setattr(versus, "ROOT", repo)
+
+    def extract(_: int) -> list[str]:
+        folder = versus.baseline_root("HEAD")
+        return sorted(str(p.relative_to(folder)) for p in folder.rglob("*.py"))
+
+    with ThreadPoolExecutor(8) as pool:
+        seen = list(pool.map(extract, range(8)))
+    assert all(s == sorted(files) for s in seen)
+    for name, text in files.items():
+        assert (versus.baseline_root("HEAD") / name).read_text() == text
+    assert [p.name for p in (repo / ".cache").iterdir()] == [versus.baseline_root("HEAD").name]
+
+
 def test_versus_section_replaces_its_earlier_self(tmp_path) -> None:
     from rebatch.bench.versus import BEGIN, END, kept_section, write_docs
 

@@ -28,9 +28,11 @@ import json
 import math
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -196,7 +198,10 @@ class Worker:
 
 
 def baseline_root(commit: str) -> Path:
-    """An extract of ``ref``, ``torch_impl`` and ``property_tests`` at ``commit`` (cached)."""
+    """An extract of ``ref``, ``torch_impl`` and ``property_tests`` at ``commit`` (cached under
+    ``.cache/baseline-<commit>``). Extracted into a scratch folder beside it and renamed into place, so
+    a process that finds the folder finds it whole, also while another extracts the same commit (CI's
+    test lanes run side by side in one checkout): the first rename wins, the other extract is dropped."""
     full = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "--verify", f"{commit}^{{commit}}"],
         check=True,
@@ -204,14 +209,21 @@ def baseline_root(commit: str) -> Path:
         text=True,
     ).stdout.strip()
     folder = ROOT / ".cache" / f"baseline-{full[:7]}"
-    if not (folder / "torch_impl" / "__init__.py").exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        archive = subprocess.run(
-            ["git", "-C", str(ROOT), "archive", full, "ref", "torch_impl", "property_tests"],
-            check=True,
-            capture_output=True,
-        ).stdout
-        subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+    if folder.exists():
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", full, "ref", "torch_impl", "property_tests"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    scratch = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    try:
+        subprocess.run(["tar", "-x", "-C", str(scratch)], input=archive, check=True)
+        with contextlib.suppress(OSError):  # another process renamed its extract there first
+            scratch.rename(folder)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)  # gone already where the rename took it
     return folder
 
 
