@@ -30,7 +30,7 @@ for part in "${PARTS[@]}"; do
       "$venv/bin/python" -m property_tests.conformance --candidate "$part" --json ".cache/peers/$part.json"
       ;;
     verl)
-      # (verl's tests/test_peers.py ran in .ci/run's pins step, with every other test there)
+      # (verl's tests/test_peers.py ran in the pins lane of .ci/lanes.sh, with every other test there)
       step "verl: conformance report (pins environment)"
       .venv-pins/bin/python -m property_tests.conformance --candidate verl --json .cache/peers/verl.json
       ;;
