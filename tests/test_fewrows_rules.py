@@ -1,12 +1,12 @@
-"""The few-rows path's checks and guards (`torch_impl._fewrows`) at the cases the rest of the suite leaves out
-(found by a hand mutation of the module, `docs/mutation.md`): a call whose
-only micro-batch has bad offsets (no valid micro-batch to send the check to `_explain_bad_offsets`,
-which reads them all), an output just over the prefault floor, and a reversed span by one byte."""
+"""The few-rows path's checks and guards (`torch_impl._fewrows`) at the cases the rest of the suite
+leaves out (found by a hand mutation of the module, `docs/mutation.md`): a call whose only micro-batch
+has bad offsets (no valid micro-batch to send the check to `_explain_bad_offsets`, which reads them
+all), and a span reversed by one byte. (The prefault floor's boundary: `tests/test_torch_impl.py::
+test_the_few_rows_path_stops_at_its_rows_and_at_the_prefault_floor`.)"""
 
 from __future__ import annotations
 
 from typing import Any
-from unittest import mock
 
 import pytest
 import torch
@@ -43,18 +43,6 @@ def test_the_few_rows_path_rejects_bad_offsets_in_a_calls_only_micro_batch(value
     for few_rows in (0, 128):
         with torch_impl.use_settings(cpu_few_rows=few_rows), pytest.raises(errors.InvalidJaggedError, match=message):
             torch_impl.postprocess_batch(outs, parts)
-
-
-def test_the_few_rows_path_is_not_taken_for_an_output_over_the_prefault_floor(monkeypatch) -> None:
-    """Only an output under ``cpu_prefault_min_bytes`` takes it: one of more bytes than the floor does not."""
-    few = mock.Mock(wraps=torch_impl._assemble.assemble_few_rows)
-    monkeypatch.setattr(torch_impl._assemble, "assemble_few_rows", few)
-    outs = [{"model_output": {"x": jagged(torch.zeros(64, 4), [10, 20, 30, 4])}}]  # 1024 bytes
-    for floor, taken in ((1025, True), (1024, False), (1023, False), (0, False)):
-        with torch_impl.use_settings(cpu_prefault_min_bytes=floor):
-            torch_impl.postprocess_batch(outs, [[3, 1, 0, 2]])
-        assert few.call_count == taken, floor
-        few.reset_mock()
 
 
 def test_a_few_rows_copy_of_a_reversed_span_is_refused(monkeypatch) -> None:

@@ -886,6 +886,15 @@ def test_planned_copies_are_made_when_run_and_hold_their_tensors(few_rows: int) 
     assert all(w() is None for w in watch)
 
 
+def _count_few_rows(monkeypatch) -> mock.Mock:
+    """A spy on the few-rows assembly, where a call taken whole (`torch_impl._fewrows.few_rows_call`) and
+    the general pipeline's `assemble` each call it."""
+    few = mock.Mock(wraps=torch_impl._fewrows.assemble_few_rows)
+    monkeypatch.setattr(torch_impl._assemble, "assemble_few_rows", few)
+    monkeypatch.setattr(torch_impl._fewrows, "assemble_few_rows", few)
+    return few
+
+
 def _few_rows_outputs(rng: np.random.Generator, parts: list[list[int]], dtype: str, trailing: tuple[int, ...]):
     """One jagged key ``x`` per micro-batch of ``parts``: rows of 0 to 6 values (empty rows included)."""
     outs = []
@@ -901,8 +910,7 @@ def test_the_few_rows_path_gives_the_numpy_paths_result_bit_for_bit(monkeypatch,
     """Below ``cpu_few_rows`` rows a CPU jagged key is assembled with Python-int bookkeeping and a copy
     a row (`torch_impl._fewrows`); its result is the NumPy host path's and verl's, NaN payloads, dtype
     and shape included: permuted, with an empty micro-batch, in order (the identity), one micro-batch."""
-    few = mock.Mock(wraps=torch_impl._assemble.assemble_few_rows)
-    monkeypatch.setattr(torch_impl._assemble, "assemble_few_rows", few)
+    few = _count_few_rows(monkeypatch)
     rng = np.random.default_rng(len(trailing))
     perm = rng.permutation(40).tolist()
     cases = [[perm[:7], [], perm[7:30], perm[30:]], [list(range(25)), list(range(25, 40))], [perm], [[0]]]
@@ -921,8 +929,7 @@ def test_the_few_rows_path_gives_the_numpy_paths_result_bit_for_bit(monkeypatch,
 def test_the_few_rows_path_stops_at_its_rows_and_at_the_prefault_floor(monkeypatch) -> None:
     """``cpu_few_rows`` rows take it, one more does not; nor does an output of ``cpu_prefault_min_bytes``
     (its pages are faulted in by the NumPy path), nor values that require grad."""
-    few = mock.Mock(wraps=torch_impl._assemble.assemble_few_rows)
-    monkeypatch.setattr(torch_impl._assemble, "assemble_few_rows", few)
+    few = _count_few_rows(monkeypatch)
     rng = np.random.default_rng(5)
     for rows, taken in ((12, True), (13, False)):
         parts = [rng.permutation(rows).tolist()]
@@ -933,10 +940,10 @@ def test_the_few_rows_path_stops_at_its_rows_and_at_the_prefault_floor(monkeypat
         few.reset_mock()
         assert_same(got["model_output"], verl_postprocess_batch_func(outs, parts, None)["model_output"])
     outs = [{"model_output": {"x": jagged(torch.zeros(64, 4), [10, 20, 30, 4])}}]  # 1024 bytes
-    for floor, taken in ((1025, True), (1024, False)):
+    for floor, taken in ((1025, True), (1024, False), (1023, False), (0, False)):  # under the floor only
         with torch_impl.use_settings(cpu_prefault_min_bytes=floor):
             torch_impl.postprocess_batch(outs, [[3, 1, 0, 2]])
-        assert few.call_count == taken
+        assert few.call_count == taken, floor
         few.reset_mock()
     values = torch.zeros(64, 4, requires_grad=True)
     torch_impl.postprocess_batch([{"model_output": {"x": jagged(values, [10, 20, 30, 4])}}], [[3, 1, 0, 2]])

@@ -15,6 +15,16 @@ grow with the rows, which is why this stops at a few: the crossover is measured 
 ``Settings.cpu_few_rows``. Like the row copies, the copies can be planned
 (`torch_impl._rowcopy.Moves`): a call checks every key before any key's copies run.
 
+A whole call of this kind (`few_rows_call`: every key jagged, plain and few-rowed, verl's lists of
+Python ints as partitions) skips the general checks' machinery too: it takes the call only where every
+one of those checks would pass, reads each part as `torch_impl._parts.check_parts` would, and assembles
+each key with `assemble_few_rows`, which checks the offsets; anything else (a padding micro-batch, a
+dense or differentiable output, a TensorDict, an index that is not a Python int, any defect) goes to the
+general pipeline, which gives the same result or raises for it. Measured, B=8, mean length 16, M=4,
+one key (2 cores, torch 2.13): `rebatch.bench.versus`'s fixed cost 0.148 ms against 0.235 through the
+general pipeline, the same quiet hour (3c468db6's 0.82-0.88 ms in both runs); in-process, a
+prototype's checks of the four parts took 30 µs of its 114-125, torch's nested tensor 45.
+
 Every range copied lies inside its tensors. A row's source is the span between two consecutive
 offsets of its part, both checked (they start at 0, never decrease and end at the part's number of
 value rows, and the values are contiguous: `torch_impl._host.host_movable`), so it lies inside the
@@ -35,13 +45,106 @@ from typing import Any
 
 import torch
 
+from ref.dtypes import SUPPORTED_DTYPES
+from ref.metrics import fold_metrics
+
+from ._bridge import numpy_bridge
 from ._host import address_space
 from ._jagged import fresh_njt
-from ._parts import JaggedPart, _explain_bad_offsets
+from ._parts import _NJT, JaggedPart, _explain_bad_offsets
 from ._rowcopy import Moves
 from ._settings import get_settings
 
-__all__ = ["assemble_few_rows", "check_few_offsets", "few_rows_apply"]
+__all__ = ["assemble_few_rows", "check_few_offsets", "few_rows_apply", "few_rows_call"]
+
+#: The torch dtypes `ref.dtypes.check_dtype` accepts (by name).
+_SUPPORTED = frozenset(
+    d for d in (getattr(torch, name, None) for name in SUPPORTED_DTYPES) if isinstance(d, torch.dtype)
+)
+
+
+def few_rows_call(output_lst: Any, indices: Any) -> dict[str, Any] | None:
+    """``postprocess_batch(output_lst, indices)`` (dynamic batch size on, no padding) for the plain
+    common case of a few rows, or None where the call is anything else (the general pipeline then runs).
+
+    Taken only where every check of the general pipeline before the offsets passes: a list of dicts
+    whose ``model_output`` dicts have the same keys in the same order (at least one) and whose
+    ``metrics``, where present, are dicts; one list of Python ints (no bool) per micro-batch, together
+    ``range(B)`` in some order, at most ``Settings.cpu_few_rows``; for each key, plain jagged nested
+    tensors on the CPU as `torch_impl._parts.check_parts` takes them as they are (ragged dimension 1,
+    no holes, nothing to differentiate, int64 1-D offsets, plain contiguous values without a lazy
+    conjugate or negative bit), one row per index of its micro-batch, of one supported dtype and
+    trailing shape, under ``Settings.cpu_prefault_min_bytes`` in all (`few_rows_apply`). Then each
+    key is `assemble_few_rows` (its offsets checked there, in key order, as the general pipeline
+    checks them: the same error for the same defect), every copy made after every key is planned,
+    and the losses and metrics folded as the general pipeline folds them."""
+    if type(output_lst) is not list or type(indices) is not list or not output_lst or not numpy_bridge():
+        return None
+    if len(indices) != len(output_lst):
+        return None
+    outs = []
+    for o in output_lst:
+        mo = o.get("model_output") if type(o) is dict else None
+        if type(mo) is not dict or ("metrics" in o and type(o["metrics"]) is not dict):
+            return None
+        outs.append(mo)
+    keys = list(outs[0])
+    if not keys or any(list(mo) != keys for mo in outs[1:]):
+        return None
+    flat: list[Any] = []
+    for p in indices:
+        if type(p) is not list:
+            return None
+        flat += p
+    n = len(flat)
+    settings = get_settings()
+    # (no rows: no type either, refused too)
+    if n > settings.cpu_few_rows or set(map(type, flat)) != {int} or sorted(flat) != list(range(n)):
+        return None
+    sizes = list(map(len, indices))
+    checked = []
+    grad = torch.is_grad_enabled()
+    with torch._C.DisableTorchFunctionSubclass():  # attributes of the nested tensors, not their handlers
+        for key in keys:
+            parts = []
+            for mo, size in zip(outs, sizes, strict=True):
+                x = mo[key]
+                if type(x) is not _NJT or x._ragged_idx != 1 or x._lengths is not None or x.requires_grad:
+                    return None
+                v, off = x._values, x._offsets
+                if (
+                    type(v) is not torch.Tensor
+                    or type(off) is not torch.Tensor
+                    or not (v.is_cpu and off.is_cpu)
+                    or off.dtype != torch.int64
+                    or off.dim() != 1
+                    or off.shape[0] != size + 1
+                    or (grad and v.requires_grad)
+                    or not v.is_contiguous()
+                    or v.is_neg()
+                    or v.is_conj()
+                ):
+                    return None
+                parts.append(tuple.__new__(JaggedPart, (v, off, size)))
+            first = parts[0].values
+            if first.dtype not in _SUPPORTED or any(
+                p.values.dtype != first.dtype or p.values.shape[1:] != first.shape[1:] or p.values.dim() != first.dim()
+                for p in parts[1:]
+            ):
+                return None
+            if not few_rows_apply(parts, n):
+                return None
+            checked.append((key, parts))
+    inv = [0] * n
+    for k, i in enumerate(flat):
+        inv[i] = k
+    moves: Moves = []
+    model_output = {key: assemble_few_rows(parts, key, inv, moves) for key, parts in checked}
+    for move in moves:
+        move()
+    losses = [o["loss"] for o in output_lst if "loss" in o]
+    metrics = fold_metrics(o["metrics"] for o in output_lst if "metrics" in o)
+    return {"model_output": model_output, "loss": losses, "metrics": metrics}
 
 
 def few_rows_apply(parts: Sequence[JaggedPart], rows: int) -> bool:

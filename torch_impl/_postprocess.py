@@ -17,6 +17,7 @@ from ref.structure import check_metrics, check_partition_count, check_settings, 
 
 from ._assemble import assemble
 from ._entry import entry
+from ._fewrows import few_rows_call
 from ._jagged import njt
 from ._parts import check_parts
 from ._permutation import check_permutation
@@ -52,7 +53,13 @@ def _postprocess_batch(
     use_dynamic_bsz: Any,
     pad_mode: Any,
 ) -> dict[str, Any]:
-    """`postprocess_batch` itself (its public name adds the entry checks, which verl's drop-in has made)."""
+    """`postprocess_batch` itself (its public name adds the entry checks, which verl's drop-in has made);
+    a plain call of a few rows as a whole (`few_rows_call`), any other through the pipeline below."""
+    # `check_settings` is the pipeline's first check: raising here is raising there
+    if type(pad_mode) is str and pad_mode == "no_padding" and check_settings(use_dynamic_bsz, pad_mode, indices):
+        done = few_rows_call(output_lst, indices)
+        if done is not None:
+            return done
     output_lst, perm, checked = _check(output_lst, indices, use_dynamic_bsz, pad_mode)
     model_output: dict[str, Any] = {}
     rows: CallRows | None = None
