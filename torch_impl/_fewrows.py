@@ -46,7 +46,6 @@ from typing import Any
 import torch
 
 from ref.dtypes import SUPPORTED_DTYPES
-from ref.metrics import fold_metrics
 
 from ._bridge import numpy_bridge
 from ._host import address_space
@@ -63,9 +62,10 @@ _SUPPORTED = frozenset(
 )
 
 
-def few_rows_call(output_lst: Any, indices: Any) -> dict[str, Any] | None:
-    """``postprocess_batch(output_lst, indices)`` (dynamic batch size on, no padding) for the plain
-    common case of a few rows, or None where the call is anything else (the general pipeline then runs).
+def few_rows_call(output_lst: Any, indices: Any) -> dict[Any, torch.Tensor] | None:
+    """``postprocess_batch(output_lst, indices)["model_output"]`` (dynamic batch size on, no padding)
+    for the plain common case of a few rows, or None where the call is anything else (the general
+    pipeline then runs).
 
     Taken only where every check of the general pipeline before the offsets passes: a list of dicts
     whose ``model_output`` dicts have the same keys in the same order (at least one) and whose
@@ -76,8 +76,8 @@ def few_rows_call(output_lst: Any, indices: Any) -> dict[str, Any] | None:
     conjugate or negative bit), one row per index of its micro-batch, of one supported dtype and
     trailing shape, under ``Settings.cpu_prefault_min_bytes`` in all (`few_rows_apply`). Then each
     key is `assemble_few_rows` (its offsets checked there, in key order, as the general pipeline
-    checks them: the same error for the same defect), every copy made after every key is planned,
-    and the losses and metrics folded as the general pipeline folds them."""
+    checks them: the same error for the same defect), and every copy made after every key is planned.
+    The caller folds the losses and metrics (the metrics are dicts, as its check wants them)."""
     if type(output_lst) is not list or type(indices) is not list or not output_lst or not numpy_bridge():
         return None
     if len(indices) != len(output_lst):
@@ -128,8 +128,7 @@ def few_rows_call(output_lst: Any, indices: Any) -> dict[str, Any] | None:
                 parts.append(tuple.__new__(JaggedPart, (v, off, size)))
             first = parts[0].values
             if first.dtype not in _SUPPORTED or any(
-                p.values.dtype != first.dtype or p.values.shape[1:] != first.shape[1:] or p.values.dim() != first.dim()
-                for p in parts[1:]
+                p.values.dtype != first.dtype or p.values.shape[1:] != first.shape[1:] for p in parts[1:]
             ):
                 return None
             if not few_rows_apply(parts, n):
@@ -142,9 +141,7 @@ def few_rows_call(output_lst: Any, indices: Any) -> dict[str, Any] | None:
     model_output = {key: assemble_few_rows(parts, key, inv, moves) for key, parts in checked}
     for move in moves:
         move()
-    losses = [o["loss"] for o in output_lst if "loss" in o]
-    metrics = fold_metrics(o["metrics"] for o in output_lst if "metrics" in o)
-    return {"model_output": model_output, "loss": losses, "metrics": metrics}
+    return model_output
 
 
 def few_rows_apply(parts: Sequence[JaggedPart], rows: int) -> bool:

@@ -55,21 +55,21 @@ def _postprocess_batch(
 ) -> dict[str, Any]:
     """`postprocess_batch` itself (its public name adds the entry checks, which verl's drop-in has made);
     a plain call of a few rows as a whole (`few_rows_call`), any other through the pipeline below."""
+    model_output: dict[Any, Any] | None = None
     # `check_settings` is the pipeline's first check: raising here is raising there
     if type(pad_mode) is str and pad_mode == "no_padding" and check_settings(use_dynamic_bsz, pad_mode, indices):
-        done = few_rows_call(output_lst, indices)
-        if done is not None:
-            return done
-    output_lst, perm, checked = _check(output_lst, indices, use_dynamic_bsz, pad_mode)
-    model_output: dict[str, Any] = {}
-    rows: CallRows | None = None
-    moves: Moves = []  # every key's outputs and plans first, then every host copy (`Moves`)
-    for key, parts in checked.items():
-        if rows is None:
-            rows = CallRows([p.rows for p in parts], perm)
-        model_output[key] = assemble(parts, perm, key, rows, moves)
-    for move in moves:
-        move()
+        model_output = few_rows_call(output_lst, indices)
+    if model_output is None:
+        output_lst, perm, checked = _check(output_lst, indices, use_dynamic_bsz, pad_mode)
+        model_output = {}
+        rows: CallRows | None = None
+        moves: Moves = []  # every key's outputs and plans first, then every host copy (`Moves`)
+        for key, parts in checked.items():
+            if rows is None:
+                rows = CallRows([p.rows for p in parts], perm)
+            model_output[key] = assemble(parts, perm, key, rows, moves)
+        for move in moves:
+            move()
 
     losses = [o["loss"] for o in output_lst if "loss" in o]
     metrics = fold_metrics(o["metrics"] for o in output_lst if "metrics" in o)
