@@ -2,7 +2,7 @@
 # CI's tests, in three lanes (each mostly one process on one core), so that both cores test while the
 # trainers' environments still download (.ci/envs.sh, started in the background by .ci/run, writes
 # .cache/envs/pins.built once verl's pins are built and .cache/envs/status, its exit status, at its end):
-#  main:     the README's test command (torch 2.13, tensordict today's), from the start
+#  main:     the command given (.ci/run gives the README's test command: torch 2.13, tensordict today's), from the start
 #  pins:     the tests on verl's pins, verl 0.9.1's own functions as oracle (a skip fails here), from when
 #            the pins environment is built
 #  trainers: the verl tests on verl 0.8.0 and 0.9.0 too (each --no-deps beside the pins' torch); verl's own
@@ -12,8 +12,9 @@
 #            from when the main lane has ended and every environment is built
 # Each lane's output goes to .cache/lane-NAME.log, printed when all have ended; fails if any failed (a lane
 # whose environment failed to build fails with the build's log).
-# Usage: bash .ci/lanes.sh   (from .ci/run, after it has started .ci/envs.sh)
+# Usage: bash .ci/lanes.sh COMMAND...   (from .ci/run, after it has started .ci/envs.sh; COMMAND: the main lane's)
 set -euo pipefail
+[ $# -gt 0 ] || { echo "usage: bash .ci/lanes.sh COMMAND... (the main lane's)"; exit 2; }
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 step() { echo "== lanes [$SECONDS s] $*"; }
@@ -48,7 +49,7 @@ step "three lanes: the main tests now | the tests on verl's pins once built | th
 rc=0
 lane pins pins &
 PINS=$!
-lane main .venv/bin/python -m pytest || rc=1
+lane main "$@" || rc=1
 lane trainers trainers || rc=1
 wait "$PINS" || rc=1
 for name in main pins trainers; do
