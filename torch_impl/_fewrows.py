@@ -91,17 +91,16 @@ def few_rows_call(output_lst: Any, indices: Any) -> dict[Any, torch.Tensor] | No
     keys = list(outs[0])
     if not keys or any(list(mo) != keys for mo in outs[1:]):
         return None
-    flat: list[Any] = []
-    for p in indices:
-        if type(p) is not list:
-            return None
-        flat += p
-    n = len(flat)
-    settings = get_settings()
-    # (no rows: no type either, refused too)
-    if n > settings.cpu_few_rows or set(map(type, flat)) != {int} or sorted(flat) != list(range(n)):
+    if any(type(p) is not list for p in indices):
         return None
     sizes = list(map(len, indices))
+    n = sum(sizes)
+    if n > get_settings().cpu_few_rows:  # before the indices are gathered: a large call leaves at once
+        return None
+    flat: list[Any] = list(itertools.chain.from_iterable(indices))
+    # (no rows: no type either, refused too)
+    if set(map(type, flat)) != {int} or sorted(flat) != list(range(n)):
+        return None
     checked = []
     grad = torch.is_grad_enabled()
     with torch._C.DisableTorchFunctionSubclass():  # attributes of the nested tensors, not their handlers
