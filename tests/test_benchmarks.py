@@ -162,6 +162,20 @@ def test_few_rows_crossover_runs(capsys) -> None:
     assert "NumPy / few rows" in capsys.readouterr().out
 
 
+def test_join_crossover_runs_and_counts_the_neighbours(capsys) -> None:
+    """`join_crossover` times both ways and counts, for each case, the output rows whose micro-batch is
+    the row before's (what ``cpu_join_min_runs`` counts): all but the first in one micro-batch."""
+    from rebatch.bench.crossover import join_crossover, main
+
+    rows = join_crossover([16], [1, 4], 8, min_time=0.0)
+    assert [(r["rows"], r["micro_batches"]) for r in rows] == [(16, 1), (16, 4)]
+    assert rows[0]["neighbours"] == 15
+    assert 0 <= rows[1]["neighbours"] < 15
+    assert all(r["seconds"]["joined"] > 0 and r["seconds"]["apart"] > 0 for r in rows)
+    assert main(["--join", "--batches", "8", "--counts", "2", "--lengths", "8", "--min-time", "0"]) == 0
+    assert "apart / joined" in capsys.readouterr().out
+
+
 def test_cuda_check_dry_run_passes_on_the_cpu(capsys) -> None:
     from rebatch.bench.cuda_check import main
 

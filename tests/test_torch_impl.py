@@ -8,6 +8,7 @@ import dataclasses
 import enum
 import itertools
 import math
+import sys
 from collections import Counter
 from typing import Any
 from unittest import mock
@@ -758,6 +759,100 @@ def test_dense_outputs_on_the_host_move_whole_rows_bit_for_bit(monkeypatch, dtyp
         assert_same(got, want)
         assert_same(torch_impl.postprocess_batch(outs, parts)["model_output"]["d"], want)  # below the floor: torch's
     assert scatter.call_count == 1  # the first partition on the host; the second is in order
+
+
+def _pieces_of(rows: np.ndarray, partitions: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The row copies' pieces (`torch_impl._rowcopy._copy_pieces`' ``dest``, ``part_of_piece``,
+    ``begin``) of rows of ``rows[i]`` bytes (by original index) in these partitions, in output order."""
+    part = np.empty(rows.shape[0], dtype=np.int64)
+    begin = np.empty(rows.shape[0], dtype=np.int64)
+    for m, p in enumerate(partitions):
+        part[p] = m
+        begin[p] = np.cumsum(rows[p]) - rows[p]  # each row's first byte inside its part
+    return np.concatenate(([0], np.cumsum(rows))), part, begin
+
+
+def _byte_sources(dest: np.ndarray, part: np.ndarray, begin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each output byte's part and byte there, as pieces copy them."""
+    sizes = np.diff(dest)
+    return np.repeat(part, sizes), np.repeat(begin - dest[:-1], sizes) + np.arange(dest[-1])
+
+
+def _joined_one_by_one(
+    dest: np.ndarray, part: np.ndarray, begin: np.ndarray, step: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`join_runs`' meaning, a piece at a time: a piece joins the run before it where it has the run's
+    part, its source starts where the run's last piece's ends, and it starts in the ``step`` bytes of
+    the output where the run's first starts."""
+    first = [0]
+    for k in range(1, part.shape[0]):
+        run = first[-1]
+        if not (
+            part[k] == part[k - 1]
+            and begin[k] == begin[k - 1] + dest[k] - dest[k - 1]
+            and dest[k] // step == dest[run] // step
+        ):
+            first.append(k)
+    return np.append(dest[first], dest[-1]), part[first], begin[first]
+
+
+@pytest.mark.parametrize("step", [1, 7, 64, 2**40])
+@pytest.mark.parametrize("seed", range(8))
+def test_joined_runs_copy_each_byte_from_where_its_row_does(seed, step) -> None:
+    """`join_runs`: the pieces a one-by-one join gives (`_joined_one_by_one`), which write every output
+    byte from the byte the rows' own copies take it from; with fewer neighbours from one part than
+    ``cpu_join_min_runs``, the pieces as they are (and from exactly that many, joined). Partitions in
+    ascending order (as verl's) or not, empty rows and empty partitions among them."""
+    from torch_impl._rowcopy import join_runs
+
+    rng = np.random.default_rng(seed)
+    b = int(rng.integers(2, 300))
+    perm = rng.permutation(b)
+    partitions = np.split(perm, np.sort(rng.integers(0, b + 1, size=int(rng.integers(0, 6)))))
+    partitions = [np.sort(p) if rng.random() < 0.75 else p for p in partitions]
+    rows = rng.integers(0, 40, size=b) * (rng.random(b) > 0.1)
+    dest, part, begin = _pieces_of(rows, partitions)
+    neighbours = int(np.count_nonzero(np.diff(part) == 0))
+    want = _joined_one_by_one(dest, part, begin, step)
+    if step == 2**40 and all((np.diff(p) > 0).all() for p in partitions):  # every neighbour is in order
+        assert want[1].shape[0] == b - neighbours
+    for least in (0, neighbours):
+        with torch_impl.use_settings(cpu_join_min_runs=least):
+            got = join_runs(dest, part, begin, step)
+        for a, w in zip(got, want, strict=True):
+            assert np.array_equal(a, w)
+        for a, w in zip(_byte_sources(*got), _byte_sources(dest, part, begin), strict=True):
+            assert np.array_equal(a, w)
+    with torch_impl.use_settings(cpu_join_min_runs=neighbours + 1):
+        got = join_runs(dest, part, begin, step)
+    assert got[0] is dest
+    assert got[1] is part
+    assert got[2] is begin
+
+
+@pytest.mark.parametrize(("dtype", "trailing"), [("float32", ()), ("bfloat16", (5,)), ("int64", (2,))])
+def test_row_copies_with_runs_joined_are_the_rows_copied_one_by_one(monkeypatch, dtype, trailing) -> None:
+    """Row copies with neighbours joined (pages faulted in by chunks of one page, where joined runs
+    stop, and whole): the values of the copies one a row and of verl's function, bit for bit, in
+    fewer copies than rows."""
+    rng = np.random.default_rng(len(trailing))
+    perm = rng.permutation(600)
+    partitions = [sorted(perm[a:b].tolist()) for a, b in ((0, 150), (150, 300), (300, 301), (301, 600))]
+    outs = []
+    for p in partitions:
+        lengths = rng.integers(0, 300, size=len(p)).tolist()
+        outs.append({"model_output": {"k": jagged(random_tensor(rng, (sum(lengths), *trailing), dtype), lengths)}})
+    with torch_impl.use_settings(row_copy_min_elements=0, cpu_few_rows=0, cpu_join_min_runs=sys.maxsize):
+        apart = torch_impl.postprocess_batch(outs, partitions)
+    assert_same(apart, verl_postprocess_batch_func(outs, partitions, None))
+    pieces = mock.Mock(wraps=torch_impl._rowcopy._copy_pieces)
+    monkeypatch.setattr(torch_impl._rowcopy, "_copy_pieces", pieces)
+    for chunks in ({"cpu_fault_chunk_bytes": 4096, "cpu_fault_chunks_min_bytes": 0}, {}):
+        with torch_impl.use_settings(
+            row_copy_min_elements=0, cpu_few_rows=0, cpu_join_min_runs=0, cpu_prefault_min_bytes=0, **chunks
+        ):
+            assert_same(torch_impl.postprocess_batch(outs, partitions), apart)
+        assert pieces.call_args.args[3].shape[0] < 600  # part_of_piece: fewer pieces than rows
 
 
 def test_faulting_in_by_chunks_changes_no_byte() -> None:

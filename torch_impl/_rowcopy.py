@@ -1,5 +1,6 @@
 """The copy paths (CPU, no autograd): row copies (long rows: each output row one contiguous copy, no
-index buffer) and a concatenation by copies of each part (`concat_by_copies`).
+index buffer; neighbours in both their part and the output one copy together, `join_runs`) and a
+concatenation by copies of each part (`concat_by_copies`).
 
 Every piece's byte ranges (a row, or a piece of a part) are computed at once with NumPy as addresses
 (each tensor's ``data_ptr()`` plus byte offsets), checked inside the tensors they name
@@ -39,6 +40,7 @@ __all__ = [
     "check_ranges",
     "concat_by_copies",
     "concat_on_host",
+    "join_runs",
     "long_rows",
     "permute_by_rows",
     "row_copies_apply",
@@ -105,8 +107,9 @@ def permute_by_rows(
     ``inv`` ``[B]`` is the inverse permutation; ``layout``: the parts' `RowLayout` where the caller has
     it. Every output row's part, its byte range there and its byte range in the output are computed at
     once with NumPy (a constant number of operations); then each row is one ``memcpy`` by address
-    (`_copy_pieces`), the output's pages faulted in group by group just before the rows that write
-    them (`torch_impl._host.fault_plan`). ``moves``: see `Moves`."""
+    (`_copy_pieces`; rows that follow one another in both their part and the output, one ``memcpy``
+    together: `join_runs`), the output's pages faulted in group by group just before the rows that
+    write them (`torch_impl._host.fault_plan`). ``moves``: see `Moves`."""
     first = parts[0].values
     out = fresh_output(first, (total, *first.shape[1:]), populate=False)
     row_bytes = first.element_size() * math.prod(first.shape[1:])
@@ -115,8 +118,35 @@ def permute_by_rows(
     dest = np.zeros(lens.shape[0] + 1, dtype=np.int64)  # each output row's first byte, then the end
     np.multiply(lens[order], row_bytes, out=dest[1:]).cumsum(out=dest[1:])
     src_begin = where.starts[order] * row_bytes
-    _copy_pieces(out, parts, dest, where.part_of_row[order], src_begin, moves)
+    dest, part_of_piece, src_begin = join_runs(dest, where.part_of_row[order], src_begin, fault_step(int(dest[-1])))
+    _copy_pieces(out, parts, dest, part_of_piece, src_begin, moves)
     return out
+
+
+def join_runs(
+    dest: np.ndarray, part_of_piece: np.ndarray, begin: np.ndarray, step: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pieces as `_copy_pieces` takes them (``dest`` ``[K + 1]``, ``part_of_piece`` and ``begin``
+    ``[K]``), each run of pieces that follow one another both in their part and in the output joined
+    into one piece while they start in the same ``step`` bytes of the output (counted from its start)
+    as the run's first: a joined piece spans at most ``step`` bytes and its last row, so the output's
+    pages are still faulted in a group at a time just before the pieces that write them
+    (`torch_impl._host.fault_plan`, whose groups are ``step`` bytes). Rows
+    of one micro-batch that are neighbours in the original order are neighbours in it too (its indices
+    ascending, as verl's are); where the micro-batches are random subsets of M, about one row in M
+    continues the one before it. Joined only where at least ``Settings.cpu_join_min_runs`` pieces
+    share the part of the piece before them (the joining's own dozen NumPy operations cost about what
+    that many copies save); the pieces as they are otherwise. A constant number of NumPy operations."""
+    if part_of_piece.shape[0] < 2:
+        return dest, part_of_piece, begin
+    joins = np.diff(part_of_piece) == 0
+    if np.count_nonzero(joins) < get_settings().cpu_join_min_runs:
+        return dest, part_of_piece, begin
+    starts = dest[:-1]
+    joins &= np.diff(begin) == np.diff(starts)  # the source continues where the piece before ends
+    joins &= np.diff(starts // step) == 0  # and the piece starts in the same fault group
+    first = np.flatnonzero(np.concatenate(([True], ~joins)))  # each joined piece's first piece
+    return np.append(starts[first], dest[-1]), part_of_piece[first], begin[first]
 
 
 def concat_on_host(parts: Sequence[Part], total: int, moves: Moves | None = None) -> torch.Tensor:

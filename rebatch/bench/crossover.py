@@ -1,13 +1,15 @@
-"""Where one CPU path overtakes another: the measurements behind ``Settings.row_copy_min_elements`` and
-``Settings.cpu_few_rows``.
+"""Where one CPU path overtakes another: the measurements behind ``Settings.row_copy_min_elements``,
+``Settings.cpu_few_rows`` and ``Settings.cpu_join_min_runs``.
 
 Times `torch_impl.postprocess_batch_func` on the calling thread with each path forced, alternating (one
 float32 key, the benchmark grid's long-tailed lengths), and prints the ratios: row copies against
 element indices for a few mean row lengths at one B and M; with ``--few-rows``, the few-rows path
-against the NumPy host paths for a few B at one mean length and M.
+against the NumPy host paths for a few B at one mean length and M; with ``--join``, row copies with
+runs of rows joined (`torch_impl._rowcopy.join_runs`) against one copy a row, for a few B and M.
 
     python -m rebatch.bench.crossover [--rows 1024] [--micro-batches 16] [--lengths 32 64 128 256 512 1024]
     python -m rebatch.bench.crossover --few-rows [--batches 8 16 32 64 128 256] [--micro-batches 4] [--lengths 16]
+    python -m rebatch.bench.crossover --join [--batches 1024 4096 16384] [--counts 2 4 8 16] [--lengths 512]
 
 Figures taken on a busy machine are contended: rerun on a quiet one before changing the setting.
 """
@@ -15,6 +17,7 @@ Figures taken on a busy machine are contended: rerun on a quiet one before chang
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from collections.abc import Callable
@@ -28,7 +31,7 @@ from property_tests.kernels import forced
 from .cases import Case, make_inputs
 from .run import _median_times
 
-__all__ = ["crossover", "few_rows_crossover", "main"]
+__all__ = ["crossover", "few_rows_crossover", "join_crossover", "main"]
 
 
 def crossover(rows: int, micro_batches: int, lengths: list[int], *, min_time: float = 0.3) -> list[dict[str, Any]]:
@@ -78,6 +81,40 @@ def few_rows_crossover(
     return out
 
 
+def join_crossover(
+    batches: list[int], counts: list[int], length: int, *, min_time: float = 1.0
+) -> list[dict[str, Any]]:
+    """One row per (B, M): seconds of the row copies with runs joined (``cpu_join_min_runs`` 0) and
+    without (``sys.maxsize``), and ``apart / joined`` (above 1: joining faster); ``neighbours``: the
+    output rows that share the part of the row before them, which ``cpu_join_min_runs`` counts."""
+    out = []
+    for rows in batches:
+        for m in counts:
+            inputs = make_inputs(Case(rows, length, min(m, rows), 1, "float32", 2))
+            calls: dict[str, Callable[[], Any]] = {}
+            for name, least in (("joined", 0), ("apart", sys.maxsize)):
+
+                def call(least: int = least, inputs: Any = inputs) -> Any:
+                    with forced("row_copies"), torch_impl.use_settings(cpu_join_min_runs=least):
+                        return torch_impl.postprocess_batch_func(inputs.output_lst, inputs.indices, None)
+
+                calls[name] = call
+            seconds = _median_times(calls, "cpu", min_time=min_time, max_rounds=41)
+            part = [m for m, p in enumerate(inputs.indices) for _ in p]
+            order = sorted(range(rows), key=[i for p in inputs.indices for i in p].__getitem__)
+            neighbours = sum(part[a] == part[b] for a, b in itertools.pairwise(order))
+            out.append(
+                {
+                    "rows": rows,
+                    "micro_batches": m,
+                    "neighbours": neighbours,
+                    "seconds": seconds,
+                    "apart_over_joined": seconds["apart"] / seconds["joined"],
+                }
+            )
+    return out
+
+
 def _print_few_rows(results: list[dict[str, Any]], micro_batches: int, length: int) -> None:
     print(f"mean length {length}, M={micro_batches}, float32, torch {torch.__version__}")
     print("B | few rows ms | NumPy paths ms | NumPy / few rows")
@@ -96,7 +133,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--few-rows", action="store_true", help="the few-rows path against the NumPy host paths")
     parser.add_argument("--batches", type=int, nargs="+", default=[8, 16, 32, 64, 128, 256])
+    parser.add_argument("--join", action="store_true", help="row copies with runs joined against one a row")
+    parser.add_argument("--counts", type=int, nargs="+", default=[2, 4, 8, 16], help="micro-batch counts (--join)")
     args = parser.parse_args(argv)
+    if args.join:
+        joined = join_crossover(
+            args.batches if args.batches != parser.get_default("batches") else [1024, 4096, 16384],
+            args.counts,
+            (args.lengths or [512])[0],
+            min_time=args.min_time,
+        )
+        if args.json:
+            print(json.dumps(joined, indent=1))
+            return 0
+        print(f"mean length {(args.lengths or [512])[0]}, float32, row copies, torch {torch.__version__}")
+        print("B | M | neighbours | joined ms | apart ms | apart / joined")
+        for r in joined:
+            s = r["seconds"]
+            print(
+                f"{r['rows']} | {r['micro_batches']} | {r['neighbours']} | {s['joined'] * 1e3:.3g} | "
+                f"{s['apart'] * 1e3:.3g} | {r['apart_over_joined']:.2f}"
+            )
+        print(f"Settings.cpu_join_min_runs = {torch_impl.get_settings().cpu_join_min_runs}")
+        return 0
     if args.few_rows:
         found: list[dict[str, Any]] = []
         for length in args.lengths or [16]:
