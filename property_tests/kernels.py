@@ -20,13 +20,13 @@ __all__ = ["KERNELS", "forced"]
 
 #: path -> the `torch_impl.Settings` fields that force it
 KERNELS: dict[str, dict[str, Any]] = {
-    "row_copies": {"row_copy_min_elements": 0, "cpu_few_rows": 0, "cpu_join_min_runs": sys.maxsize},
+    "row_copies": {"row_copy_min_elements": 0, "cpu_few_rows": 0, "cpu_join_min_neighbours": sys.maxsize},
     # neighbours in both a part and the output copied together (`torch_impl._rowcopy.join_runs`), a
     # joined run stopping where a page begins (its pages faulted in a page at a time)
     "row_copies_joined": {
         "row_copy_min_elements": 0,
         "cpu_few_rows": 0,
-        "cpu_join_min_runs": 0,
+        "cpu_join_min_neighbours": 0,
         "cpu_prefault_min_bytes": 0,
         "cpu_fault_chunk_bytes": 4096,
         "cpu_fault_chunks_min_bytes": 0,

@@ -164,7 +164,7 @@ def test_few_rows_crossover_runs(capsys) -> None:
 
 def test_join_crossover_runs_and_counts_the_neighbours(capsys) -> None:
     """`join_crossover` times both ways and counts, for each case, the output rows whose micro-batch is
-    the row before's (what ``cpu_join_min_runs`` counts): all but the first in one micro-batch."""
+    the row before's (what ``cpu_join_min_neighbours`` counts): all but the first in one micro-batch."""
     from rebatch.bench.crossover import join_crossover, main
 
     rows = join_crossover([16], [1, 4], 8, min_time=0.0)

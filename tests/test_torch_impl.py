@@ -801,7 +801,7 @@ def _joined_one_by_one(
 def test_joined_runs_copy_each_byte_from_where_its_row_does(seed, step) -> None:
     """`join_runs`: the pieces a one-by-one join gives (`_joined_one_by_one`), which write every output
     byte from the byte the rows' own copies take it from; with fewer neighbours from one part than
-    ``cpu_join_min_runs``, the pieces as they are (and from exactly that many, joined). Partitions in
+    ``cpu_join_min_neighbours``, the pieces as they are (and from exactly that many, joined). Partitions in
     ascending order (as verl's) or not, empty rows and empty partitions among them."""
     from torch_impl._rowcopy import join_runs
 
@@ -817,13 +817,13 @@ def test_joined_runs_copy_each_byte_from_where_its_row_does(seed, step) -> None:
     if step == 2**40 and all((np.diff(p) > 0).all() for p in partitions):  # every neighbour is in order
         assert want[1].shape[0] == b - neighbours
     for least in (0, neighbours):
-        with torch_impl.use_settings(cpu_join_min_runs=least):
+        with torch_impl.use_settings(cpu_join_min_neighbours=least):
             got = join_runs(dest, part, begin, step)
         for a, w in zip(got, want, strict=True):
             assert np.array_equal(a, w)
         for a, w in zip(_byte_sources(*got), _byte_sources(dest, part, begin), strict=True):
             assert np.array_equal(a, w)
-    with torch_impl.use_settings(cpu_join_min_runs=neighbours + 1):
+    with torch_impl.use_settings(cpu_join_min_neighbours=neighbours + 1):
         got = join_runs(dest, part, begin, step)
     assert got[0] is dest
     assert got[1] is part
@@ -842,7 +842,7 @@ def test_row_copies_with_runs_joined_are_the_rows_copied_one_by_one(monkeypatch,
     for p in partitions:
         lengths = rng.integers(0, 300, size=len(p)).tolist()
         outs.append({"model_output": {"k": jagged(random_tensor(rng, (sum(lengths), *trailing), dtype), lengths)}})
-    with torch_impl.use_settings(row_copy_min_elements=0, cpu_few_rows=0, cpu_join_min_runs=sys.maxsize):
+    with torch_impl.use_settings(row_copy_min_elements=0, cpu_few_rows=0, cpu_join_min_neighbours=sys.maxsize):
         apart = torch_impl.postprocess_batch(outs, partitions)
     assert_same(apart, verl_postprocess_batch_func(outs, partitions, None))
     pieces = mock.Mock(wraps=torch_impl._rowcopy._copy_pieces)
@@ -850,7 +850,7 @@ def test_row_copies_with_runs_joined_are_the_rows_copied_one_by_one(monkeypatch,
     counts = []
     for chunks in ({"cpu_fault_chunk_bytes": 4096, "cpu_fault_chunks_min_bytes": 0}, {}):
         with torch_impl.use_settings(
-            row_copy_min_elements=0, cpu_few_rows=0, cpu_join_min_runs=0, cpu_prefault_min_bytes=0, **chunks
+            row_copy_min_elements=0, cpu_few_rows=0, cpu_join_min_neighbours=0, cpu_prefault_min_bytes=0, **chunks
         ):
             assert_same(torch_impl.postprocess_batch(outs, partitions), apart)
         counts.append(pieces.call_args.args[3].shape[0])  # part_of_piece: one a piece

@@ -131,16 +131,16 @@ def join_runs(
     into one piece while they start in the same ``step`` bytes of the output (counted from its start)
     as the run's first: a joined piece spans at most ``step`` bytes and its last row, so the output's
     pages are still faulted in a group at a time just before the pieces that write them
-    (`torch_impl._host.fault_plan`, whose groups are ``step`` bytes). Rows
-    of one micro-batch that are neighbours in the original order are neighbours in it too (its indices
-    ascending, as verl's are); where the micro-batches are random subsets of M, about one row in M
-    continues the one before it. Joined only where at least ``Settings.cpu_join_min_runs`` pieces
-    share the part of the piece before them (the joining's own dozen NumPy operations cost about what
-    that many copies save); the pieces as they are otherwise. A constant number of NumPy operations."""
+    (`torch_impl._host.fault_plan`, whose groups are ``step`` bytes). Two rows of one micro-batch that
+    are neighbours in the original order are neighbours in its values too where its indices ascend (as
+    verl's do); where the micro-batches are random subsets of M, about one row in M continues the one
+    before it. Joined only where at least ``Settings.cpu_join_min_neighbours`` pieces share the part of
+    the piece before them (the joining's own dozen NumPy operations cost about what that many copies
+    save); the pieces as they are otherwise. A constant number of NumPy operations."""
     if part_of_piece.shape[0] < 2:
         return dest, part_of_piece, begin
     joins = np.diff(part_of_piece) == 0
-    if np.count_nonzero(joins) < get_settings().cpu_join_min_runs:
+    if np.count_nonzero(joins) < get_settings().cpu_join_min_neighbours:
         return dest, part_of_piece, begin
     starts = dest[:-1]
     joins &= np.diff(begin) == np.diff(starts)  # the source continues where the piece before ends

@@ -122,7 +122,7 @@ class Settings:
     #: the time joined, by neighbours: 16-67 (B=1024, M=16 and 64) 0.97-0.98x, 59 1.02x, 137 1.04x,
     #: 238 (B=16384, M=64) 1.00x, 257 1.01x, 271 1.02x, 509-522 1.03-1.07x, 959-2047 1.02-1.04x,
     #: 4094-8120 (M=4 and 2) 1.15-1.16x. ``sys.maxsize``: never.
-    cpu_join_min_runs: int = 256
+    cpu_join_min_neighbours: int = 256
 
     def __post_init__(self) -> None:
         for name, integer, least in _BOUNDS:  # in the fields' order: the first bad one is named
@@ -146,7 +146,7 @@ _BOUNDS: tuple[tuple[str, bool, int], ...] = (
     ("cpu_hugepage_min_bytes", False, 0),
     ("cpu_parallel_fault_min_bytes", False, 0),
     ("cpu_few_rows", True, 0),
-    ("cpu_join_min_runs", True, 0),
+    ("cpu_join_min_neighbours", True, 0),
 )
 
 

@@ -1,5 +1,5 @@
 """Where one CPU path overtakes another: the measurements behind ``Settings.row_copy_min_elements``,
-``Settings.cpu_few_rows`` and ``Settings.cpu_join_min_runs``.
+``Settings.cpu_few_rows`` and ``Settings.cpu_join_min_neighbours``.
 
 Times `torch_impl.postprocess_batch_func` on the calling thread with each path forced, alternating (one
 float32 key, the benchmark grid's long-tailed lengths), and prints the ratios: row copies against
@@ -84,9 +84,9 @@ def few_rows_crossover(
 def join_crossover(
     batches: list[int], counts: list[int], length: int, *, min_time: float = 1.0
 ) -> list[dict[str, Any]]:
-    """One row per (B, M): seconds of the row copies with runs joined (``cpu_join_min_runs`` 0) and
+    """One row per (B, M): seconds of the row copies with runs joined (``cpu_join_min_neighbours`` 0) and
     without (``sys.maxsize``), and ``apart / joined`` (above 1: joining faster); ``neighbours``: the
-    output rows that share the part of the row before them, which ``cpu_join_min_runs`` counts."""
+    output rows that share the part of the row before them, which ``cpu_join_min_neighbours`` counts."""
     out = []
     for rows in batches:
         for m in counts:
@@ -95,7 +95,7 @@ def join_crossover(
             for name, least in (("joined", 0), ("apart", sys.maxsize)):
 
                 def call(least: int = least, inputs: Any = inputs) -> Any:
-                    with forced("row_copies"), torch_impl.use_settings(cpu_join_min_runs=least):
+                    with forced("row_copies"), torch_impl.use_settings(cpu_join_min_neighbours=least):
                         return torch_impl.postprocess_batch_func(inputs.output_lst, inputs.indices, None)
 
                 calls[name] = call
@@ -132,13 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-time", type=float, default=0.3)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--few-rows", action="store_true", help="the few-rows path against the NumPy host paths")
-    parser.add_argument("--batches", type=int, nargs="+", default=[8, 16, 32, 64, 128, 256])
+    parser.add_argument("--batches", type=int, nargs="+", help="B: 8 to 256 (--few-rows), 1024 4096 16384 (--join)")
     parser.add_argument("--join", action="store_true", help="row copies with runs joined against one a row")
     parser.add_argument("--counts", type=int, nargs="+", default=[2, 4, 8, 16], help="micro-batch counts (--join)")
     args = parser.parse_args(argv)
     if args.join:
         joined = join_crossover(
-            args.batches if args.batches != parser.get_default("batches") else [1024, 4096, 16384],
+            args.batches or [1024, 4096, 16384],
             args.counts,
             (args.lengths or [512])[0],
             min_time=args.min_time,
@@ -154,9 +154,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['rows']} | {r['micro_batches']} | {r['neighbours']} | {s['joined'] * 1e3:.3g} | "
                 f"{s['apart'] * 1e3:.3g} | {r['apart_over_joined']:.2f}"
             )
-        print(f"Settings.cpu_join_min_runs = {torch_impl.get_settings().cpu_join_min_runs}")
+        print(f"Settings.cpu_join_min_neighbours = {torch_impl.get_settings().cpu_join_min_neighbours}")
         return 0
     if args.few_rows:
+        args.batches = args.batches or [8, 16, 32, 64, 128, 256]
         found: list[dict[str, Any]] = []
         for length in args.lengths or [16]:
             found += few_rows_crossover(args.batches, args.micro_batches, length, min_time=args.min_time)
