@@ -167,10 +167,11 @@ def test_join_crossover_runs_and_counts_the_neighbours(capsys) -> None:
     the row before's (what ``cpu_join_min_neighbours`` counts): all but the first in one micro-batch."""
     from rebatch.bench.crossover import join_crossover, main
 
-    rows = join_crossover([16], [1, 4], 8, min_time=0.0)
-    assert [(r["rows"], r["micro_batches"]) for r in rows] == [(16, 1), (16, 4)]
+    rows = join_crossover([16, 2], [1, 4], [8], min_time=0.0)
+    assert [(r["rows"], r["micro_batches"]) for r in rows] == [(16, 1), (16, 4), (2, 1), (2, 2)]
     assert rows[0]["neighbours"] == 15
     assert 0 <= rows[1]["neighbours"] < 15
+    assert rows[2]["neighbours"] == 1
     assert all(r["seconds"]["joined"] > 0 and r["seconds"]["apart"] > 0 for r in rows)
     assert main(["--join", "--batches", "8", "--counts", "2", "--lengths", "8", "--min-time", "0"]) == 0
     assert "apart / joined" in capsys.readouterr().out

@@ -779,18 +779,18 @@ def _byte_sources(dest: np.ndarray, part: np.ndarray, begin: np.ndarray) -> tupl
 
 
 def _joined_one_by_one(
-    dest: np.ndarray, part: np.ndarray, begin: np.ndarray, step: int
+    dest: np.ndarray, part: np.ndarray, begin: np.ndarray, step: int, origin: int = 0
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`join_runs`' meaning, a piece at a time: a piece joins the run before it where it has the run's
-    part, its source starts where the run's last piece's ends, and it starts in the ``step`` bytes of
-    the output where the run's first starts."""
+    part, its source starts where the run's last piece's ends, and it starts in the fault group
+    (``step`` bytes from byte ``origin``) where the run's first starts."""
     first = [0]
     for k in range(1, part.shape[0]):
         run = first[-1]
         if not (
             part[k] == part[k - 1]
             and begin[k] == begin[k - 1] + dest[k] - dest[k - 1]
-            and dest[k] // step == dest[run] // step
+            and (dest[k] - origin) // step == (dest[run] - origin) // step
         ):
             first.append(k)
     return np.append(dest[first], dest[-1]), part[first], begin[first]
@@ -800,9 +800,10 @@ def _joined_one_by_one(
 @pytest.mark.parametrize("seed", range(8))
 def test_joined_runs_copy_each_byte_from_where_its_row_does(seed, step) -> None:
     """`join_runs`: the pieces a one-by-one join gives (`_joined_one_by_one`), which write every output
-    byte from the byte the rows' own copies take it from; with fewer neighbours from one part than
-    ``cpu_join_min_neighbours``, the pieces as they are (and from exactly that many, joined). Partitions in
-    ascending order (as verl's) or not, empty rows and empty partitions among them."""
+    byte from the byte the rows' own copies take it from; with fewer pieces continuing the one before
+    than ``cpu_join_min_neighbours``, the pieces as they are (and from exactly that many, joined).
+    Partitions in ascending order (as verl's) or not, empty rows and empty partitions among them, fault
+    groups from the output's first byte or a later one."""
     from torch_impl._rowcopy import join_runs
 
     rng = np.random.default_rng(seed)
@@ -812,49 +813,61 @@ def test_joined_runs_copy_each_byte_from_where_its_row_does(seed, step) -> None:
     partitions = [np.sort(p) if rng.random() < 0.75 else p for p in partitions]
     rows = rng.integers(0, 40, size=b) * (rng.random(b) > 0.1)
     dest, part, begin = _pieces_of(rows, partitions)
-    neighbours = int(np.count_nonzero(np.diff(part) == 0))
-    want = _joined_one_by_one(dest, part, begin, step)
-    if step == 2**40 and all((np.diff(p) > 0).all() for p in partitions):  # every neighbour is in order
-        assert want[1].shape[0] == b - neighbours
-    for least in (0, neighbours):
+    origin = int(rng.integers(0, step)) if step < 2**40 else 0
+    continuing = int(np.count_nonzero((np.diff(part) == 0) & (np.diff(begin) == np.diff(dest[:-1]))))
+    want = _joined_one_by_one(dest, part, begin, step, origin)
+    if step == 2**40:  # every continuing piece joins
+        assert want[1].shape[0] == b - continuing
+    for least in (0, continuing):
         with torch_impl.use_settings(cpu_join_min_neighbours=least):
-            got = join_runs(dest, part, begin, step)
+            got = join_runs(dest, part, begin, step, origin)
         for a, w in zip(got, want, strict=True):
             assert np.array_equal(a, w)
         for a, w in zip(_byte_sources(*got), _byte_sources(dest, part, begin), strict=True):
             assert np.array_equal(a, w)
-    with torch_impl.use_settings(cpu_join_min_neighbours=neighbours + 1):
-        got = join_runs(dest, part, begin, step)
+    with torch_impl.use_settings(cpu_join_min_neighbours=continuing + 1):
+        got = join_runs(dest, part, begin, step, origin)
     assert got[0] is dest
     assert got[1] is part
     assert got[2] is begin
 
 
-@pytest.mark.parametrize(("dtype", "trailing"), [("float32", ()), ("bfloat16", (5,)), ("int64", (2,))])
-def test_row_copies_with_runs_joined_are_the_rows_copied_one_by_one(monkeypatch, dtype, trailing) -> None:
-    """Row copies with neighbours joined (pages faulted in by chunks of one page, where joined runs
-    stop, and whole): the values of the copies one a row and of verl's function, bit for bit, in
-    fewer copies than rows."""
+@pytest.mark.parametrize(("dtype", "trailing"), [("float32", ()), ("bfloat16", (5,)), ("int8", (2,)), ("int64", (0,))])
+@pytest.mark.parametrize("ascending", [True, False])
+def test_row_copies_with_runs_joined_are_the_rows_copied_one_by_one(monkeypatch, dtype, trailing, ascending) -> None:
+    """Row copies with runs joined: the values of the copies one a row and of verl's function, bit for
+    bit; the pieces copied are the rows' own joined one by one (`_joined_one_by_one`) within the fault
+    groups `fault_plan` makes (one page each, counted from the output's first whole page; and the
+    default 256 KiB), and one a row when joining is off. Partitions ascending (as verl's) or not."""
     rng = np.random.default_rng(len(trailing))
     perm = rng.permutation(600)
-    partitions = [sorted(perm[a:b].tolist()) for a, b in ((0, 150), (150, 300), (300, 301), (301, 600))]
-    outs = []
+    partitions = [perm[a:b].tolist() for a, b in ((0, 150), (150, 300), (300, 301), (301, 600))]
+    partitions = [sorted(p) if ascending else p for p in partitions]
+    outs, lengths = [], np.zeros(600, dtype=np.int64)
     for p in partitions:
-        lengths = rng.integers(0, 300, size=len(p)).tolist()
-        outs.append({"model_output": {"k": jagged(random_tensor(rng, (sum(lengths), *trailing), dtype), lengths)}})
-    with torch_impl.use_settings(row_copy_min_elements=0, cpu_few_rows=0, cpu_join_min_neighbours=sys.maxsize):
-        apart = torch_impl.postprocess_batch(outs, partitions)
-    assert_same(apart, verl_postprocess_batch_func(outs, partitions, None))
+        rows = rng.integers(0, 300, size=len(p))
+        lengths[p] = rows
+        values = random_tensor(rng, (int(rows.sum()), *trailing), dtype)
+        outs.append({"model_output": {"k": jagged(values, rows.tolist())}})
+    row_bytes = torch.empty((), dtype=getattr(torch, dtype)).element_size() * math.prod(trailing)
+    rows_pieces = _pieces_of(lengths * row_bytes, [np.asarray(p) for p in partitions])
     pieces = mock.Mock(wraps=torch_impl._rowcopy._copy_pieces)
     monkeypatch.setattr(torch_impl._rowcopy, "_copy_pieces", pieces)
-    counts = []
-    for chunks in ({"cpu_fault_chunk_bytes": 4096, "cpu_fault_chunks_min_bytes": 0}, {}):
+    with torch_impl.use_settings(row_copy_min_elements=0, cpu_few_rows=0, cpu_join_min_neighbours=sys.maxsize):
+        apart = torch_impl.postprocess_batch(outs, partitions)
+    assert pieces.call_args.args[3].shape[0] == 600  # one piece a row
+    assert_same(apart, verl_postprocess_batch_func(outs, partitions, None))
+    for chunks, step in (({"cpu_fault_chunk_bytes": 4096, "cpu_fault_chunks_min_bytes": 0}, 4096), ({}, 2**18)):
         with torch_impl.use_settings(
             row_copy_min_elements=0, cpu_few_rows=0, cpu_join_min_neighbours=0, cpu_prefault_min_bytes=0, **chunks
         ):
             assert_same(torch_impl.postprocess_batch(outs, partitions), apart)
-        counts.append(pieces.call_args.args[3].shape[0])  # part_of_piece: one a piece
-    assert counts[1] < counts[0] < 600  # fewer pieces than rows, and runs stop at pages (4096) before 256 KiB
+        out, _, dest, part, begin, _ = pieces.call_args.args
+        want = _joined_one_by_one(*rows_pieces, step, -out.data_ptr() % 4096)
+        for got, w in zip((dest, part, begin), want, strict=True):
+            assert np.array_equal(got, w)
+        if ascending and row_bytes:
+            assert part.shape[0] < 600
 
 
 def test_faulting_in_by_chunks_changes_no_byte() -> None:

@@ -118,33 +118,35 @@ def permute_by_rows(
     dest = np.zeros(lens.shape[0] + 1, dtype=np.int64)  # each output row's first byte, then the end
     np.multiply(lens[order], row_bytes, out=dest[1:]).cumsum(out=dest[1:])
     src_begin = where.starts[order] * row_bytes
-    dest, part_of_piece, src_begin = join_runs(dest, where.part_of_row[order], src_begin, fault_step(int(dest[-1])))
+    step, origin = fault_step(int(dest[-1])), -out.data_ptr() % _host._PAGE  # `fault_plan`'s groups
+    dest, part_of_piece, src_begin = join_runs(dest, where.part_of_row[order], src_begin, step, origin)
     _copy_pieces(out, parts, dest, part_of_piece, src_begin, moves)
     return out
 
 
 def join_runs(
-    dest: np.ndarray, part_of_piece: np.ndarray, begin: np.ndarray, step: int
+    dest: np.ndarray, part_of_piece: np.ndarray, begin: np.ndarray, step: int, origin: int = 0
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Pieces as `_copy_pieces` takes them (``dest`` ``[K + 1]``, ``part_of_piece`` and ``begin``
     ``[K]``), each run of pieces that follow one another both in their part and in the output joined
-    into one piece while they start in the same ``step`` bytes of the output (counted from its start)
-    as the run's first: a joined piece spans at most ``step`` bytes and its last row, so the output's
-    pages are still faulted in a group at a time just before the pieces that write them
-    (`torch_impl._host.fault_plan`, whose groups are ``step`` bytes). Two rows of one micro-batch that
-    are neighbours in the original order are neighbours in its values too where its indices ascend (as
-    verl's do); where the micro-batches are random subsets of M, about one row in M continues the one
-    before it. Joined only where at least ``Settings.cpu_join_min_neighbours`` pieces share the part of
-    the piece before them (the joining's own dozen NumPy operations cost about what that many copies
-    save); the pieces as they are otherwise. A constant number of NumPy operations."""
+    into one piece while they start in the same fault group as the run's first: the groups of
+    `torch_impl._host.fault_plan`, ``step`` bytes each from byte ``origin`` of the output (its first
+    whole page), so a joined piece spans at most a group and its last row, and the output's pages are
+    still faulted in a group at a time just before the pieces that write them. Two rows of one
+    micro-batch that are neighbours in the original order are neighbours in its values too where its
+    indices ascend (as verl's do); where the micro-batches are random subsets of M, about one row in M
+    continues the one before it. Joined only where at least ``Settings.cpu_join_min_neighbours``
+    pieces continue the piece before them in its part (the joining's own dozen NumPy operations cost
+    about what that many copies save); the pieces as they are otherwise. A constant number of NumPy
+    operations."""
     if part_of_piece.shape[0] < 2:
         return dest, part_of_piece, begin
-    joins = np.diff(part_of_piece) == 0
+    starts = dest[:-1]
+    # the piece has the part of the piece before it, and its source starts where that one's ends
+    joins = (np.diff(part_of_piece) == 0) & (np.diff(begin) == np.diff(starts))
     if np.count_nonzero(joins) < get_settings().cpu_join_min_neighbours:
         return dest, part_of_piece, begin
-    starts = dest[:-1]
-    joins &= np.diff(begin) == np.diff(starts)  # the source continues where the piece before ends
-    joins &= np.diff(starts // step) == 0  # and the piece starts in the same fault group
+    joins &= np.diff((starts - origin) // step) == 0  # and it starts in the same fault group
     first = np.flatnonzero(np.concatenate(([True], ~joins)))  # each joined piece's first piece
     return np.append(starts[first], dest[-1]), part_of_piece[first], begin[first]
 

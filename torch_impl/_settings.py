@@ -113,10 +113,10 @@ class Settings:
     #: 256; mean length 512, M=4: 1.40x at 8, 1.28x at 64, 1.19x at 128, 1.10x at 256; mean length
     #: 16, M=16: 1.28x at 16, 1.12x at 128, 1.04x at 256. 0: never.
     cpu_few_rows: int = 128
-    #: Output rows sharing the part of the row before them (neighbours in the output from one
-    #: micro-batch) from which the row copies copy rows that follow one another in both their part and
-    #: the output together, one ``memcpy`` a run (`torch_impl._rowcopy.join_runs`: a dozen NumPy
-    #: operations a key, which that many fewer copies must pay for). Measured on 2 cores, torch 2.13,
+    #: Output rows that continue the row before them in its micro-batch's values (neighbours in both)
+    #: from which the row copies copy each run of such rows as one ``memcpy``
+    #: (`torch_impl._rowcopy.join_runs`: a dozen NumPy operations a key, which that many fewer copies
+    #: must pay for; micro-batches of ascending indices, as the grid's). Measured on 2 cores, torch 2.13,
     #: one float32 key, mean length 512, whole calls (`python -m rebatch.bench.crossover --join
     #: --batches 1024 4096 16384 --counts 2 4 8 16 64 --min-time 3`), the time one copy a row over
     #: the time joined, by neighbours: 16-67 (B=1024, M=16 and 64) 0.97-0.98x, 59 1.02x, 137 1.04x,

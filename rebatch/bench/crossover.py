@@ -9,7 +9,7 @@ runs of rows joined (`torch_impl._rowcopy.join_runs`) against one copy a row, fo
 
     python -m rebatch.bench.crossover [--rows 1024] [--micro-batches 16] [--lengths 32 64 128 256 512 1024]
     python -m rebatch.bench.crossover --few-rows [--batches 8 16 32 64 128 256] [--micro-batches 4] [--lengths 16]
-    python -m rebatch.bench.crossover --join [--batches 1024 4096 16384] [--counts 2 4 8 16] [--lengths 512]
+    python -m rebatch.bench.crossover --join [--batches 1024 4096 16384] [--counts 2 4 8 16] [--lengths 512 ...]
 
 Figures taken on a busy machine are contended: rerun on a quiet one before changing the setting.
 """
@@ -82,36 +82,38 @@ def few_rows_crossover(
 
 
 def join_crossover(
-    batches: list[int], counts: list[int], length: int, *, min_time: float = 1.0
+    batches: list[int], counts: list[int], lengths: list[int], *, min_time: float = 1.0
 ) -> list[dict[str, Any]]:
-    """One row per (B, M): seconds of the row copies with runs joined (``cpu_join_min_neighbours`` 0) and
-    without (``sys.maxsize``), and ``apart / joined`` (above 1: joining faster); ``neighbours``: the
-    output rows that share the part of the row before them, which ``cpu_join_min_neighbours`` counts."""
+    """One row per (mean length, B, M): seconds of the row copies with runs joined
+    (``cpu_join_min_neighbours`` 0) and without (``sys.maxsize``), and ``apart / joined`` (above 1:
+    joining faster); ``neighbours``: the output rows whose micro-batch is the row before's (the grid's
+    micro-batches list their indices in ascending order, so each continues that row in its values:
+    what ``cpu_join_min_neighbours`` counts)."""
     out = []
-    for rows in batches:
-        for m in counts:
-            inputs = make_inputs(Case(rows, length, min(m, rows), 1, "float32", 2))
-            calls: dict[str, Callable[[], Any]] = {}
-            for name, least in (("joined", 0), ("apart", sys.maxsize)):
+    for length, rows, count in itertools.product(lengths, batches, counts):
+        m = min(count, rows)
+        inputs = make_inputs(Case(rows, length, m, 1, "float32", 2))
+        calls: dict[str, Callable[[], Any]] = {}
+        for name, least in (("joined", 0), ("apart", sys.maxsize)):
 
-                def call(least: int = least, inputs: Any = inputs) -> Any:
-                    with forced("row_copies"), torch_impl.use_settings(cpu_join_min_neighbours=least):
-                        return torch_impl.postprocess_batch_func(inputs.output_lst, inputs.indices, None)
+            def call(least: int = least, inputs: Any = inputs) -> Any:
+                with forced("row_copies"), torch_impl.use_settings(cpu_join_min_neighbours=least):
+                    return torch_impl.postprocess_batch_func(inputs.output_lst, inputs.indices, None)
 
-                calls[name] = call
-            seconds = _median_times(calls, "cpu", min_time=min_time, max_rounds=41)
-            part = [m for m, p in enumerate(inputs.indices) for _ in p]
-            order = sorted(range(rows), key=[i for p in inputs.indices for i in p].__getitem__)
-            neighbours = sum(part[a] == part[b] for a, b in itertools.pairwise(order))
-            out.append(
-                {
-                    "rows": rows,
-                    "micro_batches": m,
-                    "neighbours": neighbours,
-                    "seconds": seconds,
-                    "apart_over_joined": seconds["apart"] / seconds["joined"],
-                }
-            )
+            calls[name] = call
+        seconds = _median_times(calls, "cpu", min_time=min_time, max_rounds=41)
+        part = [k for k, p in enumerate(inputs.indices) for _ in p]  # each flat position's micro-batch
+        order = sorted(range(rows), key=[i for p in inputs.indices for i in p].__getitem__)  # output order
+        out.append(
+            {
+                "mean_length": length,
+                "rows": rows,
+                "micro_batches": m,
+                "neighbours": sum(part[a] == part[b] for a, b in itertools.pairwise(order)),
+                "seconds": seconds,
+                "apart_over_joined": seconds["apart"] / seconds["joined"],
+            }
+        )
     return out
 
 
@@ -138,21 +140,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.join:
         joined = join_crossover(
-            args.batches or [1024, 4096, 16384],
-            args.counts,
-            (args.lengths or [512])[0],
-            min_time=args.min_time,
+            args.batches or [1024, 4096, 16384], args.counts, args.lengths or [512], min_time=args.min_time
         )
         if args.json:
             print(json.dumps(joined, indent=1))
             return 0
-        print(f"mean length {(args.lengths or [512])[0]}, float32, row copies, torch {torch.__version__}")
-        print("B | M | neighbours | joined ms | apart ms | apart / joined")
+        print(f"float32, row copies, torch {torch.__version__}")
+        print("mean length | B | M | neighbours | joined ms | apart ms | apart / joined")
         for r in joined:
             s = r["seconds"]
             print(
-                f"{r['rows']} | {r['micro_batches']} | {r['neighbours']} | {s['joined'] * 1e3:.3g} | "
-                f"{s['apart'] * 1e3:.3g} | {r['apart_over_joined']:.2f}"
+                f"{r['mean_length']} | {r['rows']} | {r['micro_batches']} | {r['neighbours']} | "
+                f"{s['joined'] * 1e3:.3g} | {s['apart'] * 1e3:.3g} | {r['apart_over_joined']:.2f}"
             )
         print(f"Settings.cpu_join_min_neighbours = {torch_impl.get_settings().cpu_join_min_neighbours}")
         return 0
