@@ -118,10 +118,10 @@ class Settings:
     #: (`torch_impl._rowcopy.join_runs`: a dozen NumPy operations a key, which that many fewer copies
     #: must pay for; micro-batches of ascending indices, as the grid's). Measured on 2 cores, torch 2.13,
     #: one float32 key, mean length 512, whole calls (`python -m rebatch.bench.crossover --join
-    #: --batches 1024 4096 16384 --counts 2 4 8 16 64 --min-time 3`), the time one copy a row over
-    #: the time joined, by neighbours: 16-67 (B=1024, M=16 and 64) 0.97-0.98x, 59 1.02x, 137 1.04x,
-    #: 238 (B=16384, M=64) 1.00x, 257 1.01x, 271 1.02x, 509-522 1.03-1.07x, 959-2047 1.02-1.04x,
-    #: 4094-8120 (M=4 and 2) 1.15-1.16x. ``sys.maxsize``: never.
+    #: --batches 1024 4096 16384 --counts 2 4 8 16 64 --min-time 3`, two runs), the time one copy a row
+    #: over the time joined, by neighbours: 16-67 (B=1024, M=16 and 64) 0.95-0.98x, 59 0.96-1.02x,
+    #: 137 0.98-1.04x, 238 (B=16384, M=64) 1.00-1.01x, 257 1.01x, 271 1.02-1.04x, 509-522
+    #: 1.02-1.07x, 959-2047 1.02-1.05x, 4094-8120 (M=4 and 2) 1.11-1.16x. ``sys.maxsize``: never.
     cpu_join_min_neighbours: int = 256
 
     def __post_init__(self) -> None:
