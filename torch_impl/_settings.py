@@ -99,7 +99,9 @@ class Settings:
     #: calls, paired, float32, M=16, the fault plan's time over the touch's): quiet, 8 MiB 1.06x, 16
     #: MiB 1.09x, 32 MiB 1.15x, 64 MiB 1.15x, 128 MiB 1.08x, 256 MiB 1.22x, three bfloat16 keys
     #: of 84 MiB 1.13x; with one busy process per core, noise in repeated runs: 32 MiB 0.66-1.11x, 64
-    #: MiB 0.88-1.07x, 128 MiB 0.90x, 256 MiB 0.93-1.12x, three keys of 84 MiB 1.14x. From 64 MiB,
+    #: MiB 0.88-1.07x, 128 MiB 0.90x, 256 MiB 0.93-1.12x, three keys of 84 MiB 1.14x. Five 2 MiB keys
+    #: (B=1024, L=512, M=64; two cache lines a page, so that the ``fill_`` splits): 0.89x quiet, 0.47x
+    #: busy (whole calls, paired, nine rounds each). From 64 MiB,
     #: where ``cpu_parallel_concat_min_bytes`` already trusts torch's threads under contention.
     #: ``math.inf``: never.
     cpu_parallel_fault_min_bytes: float = 64 * 2**20
