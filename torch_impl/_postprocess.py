@@ -55,12 +55,10 @@ def _postprocess_batch(
 ) -> dict[str, Any]:
     """`postprocess_batch` itself (its public name adds the entry checks, which verl's drop-in has made);
     a plain call of a few rows as a whole (`few_rows_call`), any other through the pipeline below."""
-    model_output: dict[Any, Any] | None = None
-    # `check_settings` is the pipeline's first check: raising here is raising there
-    if type(pad_mode) is str and pad_mode == "no_padding" and check_settings(use_dynamic_bsz, pad_mode, indices):
-        model_output = few_rows_call(output_lst, indices)
+    pad_mode, dynamic = _settings(use_dynamic_bsz, pad_mode, indices)
+    model_output = few_rows_call(output_lst, indices) if dynamic and pad_mode == "no_padding" else None
     if model_output is None:
-        output_lst, perm, checked = _check(output_lst, indices, use_dynamic_bsz, pad_mode)
+        output_lst, perm, checked = _check(output_lst, indices, dynamic, pad_mode)
         model_output = {}
         rows: CallRows | None = None
         moves: Moves = []  # every key's outputs and plans first, then every host copy (`Moves`)
@@ -76,17 +74,23 @@ def _postprocess_batch(
     return {"model_output": model_output, "loss": losses, "metrics": metrics}
 
 
+def _settings(use_dynamic_bsz: Any, pad_mode: Any, indices: Sequence[Sequence[int]] | None) -> tuple[str, bool]:
+    """The first check of a call (`check_settings`): ``pad_mode`` (verl's enum read as its value) and
+    ``use_dynamic_bsz`` as a bool."""
+    if isinstance(pad_mode, Enum):
+        pad_mode = pad_mode.value
+    return pad_mode, check_settings(use_dynamic_bsz, pad_mode, indices)
+
+
 def _check(
     output_lst: Sequence[Mapping[str, Any]],
     indices: Sequence[Sequence[int]] | None,
-    use_dynamic_bsz: Any,
-    pad_mode: Any,
+    use_dynamic_bsz: bool,
+    pad_mode: str,
 ) -> tuple[Sequence[Mapping[str, Any]], torch.Tensor | None, dict[Any, list[Any]]]:
-    """Every check of a call, no data moved: the outputs without padding micro-batches, the permutation
-    (None without dynamic batch size) and each key's checked parts, in the keys' order."""
-    if isinstance(pad_mode, Enum):
-        pad_mode = pad_mode.value
-    use_dynamic_bsz = check_settings(use_dynamic_bsz, pad_mode, indices)
+    """Every check of a call after its settings' (`_settings`, whose results these are), no data
+    moved: the outputs without padding micro-batches, the permutation (None without dynamic batch
+    size) and each key's checked parts, in the keys' order."""
     output_lst, indices = drop_padding(output_lst, indices)
     outs = model_outputs(output_lst)
     check_metrics(output_lst)
@@ -164,7 +168,8 @@ def check_batch_func(
     use_dynamic_bsz = read_setting(data, "use_dynamic_bsz", True)
     pad_mode = read_setting(data, "pad_mode", "no_padding")
     output_lst = [_plain_model_output(o) for o in output_lst] if isinstance(output_lst, list | tuple) else output_lst
-    _check(output_lst, indices, use_dynamic_bsz, pad_mode)
+    pad_mode, dynamic = _settings(use_dynamic_bsz, pad_mode, indices)
+    _check(output_lst, indices, dynamic, pad_mode)
 
 
 def _plain_model_output(o: Any) -> Any:
