@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 
 import pytest
 import torch
@@ -210,13 +211,14 @@ def test_versus_runs_both_commits_side_by_side_on_a_tiny_grid() -> None:
 
 class _FakeWorker:
     """A worker whose calls take ``cost`` seconds each, the first of a turn ``cold``; records each turn's
-    number of calls."""
+    number of calls and the core it was asked to run on."""
 
     def __init__(self, cost: float, cold: float) -> None:
-        self.cost, self.cold, self.turns = cost, cold, []
+        self.cost, self.cold, self.turns, self.cores = cost, cold, [], []
 
-    def ask(self, cmd: str, fn: str, n: int) -> dict:
+    def ask(self, cmd: str, fn: str, n: int, core: int | None = None) -> dict:
         self.turns.append(n)
+        self.cores.append(core)
         return {"times": [self.cold] + [self.cost] * (n - 1)}
 
 
@@ -235,6 +237,54 @@ def test_versus_turns_last_about_20_ms_for_each_function_by_its_own_cost() -> No
     assert (s["today"], s["today_first"]) == (0.0003, 0.001)
     assert (s["baseline"], s["baseline_first"]) == (0.002, 0.004)
     assert s["speedup"] == pytest.approx(0.002 / 0.0003)
+
+
+def test_versus_runs_every_turn_of_a_round_on_one_core_and_the_rounds_take_the_cores_in_turn() -> None:
+    """A core slower than the other for a while weighs on both implementations alike: within a round
+    every function's turn is asked for the same core, the next round for the next core; the warm-up
+    turn, and every turn where no cores are given, is not pinned."""
+    from rebatch.bench.versus import _medians
+
+    fakes = [_FakeWorker(0.002, 0.002) for _ in range(3)]
+    workers = dict(zip(("baseline", "today", "clone"), ((w, "impl") for w in fakes), strict=True))
+    _medians(workers, {}, min_time=0.0, rounds=5, seed=0, cores=[3, 7])
+    for w in fakes:
+        assert w.cores == [None, 3, 7, 3, 7, 3]
+    unpinned = _FakeWorker(0.002, 0.002)
+    _medians({"today": (unpinned, "impl")}, {}, min_time=0.0, rounds=2, seed=0)
+    assert unpinned.cores == [None, None, None]
+
+
+def test_on_core_pins_the_calling_thread_alone_and_gives_its_cores_back() -> None:
+    """`rebatch.bench.contention.on_core`: the calling thread runs on the one core within the block, a
+    thread started before keeps its cores, and the calling thread's own come back after."""
+    import threading
+
+    from rebatch.bench.contention import cores, on_core
+
+    if not hasattr(os, "sched_setaffinity") or not cores():
+        pytest.skip("this platform cannot pin a thread")
+    seen: list[set[int]] = []
+    go, done = threading.Event(), threading.Event()
+
+    def other() -> None:
+        go.wait()
+        seen.append(os.sched_getaffinity(0))
+        done.set()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    before = os.sched_getaffinity(0)
+    core = cores()[-1]
+    with on_core(core):
+        assert os.sched_getaffinity(0) == {core}
+        go.set()
+        done.wait(10)
+    thread.join(10)
+    assert seen == [before]
+    assert os.sched_getaffinity(0) == before
+    with on_core(None):
+        assert os.sched_getaffinity(0) == before
 
 
 def test_baseline_extracts_are_whole_when_processes_extract_the_same_commit_at_once(tmp_path, monkeypatch) -> None:

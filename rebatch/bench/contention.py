@@ -14,17 +14,38 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
-__all__ = ["busy_processes", "core_count"]
+__all__ = ["busy_processes", "core_count", "cores", "on_core"]
 
 _SPIN = "while True:\n    pass\n"
 
 
-def core_count() -> int:
-    """The cores this process may run on."""
+def cores() -> list[int]:
+    """The cores this process may run on, by number (empty where the platform does not say)."""
     try:
-        return len(os.sched_getaffinity(0))
+        return sorted(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        return []
+
+
+@contextlib.contextmanager
+def on_core(core: int | None) -> Iterator[None]:
+    """Within the block, the calling thread runs on ``core`` alone; the process's other threads (torch's
+    own pool among them) keep their cores. Nothing where ``core`` is None or the platform cannot pin a
+    thread. Threads started within the block would inherit the one core: start them before."""
+    if core is None or not hasattr(os, "sched_setaffinity"):
+        yield
+        return
+    before = os.sched_getaffinity(0)  # pid 0: the calling thread (Linux sets a thread's mask)
+    os.sched_setaffinity(0, {core})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def core_count() -> int:
+    """How many cores this process may run on."""
+    return len(cores()) or os.cpu_count() or 1
 
 
 @contextlib.contextmanager

@@ -6,7 +6,8 @@ process of its own: the baseline's with ``PYTHONPATH`` at an extract of the comm
 ``torch_impl`` and ``property_tests`` (``git archive``, cached under ``.cache/``), today's with this
 checkout's. The harness drives the workers alternately, round by round (order shuffled each round, as
 `rebatch.bench.run._median_times`): a worker times its own calls while the other waits on its pipe,
-so both meet the same state of the machine. Each worker builds identical inputs from the same seed
+so both meet the same state of the machine, and within a round both calling threads run on the same
+core (the rounds take the cores in turn, `_medians`). Each worker builds identical inputs from the same seed
 (plain torch, no code of either implementation), and the results are checked bit-equal (a digest of
 every output's bytes and offsets) before any timing.
 
@@ -103,13 +104,16 @@ def _clones(wholes: list[Any]) -> list[Any]:
 def _worker() -> int:
     """Serve the harness: ``setup`` (a case: inputs built, a warm-up call, the result's digest),
     ``time`` (``n`` calls of ``impl`` or ``clone``, each timed alone after returning the C heap's free
-    pages), ``quit``."""
+    pages; with ``core``, the calling thread on that core alone meanwhile), ``quit``."""
     import torch
 
     import torch_impl
 
     from .cases import Case
+    from .contention import on_core
     from .memory import release_free_memory
+
+    torch.zeros(2**20).fill_(1)  # torch's thread pool started now, on every core, before any turn pins
 
     fns: dict[str, Callable[[], Any]] = {}
     out = sys.stdout
@@ -135,11 +139,12 @@ def _worker() -> int:
         elif msg["cmd"] == "time":
             fn = fns[msg["fn"]]
             times = []
-            for _ in range(msg["n"]):
-                release_free_memory()
-                start = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - start)
+            with on_core(msg.get("core")):
+                for _ in range(msg["n"]):
+                    release_free_memory()
+                    start = time.perf_counter()
+                    fn()
+                    times.append(time.perf_counter() - start)
             reply = {"times": times}
         elif msg["cmd"] == "quit":
             return 0
@@ -228,7 +233,13 @@ def baseline_root(commit: str) -> Path:
 
 
 def _medians(
-    workers: dict[str, tuple[Worker, str]], first: dict[str, float], *, min_time: float, rounds: int, seed: int
+    workers: dict[str, tuple[Worker, str]],
+    first: dict[str, float],
+    *,
+    min_time: float,
+    rounds: int,
+    seed: int,
+    cores: list[int] | None = None,
 ) -> dict[str, float]:
     """Median seconds per call of each (worker, function), in rounds of shuffled order; each turn is
     ``n`` calls of that function, ``n`` set from its own warm cost (``first[name]``, or the warm-up
@@ -237,7 +248,11 @@ def _medians(
     given the turn length of a dear one would be timed mostly cold. Also ``speedup`` and ``vs_clone``:
     the medians over rounds of each round's ``baseline / today`` and ``today / clone`` (the turns'
     medians), a paired estimate that a slower or faster phase of a shared machine, lasting longer than
-    a round, cancels out of; and ``<name>_first``: the median over turns of each turn's first call."""
+    a round, cancels out of; and ``<name>_first``: the median over turns of each turn's first call.
+    ``cores``: in round ``r`` every turn's calling thread runs on ``cores[r % len(cores)]`` alone (torch's
+    own threads stay free), so that a core slower than the others for a while (measured on this 2-core
+    machine, a Python loop pinned to each: 282-309 ms on core 0, 177-270 ms on core 1, alternating)
+    weighs on both implementations alike, not on whichever worker the scheduler left there."""
     calls: dict[str, int] = {}
     for name, (w, fn) in workers.items():  # a warm-up turn each
         cost = min(w.ask(cmd="time", fn=fn, n=1)["times"][0], first.get(name, math.inf))
@@ -252,9 +267,10 @@ def _medians(
     while done < rounds or (spent < min_time and done < 3 * rounds):
         rng.shuffle(order)
         turn: dict[str, float] = {}
+        pin = {"core": cores[done % len(cores)]} if cores else {}
         for name in order:
             w, fn = workers[name]
-            t = w.ask(cmd="time", fn=fn, n=calls[name])["times"]
+            t = w.ask(cmd="time", fn=fn, n=calls[name], **pin)["times"]
             times[name] += t
             firsts[name].append(t[0])
             turn[name] = statistics.median(t)
@@ -288,7 +304,7 @@ ACCEPTANCE = "acceptance"
 def versus(
     cases: list[Any], commit: str, *, contended: bool, rounds: int = 7, min_time: float = 0.5, log: Any = None
 ) -> dict[str, Any]:
-    from .contention import busy_processes, core_count
+    from .contention import busy_processes, core_count, cores
 
     base = Worker(baseline_root(commit))
     today = Worker(ROOT)
@@ -306,10 +322,11 @@ def versus(
                 raise AssertionError(f"{case.name}: the baseline's result and today's differ")
             first = {"baseline": a["first"], "today": b["first"]}
             row: dict[str, Any] = {"case": case._asdict(), "name": case.name, "elements": case.elements}
-            row["quiet"] = _medians(fns, first, min_time=min_time, rounds=rounds, seed=i)
+            timing = functools.partial(_medians, fns, first, min_time=min_time, rounds=rounds, seed=i, cores=cores())
+            row["quiet"] = timing()
             if contended:
                 with busy_processes():
-                    row["contended"] = _medians(fns, first, min_time=min_time, rounds=rounds, seed=i)
+                    row["contended"] = timing()
             rows.append(row)
             if log is not None:
                 print(f"[{time.perf_counter() - start:6.0f}s] {_line(row)}", file=log, flush=True)
