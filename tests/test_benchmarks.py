@@ -335,3 +335,6 @@ def test_versus_section_replaces_its_earlier_self(tmp_path) -> None:
     assert "Against commit abc" not in text
     assert kept_section(text).startswith(BEGIN)
     assert "`cmd`" in kept_section(text)
+    assert "runs on one core" not in text  # a run from before the rounds were pinned says nothing of it
+    write_docs({**results, "pinned": [0, 1]}, page)
+    assert "the rounds taking the cores [0, 1] in turn" in page.read_text()

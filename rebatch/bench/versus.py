@@ -338,6 +338,7 @@ def versus(
         "today": _describe(),
         "torch": a["torch"] if cases else None,
         "busy_processes": core_count() if contended else 0,
+        "pinned": cores(),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "rows": rows,
     }
@@ -487,7 +488,15 @@ def section(results: dict[str, Any]) -> str:
         "for each function from its own warm cost), each call timed "
         "alone after the C heap's free pages go back to the kernel; the ms columns are medians of all calls, "
         "the ratios medians of each round's ratio of the turns' medians (paired: a slower or faster phase of "
-        "the machine, longer than a round, cancels out). *clone* is one clone of a "
+        "the machine, longer than a round, cancels out)"
+        + (
+            "; within a round every turn's calling thread runs on one core, the rounds taking the cores "
+            f"{results['pinned']} in turn (torch's own threads free), so a core slower than another for a "
+            "while weighs on both alike"
+            if results.get("pinned")
+            else ""
+        )
+        + ". *clone* is one clone of a "
         "buffer of the output's bytes, in today's worker. *contended*: the same with one busy process per "
         f"core ({results['busy_processes']} here); there a clone of 32768 elements or more splits its copy "
         "among torch's threads and waits for whichever one the machine has descheduled (its contended ms "
