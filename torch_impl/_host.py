@@ -34,6 +34,7 @@ from ._settings import get_settings
 __all__ = [
     "address_space",
     "fault_in",
+    "fault_origin",
     "fault_plan",
     "fault_step",
     "faulted_in_parallel",
@@ -199,6 +200,12 @@ def fault_plan(out: torch.Tensor, ends: np.ndarray) -> list[tuple[int, int, int]
     sizes = np.append(begins[1:], end) - begins
     counts = np.diff(np.append(first[new], rows))
     return [(int(first[0]), 0, 0), *zip(counts.tolist(), begins.tolist(), sizes.tolist(), strict=True)]
+
+
+def fault_origin(out: torch.Tensor) -> int:
+    """The byte of ``out`` from which `fault_plan` counts its groups: its first whole page's (where
+    `_inside` starts)."""
+    return -out.data_ptr() % _PAGE
 
 
 def fault_step(nbytes: float) -> int:

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from . import _host
-from ._host import address_space, fault_in, fault_plan, fault_step, fresh_output
+from ._host import address_space, fault_in, fault_origin, fault_plan, fault_step, fresh_output
 from ._parts import JaggedPart, Part
 from ._settings import get_settings
 
@@ -118,7 +118,7 @@ def permute_by_rows(
     dest = np.zeros(lens.shape[0] + 1, dtype=np.int64)  # each output row's first byte, then the end
     np.multiply(lens[order], row_bytes, out=dest[1:]).cumsum(out=dest[1:])
     src_begin = where.starts[order] * row_bytes
-    step, origin = fault_step(int(dest[-1])), -out.data_ptr() % _host._PAGE  # `fault_plan`'s groups
+    step, origin = fault_step(int(dest[-1])), fault_origin(out)  # `fault_plan`'s groups
     dest, part_of_piece, src_begin = join_runs(dest, where.part_of_row[order], src_begin, step, origin)
     _copy_pieces(out, parts, dest, part_of_piece, src_begin, moves)
     return out
