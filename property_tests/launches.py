@@ -75,16 +75,39 @@ def count_call(
     *,
     drop_in: bool = False,
     fn: Any = None,
+    witness: bool = True,
 ) -> Count:
     """The operations of one call: ``torch_impl.postprocess_batch(output_lst, indices,
     use_dynamic_bsz=indices is not None)``, or with ``drop_in`` verl's call ``postprocess_batch_func(
-    output_lst, indices, data)`` (``data`` a TensorDict carrying ``use_dynamic_bsz``) of ``fn``
+    output_lst, indices, data)`` (``data`` a TensorDict carrying ``use_dynamic_bsz`` and, with
+    ``witness``, the batch's ``input_ids`` on the host, as verl's engines leave them: the alignment
+    witness, whose comparison is launched and counted, its read skipped on ``meta``) of ``fn``
     (default `torch_impl.postprocess_batch_func`)."""
     dynamic = indices is not None
-    data = TensorDict({"use_dynamic_bsz": NonTensorData(dynamic)}, batch_size=[])
+    entries: dict[str, Any] = {"use_dynamic_bsz": NonTensorData(dynamic)}
+    if witness and drop_in:
+        entries["input_ids"] = _host_input_ids(output_lst, indices)
+    data = TensorDict(entries, batch_size=[])
     with CountOps() as counter:
         if drop_in:
             (fn or torch_impl.postprocess_batch_func)(output_lst, indices, data)
         else:
             torch_impl.postprocess_batch(output_lst, indices, use_dynamic_bsz=dynamic)
     return Count(sum(counter.ops.values()), sum(counter.on_values.values()), counter.bytes)
+
+
+def _host_input_ids(output_lst: list[dict[str, Any]], indices: list[list[int]] | None) -> torch.Tensor:
+    """A CPU jagged ``input_ids`` ``[B, (j)]`` whose rows are as long as `meta_batch`'s (all alike:
+    the first jagged key's values over its rows), as verl's engines leave ``data`` on the host."""
+    rows = length = 0
+    for o in output_lst:
+        mo = o.get("model_output", {})
+        x = mo[next(iter(mo))] if mo else None
+        if x is not None:
+            rows += int(x.size(0))
+            if x.is_nested and not length and int(x.size(0)):
+                length = int(x._values.shape[0]) // int(x.size(0))
+    if indices is not None:
+        rows = sum(len(p) for p in indices)
+    offsets = torch.arange(rows + 1, dtype=torch.int64) * length
+    return torch.nested.nested_tensor_from_jagged(torch.zeros(rows * length, dtype=torch.int64), offsets)

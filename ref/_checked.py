@@ -19,7 +19,14 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import checkify
 
-from .errors import NotAPermutationError, RebatchError, RowIndexError, UnsupportedSettingError
+from .errors import (
+    InvalidJaggedError,
+    MisalignmentError,
+    NotAPermutationError,
+    RebatchError,
+    RowIndexError,
+    UnsupportedSettingError,
+)
 
 __all__ = ["checked", "traced_indices", "check_in_range", "check_is_permutation"]
 
@@ -27,7 +34,9 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 #: The error classes a traced check can report; the message starts with the class name.
-_CLASSES: dict[str, type[RebatchError]] = {c.__name__: c for c in (NotAPermutationError, RowIndexError)}
+_CLASSES: dict[str, type[RebatchError]] = {
+    c.__name__: c for c in (NotAPermutationError, RowIndexError, InvalidJaggedError, MisalignmentError)
+}
 _SUFFIX = " (`check` failed)"
 
 

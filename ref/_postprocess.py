@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from ._concat import concat
 from ._parts import check_invariants, check_parts, num_rows
 from ._permutation import check_permutation
 from ._restore import restore
+from ._witness import check_alignment
 from ._x64 import exact
 from .errors import PartitionMismatchError, ShapeMismatchError, where
 from .metrics import fold_metrics
@@ -24,6 +25,8 @@ def postprocess_batch(
     *,
     use_dynamic_bsz: bool = True,
     pad_mode: str = "no_padding",
+    witness: Any = None,
+    unbound: Collection[Any] = (),
 ) -> dict[str, Any]:
     """Put the outputs of micro-batches back together, in original sample order.
 
@@ -41,7 +44,10 @@ def postprocess_batch(
     and carry the same keys; one partition per micro-batch; the partitions form a permutation; then per
     key: layout, dtype, device and trailing shape of every micro-batch, the dtype supported, every
     micro-batch's row count (against its partition, or without dynamic batching against the first
-    key's), then every micro-batch's jagged invariants. Jagged results have int64 offsets.
+    key's), then every micro-batch's jagged invariants; last, with a ``witness`` (``[B]`` row lengths in
+    original order, `ref.structure.witness_binds` deciding which keys it binds, ``unbound`` keys left
+    out), every bound key's restored row lengths against it (`MisalignmentError`; ``docs/spec.md``,
+    "The alignment witness"). Jagged results have int64 offsets.
 
     >>> lp = [Jagged.from_rows([[1.0], [2.0, 3.0]]), Jagged.from_rows([[4.0, 5.0, 6.0]])]
     >>> indices = [[2, 0], [1]]
@@ -52,6 +58,10 @@ def postprocess_batch(
     True
     >>> out["loss"], str(out["model_output"]["lp"].offsets.dtype)
     ([0, 1], 'int64')
+    >>> witness = [2, 3, 1]  # the batch's own row lengths, original order
+    >>> [len(r) for r in out["model_output"]["lp"].rows()] == witness
+    True
+    >>> _ = postprocess_batch([{"model_output": {"lp": p}} for p in lp], indices, witness=witness)  # checked
     """
     use_dynamic_bsz = check_settings(use_dynamic_bsz, pad_mode, indices)
     output_lst, indices = drop_padding(output_lst, indices)
@@ -81,6 +91,15 @@ def postprocess_batch(
         check_invariants(parts, key)
         joined = concat(parts, key=key)
         model_output[key] = restore(joined, indices) if use_dynamic_bsz else joined
+
+    if witness is not None and model_output:
+        if use_dynamic_bsz:
+            sizes = [len(list(p)) for p in indices]
+            perm = [int(i) for p in indices for i in p]
+        else:
+            sizes = [num_rows(mo[next(iter(outs[0]))]) for mo in outs]
+            perm = list(range(sum(sizes)))
+        check_alignment(model_output, witness, perm, sizes, unbound)
 
     losses = [o["loss"] for o in output_lst if "loss" in o]
     metrics = fold_metrics(o["metrics"] for o in output_lst if "metrics" in o)

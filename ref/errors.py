@@ -25,6 +25,7 @@ __all__ = [
     "RowIndexError",
     "TokenBudgetError",
     "RankFailedError",
+    "MisalignmentError",
     "where",
 ]
 
@@ -100,6 +101,15 @@ class RankFailedError(RebatchError):
     failing rank and its error, so that none of them waits for the process group's timeout. (A
     `RebatchError` on one rank is raised with its own class on every rank, its message prefixed with
     ``"rank r: "``.)"""
+
+
+class MisalignmentError(RebatchError):
+    """A well-formed misalignment: the input passes every structural check (the indices are a
+    permutation, each micro-batch has its partition's row count), but a restored jagged row does not
+    have the length the batch's own alignment witness gives that original row (in verl, the row's
+    ``input_ids`` length): a wrong permutation, micro-batches in the wrong order, or another step's
+    indices. The message names the key, the micro-batch and the position in it, the original row, both
+    lengths, and how to switch the check off (see ``docs/spec.md``, "The alignment witness")."""
 
 
 def where(key: Any = None, micro_batch: int | None = None, *, rank: int | None = None) -> str:

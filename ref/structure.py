@@ -13,6 +13,7 @@ from typing import Any
 from .errors import (
     InvalidJaggedError,
     KeyMismatchError,
+    MisalignmentError,
     PartitionMismatchError,
     ShapeMismatchError,
     UnsupportedSettingError,
@@ -22,6 +23,7 @@ from .errors import (
 __all__ = [
     "PAD_MODES",
     "PADDING",
+    "WITNESS",
     "as_flag",
     "check_lengths",
     "check_max_len",
@@ -32,7 +34,10 @@ __all__ = [
     "check_partitions",
     "check_settings",
     "drop_padding",
+    "misalignment",
     "model_outputs",
+    "witness_binds",
+    "witness_form",
 ]
 
 #: The values of verl's ``DatasetPadMode`` (a str Enum: its members compare equal to these strings).
@@ -269,3 +274,51 @@ def check_pad_value(pad_value: Any, dtype: Any, *, key: Any = None) -> None:
     name = str(dtype).removeprefix("torch.")
     if (_is_integer_dtype(dtype) or name == "bool") and isinstance(pad_value, float) and not pad_value.is_integer():
         raise UnsupportedSettingError(f"{at}pad_value {pad_value!r} is not an integer, but the values are {name}")
+
+
+# -- the alignment witness (docs/spec.md, "The alignment witness"): the rules both implementations share
+
+
+#: How messages name the witness (`check_lengths`' ``name`` too).
+WITNESS = "witness lengths"
+
+
+def witness_form(witness: Any, rows: int) -> tuple[str, ...]:
+    """Step 6a on the witness's shape and dtype (an array's or tensor's, traced or not): 1-D integers,
+    ``rows`` of them (`InvalidJaggedError`, named ``witness``); returns its shape's description for
+    messages. A Python sequence is checked by `check_lengths` instead (values and all)."""
+    dtype = getattr(witness, "dtype", None)
+    shape = [int(n) for n in getattr(witness, "shape", ())]
+    empty = len(shape) == 1 and shape[0] == 0
+    if len(shape) != 1 or not (_is_integer_dtype(dtype) or empty) or str(dtype).endswith("bool"):
+        raise InvalidJaggedError(f"{WITNESS} must be 1-D integers, got {dtype}{shape}")
+    if shape[0] != rows:
+        raise InvalidJaggedError(f"{shape[0]} {WITNESS} for {rows} rows")
+    return tuple(str(n) for n in shape)
+
+
+def witness_binds(key: Any, jagged: bool, values: int, witness_total: int, unbound: Any) -> bool:
+    """Whether the witness binds ``key``: a jagged key, not declared unbound, whose values number
+    exactly the witness's total (``values == sum(witness)``; a permutation keeps the total, so this
+    does not depend on the alignment it checks).
+
+    >>> witness_binds("lp", True, 7, 7, ()), witness_binds("lp", True, 7, 7, ("lp",)), witness_binds("v", False, 7, 7, ())
+    (True, False, False)
+    """
+    return jagged and values == witness_total and key not in unbound
+
+
+def misalignment(key: Any, micro_batch: int, position: int, row: int, got: int, want: int) -> MisalignmentError:
+    """Step 6b's error: original row ``row`` of bound key ``key``, which came from micro-batch
+    ``micro_batch`` at ``position``, restored with ``got`` values where the witness gives ``want``."""
+    return MisalignmentError(misalignment_text(key, micro_batch, position, row, got, want))
+
+
+def misalignment_text(key: Any, micro_batch: Any, position: Any, row: Any, got: Any, want: Any) -> str:
+    """The message of `misalignment` (its values may be ``"{}"`` placeholders: `ref`'s traced check)."""
+    return (
+        f"key {key!r}, micro-batch {micro_batch}, position {position}: {got} values restored as original row "
+        f"{row}, whose length the alignment witness gives as {want} (a wrong permutation, micro-batches in the "
+        f"wrong order or another step's indices; if key {key!r} is not per-token, declare it unbound, or switch "
+        f"the check off: witness=None, torch_impl.set_witness(False) or REBATCH_WITNESS=off)"
+    )

@@ -401,7 +401,7 @@ PUBLIC = {
     "split": ["x", "partitions"],
     "flatten_partitions": ["partitions", "num_rows"],
     "inverse_permutation": ["perm"],
-    "postprocess_batch": ["output_lst", "indices", "use_dynamic_bsz", "pad_mode"],
+    "postprocess_batch": ["output_lst", "indices", "use_dynamic_bsz", "pad_mode", "witness", "unbound"],
 }
 
 
@@ -416,8 +416,11 @@ def test_public_functions_keep_their_names_docs_and_signatures(name: str) -> Non
 
 
 KEYWORD_ONLY = {
-    "ref.postprocess_batch": (ref.postprocess_batch, ["use_dynamic_bsz", "pad_mode"]),
-    "torch_impl.postprocess_batch": (torch_impl.postprocess_batch, ["use_dynamic_bsz", "pad_mode"]),
+    "ref.postprocess_batch": (ref.postprocess_batch, ["use_dynamic_bsz", "pad_mode", "witness", "unbound"]),
+    "torch_impl.postprocess_batch": (
+        torch_impl.postprocess_batch,
+        ["use_dynamic_bsz", "pad_mode", "witness", "unbound"],
+    ),
     "ref.concat": (ref.concat, ["key"]),
     "ref.Jagged": (ref.Jagged, ["key", "micro_batch"]),
     "ref.Jagged.from_rows": (ref.Jagged.from_rows, ["dtype", "feature_shape"]),

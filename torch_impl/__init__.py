@@ -45,6 +45,12 @@ from ._prepare import (
     row_lengths as row_lengths,
 )
 from ._settings import Settings as Settings, get_settings as get_settings, use_settings as use_settings
+from ._witness import (
+    read_witness as read_witness,
+    set_witness as set_witness,
+    witness_config as witness_config,
+    witness_stats as witness_stats,
+)
 
 __all__ = [
     "PADDING",
@@ -69,14 +75,18 @@ __all__ = [
     "prepare_micro_batches",
     "prepare_micro_batches_dp",
     "read_setting",
+    "read_witness",
     "rearrange_micro_batches",
     "restore",
     "restore_dynamic_batch",
     "row_lengths",
+    "set_witness",
     "split",
     "sync_micro_batch_count",
     "take",
     "to_packed",
     "to_padded",
     "use_settings",
+    "witness_config",
+    "witness_stats",
 ]

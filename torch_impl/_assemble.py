@@ -39,6 +39,7 @@ from ._parts import DensePart, JaggedPart, Part, check_offsets
 from ._rowcopy import Moves, RowLayout, concat_on_host, long_rows, permute_by_rows, row_copies_apply
 from ._rows import CallRows
 from ._settings import get_settings
+from ._witness import Witness
 
 __all__ = ["assemble"]
 
@@ -49,13 +50,16 @@ def assemble(
     key: Any = None,
     rows: CallRows | None = None,
     moves: Moves | None = None,
+    witness: Witness | None = None,
 ) -> torch.Tensor:
     """Concatenate ``parts`` (checked by `check_parts`), then put row ``k`` at row ``perm[k]``.
 
     ``perm``: ``None`` (plain concatenation) or a checked permutation of ``range(B)`` (CPU); ``rows``:
     what the call's keys share (built here when not given; its ``perm`` is ``perm``); ``moves``: where
     the host copies go when the caller runs them later (`torch_impl._rowcopy.Moves`; None: made
-    here). Jagged parts ``[b_m, (j), *F]`` give ``[B, (j), *F]``; dense ``[b_m, *F]`` give ``[B, *F]``.
+    here); ``witness``: the call's alignment witness, handed the restored row lengths each jagged path
+    computes (`torch_impl._witness.Witness.observe`; it compares, the call reads its verdict). Jagged
+    parts ``[b_m, (j), *F]`` give ``[B, (j), *F]``; dense ``[b_m, *F]`` give ``[B, *F]``.
     """
     if rows is None:
         rows = CallRows([p.rows for p in parts], perm)
@@ -63,19 +67,26 @@ def assemble(
         perm = None  # the concatenation is the result
     device = parts[0].values.device
     if isinstance(parts[0], DensePart):
+        if witness is not None:
+            witness.left_key()
         dense = [p for p in parts if isinstance(p, DensePart)]
         if device.type == "cpu" and numpy_bridge() and host_movable(dense) and _many(dense):
             return _dense_on_host(dense, perm, rows, moves)
         return assemble_dense(dense, None if perm is None else rows.perm(device))
     jagged = [p for p in parts if isinstance(p, JaggedPart)]
     if device.type == "cpu" and host_checkable(jagged):
-        return _assemble_on_host(jagged, perm, key, rows, moves)
+        return _assemble_on_host(jagged, perm, key, rows, moves, witness)
     lengths = check_offsets(jagged, key, rows.steps(device))
     if perm is None:
+        if witness is not None:
+            witness.observe(key, jagged, lengths)
         return njt(torch.cat([p.values for p in jagged]), zero_prefixed_cumsum(lengths))
     total = sum(p.values.shape[0] for p in jagged)
     inv = rows.inverse(device)
-    out_offsets = zero_prefixed_cumsum(lengths.index_select(0, inv))
+    restored = lengths.index_select(0, inv)
+    if witness is not None:
+        witness.observe(key, jagged, restored)
+    out_offsets = zero_prefixed_cumsum(restored)
     if row_copies_apply(jagged, total, perm.numel()):
         return njt(permute_by_rows(jagged, lengths, inv, total), out_offsets)
     return njt(permute_by_indices(jagged, lengths, rows.perm(device), out_offsets), out_offsets)
@@ -101,26 +112,35 @@ def _dense_on_host(
 
 
 def _assemble_on_host(
-    jagged: Sequence[JaggedPart], perm: torch.Tensor | None, key: Any, rows: CallRows, moves: Moves | None
+    jagged: Sequence[JaggedPart],
+    perm: torch.Tensor | None,
+    key: Any,
+    rows: CallRows,
+    moves: Moves | None,
+    witness: Witness | None,
 ) -> torch.Tensor:
     """`assemble` of CPU jagged parts with the bookkeeping on the host: in Python ints for a few rows
     (`torch_impl._fewrows`), otherwise in NumPy (`torch_impl._host`): the same checks, offsets and
     values; the values moved by copies a row, by NumPy scatters (no gradient to carry) or by the
     differentiable element-index path."""
     if few_rows_apply(jagged, sum(rows.rows)) and host_movable(jagged):
-        return assemble_few_rows(jagged, key, None if perm is None else rows.inverse_list(), moves)
+        return assemble_few_rows(jagged, key, None if perm is None else rows.inverse_list(), moves, witness)
     host = rows.host()
     lengths, starts = host_lengths(jagged, key, host)
     out_offsets = torch.empty(lengths.shape[0] + 1, dtype=torch.int64)
     offsets = out_offsets.numpy()
     offsets[0] = 0
     if perm is None:
+        if witness is not None:
+            witness.observe(key, jagged, lengths)
         lengths.cumsum(out=offsets[1:])
         if host_movable(jagged):  # below a floor, no parallel region to stall on a busy machine
             return njt(concat_on_host(jagged, int(offsets[-1]), moves), out_offsets)
         return njt(torch.cat([p.values for p in jagged]), out_offsets)
     assert host.inv is not None
     out_lengths = lengths[host.inv]
+    if witness is not None:
+        witness.observe(key, jagged, out_lengths)
     out_lengths.cumsum(out=offsets[1:])
     total = int(offsets[-1])
     if host_movable(jagged):  # with `host_checkable` above: `row_copies_apply` but the rows' length

@@ -40,7 +40,7 @@ import functools
 import itertools
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import torch
@@ -53,6 +53,7 @@ from ._jagged import fresh_njt
 from ._parts import _NJT, JaggedPart, _explain_bad_offsets
 from ._rowcopy import Moves
 from ._settings import get_settings
+from ._witness import Witness
 
 __all__ = ["assemble_few_rows", "check_few_offsets", "few_rows_apply", "few_rows_call"]
 
@@ -62,7 +63,9 @@ _SUPPORTED = frozenset(
 )
 
 
-def few_rows_call(output_lst: Any, indices: Any) -> dict[Any, torch.Tensor] | None:
+def few_rows_call(
+    output_lst: Any, indices: Any, witness: Any = None, unbound: Collection[Any] = ()
+) -> dict[Any, torch.Tensor] | None:
     """``postprocess_batch(output_lst, indices)["model_output"]`` (dynamic batch size on, no padding)
     for the plain common case of a few rows, or None where the call is anything else (the general
     pipeline then runs).
@@ -77,7 +80,9 @@ def few_rows_call(output_lst: Any, indices: Any) -> dict[Any, torch.Tensor] | No
     trailing shape, under ``Settings.cpu_prefault_min_bytes`` in all (`few_rows_apply`). Then each
     key is `assemble_few_rows` (its offsets checked there, in key order, as the general pipeline
     checks them: the same error for the same defect), and every copy made after every key is planned.
-    The caller folds the losses and metrics (the metrics are dicts, as its check wants them)."""
+    The caller folds the losses and metrics (the metrics are dicts, as its check wants them). With a
+    ``witness`` (not None), it is checked (`torch_impl._witness.Witness`) after every key is planned
+    and before any copy runs."""
     if type(output_lst) is not list or type(indices) is not list or not output_lst or not numpy_bridge():
         return None
     if len(indices) != len(output_lst):
@@ -137,7 +142,10 @@ def few_rows_call(output_lst: Any, indices: Any) -> dict[Any, torch.Tensor] | No
     for k, i in enumerate(flat):
         inv[i] = k
     moves: Moves = []
-    model_output = {key: assemble_few_rows(parts, key, inv, moves) for key, parts in checked}
+    seen = None if witness is None else Witness(witness, n, flat, sizes, unbound)
+    model_output = {key: assemble_few_rows(parts, key, inv, moves, seen) for key, parts in checked}
+    if seen is not None:
+        seen.verdict()
     for move in moves:
         move()
     return model_output
@@ -169,12 +177,17 @@ def check_few_offsets(parts: Sequence[JaggedPart], key: Any) -> tuple[list[int],
 
 
 def assemble_few_rows(
-    parts: Sequence[JaggedPart], key: Any, inv: list[int] | None, moves: Moves | None = None
+    parts: Sequence[JaggedPart],
+    key: Any,
+    inv: list[int] | None,
+    moves: Moves | None = None,
+    witness: Witness | None = None,
 ) -> torch.Tensor:
     """The jagged result ``[B, (j), *F]`` of ``parts`` (CPU, movable by the host, `few_rows_apply`):
     ``[rows[k] for k in inv]``, where ``rows`` are the parts' rows end to end and ``inv`` the inverse
     permutation (None: the rows in their order), checked first (`check_few_offsets`). ``moves``: see
-    `torch_impl._rowcopy.Moves` (None: the copies are made before returning)."""
+    `torch_impl._rowcopy.Moves` (None: the copies are made before returning); ``witness``: the call's
+    alignment witness, handed the restored row lengths (`torch_impl._witness.Witness.observe`)."""
     lengths, offsets = check_few_offsets(parts, key)
     first = parts[0].values
     row_bytes = first.element_size() * math.prod(first.shape[1:])
@@ -186,6 +199,8 @@ def assemble_few_rows(
     if inv is not None:
         lengths = [lengths[k] for k in inv]
         spans = [spans[k] for k in inv]
+    if witness is not None:
+        witness.observe(key, parts, lengths)
     out_offsets = list(itertools.accumulate(lengths, initial=0))
     out = first.new_empty((out_offsets[-1], *first.shape[1:]))
     if row_bytes:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from enum import Enum
 from typing import Any
 
@@ -19,10 +19,11 @@ from ._assemble import assemble
 from ._entry import entry
 from ._fewrows import few_rows_call
 from ._jagged import njt
-from ._parts import check_parts
+from ._parts import JaggedPart, check_offsets, check_parts
 from ._permutation import check_permutation
 from ._rowcopy import Moves
 from ._rows import CallRows
+from ._witness import Witness, read_witness, witness_config
 
 __all__ = ["check_batch_func", "postprocess_batch", "postprocess_batch_func", "read_setting"]
 
@@ -34,6 +35,8 @@ def postprocess_batch(
     *,
     use_dynamic_bsz: bool = True,
     pad_mode: str = "no_padding",
+    witness: Any = None,
+    unbound: Collection[Any] = (),
 ) -> dict[str, Any]:
     """Put micro-batch outputs back together in original sample order (``ref.postprocess_batch``'s meaning).
 
@@ -42,9 +45,12 @@ def postprocess_batch(
     micro-batch ``m``'s rows. With ``perm = [i for p in indices for i in p]``, row ``perm[n]`` of each
     result is row ``n`` of the concatenation. Returns ``{"model_output": {key: [B, ...]}, "loss":
     [...], "metrics": {...}}``. Every defect raises a `ref.errors.RebatchError` subclass, in the
-    order documented in ``docs/spec.md``.
+    order documented in ``docs/spec.md``. ``witness``: the alignment witness, ``[B]`` row lengths in
+    original order (a list, or a 1-D integer tensor or array), which every bound key's restored rows
+    must have (`ref.errors.MisalignmentError`; ``unbound`` keys left out; ``docs/spec.md``, "The
+    alignment witness").
     """
-    return _postprocess_batch(output_lst, indices, use_dynamic_bsz, pad_mode)
+    return _postprocess_batch(output_lst, indices, use_dynamic_bsz, pad_mode, witness, unbound)
 
 
 def _postprocess_batch(
@@ -52,20 +58,27 @@ def _postprocess_batch(
     indices: Sequence[Sequence[int]] | None,
     use_dynamic_bsz: Any,
     pad_mode: Any,
+    witness: Any = None,
+    unbound: Collection[Any] = (),
 ) -> dict[str, Any]:
     """`postprocess_batch` itself (its public name adds the entry checks, which verl's drop-in has made);
-    a plain call of a few rows as a whole (`few_rows_call`), any other through the pipeline below."""
+    a plain call of a few rows as a whole (`few_rows_call`), any other through the pipeline below:
+    every check, then each key assembled (its restored lengths handed to the witness), the witness's
+    verdict (one read on an accelerator, after every launch), then the host copies."""
     pad_mode, dynamic = _settings(use_dynamic_bsz, pad_mode, indices)
-    model_output = few_rows_call(output_lst, indices) if dynamic and pad_mode == "no_padding" else None
+    few = dynamic and pad_mode == "no_padding"
+    model_output = few_rows_call(output_lst, indices, witness, unbound) if few else None
     if model_output is None:
-        output_lst, perm, checked = _check(output_lst, indices, dynamic, pad_mode)
+        output_lst, perm, checked, seen = _check(output_lst, indices, dynamic, pad_mode, witness, unbound)
         model_output = {}
         rows: CallRows | None = None
         moves: Moves = []  # every key's outputs and plans first, then every host copy (`Moves`)
         for key, parts in checked.items():
             if rows is None:
                 rows = CallRows([p.rows for p in parts], perm)
-            model_output[key] = assemble(parts, perm, key, rows, moves)
+            model_output[key] = assemble(parts, perm, key, rows, moves, seen)
+        if seen is not None:
+            seen.verdict()
         for move in moves:
             move()
 
@@ -87,10 +100,13 @@ def _check(
     indices: Sequence[Sequence[int]] | None,
     use_dynamic_bsz: bool,
     pad_mode: str,
-) -> tuple[Sequence[Mapping[str, Any]], torch.Tensor | None, dict[Any, list[Any]]]:
+    witness: Any = None,
+    unbound: Collection[Any] = (),
+) -> tuple[Sequence[Mapping[str, Any]], torch.Tensor | None, dict[Any, list[Any]], Witness | None]:
     """Every check of a call after its settings' (`_settings`, whose results these are), no data
     moved: the outputs without padding micro-batches, the permutation (None without dynamic batch
-    size) and each key's checked parts, in the keys' order."""
+    size), each key's checked parts, in the keys' order, and the call's `Witness` (its form checked;
+    None without a witness or without outputs), to which the assembly hands each key's lengths."""
     output_lst, indices = drop_padding(output_lst, indices)
     outs = model_outputs(output_lst)
     check_metrics(output_lst)
@@ -100,7 +116,12 @@ def _check(
         perm = check_permutation(indices, sum(len(p) for p in indices))
     keys = list(outs[0]) if outs else []
     sizes = [len(p) for p in indices] if perm is not None and indices is not None else None
-    return output_lst, perm, _check_keys(outs, keys, sizes, pad_mode)
+    checked = _check_keys(outs, keys, sizes, pad_mode)
+    seen = None
+    if witness is not None and checked:
+        rows = [p.rows for p in checked[keys[0]]]
+        seen = Witness(witness, sum(rows), perm, rows, unbound)
+    return output_lst, perm, checked, seen
 
 
 def _check_keys(
@@ -150,11 +171,18 @@ def postprocess_batch_func(
     ``NonTensorData``. A ``model_output`` may be a dict or a TensorDict. As verl, every output comes
     back as a jagged nested tensor: a dense ``[B, S, *F]`` one as ``[B, (S), *F]`` (`postprocess_batch`
     keeps it dense); a dense ``[B]`` one, which verl cannot nest, stays dense.
+
+    Beyond verl: the alignment witness is read from ``data`` (``data["input_ids"]``'s row lengths,
+    `torch_impl._witness.read_witness`), so a valid permutation that is the wrong one, or micro-batch
+    outputs in the wrong order, raise `ref.errors.MisalignmentError` for every per-token key
+    (``docs/spec.md``, "The alignment witness"; off for the process with `torch_impl.set_witness`).
     """
     use_dynamic_bsz = read_setting(data, "use_dynamic_bsz", True)
     pad_mode = read_setting(data, "pad_mode", "no_padding")
     output_lst = [_plain_model_output(o) for o in output_lst] if isinstance(output_lst, list | tuple) else output_lst
-    result = _postprocess_batch(output_lst, indices, use_dynamic_bsz, pad_mode)
+    witness = read_witness(data)
+    unbound = witness_config()[1] if witness is not None else ()
+    result = _postprocess_batch(output_lst, indices, use_dynamic_bsz, pad_mode, witness, unbound)
     result["model_output"] = {k: _nested_like_verl(v) for k, v in result["model_output"].items()}
     return result
 
@@ -169,7 +197,29 @@ def check_batch_func(
     pad_mode = read_setting(data, "pad_mode", "no_padding")
     output_lst = [_plain_model_output(o) for o in output_lst] if isinstance(output_lst, list | tuple) else output_lst
     pad_mode, dynamic = _settings(use_dynamic_bsz, pad_mode, indices)
-    _check(output_lst, indices, dynamic, pad_mode)
+    witness = read_witness(data)
+    unbound = witness_config()[1] if witness is not None else ()
+    _, perm, checked, seen = _check(output_lst, indices, dynamic, pad_mode, witness, unbound)
+    if seen is not None:
+        _witness_only(checked, perm, seen)
+
+
+def _witness_only(checked: dict[Any, list[Any]], perm: torch.Tensor | None, seen: Witness) -> None:
+    """The witness's verdict without assembling: each key's restored lengths from its offsets
+    (`check_offsets`, which checks them where they live on the CPU), handed to ``seen``."""
+    rows: CallRows | None = None
+    for key, parts in checked.items():
+        if not parts or not isinstance(parts[0], JaggedPart) or not seen.binds(key, parts):
+            seen.left_key()
+            continue
+        if rows is None:
+            rows = CallRows([p.rows for p in parts], perm)
+        device = parts[0].values.device
+        lengths = check_offsets(parts, key, rows.steps(device))
+        if perm is not None and not rows.in_order():
+            lengths = lengths.index_select(0, rows.inverse(device))
+        seen.observe(key, parts, lengths)
+    seen.verdict()
 
 
 def _plain_model_output(o: Any) -> Any:

@@ -1,0 +1,263 @@
+"""The alignment witness in torch: every bound key's restored row lengths against the batch's own.
+
+Step 6 of the order of checks (``docs/spec.md``, "The alignment witness"); the binding rule and the
+error's words are `ref.structure`'s (`witness_binds`, `misalignment`), shared with ``ref``. A call
+builds one `Witness` after its other checks (6a: the witness's form); each key's assembly hands it the
+restored row lengths it computed anyway (`Witness.observe`), and the call asks for the `Witness.verdict`
+after every key is assembled and before its host copies run. On the CPU the lengths are host data and
+the comparison is immediate; on an accelerator each distinct offsets group is compared on the device
+(two operations) and `verdict` reads every group's flag in one small read: one host-device
+synchronisation a call, after all of the call's launches. Keys whose parts share their offsets tensors
+(verl's engines build every per-token output on the micro-batch's own ``input_ids.offsets()``) are
+compared once.
+
+Whether the drop-ins read a witness at all is a process-wide switch (`set_witness`, ``REBATCH_WITNESS``),
+never a per-thread `torch_impl.Settings` knob: it decides whether an input is refused, not how fast.
+`witness_stats` counts what was witnessed.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import os
+import threading
+from collections.abc import Collection, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ref.errors import UnsupportedSettingError
+from ref.structure import WITNESS, check_lengths, misalignment, witness_binds, witness_form
+
+from ._parts import JaggedPart
+
+__all__ = ["ENV", "ENV_UNBOUND", "Witness", "read_witness", "set_witness", "witness_config", "witness_stats"]
+
+#: The environment variables of the process-wide switch (read once, at the first call that asks).
+ENV = "REBATCH_WITNESS"
+ENV_UNBOUND = "REBATCH_WITNESS_UNBOUND"
+
+_lock = threading.Lock()
+_config: tuple[bool, frozenset[Any]] | None = None
+_COUNTERS = ("calls", "calls_without_witness", "calls_binding_nothing", "keys_witnessed", "keys_unbound")
+_stats = dict.fromkeys(_COUNTERS, 0)
+
+
+def _from_env() -> tuple[bool, frozenset[Any]]:
+    value = os.environ.get(ENV, "")
+    text = value.strip().lower()
+    if text not in ("", "on", "off"):
+        raise UnsupportedSettingError(f"{ENV}={value!r}: expected on or off")
+    unbound = frozenset(k.strip() for k in os.environ.get(ENV_UNBOUND, "").split(",") if k.strip())
+    return text != "off", unbound
+
+
+def witness_config() -> tuple[bool, frozenset[Any]]:
+    """``(on, unbound keys)``: whether the drop-ins read the alignment witness from their input, and
+    the keys declared unbound (`set_witness`; default from ``REBATCH_WITNESS`` and
+    ``REBATCH_WITNESS_UNBOUND``, comma-separated keys)."""
+    global _config
+    config = _config
+    if config is None:
+        with _lock:
+            if _config is None:
+                _config = _from_env()
+            config = _config
+    return config
+
+
+def set_witness(on: bool | None = None, *, unbound: Iterable[Any] | None = None) -> tuple[bool, frozenset[Any]]:
+    """Switch the drop-ins' alignment witness on or off for the whole process, and/or declare the keys
+    it leaves unbound (a custom loss whose rows are not the batch's rows, say); None keeps a setting
+    as it is. Returns the previous ``(on, unbound)``, which `set_witness` takes back:
+    ``set_witness(*previous[:1], unbound=previous[1])``."""
+    global _config
+    previous = witness_config()
+    if on is not None and not isinstance(on, bool):
+        raise UnsupportedSettingError(f"set_witness: on must be a bool or None, got {on!r}")
+    with _lock:
+        _config = (previous[0] if on is None else on, previous[1] if unbound is None else frozenset(unbound))
+    return previous
+
+
+def witness_stats(reset: bool = False) -> dict[str, int]:
+    """What the witness checked in this process: ``calls`` (calls given a witness), ``calls_without_witness``
+    (drop-in calls whose input held none: no jagged ``input_ids``), ``calls_binding_nothing`` (given one,
+    no key bound: it checked nothing), ``keys_witnessed`` and ``keys_unbound`` (over all calls)."""
+    with _lock:
+        out = dict(_stats)
+        if reset:
+            _stats.update(dict.fromkeys(_COUNTERS, 0))
+    return out
+
+
+def _count(**add: int) -> None:
+    with _lock:
+        for k, v in add.items():
+            _stats[k] += v
+
+
+def read_witness(data: Any) -> torch.Tensor | None:
+    """verl's witness: the row lengths ``[B]`` of ``data["input_ids"]`` when it is a jagged nested
+    tensor (its ``lengths()`` where it has holes, else its offsets' differences), or None (no ``data``,
+    no ``input_ids``, a dense one, or the switch off; counted as a call without a witness)."""
+    if not witness_config()[0]:
+        return None
+    ids = None
+    if data is not None:
+        try:
+            ids = data.get("input_ids", None)
+        except (AttributeError, TypeError, KeyError):
+            ids = None
+    if not isinstance(ids, torch.Tensor) or not ids.is_nested or ids.layout != torch.jagged:
+        _count(calls_without_witness=1)
+        return None
+    with torch._C.DisableTorchFunctionSubclass():
+        lengths: torch.Tensor | None = getattr(ids, "_lengths", None)
+        return lengths if lengths is not None else ids.offsets().diff()  # type: ignore[attr-defined]
+
+
+class Witness:
+    """One call's witness: ``witness`` ``[rows]`` (a list, a NumPy array or a tensor; validated here,
+    step 6a), ``perm`` (the call's checked permutation as a CPU tensor or a list, or None: in order),
+    ``sizes`` (each micro-batch's row count), ``unbound`` (keys left out)."""
+
+    def __init__(
+        self,
+        witness: Any,
+        rows: int,
+        perm: torch.Tensor | Sequence[int] | None,
+        sizes: Sequence[int],
+        unbound: Collection[Any],
+    ) -> None:
+        self.rows = rows
+        self.unbound = unbound
+        self._perm = perm
+        self._sizes = list(sizes)
+        self.device: torch.Tensor | None = None  # the witness where it lives off the CPU (values unread)
+        self.host: np.ndarray | None = None
+        if isinstance(witness, torch.Tensor) and witness.device.type != "cpu":
+            witness_form(witness, rows)
+            self.device = witness.to(torch.int64)
+        elif isinstance(witness, torch.Tensor | np.ndarray):
+            witness_form(witness, rows)
+            host = witness.numpy() if isinstance(witness, torch.Tensor) else witness
+            if host.size and int(host.min()) < 0:
+                check_lengths(host, rows=rows, name=WITNESS)  # raises, naming the first negative one
+            self.host = host.astype(np.int64, copy=False)
+        else:
+            self.host = np.asarray(check_lengths(witness, rows=rows, name=WITNESS), dtype=np.int64)
+        self.total = int(self.host.sum()) if self.host is not None else None
+        self._list: list[int] | None = None
+        self._on: dict[torch.device, torch.Tensor] = {}
+        self._seen: set[tuple[int, ...]] = set()
+        #: each compared key in order: (key, lengths, host failure row or -1, device flag or None)
+        self._entries: list[tuple[Any, Any, int, torch.Tensor | None]] = []
+        self.bound = 0
+        self.left = 0
+
+    def binds(self, key: Any, parts: Sequence[Any]) -> bool:
+        """Whether the witness binds ``key`` (jagged parts, not unbound, the witness's total of values;
+        a witness on an accelerator: every jagged key not unbound, its total compared on the device)."""
+        jagged = bool(parts) and all(isinstance(p, JaggedPart) for p in parts)
+        values = sum(int(p.values.shape[0]) for p in parts) if jagged else 0
+        if self.total is None:
+            return jagged and key not in self.unbound
+        return witness_binds(key, jagged, values, self.total, self.unbound)
+
+    def observe(self, key: Any, parts: Sequence[JaggedPart], lengths: Any) -> None:
+        """Key ``key``'s restored row lengths ``[B]`` (original order: a NumPy array, a list or a tensor)
+        against the witness, where it binds the key; keys whose parts share offsets tensors once."""
+        if not self.binds(key, parts):
+            self.left += 1
+            return
+        self.bound += 1
+        seen = tuple(id(p.offsets) for p in parts)
+        if seen in self._seen:
+            return
+        self._seen.add(seen)
+        if isinstance(lengths, torch.Tensor) and lengths.device.type != "cpu":
+            want = self._on_device(lengths.device)
+            flag = lengths.ne(want).any()
+            if self.total is None:  # the binding rule's total, on the device too
+                flag = flag & want.sum().eq(sum(int(p.values.shape[0]) for p in parts))
+            self._entries.append((key, lengths, -1, flag))
+            return
+        if isinstance(lengths, list):
+            want_list = self._host_list()
+            bad = (
+                -1
+                if lengths == want_list
+                else next(i for i, (a, b) in enumerate(zip(lengths, want_list, strict=True)) if a != b)
+            )
+        else:
+            got = lengths.numpy() if isinstance(lengths, torch.Tensor) else lengths
+            assert self.host is not None
+            diff = np.flatnonzero(got != self.host)
+            bad = int(diff[0]) if diff.size else -1
+        self._entries.append((key, lengths, bad, None))
+
+    def left_key(self) -> None:
+        """A key assembled without lengths to compare (a dense one): counted as unbound."""
+        self.left += 1
+
+    def verdict(self) -> None:
+        """Raise `MisalignmentError` for the first compared key (in order) with a mismatch: every device
+        flag read at once (one synchronisation); counts the call (`witness_stats`)."""
+        _count(calls=1, keys_witnessed=self.bound, keys_unbound=self.left, calls_binding_nothing=int(not self.bound))
+        flags = [f for _, _, _, f in self._entries if f is not None]
+        read: list[bool] = []
+        if flags:
+            by_device = {f.device for f in flags}
+            if len(by_device) == 1:
+                stacked = torch.stack(flags)
+                # on ``meta`` nothing can be read: the comparison is launched (counted), never judged
+                read = [False] * len(flags) if stacked.device.type == "meta" else [bool(v) for v in stacked.tolist()]
+            else:
+                read = [f.device.type != "meta" and bool(f.item()) for f in flags]
+        it = iter(read)
+        for key, lengths, bad, flag in self._entries:
+            if flag is not None:
+                if not next(it):
+                    continue
+                bad = self._first_difference(lengths)
+            if bad >= 0:
+                self._raise(key, lengths, bad)
+
+    def _first_difference(self, lengths: torch.Tensor) -> int:
+        """The first original row whose length differs (error path: reads the device)."""
+        got = lengths.tolist()
+        want = self.device.tolist() if self.device is not None else self._host_list()
+        return next(i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b)
+
+    def _raise(self, key: Any, lengths: Any, i: int) -> None:
+        got = int(lengths[i])
+        want = int(self.device[i]) if self.device is not None else self._host_list()[i]
+        perm = self._perm
+        if perm is None:
+            n = i
+        else:
+            flat = perm.tolist() if isinstance(perm, torch.Tensor) else list(perm)
+            n = flat.index(i)
+        starts = list(itertools.accumulate(self._sizes, initial=0))
+        m = bisect.bisect_right(starts, n) - 1
+        raise misalignment(key, m, n - starts[m], i, got, want)
+
+    def _host_list(self) -> list[int]:
+        if self._list is None:
+            assert self.host is not None
+            self._list = self.host.tolist()
+        return self._list
+
+    def _on_device(self, device: torch.device) -> torch.Tensor:
+        want = self._on.get(device)
+        if want is None:
+            if self.device is not None:
+                want = self.device.to(device, non_blocking=True)
+            else:
+                assert self.host is not None
+                want = torch.from_numpy(self.host).to(device, non_blocking=True)
+            self._on[device] = want
+        return want
