@@ -388,7 +388,7 @@ def test_areal_and_skyrl_refuse_another_release_unless_forced(monkeypatch, name:
     integration = importlib.import_module(f"torch_impl.integrations.{name}")
     assert (release,) == integration.VERSIONS
     calls: list[int] = []
-    monkeypatch.setattr(integration._patcher, "install", lambda: calls.append(1) or ["place"])
+    monkeypatch.setattr(integration._patcher, "install", lambda *args: calls.append(1) or ["place"])
     for version in ("9.9.9", None):
         monkeypatch.setattr(integration._versions, "installed", lambda version=version: version)
         with pytest.raises(errors.UnsupportedSettingError) as err:

@@ -184,7 +184,10 @@ def test_a_broken_activation_under_on_is_logged_and_raised(monkeypatch, caplog) 
 
     monkeypatch.setattr(integration, "install", broken)
     monkeypatch.setenv("REBATCH_VERL", "on")
-    with caplog.at_level(logging.ERROR, logger="rebatch"), pytest.raises(RuntimeError, match="no verl here"):
+    with (
+        caplog.at_level(logging.ERROR, logger="rebatch"),
+        pytest.raises(UnsupportedSettingError, match=r"REBATCH_VERL=.on.: could not install rebatch in verl.*no verl here"),
+    ):
         verl_plugin.activate()
     assert any("could not install rebatch in verl" in r.getMessage() for r in caplog.records)
     caplog.clear()

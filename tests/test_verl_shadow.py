@@ -80,6 +80,9 @@ def test_500_engine_steps_agree_and_the_trainer_gets_verls_results(caplog, monke
     assert (s["differences"], s["defects"], s["errors"]) == (0, 0, 0), s["messages"]
     assert s["by_name"]["append_to_dict"]["calls"] > 0  # verl's own helper, shadowed too
     assert s["verl_seconds"] > 0
+    assert s["trainer_seconds"] == s["verl_seconds"]  # the trainer-neutral name
+    assert s["trainer"] == "verl"
+    assert s["mode"] == "shadow"
     assert s["rebatch_seconds"] > 0
 
 
@@ -121,11 +124,11 @@ def test_a_duplicate_index_is_reported_as_misaligned(caplog, tmp_path) -> None:
         got = engine.postprocess_batch_func(outs, indices, data)
     assert vo.same(got, alone) is None  # verl's (misaligned) result, unchanged
     lines = {r.getMessage().split(",")[0]: r.getMessage() for r in caplog.records}
-    line = lines.pop("postprocess_batch_func")
+    line = lines.pop("verl postprocess_batch_func")
     assert "call 0: verl's result of this step is misaligned in keys ['lp']" in line
     assert "NotAPermutationError" in line
     assert "index 1 duplicates" in line
-    assert list(lines) == ["restore_dynamic_batch"]  # verl's own helper, shadowed too, refused as well
+    assert list(lines) == ["verl restore_dynamic_batch"]  # verl's own helper, shadowed too, refused as well
     assert integration.stats()["by_name"]["postprocess_batch_func"]["defects"] == 1
     saved = torch.load(dump, weights_only=False)  # the format `rebatch check --dump` reads
     assert saved[1] == indices
@@ -138,7 +141,7 @@ def test_rebatch_verl_shadow_reports_a_duplicate_index_step_with_its_key_and_row
     _activate(monkeypatch, "shadow")
     with caplog.at_level(logging.ERROR, logger="rebatch.shadow"):
         engine.postprocess_batch_func(outs, indices, data)
-    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("postprocess_batch_func"))
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("verl postprocess_batch_func"))
     assert "verl's result of this step is misaligned in keys ['lp']" in line
     assert "index 1 duplicates" in line  # the row, named with its micro-batch and position
     assert integration.stats()["defects"] >= 1
@@ -183,7 +186,7 @@ def test_a_difference_is_logged_with_its_row_and_both_values(caplog) -> None:
     with caplog.at_level(logging.ERROR, logger="rebatch.shadow"):
         assert wrapped() is control
     (line,) = [r.getMessage() for r in caplog.records]
-    assert "f, call 0: rebatch and verl differ" in line
+    assert "verl f, call 0: rebatch and verl differ" in line
     assert "values differ at row 1: 3.0 vs 2.0" in line
     assert shadow.stats()["differences"] == 1
 

@@ -1,5 +1,8 @@
 """Shadow mode: the trainer's own function stays in charge, rebatch's runs beside it (GitHub's Scientist).
 
+One `Shadow` for every trainer (verl, AReaL, SkyRL: ``install(mode="shadow")`` of each integration);
+its messages and counters name the trainer it was made for (``trainer=``).
+
 `Shadow.wrap` builds, for one replaced name, a wrapper that returns the trainer's result (the same
 objects) and, on the side:
 
@@ -12,21 +15,37 @@ objects) and, on the side:
 * counts calls, sampled calls, differences, defects and rebatch's other errors, and times both
   functions (wall clock: on a GPU, the time to launch, not to finish, asynchronous work).
 
-A *defect* is an input rebatch refuses as misaligned (`DEFECTS`) that the trainer's function then
-passes: logged as an ERROR on ``logging.getLogger("rebatch.shadow")`` saying that the trainer's result
-of that call is misaligned, with rebatch's message (the key, micro-batch and index or row). With
-``on_defect="raise"`` the `ref.errors.RebatchError` is raised instead, before the trainer's function
-runs. rebatch's other exceptions are recorded (counted, logged as a WARNING), never raised into the run
-(unless ``on_defect="raise"``). Each difference is one ERROR line naming the function, the call, the
-place (key), the row and both values. A normal call logs nothing.
+A *defect* is an input rebatch refuses as misaligned (`DEFECTS`: an index that is not a permutation, a
+micro-batch that does not match its partition, outputs that disagree, and the well-formed misalignments
+of `ref.errors.MisalignmentError`, which rebatch's alignment-witness check finds where the trainer gives
+one): the trainer's function would misalign that step silently. The order within a call is fixed:
+rebatch's check (or, on a sampled call, rebatch's function, which runs the same checks, the witness
+check included, before it moves any data) runs first; a defect is then counted and logged as an ERROR
+on ``logging.getLogger("rebatch.shadow")`` saying that the trainer's result of that step is misaligned
+(naming the trainer, the function, the keys and rebatch's message: micro-batch, index or row), and the
+first one dumped, all BEFORE the trainer's function runs, so a trainer function that then fails (AReaL's
+raises an ``AssertionError`` on a plain duplicate index) still leaves the defect in the counters and
+the report. With ``on_defect="raise"`` the `ref.errors.RebatchError` is raised instead of running the
+trainer's function. rebatch's other exceptions are recorded (counted, logged as a WARNING), never raised
+into the run (unless ``on_defect="raise"``). Each difference is one ERROR line naming the trainer, the
+function, the call, the place (key), the row and both values. A normal call logs nothing.
+
+``report=``: a JSON file of `Shadow.stats` (with the trainer, its release, the mode and the process:
+pid, host, command line), rewritten at each sampled call and each defect, difference or error, and at
+exit; ``rebatch report`` reads many of them.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import copy
 import functools
 import json
 import logging
+import os
+import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +53,7 @@ from typing import Any, NamedTuple
 
 from ref.errors import (
     InvalidJaggedError,
+    MisalignmentError,
     NotAPermutationError,
     OutputMismatchError,
     PartitionMismatchError,
@@ -54,9 +74,12 @@ DEFECTS: tuple[type[Exception], ...] = (
     OutputMismatchError,
     InvalidJaggedError,
     RowIndexError,
+    MisalignmentError,
 )
 
-_FIELDS = ("calls", "sampled", "differences", "defects", "errors", "verl_seconds", "rebatch_seconds")
+#: The counters of each name; ``trainer_seconds`` is also reported as ``<trainer>_seconds`` (verl's
+#: documented ``verl_seconds``).
+_FIELDS = ("calls", "sampled", "differences", "defects", "errors", "trainer_seconds", "rebatch_seconds")
 
 
 def _keys(keys_of: Callable[..., Any] | None, args: Any, kwargs: Any) -> str:
@@ -81,7 +104,15 @@ class _Site(NamedTuple):
 class Shadow:
     """Counters, sampling and reports shared by the wrappers of one shadow install."""
 
-    def __init__(self, sample: float, on_defect: str, report: str | None) -> None:
+    def __init__(
+        self,
+        sample: float,
+        on_defect: str,
+        report: str | None,
+        *,
+        trainer: str = "verl",
+        version: str | None = None,
+    ) -> None:
         if not isinstance(sample, int | float) or not 0 <= sample <= 1:
             raise UnsupportedSettingError(f"sample must be a fraction in [0, 1], got {sample!r}")
         if on_defect not in ("log", "raise"):
@@ -90,9 +121,18 @@ class Shadow:
         self.every = round(1 / sample) if sample > 0 else 0
         self.on_defect = on_defect
         self.report = report
+        self.trainer = trainer
+        self.version = version
+        self.sample = float(sample)
         self._lock = threading.Lock()
         self._by_name: dict[str, dict[str, float]] = {}
         self._messages: list[str] = []
+        if report is not None:
+            atexit.register(self._final_report)
+
+    def _final_report(self) -> None:
+        with contextlib.suppress(Exception):  # at exit: a report that cannot be written is not worth a traceback
+            self.stats(json_path=self.report)
 
     def stats(self, json_path: str | None = None) -> dict[str, Any]:
         """Totals over every name, and ``"by_name"``; also written to ``json_path`` when given."""
@@ -100,15 +140,24 @@ class Shadow:
             by_name = {name: dict(c) for name, c in self._by_name.items()}
             messages = list(self._messages)
         total: dict[str, Any] = {f: sum(c[f] for c in by_name.values()) for f in _FIELDS}
-        for f in _FIELDS[:5]:
-            total[f] = int(total[f])
-            for c in by_name.values():
+        alias = f"{self.trainer}_seconds"
+        for c in [total, *by_name.values()]:
+            for f in _FIELDS[:5]:
                 c[f] = int(c[f])
+            c[alias] = c["trainer_seconds"]
         total["by_name"] = by_name
         total["messages"] = messages
+        total["trainer"] = self.trainer
+        total["version"] = self.version
+        total["mode"] = "shadow"
+        total["sample"] = self.sample
+        total["on_defect"] = self.on_defect
+        total["process"] = {"pid": os.getpid(), "host": socket.gethostname(), "argv": list(sys.argv)}
         if json_path is not None:
-            with open(json_path, "w") as out:
+            tmp = f"{json_path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as out:
                 json.dump(total, out, indent=1)
+            os.replace(tmp, json_path)  # a reader never sees half a report
         return total
 
     def _count(self, name: str, **add: float) -> None:
@@ -124,54 +173,80 @@ class Shadow:
                 self._messages.append(text)
         log.log(level, "%s", text)
 
-    def _publish(
-        self,
-        site: _Site,
-        n: int,
-        sampled: bool,
-        failure: Exception | None,
-        mine: Any,
-        result: Any,
-        args: Any,
-        kwargs: Any,
-    ) -> None:
-        """Count, log and report call ``n`` after the trainer's function returned ``result``."""
-        name, keys_of, mutates, on_first_difference, first = site
-        bad = False
+    def _first_bad(self, site: _Site, args: Any, kwargs: Any) -> None:
+        """The site's first difference or defect: ``on_first_difference`` (the dump of that step), once."""
+        if site.on_first_difference is not None and not site.first.is_set():
+            site.first.set()
+            site.on_first_difference(*args, **kwargs)
+
+    def _rewrite_report(self) -> None:
+        if self.report is not None:
+            self.stats(json_path=self.report)
+
+    def _before(self, site: _Site, n: int, failure: Exception, args: Any, kwargs: Any) -> None:
+        """rebatch refused call ``n`` (before the trainer's function runs): a defect or another error,
+        counted, logged, dumped (a defect) and reported now."""
+        name = site.name
         if isinstance(failure, DEFECTS):
-            bad = True
             self._count(name, defects=1)
-            keys = _keys(keys_of, args, kwargs)
             self._say(
                 logging.ERROR,
-                "%s, call %d: verl's result of this step is misaligned%s (rebatch refuses its input, %s: %s)",
+                "%s %s, call %d: %s's result of this step is misaligned%s (rebatch refuses its input, %s: %s)",
+                self.trainer,
                 name,
                 n,
-                keys,
+                self.trainer,
+                _keys(site.keys_of, args, kwargs),
                 type(failure).__name__,
                 failure,
             )
-        elif failure is not None:
+            self._first_bad(site, args, kwargs)
+        else:
             self._count(name, errors=1)
             self._say(
                 logging.WARNING,
-                "%s, call %d: rebatch raised %s: %s (recorded; verl's result returned)",
+                "%s %s, call %d: rebatch raised %s: %s (recorded; %s's result returned)",
+                self.trainer,
                 name,
                 n,
                 type(failure).__name__,
                 failure,
+                self.trainer,
             )
-        elif sampled:
-            why = first_difference(mine, (result, (args, kwargs)) if mutates else result)
-            if why is not None:
-                bad = True
-                self._count(name, differences=1)
-                self._say(logging.ERROR, "%s, call %d: rebatch and verl differ (rebatch vs verl): %s", name, n, why)
-        if bad and on_first_difference is not None and not first.is_set():
-            first.set()
-            on_first_difference(*args, **kwargs)
-        if sampled and self.report is not None:
-            self.stats(json_path=self.report)
+        self._rewrite_report()
+
+    def _after(self, site: _Site, n: int, mine: Any, result: Any, args: Any, kwargs: Any) -> None:
+        """Compare sampled call ``n`` after the trainer's function returned ``result``, and report."""
+        why = first_difference(mine, (result, (args, kwargs)) if site.mutates else result)
+        if why is not None:
+            self._count(site.name, differences=1)
+            self._say(
+                logging.ERROR,
+                "%s %s, call %d: rebatch and %s differ (rebatch vs %s): %s",
+                self.trainer,
+                site.name,
+                n,
+                self.trainer,
+                self.trainer,
+                why,
+            )
+            self._first_bad(site, args, kwargs)
+        self._rewrite_report()
+
+    def _guarded(self, name: str, n: int, step: Callable[..., None], *args: Any) -> None:
+        try:
+            step(*args)
+        except Exception as err:  # a comparison, a dump or a report that fails never breaks the run
+            self._count(name, errors=1)
+            self._say(
+                logging.WARNING,
+                "%s %s, call %d: shadow mode failed: %s: %s",
+                self.trainer,
+                name,
+                n,
+                type(err).__name__,
+                err,
+            )
 
     def wrap(
         self,
@@ -209,20 +284,23 @@ class Shadow:
                 except Exception as err:  # recorded (Scientist: the candidate never breaks the run)
                     failure = err
             t1 = time.perf_counter()
-            if failure is not None and self.on_defect == "raise":
-                kind = "defects" if isinstance(failure, DEFECTS) else "errors"
-                self._count(name, calls=1, sampled=sampled, rebatch_seconds=t1 - t0, **{kind: 1})
-                raise failure
+            if failure is not None:  # recorded before the trainer's function runs (it may raise itself)
+                self._count(name, calls=1, sampled=sampled, rebatch_seconds=t1 - t0)
+                self._guarded(name, n, self._before, site, n, failure, args, kwargs)
+                if self.on_defect == "raise":
+                    raise failure
+                t1 = time.perf_counter()
+                try:
+                    return theirs(*args, **kwargs)
+                finally:
+                    self._count(name, trainer_seconds=time.perf_counter() - t1)
             try:
                 result = theirs(*args, **kwargs)
             finally:
                 t2 = time.perf_counter()
-                self._count(name, calls=1, sampled=sampled, verl_seconds=t2 - t1, rebatch_seconds=t1 - t0)
-            try:
-                self._publish(site, n, sampled, failure, mine, result, args, kwargs)
-            except Exception as err:  # a comparison, a dump or a report that fails never breaks the run
-                self._count(name, errors=1)
-                self._say(logging.WARNING, "%s, call %d: shadow mode failed: %s: %s", name, n, type(err).__name__, err)
+                self._count(name, calls=1, sampled=sampled, trainer_seconds=t2 - t1, rebatch_seconds=t1 - t0)
+            if sampled:
+                self._guarded(name, n, self._after, site, n, mine, result, args, kwargs)
             return result
 
         return shadowed

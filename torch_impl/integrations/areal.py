@@ -17,7 +17,10 @@ not match the outputs (see ``docs/spec.md``, "The peers' reorder steps").
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
+import logging
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,12 +33,27 @@ from .._entry import entry
 from .._layouts import scatter_padded
 from .._parts import DensePart, check_parts
 from .._permutation import check_permutation, invert
-from ._patch import Patcher, Versions
+from ._patch import Patcher, Versions, Wrap
+from ._shadow import Shadow
 
-__all__ = ["TRAIN_ENGINE", "VERSIONS", "install", "installed", "reorder_and_pad_outputs", "replacements", "uninstall"]
+__all__ = [
+    "LAUNCHER",
+    "TRAIN_ENGINE",
+    "VERSIONS",
+    "check_reorder_and_pad_outputs",
+    "install",
+    "installed",
+    "mode",
+    "reorder_and_pad_outputs",
+    "replacements",
+    "stats",
+    "uninstall",
+]
 
 #: The AReaL module that defines the function `install` replaces.
 TRAIN_ENGINE = "areal.engine.core.train_engine"
+#: The AReaL module whose ``get_env_vars`` gives each RPC worker its environment (local and Ray schedulers).
+LAUNCHER = "areal.infra.utils.launcher"
 
 
 def _named(name: str) -> Callable[[int, int], str]:
@@ -88,6 +106,34 @@ def reorder_and_pad_outputs(
     ``to_padded(restore(from_packed(cat(outputs), [output_seqlens[i] for i in forward]), [forward]))``.
     Every index, length and output is checked before any data moves.
     """
+    seqlens, perm, in_order, parts = _checked(outputs, output_seqlens, mb_list, aggregate_fn)
+    b = len(seqlens)
+    if parts is not None:
+        values = parts[0].values if len(parts) == 1 else torch.cat([p.values for p in parts])
+    else:
+        values = _aggregated(aggregate_fn(list(outputs)), sum(seqlens))
+    device = values.device
+    lengths = torch.tensor(in_order, dtype=torch.int64).to(device)
+    return scatter_padded(values, lengths, perm.to(device), b, max(seqlens, default=0), 0)
+
+
+def check_reorder_and_pad_outputs(
+    outputs: list[torch.Tensor],
+    output_seqlens: list[int],
+    mb_list: Any,
+    aggregate_fn: Callable[[list[Any]], Any] = torch.cat,
+) -> None:
+    """Every check `reorder_and_pad_outputs` makes of this call, without moving data (shadow mode runs it
+    on unsampled calls): returns None or raises the same `ref.errors.RebatchError`. With another
+    ``aggregate_fn`` than ``torch.cat`` its result is not checked (that would call it)."""
+    _checked(outputs, output_seqlens, mb_list, aggregate_fn)
+
+
+def _checked(
+    outputs: list[torch.Tensor], output_seqlens: list[int], mb_list: Any, aggregate_fn: Callable[[list[Any]], Any]
+) -> tuple[list[int], torch.Tensor, list[int], list[DensePart] | None]:
+    """The checks of a call: ``(seqlens, the permutation, the lengths in its order, each micro-batch's
+    part)`` (no parts for another ``aggregate_fn``)."""
     seqlens = check_lengths(output_seqlens, name="output_seqlens")
     b = len(seqlens)
     forward = getattr(mb_list, "forward_indices", None)
@@ -110,13 +156,7 @@ def reorder_and_pad_outputs(
             f"backward_indices[{i}] = {int(back[i])}, but row {i} is at {_locate(int(inv[i]), counts)} "
             f"(forward_indices[{int(inv[i])}]): backward_indices is not the inverse of forward_indices"
         )
-    if parts is not None:
-        values = parts[0].values if len(parts) == 1 else torch.cat([p.values for p in parts])
-    else:
-        values = _aggregated(aggregate_fn(list(outputs)), sum(seqlens))
-    device = values.device
-    lengths = torch.tensor(in_order, dtype=torch.int64).to(device)
-    return scatter_padded(values, lengths, perm.to(device), b, max(seqlens, default=0), 0)
+    return list(seqlens), perm, in_order, parts
 
 
 def _packed_parts(outputs: Sequence[Any]) -> list[DensePart]:
@@ -142,31 +182,134 @@ def _aggregated(res: Any, total: int) -> torch.Tensor:
     return res
 
 
-def replacements() -> dict[tuple[str, str], Any]:
-    """``(AReaL module, name) -> rebatch's function`` that `install` puts in AReaL's place."""
-    return {(TRAIN_ENGINE, "reorder_and_pad_outputs"): reorder_and_pad_outputs}
+def _keys(outputs: Any, output_seqlens: Any, mb_list: Any, aggregate_fn: Any = None) -> list[str]:
+    """What a misaligned call misaligns: AReaL's function reorders one output (its caller's key)."""
+    return ["outputs"]
+
+
+def _save(path: str, outputs: Any, output_seqlens: Any, mb_list: Any, aggregate_fn: Any = None) -> None:
+    """The first differing or misaligned step: ``torch.load`` gives ``{"function", "outputs",
+    "output_seqlens", "forward_indices", "backward_indices"}``."""
+    step = {
+        "function": f"{TRAIN_ENGINE}.reorder_and_pad_outputs",
+        "outputs": list(outputs),
+        "output_seqlens": list(output_seqlens),
+        "forward_indices": list(getattr(mb_list, "forward_indices", None) or []),
+        "backward_indices": list(getattr(mb_list, "backward_indices", None) or []),
+    }
+    torch.save(step, path)
+
+
+def _carrying(get_env_vars: Callable[..., dict[str, str]]) -> Callable[..., dict[str, str]]:
+    """AReaL's ``get_env_vars`` (the environment its schedulers give each RPC worker), plus rebatch's
+    variables set here (`rebatch_startup.carried`), so that every worker activates as this process did."""
+    import rebatch_startup
+
+    @functools.wraps(get_env_vars)
+    def carrying(*args: Any, **kwargs: Any) -> dict[str, str]:
+        env = get_env_vars(*args, **kwargs)
+        return {**rebatch_startup.carried(), **env}
+
+    return carrying
+
+
+def replacements(
+    dump: str | None = None, shadow: Shadow | None = None, carry: bool = False
+) -> dict[tuple[str, str], Any]:
+    """``(AReaL module, name) -> rebatch's function`` that `install` puts in AReaL's place; with ``shadow``
+    a `Wrap` building the shadowing wrapper around AReaL's own; with ``carry`` (an install activated by
+    the environment) also AReaL's ``get_env_vars``, wrapped to pass rebatch's variables on."""
+    mine: Any = reorder_and_pad_outputs
+    if shadow is not None:
+        mine = Wrap(
+            lambda theirs: shadow.wrap(
+                "reorder_and_pad_outputs",
+                theirs,
+                reorder_and_pad_outputs,
+                check=check_reorder_and_pad_outputs,
+                on_first_difference=functools.partial(_save, dump) if dump else None,
+                keys_of=_keys,
+            )
+        )
+    table: dict[tuple[str, str], Any] = {(TRAIN_ENGINE, "reorder_and_pad_outputs"): mine}
+    if carry:
+        table[LAUNCHER, "get_env_vars"] = Wrap(_carrying)
+    return table
 
 
 _patcher = Patcher("areal", replacements)
 #: The AReaL releases `install` supports (checked against AReaL itself in CI: .ci/peers.sh).
 VERSIONS = ("1.0.4",)
 _versions: Versions[None] = Versions("areal", dict.fromkeys(VERSIONS), fallback=VERSIONS[-1])
+_shadow: Shadow | None = None  # the last shadow install's counters (kept after uninstall, for stats)
+_mode: str | None = None
+_lock = threading.Lock()
 
 
-def install(*, force: bool = False) -> list[str]:
+def install(
+    dump: str | None = None,
+    *,
+    mode: str = "on",
+    sample: float = 0.05,
+    on_defect: str = "log",
+    report: str | None = None,
+    lazy: bool = False,
+    force: bool = False,
+) -> list[str]:
     """Replace AReaL's ``reorder_and_pad_outputs`` in its module and in every loaded ``areal`` module bound
     to it; returns the places replaced. Idempotent; `uninstall` undoes it.
 
     The installed AReaL must be a release of `VERSIONS` (read from its metadata, AReaL not imported):
     another raises `ref.errors.UnsupportedSettingError`, replacing nothing, unless ``force=True`` (then
-    the same replacements, with a warning logged)."""
-    _versions.pick(_versions.installed(), force=force)
-    return _patcher.install()
+    the same replacements, with a warning logged).
+
+    ``mode="shadow"``: AReaL's function stays in charge and rebatch's shadows it
+    (`torch_impl.integrations._shadow`: ``sample``, ``on_defect``, ``report``; ``dump`` the first step that
+    differs or is misaligned), counted by `stats`. ``lazy=True`` (the form `rebatch_startup` uses, from
+    ``REBATCH``): nothing of AReaL imported; each module patched as it finishes importing, and AReaL's
+    ``get_env_vars`` wrapped to pass rebatch's variables on to the RPC workers its schedulers start."""
+    global _shadow, _mode
+    if mode not in ("on", "shadow"):
+        raise UnsupportedSettingError(f"mode must be 'on' or 'shadow', got {mode!r}")
+    with _lock:
+        if _patcher.installed():
+            return _patcher.places()
+        version = _versions.installed()
+        _versions.pick(version, force=force)
+        shadow = Shadow(sample, on_defect, report, trainer="areal", version=version) if mode == "shadow" else None
+        places = _patcher.install_as_imported(dump, shadow, lazy) if lazy else _patcher.install(dump, shadow)
+        if shadow is not None:
+            _shadow = shadow
+        _mode = mode
+        logging.getLogger("rebatch").info(
+            "rebatch: areal %s: rebatch %s AReaL's %s.reorder_and_pad_outputs",
+            version,
+            "shadows" if shadow is not None else "replaces",
+            TRAIN_ENGINE,
+        )
+        return places
+
+
+def stats(json_path: str | None = None) -> dict[str, Any]:
+    """Shadow mode's counters since its `install` (`torch_impl.integrations._shadow.Shadow.stats`: calls,
+    sampled, differences, defects, errors, trainer_seconds, rebatch_seconds, by_name, messages, trainer,
+    version, mode, process); written as JSON to ``json_path`` when given. All zero without a shadow install."""
+    if _shadow is None:
+        return Shadow(0.0, "log", None, trainer="areal", version=_versions.installed()).stats(json_path)
+    return _shadow.stats(json_path)
+
+
+def mode() -> str | None:
+    """``"on"`` or ``"shadow"`` while installed, else None."""
+    return _mode if _patcher.installed() else None
 
 
 def uninstall() -> None:
-    """Put AReaL's function back wherever `install` replaced it. Idempotent."""
-    _patcher.uninstall()
+    """Put AReaL's functions back wherever `install` replaced them. Idempotent."""
+    global _mode
+    with _lock:
+        _patcher.uninstall()
+        _mode = None
 
 
 def installed() -> bool:

@@ -16,31 +16,42 @@ micro-batch output with more rows than its indices.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import logging
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from ref.errors import PartitionMismatchError
+from ref.errors import PartitionMismatchError, UnsupportedSettingError
 
 from .._entry import entry
 from .._permutation import check_permutation, invert
-from .._postprocess import postprocess_batch
-from ._patch import Patcher, Versions
+from .._postprocess import check_batch_func, postprocess_batch
+from ._patch import Patcher, Versions, Wrap
+from ._shadow import Shadow
 
 __all__ = [
     "ITERATOR",
+    "TRAIN_UTILS",
     "VERSIONS",
     "WORKER_UTILS",
+    "check_reorder_and_combine_batches",
+    "check_reorder_and_combine_items",
     "install",
     "installed",
+    "mode",
     "reorder_and_combine_batches",
     "reorder_and_combine_items",
     "replacements",
+    "stats",
     "uninstall",
 ]
 
 #: The SkyRL module and class whose methods `install` replaces.
 WORKER_UTILS = "skyrl.backends.skyrl_train.workers.worker_utils"
 ITERATOR = "TokenBasedBatchIterator"
+#: The SkyRL module whose ``prepare_runtime_environment`` gives the Ray actors their environment variables.
+TRAIN_UTILS = "skyrl.train.utils.utils"
 
 
 def _real(batches: Sequence[Any], partitions: Sequence[Any], padding: int, what: str) -> list[Any]:
@@ -68,16 +79,31 @@ def reorder_and_combine_batches(self: Any, batches: Sequence[Any]) -> Any:
     and shape is checked before any data moves (``postprocess_batch``'s checks).
     """
     partitions = self._microbatches
+    first, empty, outs = _batches_checked(self, batches)
+    restored = postprocess_batch(outs, partitions)["model_output"]
+    combined = type(first)({k: None if k in empty else restored[k] for k in first})
+    combined.metadata = first.metadata
+    return combined
+
+
+def check_reorder_and_combine_batches(self: Any, batches: Sequence[Any]) -> None:
+    """Every check `reorder_and_combine_batches` makes of this call, without moving data (shadow mode
+    runs it on unsampled calls): returns None or raises the same `ref.errors.RebatchError`."""
+    _, _, outs = _batches_checked(self, batches)
+    check_batch_func(outs, self._microbatches, None)
+
+
+def _batches_checked(self: Any, batches: Sequence[Any]) -> tuple[Any, set[Any], list[dict[str, Any]]]:
+    """``(the first real batch, its None keys, each real batch as a postprocess_batch output)``, the
+    batches counted and the partitions a permutation of ``range(B)``."""
+    partitions = self._microbatches
     b = len(self._token_counts)
     real = _real(batches, partitions, self._num_padding_microbatches, "outputs")
     check_permutation(partitions, b)
     first = real[0]
     empty = {k for k, v in first.items() if v is None}  # SkyRL keeps the first batch's None as None
     outs = [{"model_output": {k: v for k, v in batch.items() if k not in empty}} for batch in real]
-    restored = postprocess_batch(outs, partitions)["model_output"]
-    combined = type(first)({k: None if k in empty else restored[k] for k in first})
-    combined.metadata = first.metadata
-    return combined
+    return first, empty, outs
 
 
 @entry
@@ -85,6 +111,18 @@ def reorder_and_combine_items(self: Any, batches: Sequence[Sequence[Any]]) -> li
     """Drop-in for SkyRL 0.4.0's ``TokenBasedBatchIterator.reorder_and_combine_items``: per-sample items
     in original order, ``[items[k] for k in inverse(perm)]``, with exactly one item per index of each
     partition (`PartitionMismatchError`) and the partitions a permutation of ``range(B)``."""
+    perm, real = _items_checked(self, batches)
+    flat = [item for items in real for item in items]
+    return [flat[k] for k in invert(perm).tolist()]
+
+
+def check_reorder_and_combine_items(self: Any, batches: Sequence[Sequence[Any]]) -> None:
+    """Every check `reorder_and_combine_items` makes of this call, without moving data: None or the same
+    `ref.errors.RebatchError`."""
+    _items_checked(self, batches)
+
+
+def _items_checked(self: Any, batches: Sequence[Sequence[Any]]) -> tuple[Any, list[Any]]:
     partitions = self._microbatches
     perm = check_permutation(partitions, int(self.data.batch_size))
     padding = self._num_padding_microbatches
@@ -99,38 +137,152 @@ def reorder_and_combine_items(self: Any, batches: Sequence[Sequence[Any]]) -> li
             raise PartitionMismatchError(
                 f"micro-batch {m}: {len(items)} items, but its partition has {len(part)} indices"
             )
-    flat = [item for items in real for item in items]
-    return [flat[k] for k in invert(perm).tolist()]
+    return perm, real
 
 
-def replacements() -> dict[tuple[str, str], Any]:
-    """``(SkyRL module, "Class.method") -> rebatch's function`` that `install` puts in SkyRL's place."""
-    return {
-        (WORKER_UTILS, f"{ITERATOR}.reorder_and_combine_batches"): reorder_and_combine_batches,
-        (WORKER_UTILS, f"{ITERATOR}.reorder_and_combine_items"): reorder_and_combine_items,
+def _keys(self: Any, batches: Any) -> list[Any]:
+    """The keys a misaligned call misaligns (the first batch's)."""
+    first = batches[0] if isinstance(batches, Sequence) and batches else None
+    return list(first.keys()) if first is not None and hasattr(first, "keys") else ["items"]
+
+
+def _save(path: str, self: Any, batches: Any) -> None:
+    """The first differing or misaligned step: ``torch.load`` gives ``{"function", "microbatches",
+    "num_padding_microbatches", "batch_size", "batches"}``."""
+    import torch
+
+    step = {
+        "function": f"{WORKER_UTILS}.{ITERATOR}",
+        "microbatches": [list(p) for p in self._microbatches],
+        "num_padding_microbatches": self._num_padding_microbatches,
+        "batch_size": len(self._token_counts),
+        "batches": [dict(b) if hasattr(b, "keys") else list(b) for b in batches],
     }
+    torch.save(step, path)
+
+
+def _carrying(prepare: Callable[..., dict[str, str]]) -> Callable[..., dict[str, str]]:
+    """SkyRL's ``prepare_runtime_environment`` (the Ray actors' environment variables; a plain driver
+    export does not reach them), plus rebatch's variables set here (`rebatch_startup.carried`)."""
+    import rebatch_startup
+
+    @functools.wraps(prepare)
+    def prepare_runtime_environment(*args: Any, **kwargs: Any) -> dict[str, str]:
+        env_vars = prepare(*args, **kwargs)
+        return {**env_vars, **{k: v for k, v in rebatch_startup.carried().items() if k not in env_vars}}
+
+    return prepare_runtime_environment
+
+
+def replacements(
+    dump: str | None = None, shadow: Shadow | None = None, carry: bool = False
+) -> dict[tuple[str, str], Any]:
+    """``(SkyRL module, "Class.method") -> rebatch's function`` that `install` puts in SkyRL's place; with
+    ``shadow`` a `Wrap` building the shadowing wrapper around SkyRL's own; with ``carry`` (an install
+    activated by the environment) also ``prepare_runtime_environment``, wrapped to pass rebatch's
+    variables on to the Ray actors."""
+    ours = {
+        "reorder_and_combine_batches": (reorder_and_combine_batches, check_reorder_and_combine_batches),
+        "reorder_and_combine_items": (reorder_and_combine_items, check_reorder_and_combine_items),
+    }
+    table: dict[tuple[str, str], Any] = {}
+    for name, (fn, check) in ours.items():
+        if shadow is None:
+            table[WORKER_UTILS, f"{ITERATOR}.{name}"] = fn
+            continue
+        table[WORKER_UTILS, f"{ITERATOR}.{name}"] = Wrap(
+            functools.partial(
+                lambda theirs, name, fn, check: shadow.wrap(
+                    name,
+                    theirs,
+                    fn,
+                    check=check,
+                    on_first_difference=functools.partial(_save, dump) if dump else None,
+                    keys_of=_keys,
+                ),
+                name=name,
+                fn=fn,
+                check=check,
+            )
+        )
+    if carry:
+        table[TRAIN_UTILS, "prepare_runtime_environment"] = Wrap(_carrying)
+    return table
 
 
 _patcher = Patcher("skyrl", replacements)
 #: The SkyRL releases `install` supports (checked against SkyRL itself in CI: .ci/peers.sh).
 VERSIONS = ("0.4.0",)
 _versions: Versions[None] = Versions("skyrl", dict.fromkeys(VERSIONS), fallback=VERSIONS[-1])
+_shadow: Shadow | None = None  # the last shadow install's counters (kept after uninstall, for stats)
+_mode: str | None = None
+_lock = threading.Lock()
 
 
-def install(*, force: bool = False) -> list[str]:
+def install(
+    dump: str | None = None,
+    *,
+    mode: str = "on",
+    sample: float = 0.05,
+    on_defect: str = "log",
+    report: str | None = None,
+    lazy: bool = False,
+    force: bool = False,
+) -> list[str]:
     """Replace the iterator's two methods with rebatch's; returns the places replaced. Idempotent;
     `uninstall` undoes it.
 
     The installed SkyRL must be a release of `VERSIONS` (read from its metadata, SkyRL not imported):
     another raises `ref.errors.UnsupportedSettingError`, replacing nothing, unless ``force=True`` (then
-    the same replacements, with a warning logged)."""
-    _versions.pick(_versions.installed(), force=force)
-    return _patcher.install()
+    the same replacements, with a warning logged).
+
+    ``mode="shadow"``: SkyRL's methods stay in charge and rebatch's shadow them
+    (`torch_impl.integrations._shadow`: ``sample``, ``on_defect``, ``report``; ``dump`` the first step that
+    differs or is misaligned), counted by `stats`. ``lazy=True`` (the form `rebatch_startup` uses, from
+    ``REBATCH``): nothing of SkyRL imported; each module patched as it finishes importing, and
+    ``prepare_runtime_environment`` wrapped so that a driver passes rebatch's variables on to its actors."""
+    global _shadow, _mode
+    if mode not in ("on", "shadow"):
+        raise UnsupportedSettingError(f"mode must be 'on' or 'shadow', got {mode!r}")
+    with _lock:
+        if _patcher.installed():
+            return _patcher.places()
+        version = _versions.installed()
+        _versions.pick(version, force=force)
+        shadow = Shadow(sample, on_defect, report, trainer="skyrl", version=version) if mode == "shadow" else None
+        places = _patcher.install_as_imported(dump, shadow, lazy) if lazy else _patcher.install(dump, shadow)
+        if shadow is not None:
+            _shadow = shadow
+        _mode = mode
+        logging.getLogger("rebatch").info(
+            "rebatch: skyrl %s: rebatch %s SkyRL's %s.%s.reorder_and_combine_batches and _items",
+            version,
+            "shadows" if shadow is not None else "replaces",
+            WORKER_UTILS,
+            ITERATOR,
+        )
+        return places
+
+
+def stats(json_path: str | None = None) -> dict[str, Any]:
+    """Shadow mode's counters since its `install` (`torch_impl.integrations._shadow.Shadow.stats`);
+    written as JSON to ``json_path`` when given. All zero without a shadow install."""
+    if _shadow is None:
+        return Shadow(0.0, "log", None, trainer="skyrl", version=_versions.installed()).stats(json_path)
+    return _shadow.stats(json_path)
+
+
+def mode() -> str | None:
+    """``"on"`` or ``"shadow"`` while installed, else None."""
+    return _mode if _patcher.installed() else None
 
 
 def uninstall() -> None:
     """Put SkyRL's methods back. Idempotent."""
-    _patcher.uninstall()
+    global _mode
+    with _lock:
+        _patcher.uninstall()
+        _mode = None
 
 
 def installed() -> bool:

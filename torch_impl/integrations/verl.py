@@ -36,8 +36,9 @@ actors), run it in every worker with Ray's setup hook::
     ray.init(runtime_env={"worker_process_setup_hook": "torch_impl.integrations.verl.install"})
 
 (verl's trainer passes ``ray_kwargs.ray_init`` to ``ray.init``: see the README for the command-line form),
-or set ``REBATCH_VERL=on`` (or ``shadow``) in their environment: `torch_impl.integrations.verl_plugin`,
-a ``verl.plugins`` entry point, installs then in every process that imports verl.
+or set ``REBATCH=on`` (or ``shadow``; ``REBATCH_VERL``, verl's alias, wins when both are set) in their
+environment: `rebatch_startup.verl`, a ``verl.plugins`` entry point, installs then in every process that
+imports verl.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from ._patch import Patcher, Versions, Wrap
@@ -209,6 +211,7 @@ def replacements(
 _patcher = Patcher("verl", replacements)
 _shadow: Shadow | None = None  # the last shadow install's counters (kept after uninstall, for stats)
 _plan: Plan | None = None  # the plan of the install in force
+_witness_before: tuple[bool, frozenset[Any]] | None = None  # the witness switch before install changed it
 _lock = threading.Lock()
 
 
@@ -258,6 +261,8 @@ def install(
     report: str | None = None,
     lazy: bool = False,
     force: bool = False,
+    witness: bool | None = None,
+    unbound: Iterable[str] | None = None,
 ) -> Plan:
     """Replace verl's functions (`replacements`) with rebatch's, in their verl modules and in every
     loaded ``verl`` module that bound them; returns the `Plan` (the names replaced, and left as verl's,
@@ -281,8 +286,14 @@ def install(
     ``lazy=True``: import nothing of verl; names of modules already loaded are replaced now, the others
     as their modules finish importing (the form `torch_impl.integrations.verl_plugin` uses while verl
     is half-imported).
+
+    ``witness=False``: switch the alignment witness off for the process (`torch_impl.set_witness`;
+    default: as ``REBATCH_WITNESS`` says, on); ``unbound``: keys it leaves unbound (a custom loss whose
+    rows are not the batch's rows). Both are put back by `uninstall`. The witness is on by default: a
+    valid permutation that is the wrong one, or micro-batches in the wrong order, raise
+    `ref.errors.MisalignmentError` (in shadow mode, a defect of verl's step).
     """
-    global _shadow, _plan
+    global _shadow, _plan, _witness_before
     if mode not in ("on", "shadow"):
         from ref.errors import UnsupportedSettingError
 
@@ -291,13 +302,17 @@ def install(
         if _patcher.installed() and _plan is not None:
             return _plan
         chosen = plan(force=force)
-        shadow = Shadow(sample, on_defect, report) if mode == "shadow" else None
+        shadow = Shadow(sample, on_defect, report, trainer="verl", version=chosen.verl) if mode == "shadow" else None
         if lazy:
             _patcher.install_as_imported(dump, shadow, chosen.row)
         else:
             _patcher.install(dump, shadow, chosen.row)
         if shadow is not None:
             _shadow = shadow
+        if witness is not None or unbound is not None:
+            from .._witness import set_witness
+
+            _witness_before = set_witness(witness, unbound=unbound)
         _plan = chosen
         log.info(chosen.describe("shadows" if shadow is not None else "replaces"))
         return chosen
@@ -305,17 +320,25 @@ def install(
 
 def stats(json_path: str | None = None) -> dict[str, Any]:
     """Shadow mode's counters since its `install`: ``calls``, ``sampled``, ``differences``,
-    ``defects``, ``errors`` (rebatch's other exceptions), ``verl_seconds``, ``rebatch_seconds``
-    (totals over every name), ``by_name`` (the same per replaced name) and ``messages`` (the first 100
-    logged lines); written as JSON to ``json_path`` when given. All zero without a shadow install."""
+    ``defects``, ``errors`` (rebatch's other exceptions), ``verl_seconds`` (the same as
+    ``trainer_seconds``, the name every trainer's shadow has), ``rebatch_seconds``
+    (totals over every name), ``by_name`` (the same per replaced name), ``messages`` (the first 100
+    logged lines), ``trainer``, ``version``, ``mode`` and ``process``; written as JSON to ``json_path``
+    when given. All zero without a shadow install."""
     if _shadow is None:
         return Shadow(0.0, "log", None).stats(json_path)
     return _shadow.stats(json_path)
 
 
 def uninstall() -> None:
-    """Put verl's originals back wherever `install` replaced them. Idempotent."""
-    global _plan
+    """Put verl's originals back wherever `install` replaced them, and the alignment witness's switch as
+    it was before `install` changed it. Idempotent."""
+    global _plan, _witness_before
     with _lock:
         _patcher.uninstall()
         _plan = None
+        if _witness_before is not None:
+            from .._witness import set_witness
+
+            set_witness(_witness_before[0], unbound=_witness_before[1])
+            _witness_before = None

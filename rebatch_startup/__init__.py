@@ -1,0 +1,311 @@
+"""rebatch switched on by one environment variable, ``REBATCH``, in every process of verl, AReaL or SkyRL.
+
+==========================  ======================================================================
+``REBATCH``                 effect, in each process that imports a trainer
+==========================  ======================================================================
+unset, empty, ``off``       nothing: no trainer, no torch, not even this package is imported
+``on``                      the trainer's ``install()`` (`torch_impl.integrations.verl`, ``.areal``, ``.skyrl``)
+``shadow``                  ``install(mode="shadow")``: the trainer's functions stay in charge
+``shadow:0.05``             ``install(mode="shadow", sample=0.05)``
+==========================  ======================================================================
+
+``REBATCH_VERL`` (the same values) is verl's own variable, and the more specific one: when it is set it
+decides for verl whatever ``REBATCH`` says (``REBATCH=on REBATCH_VERL=off`` leaves verl alone).
+Shadow mode's options come from the environment too: ``REBATCH_ON_DEFECT`` (``log``, the default, or
+``raise``), ``REBATCH_REPORT_DIR`` (a directory: each process writes its own report there,
+``rebatch-TRAINER-HOST-PID.json``, read by ``rebatch report DIR``) and ``REBATCH_DUMP_DIR`` (each
+process saves its first differing or misaligned step there, ``rebatch-dump-TRAINER-HOST-PID.pt``).
+
+How it gets into a process: rebatch's wheel (and an editable install) puts two files in site-packages,
+``rebatch.pth``, whose one line Python's ``site`` runs at every interpreter start::
+
+    import os; os.environ.get("REBATCH", "off").strip().lower() in ("", "off") or __import__("rebatch_startup").startup()
+
+and ``rebatch.start`` (``rebatch_startup:startup``), the same hook as a PEP 829 entry point (Python
+3.15+, where a ``.start`` file disables the import lines of the ``.pth`` file of the same name; this
+package's import costs one module, nothing else, when the variable is unset). With the variable unset
+or ``off`` the ``.pth`` line imports nothing at all. Set, `startup` puts a small finder first on
+``sys.meta_path`` (nothing else imported: no torch, no trainer, no `torch_impl`): when a trainer's top
+package (``verl``, ``areal``, ``skyrl``) is imported, right before its code runs, `activate` imports
+that trainer's integration and calls its ``install(lazy=True, ...)``, which reads the trainer's release
+from its metadata and patches each of its modules as it finishes importing
+(`torch_impl.integrations._patch.Patcher.install_as_imported`). verl also loads rebatch through its own
+plugin mechanisms: the ``verl.plugins`` entry point ``rebatch_startup.verl:activate`` (verl 0.9.x) and
+``VERL_USE_EXTERNAL_MODULES=rebatch_startup.verl`` (every release); importing `rebatch_startup.verl` is
+``activate("verl")``, torch-free while the variables are unset.
+
+A ``.pth`` line cannot raise (``site`` prints the error and goes on), so nothing here raises at start:
+under ``on`` a bad value or a failed activation raises (`ref.errors.UnsupportedSettingError`, naming the
+variable and its value) from the import of the trainer's module; under ``shadow`` it is one ERROR line
+on the ``"rebatch"`` logger, and the trainer runs as its own. An activated process passes the variables
+on (`carried`) to the processes it starts: SkyRL's ``prepare_runtime_environment`` (its Ray actors) and
+AReaL's ``get_env_vars`` (the RPC workers of its local and Ray schedulers) are wrapped to add them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+__all__ = [
+    "CARRIED",
+    "DUMP_DIR_ENV",
+    "ENV",
+    "ON_DEFECT_ENV",
+    "REPORT_DIR_ENV",
+    "TRAINERS",
+    "VERL_ENV",
+    "Setting",
+    "activate",
+    "carried",
+    "install_kwargs",
+    "parse",
+    "process_file",
+    "setting_for",
+    "startup",
+]
+
+#: The variable of every trainer.
+ENV = "REBATCH"
+#: verl's own variable: when set, it decides for verl (it is the more specific one).
+VERL_ENV = "REBATCH_VERL"
+#: Shadow mode's options.
+ON_DEFECT_ENV = "REBATCH_ON_DEFECT"
+REPORT_DIR_ENV = "REBATCH_REPORT_DIR"
+DUMP_DIR_ENV = "REBATCH_DUMP_DIR"
+#: What an activated process passes on to the processes it starts (those set).
+CARRIED = (ENV, VERL_ENV, ON_DEFECT_ENV, REPORT_DIR_ENV, DUMP_DIR_ENV)
+#: The trainers' top packages, each with the integration module `activate` installs.
+TRAINERS = {
+    "verl": "torch_impl.integrations.verl",
+    "areal": "torch_impl.integrations.areal",
+    "skyrl": "torch_impl.integrations.skyrl",
+}
+
+_lock = threading.RLock()
+_done: set[str] = set()  # trainers activated (or whose failed shadow activation was logged) in this process
+
+
+class Setting:
+    """A parsed value: ``mode`` ``"on"`` or ``"shadow"``, ``sample`` (None: the install's default)."""
+
+    __slots__ = ("mode", "sample", "value", "variable")
+
+    def __init__(self, variable: str, value: str, mode: str, sample: float | None) -> None:
+        self.variable = variable
+        self.value = value
+        self.mode = mode
+        self.sample = sample
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Setting) and (self.variable, self.value, self.mode, self.sample) == (
+            other.variable,
+            other.value,
+            other.mode,
+            other.sample,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.variable, self.value, self.mode, self.sample))
+
+    def __repr__(self) -> str:
+        return f"Setting({self.variable}={self.value!r}: mode={self.mode!r}, sample={self.sample!r})"
+
+
+def _refuse(message: str) -> Exception:
+    from ref.errors import UnsupportedSettingError  # only on the error path (ref.errors is pure Python)
+
+    return UnsupportedSettingError(message)
+
+
+def _off(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("", "off")
+
+
+def parse(value: str | None, variable: str = ENV) -> Setting | None:
+    """The `Setting` of a value of ``variable`` (None: unset or ``off``); another value raises
+    `ref.errors.UnsupportedSettingError` naming the variable and the value."""
+    if value is None or _off(value):
+        return None
+    text = value.strip().lower()
+    if text == "on":
+        return Setting(variable, value, "on", None)
+    mode, colon, fraction = text.partition(":")
+    if mode == "shadow":
+        if not colon:
+            return Setting(variable, value, "shadow", None)
+        try:
+            sample = float(fraction)
+        except ValueError:
+            sample = -1.0
+        if 0.0 <= sample <= 1.0:
+            return Setting(variable, value, "shadow", sample)
+    raise _refuse(f"{variable}={value!r}: expected off, on, shadow or shadow:FRACTION (a fraction in [0, 1])")
+
+
+def setting_for(trainer: str, environ: dict[str, str] | None = None) -> Setting | None:
+    """What the environment says for ``trainer``: ``REBATCH_VERL`` when set (verl only), else ``REBATCH``."""
+    env = os.environ if environ is None else environ
+    if trainer == "verl" and env.get(VERL_ENV, "").strip():
+        return parse(env.get(VERL_ENV), VERL_ENV)
+    return parse(env.get(ENV), ENV)
+
+
+def process_file(directory: str, prefix: str, trainer: str, suffix: str) -> str:
+    """``DIRECTORY/PREFIX-TRAINER-HOST-PID.SUFFIX``: one file per process, never one shared by many."""
+    import socket
+
+    host = socket.gethostname().split(".")[0] or "host"
+    return os.path.join(directory, f"{prefix}-{trainer}-{host}-{os.getpid()}.{suffix}")
+
+
+def install_kwargs(trainer: str, setting: Setting, environ: dict[str, str] | None = None) -> dict[str, object]:
+    """The keyword arguments of the trainer's ``install`` for ``setting`` and the shadow options of the
+    environment (`ref.errors.UnsupportedSettingError` naming a bad ``REBATCH_ON_DEFECT``)."""
+    env = os.environ if environ is None else environ
+    kwargs: dict[str, object] = {"mode": setting.mode, "lazy": True}
+    if setting.mode != "shadow":
+        return kwargs
+    if setting.sample is not None:
+        kwargs["sample"] = setting.sample
+    on_defect = env.get(ON_DEFECT_ENV, "").strip().lower()
+    if on_defect:
+        if on_defect not in ("log", "raise"):
+            raise _refuse(f"{ON_DEFECT_ENV}={env[ON_DEFECT_ENV]!r}: expected log or raise")
+        kwargs["on_defect"] = on_defect
+    report_dir = env.get(REPORT_DIR_ENV, "").strip()
+    if report_dir:
+        os.makedirs(report_dir, exist_ok=True)
+        kwargs["report"] = process_file(report_dir, "rebatch", trainer, "json")
+    dump_dir = env.get(DUMP_DIR_ENV, "").strip()
+    if dump_dir:
+        os.makedirs(dump_dir, exist_ok=True)
+        kwargs["dump"] = process_file(dump_dir, "rebatch-dump", trainer, "pt")
+    return kwargs
+
+
+def carried(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The variables of `CARRIED` set in this process: what it passes on to the processes it starts."""
+    env = os.environ if environ is None else environ
+    return {name: env[name] for name in CARRIED if env.get(name, "").strip()}
+
+
+def activate(trainer: str, *, again: bool = False) -> bool:
+    """Install rebatch in ``trainer`` (``"verl"``, ``"areal"``, ``"skyrl"``) as the environment says;
+    True when it installed. Idempotent per process (``again``: try even after an earlier activation).
+
+    Under ``on`` a bad value, a bad option or a failed install raises `ref.errors.UnsupportedSettingError`
+    naming the variable and its value (the cause chained); under ``shadow`` that is an ERROR line on the
+    ``"rebatch"`` logger and the trainer stays as it is."""
+    with _lock:
+        if trainer in _done and not again:
+            return False
+        variable = VERL_ENV if trainer == "verl" and os.environ.get(VERL_ENV, "").strip() else ENV
+        value = os.environ.get(variable)
+        refused = True  # the value or an option refused (the error names it), else the install failed
+        try:
+            setting = setting_for(trainer)
+            if setting is None:
+                return False
+            import importlib
+
+            kwargs = install_kwargs(trainer, setting)
+            refused = False
+            importlib.import_module(TRAINERS[trainer]).install(**kwargs)
+        except Exception as err:
+            import logging
+
+            logging.getLogger("rebatch").error(
+                "rebatch: %s=%s: could not install rebatch in %s: %s: %s",
+                variable,
+                value,
+                trainer,
+                type(err).__name__,
+                err,
+            )
+            if (value or "").strip().lower().startswith("shadow"):
+                _done.add(trainer)  # logged once; the trainer's own functions run
+                return False
+            if refused:
+                raise
+            raise _refuse(
+                f"{variable}={value!r}: could not install rebatch in {trainer}: {type(err).__name__}: {err}"
+            ) from err
+        _done.add(trainer)
+        return True
+
+
+class _ActivateFirst:
+    """The loader of a trainer's top package, wrapped for one execution: `activate` runs first."""
+
+    def __init__(self, loader: object, trainer: str) -> None:
+        self._loader = loader
+        self._trainer = trainer
+
+    def create_module(self, spec: object) -> object:
+        return self._loader.create_module(spec)  # type: ignore[attr-defined]
+
+    def exec_module(self, module: object) -> None:
+        module.__loader__ = self._loader  # type: ignore[attr-defined]  # the module keeps the real loader
+        spec = getattr(module, "__spec__", None)
+        if spec is not None:
+            spec.loader = self._loader
+        activate(self._trainer)  # under "on", a failure raises here: from the trainer's import
+        self._loader.exec_module(module)  # type: ignore[attr-defined]
+
+
+class _Finder:
+    """First on ``sys.meta_path`` while a trainer is still to be imported: finds its top package with
+    the other finders and wraps the loader (`_ActivateFirst`); gone once every trainer was seen."""
+
+    def __init__(self, trainers: set[str]) -> None:
+        self.waiting = set(trainers)
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> object:
+        if fullname not in self.waiting:
+            return None
+        with _lock:
+            self.waiting.discard(fullname)
+            if not self.waiting:
+                _drop(self)
+        for finder in sys.meta_path:
+            find_spec = getattr(finder, "find_spec", None)
+            if finder is self or find_spec is None:
+                continue
+            spec = find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _ActivateFirst(spec.loader, fullname)
+                return spec
+        return None
+
+
+def _drop(finder: _Finder) -> None:
+    if finder in sys.meta_path:
+        sys.meta_path.remove(finder)  # type: ignore[arg-type]
+
+
+_finder: _Finder | None = None
+
+
+def startup() -> None:
+    """The interpreter-start hook (``rebatch.pth``, ``rebatch.start``): nothing when ``REBATCH`` is
+    unset or ``off``; else the finder that activates each trainer as it is imported (a trainer
+    already imported is activated now). Never raises (a ``.pth`` line cannot): see `activate`."""
+    global _finder
+    if _off(os.environ.get(ENV)):
+        return
+    with _lock:
+        if _finder is not None:
+            return
+        waiting = {t for t in TRAINERS if t not in sys.modules}
+        if waiting:
+            _finder = _Finder(waiting)
+            sys.meta_path.insert(0, _finder)  # type: ignore[arg-type]
+    for trainer in TRAINERS:
+        if trainer in sys.modules:
+            try:
+                activate(trainer)
+            except Exception as err:  # already imported: nothing left to raise from; say it on stderr
+                print(f"rebatch: {err}", file=sys.stderr)
