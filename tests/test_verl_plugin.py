@@ -186,7 +186,9 @@ def test_a_broken_activation_under_on_is_logged_and_raised(monkeypatch, caplog) 
     monkeypatch.setenv("REBATCH_VERL", "on")
     with (
         caplog.at_level(logging.ERROR, logger="rebatch"),
-        pytest.raises(UnsupportedSettingError, match=r"REBATCH_VERL=.on.: could not install rebatch in verl.*no verl here"),
+        pytest.raises(
+            UnsupportedSettingError, match=r"REBATCH_VERL=.on.: could not install rebatch in verl.*no verl here"
+        ),
     ):
         verl_plugin.activate()
     assert any("could not install rebatch in verl" in r.getMessage() for r in caplog.records)
