@@ -15,6 +15,7 @@ REQUIRED = {
     "torch_impl/integrations/skyrl.py",
     "torch_impl/integrations/verl_plugin.py",
     "rebatch/bench/run.py",
+    "property_tests/defects/__init__.py",
 }
 
 

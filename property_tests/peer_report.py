@@ -58,7 +58,7 @@ def drawn(strategy: Any, n: int) -> list[Any]:
 
 
 def _properties(peer: Peer, theirs: dict[str, Callable[..., Any]], max_examples: int) -> dict[str, str | None]:
-    from .conformance import run_conformance
+    from .candidates import run_conformance
     from .properties import PROPERTIES, Property
     from .strategies import microbatch_outputs
 

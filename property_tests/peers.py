@@ -436,7 +436,7 @@ def _verl_ours() -> dict[str, Callable[..., Any]]:
 def _verl_run(
     fns: dict[str, Callable[..., Any]], output_lst: Any, indices: Any, dynamic: Any, pad_mode: Any = "no_padding"
 ) -> dict[str, Any]:
-    from .conformance import load_candidate
+    from .candidates import load_candidate
 
     run = load_candidate(fns["postprocess_batch_func"])
     # verl nests every output and cannot nest a dense [b] one: it travels as [b, 1] and comes back as [B]

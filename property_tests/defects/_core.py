@@ -1,0 +1,183 @@
+"""The shared core of the table of defects: a `Call`, the `Chooser` every breaker asks (and the `Scripted` one),
+a `Defect`, the named valid calls `VALID`, `apply`, and the helpers more than one family of defects uses.
+No Hypothesis here."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, Protocol, TypeVar
+
+import torch
+
+from ref import errors
+from torch_impl._jagged import njt
+
+from ..data import jagged, offsets_of
+
+__all__ = ["Breaker", "Call", "Chooser", "Defect", "Scripted", "VALID", "apply", "postprocess_call", "strided_nested"]
+
+T = TypeVar("T")
+
+
+class Call(NamedTuple):
+    """One call of a public operation: ``getattr(impl, op)(*args, **kwargs)``."""
+
+    op: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+class Chooser(Protocol):
+    """Every choice a breaker makes goes through one of these (a draw, or a scripted pick)."""
+
+    def choice(self, options: Sequence[T]) -> T: ...
+
+    def integer(self, lo: int, hi: int) -> int: ...
+
+
+class Scripted:
+    """A deterministic `Chooser`: choice ``n`` takes option ``script[n]`` (0 once the script runs out);
+    an integer choice takes ``lo + script[n]``."""
+
+    def __init__(self, script: Sequence[int] = ()) -> None:
+        self.script = list(script)
+        self.n = 0
+
+    def _next(self) -> int:
+        k = self.script[self.n] if self.n < len(self.script) else 0
+        self.n += 1
+        return k
+
+    def choice(self, options: Sequence[T]) -> T:
+        return options[self._next()]
+
+    def integer(self, lo: int, hi: int) -> int:
+        return min(lo + self._next(), hi)
+
+
+Breaker = Callable[[Call, Chooser], Call]
+
+
+class Defect(NamedTuple):
+    name: str
+    #: the operation it breaks (a public function of both `ref` and `torch_impl`)
+    op: str
+    error: type[errors.RebatchError]
+    #: a pattern the message matches on the named valid call ``VALID[base]`` broken with ``script``
+    pattern: str
+    #: what it needs of a valid call (the breaker adds a key where it needs one)
+    needs: str
+    breaker: Breaker
+    #: the named valid call it breaks for its named error case (default: ``op``)
+    base: str = ""
+    #: the option numbers the `Scripted` chooser takes for the named error case
+    script: tuple[int, ...] = ()
+
+
+# -- valid calls -----------------------------------------------------------------------------------
+
+
+def _lp(*lengths: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return jagged(torch.arange(sum(lengths)).to(dtype), list(lengths))
+
+
+def _valid_postprocess() -> Call:
+    """Two micro-batches (2 rows, then 1 row) with a jagged key 'lp' and a dense key 'v'."""
+    outs = [
+        {"model_output": {"lp": _lp(2, 0), "v": torch.zeros(2)}},
+        {"model_output": {"lp": _lp(1), "v": torch.zeros(1)}},
+    ]
+    return Call("postprocess_batch", (outs, [[1, 2], [0]]), {})
+
+
+#: Named valid calls, one per name (built fresh on each call).
+VALID: dict[str, Callable[[], Call]] = {
+    "postprocess_batch": _valid_postprocess,
+    "flatten_partitions": lambda: Call("flatten_partitions", ([[1, 2], [0]], 3), {}),
+    "inverse_permutation": lambda: Call("inverse_permutation", ([0, 2, 1],), {}),
+    "restore": lambda: Call("restore", (_lp(1, 2), [[1], [0]]), {}),
+    "split": lambda: Call("split", (_lp(1, 2), [[1], [0]]), {}),
+    "concat": lambda: Call("concat", ([_lp(1), _lp(2)],), {}),
+    "balanced_partitions": lambda: Call("balanced_partitions", ([3, 2], 8), {}),
+    "take": lambda: Call("take", (_lp(1, 2), [0, 1]), {}),
+    "take_dense": lambda: Call("take", (torch.zeros(3), [0, 1, 2]), {}),
+    "from_packed": lambda: Call("from_packed", (torch.arange(5.0), [2, 0, 3]), {}),
+    "to_padded": lambda: Call("to_padded", (_lp(1, 2),), {}),
+    "to_padded_int": lambda: Call("to_padded", (_lp(1, 2, dtype=torch.int32),), {}),
+    "from_padded": lambda: Call("from_padded", (torch.arange(6.0).reshape(2, 3), [1, 3]), {}),
+}
+
+
+def postprocess_call(
+    output_lst: list[dict[str, Any]], indices: Any, *, use_dynamic_bsz: bool = True, pad_mode: Any = "no_padding"
+) -> Call:
+    """A ``postprocess_batch`` call, its containers copied (so a breaker can change them in place)."""
+    outs = [dict(o, model_output=dict(o["model_output"])) if "model_output" in o else dict(o) for o in output_lst]
+    idx = [list(p) for p in indices] if indices is not None else None
+    return Call("postprocess_batch", (outs, idx), {"use_dynamic_bsz": use_dynamic_bsz, "pad_mode": pad_mode})
+
+
+def _copy(call: Call) -> Call:
+    if call.op == "postprocess_batch":
+        outs, indices = call.args
+        return postprocess_call(outs, indices, **call.kwargs)
+    args = tuple(
+        [list(a) if isinstance(a, list) else a for a in arg] if isinstance(arg, list) else arg for arg in call.args
+    )
+    return Call(call.op, args, dict(call.kwargs))
+
+
+def apply(defect: Defect, call: Call, choose: Chooser) -> Call:
+    """``defect`` applied to a copy of the valid ``call`` (which is left unchanged)."""
+    return defect.breaker(_copy(call), choose)
+
+
+# -- helpers of the breakers -----------------------------------------------------------------------
+
+
+def strided_nested(rows: list[torch.Tensor]) -> torch.Tensor:
+    """A nested tensor with torch's older strided layout (not jagged), its prototype warning silenced."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.nested.nested_tensor(rows)
+
+
+def _mo(call: Call, m: int) -> dict[str, Any]:
+    return call.args[0][m]["model_output"]
+
+
+def _keys(call: Call) -> list[str]:
+    return list(_mo(call, 0))
+
+
+def _positions(indices: Sequence[Sequence[Any]]) -> list[tuple[int, int]]:
+    return [(m, j) for m, p in enumerate(indices) if isinstance(p, list) for j in range(len(p))]
+
+
+def _rows(x: torch.Tensor) -> int:
+    return int(x.size(0))
+
+
+def _retype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if x.is_nested:
+        return njt(x.values().to(dtype), offsets_of(x))
+    return x.to(dtype)
+
+
+def _with_offsets(x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    return njt(x.values(), offsets)
+
+
+def _decreasing(x: torch.Tensor) -> torch.Tensor:
+    """Offsets broken so that ``offsets[1] > offsets[2]`` (``offsets[1] = -1`` with a single row)."""
+    o = offsets_of(x.contiguous()).clone()
+    if o.numel() >= 3:
+        o[1] = o[2] + 1
+    else:
+        o[1] = -1
+    return _with_offsets(x.contiguous(), o)
+
+
+_PP = "postprocess_batch"
+_TWO = "two micro-batches, a key"

@@ -1,0 +1,151 @@
+"""The defects of ``postprocess_batch``'s ``indices`` as a permutation: a duplicate, negative, out-of-range,
+float, nested or oversized index, and a dropped row."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ref import errors as E
+
+from ..data import from_rows, rows_of
+from ._core import _PP, Breaker, Call, Chooser, Defect, _keys, _mo, _positions
+
+__all__ = ["PERMUTATION"]
+
+
+def _bad_index(make: Callable[[Call, Chooser, int, int], Any]) -> Breaker:
+    """One position of ``indices`` replaced by ``make(call, choose, m, j)``."""
+
+    def breaker(call: Call, choose: Chooser) -> Call:
+        indices = call.args[1]
+        m, j = choose.choice(_positions(indices))
+        indices[m][j] = make(call, choose, m, j)
+        return call
+
+    return breaker
+
+
+def _uint64_partition(call: Call, choose: Chooser) -> Call:
+    """One partition as a uint64 array whose chosen entry is ``2**64 - 1`` (it must not wrap to -1)."""
+    import numpy as np
+
+    indices = call.args[1]
+    m, j = choose.choice(_positions(indices))
+    row = [int(i) for i in indices[m]]
+    row[j] = 2**64 - 1
+    indices[m] = np.array(row, dtype=np.uint64)
+    return call
+
+
+def _float_after_an_array(call: Call, choose: Chooser) -> Call:
+    """Micro-batch 0's partition as an integer array, then a float index in a later micro-batch."""
+    import numpy as np
+
+    indices = call.args[1]
+    m, j = choose.choice([(m, j) for m, j in _positions(indices) if m > 0])
+    indices[m][j] = float(indices[m][j])
+    indices[0] = np.array(indices[0], dtype=np.int64)
+    return call
+
+
+def _num_rows(call: Call) -> int:
+    return sum(len(p) for p in call.args[1])
+
+
+def _duplicate(call: Call, choose: Chooser, m: int, j: int) -> Any:
+    indices = call.args[1]
+    return choose.choice([i for p in indices for i in p if i != indices[m][j]])
+
+
+def _dropped_row(call: Call, choose: Chooser) -> Call:
+    """One row (not the last index) left out of its partition and of every key's output."""
+    indices = call.args[1]
+    b = _num_rows(call)
+    m, j = choose.choice([(m, j) for m, j in _positions(indices) if indices[m][j] != b - 1])
+    del indices[m][j]
+    for k in _keys(call):
+        rows = rows_of(_mo(call, m)[k])
+        _mo(call, m)[k] = from_rows([r for n, r in enumerate(rows) if n != j], _mo(call, m)[k])
+    return call
+
+
+PERMUTATION: tuple[Defect, ...] = (
+    Defect(
+        "duplicate_index",
+        _PP,
+        E.NotAPermutationError,
+        r"micro-batch 1, position 0: index 1 duplicates micro-batch 0, position 0",
+        "two rows",
+        _bad_index(_duplicate),
+        script=(2, 0),
+    ),
+    Defect(
+        "negative_index",
+        _PP,
+        E.NotAPermutationError,
+        r"micro-batch 1, position 0: index -1 is negative",
+        "one row",
+        _bad_index(lambda call, choose, m, j: -choose.integer(1, max(_num_rows(call), 1))),
+        script=(2, 0),
+    ),
+    Defect(
+        "out_of_range_index",
+        _PP,
+        E.NotAPermutationError,
+        r"micro-batch 0, position 1: index 3 is out of range for 3 rows",
+        "one row",
+        _bad_index(lambda call, choose, m, j: _num_rows(call) + choose.integer(0, 3)),
+        script=(1, 0),
+    ),
+    Defect(
+        "float_index",
+        _PP,
+        E.NotAPermutationError,
+        r"micro-batch 0, position 0: index 1\.0 is not an integer",
+        "one row",
+        _bad_index(lambda call, choose, m, j: float(call.args[1][m][j])),
+    ),
+    Defect(
+        "nested_index",
+        _PP,
+        E.NotAPermutationError,
+        r"micro-batch 0, position 0: index \[1\] is not an integer",
+        "one row",
+        _bad_index(lambda call, choose, m, j: [call.args[1][m][j]]),
+    ),
+    Defect(
+        "index_past_int64",
+        _PP,
+        E.NotAPermutationError,
+        r"micro-batch 0, position 1: index 1180591620717411303424 is out of range for 3 rows",
+        "one row",
+        _bad_index(lambda call, choose, m, j: 2**70),
+        script=(1,),
+    ),
+    Defect(
+        "uint64_index_not_wrapped",
+        _PP,
+        E.NotAPermutationError,
+        r"micro-batch 1, position 0: index 18446744073709551615 is out of range for 3 rows",
+        "one row",
+        _uint64_partition,
+        script=(2,),
+    ),
+    Defect(
+        "float_index_after_an_array_partition",
+        _PP,
+        E.NotAPermutationError,
+        r"micro-batch 1, position 0: index 0\.0 is not an integer",
+        "two micro-batches, a row in a later one",
+        _float_after_an_array,
+    ),
+    Defect(
+        "dropped_row",
+        _PP,
+        E.NotAPermutationError,
+        r"micro-batch 0, position 0: index 2 is out of range for 2 rows",
+        "two rows",
+        _dropped_row,
+    ),
+)
