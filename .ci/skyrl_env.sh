@@ -42,6 +42,11 @@ PIP install -c "$CONS" "tensordict==0.15.3"
 #                            skyrl.train.dataset.bin_packing and .replay_buffer in worker_utils)
 PIP install -c "$CONS" cloudpathlib pydantic jaxtyping loguru "transformers>=5.6.1,<=5.16.1" \
     "datasets>=4.0.0"
+# What skyrl.train.utils.utils (initialize_ray, prepare_runtime_environment: how the variable REBATCH
+# reaches SkyRL's Ray actors, tests/test_env_activation.py) imports, at SkyRL's skyrl-train pins:
+#   ray, hydra-core, omegaconf, skyrl-gym, pybase64   skyrl-train's own requirements
+#   aiohttp, orjson   skyrl/backends/skyrl_train/inference_servers (imported by skyrl.train.utils.utils)
+PIP install -c "$CONS" "ray==2.57.0" "hydra-core==1.3.4" omegaconf skyrl-gym aiohttp "pybase64>=1.4.2" orjson
 PIP install -c "$CONS" -e ".[test]"
 # Last, so that no later pip call reports SkyRL's uninstalled requirements.
 PIP install --no-deps "skyrl==0.4.0"
@@ -50,6 +55,7 @@ import importlib.metadata
 
 import tensordict, torch
 import skyrl.backends.skyrl_train.training_batch  # noqa: F401
+import skyrl.train.utils.utils  # noqa: F401  (prepare_runtime_environment)
 from skyrl.backends.skyrl_train.workers.worker_utils import TokenBasedBatchIterator
 
 assert torch.__version__.split("+")[0] == "2.13.0", torch.__version__

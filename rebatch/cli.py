@@ -1,4 +1,4 @@
-"""The ``rebatch`` command (also ``python -m rebatch``): check, bench, fuzz."""
+"""The ``rebatch`` command (also ``python -m rebatch``): check, bench, fuzz, report."""
 
 from __future__ import annotations
 
@@ -50,6 +50,14 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--contended", action="store_true", help="also time every case with one busy process per core")
     fuzz = sub.add_parser("fuzz", help="run the property suite under the fuzz profile")
     fuzz.add_argument("--minutes", type=float, default=10.0, help="time budget (default 10)")
+    report = sub.add_parser(
+        "report",
+        help="shadow mode's reports of many processes in one table; exit 1 on a difference or a defect",
+        description="Read shadow reports (REBATCH_REPORT_DIR: one JSON a process) and print, per trainer and "
+        "function, the processes, calls, sampled calls, differences, defects, errors and both functions' "
+        "seconds. Exit 0 when clean, 1 on a difference or a defect, 2 when there is no report to read.",
+    )
+    report.add_argument("paths", nargs="+", metavar="PATH", help="report files, or directories of them (*.json)")
     return parser
 
 
@@ -73,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
             grid_name=args.grid,
             contended=args.contended,
         )
+    if args.command == "report":
+        from .report import main as report_main
+
+        return report_main(args.paths)
     if missing := _missing("hypothesis"):
         print(f"rebatch fuzz needs {missing}: pip install 'rebatch[test]'", file=sys.stderr)
         return 2
