@@ -46,13 +46,16 @@ def load_candidate(spec: str | Callable[..., Any]) -> Callable[..., Any]:
         return fn
 
     def as_postprocess_batch(
-        output_lst: Any, indices: Any, *, use_dynamic_bsz: Any = True, pad_mode: Any = "no_padding"
+        output_lst: Any,
+        indices: Any,
+        *,
+        use_dynamic_bsz: Any = True,
+        pad_mode: Any = "no_padding",
+        witness: Any = None,
     ) -> Any:
-        from tensordict import NonTensorData, TensorDict
+        from .data import verl_data
 
-        data = TensorDict(
-            {"use_dynamic_bsz": NonTensorData(use_dynamic_bsz), "pad_mode": NonTensorData(pad_mode)}, batch_size=[]
-        )
+        data = verl_data(use_dynamic_bsz=use_dynamic_bsz, pad_mode=pad_mode, witness=witness)
         return _dense_again(fn(output_lst, indices, data), output_lst)
 
     return as_postprocess_batch

@@ -61,17 +61,24 @@ def result_to_torch(result: Any) -> Any:
     return interop.tree_to_torch(result)
 
 
-def ref_postprocess(output_lst: Any, indices: Any, *, use_dynamic_bsz: Any = True, pad_mode: Any = "no_padding") -> Any:
-    """``ref.postprocess_batch`` on torch-built inputs (converted inside the call), result as torch."""
+def ref_postprocess(
+    output_lst: Any, indices: Any, *, use_dynamic_bsz: Any = True, pad_mode: Any = "no_padding", **witness: Any
+) -> Any:
+    """``ref.postprocess_batch`` on torch-built inputs (converted inside the call), result as torch;
+    ``witness=`` passed on where given."""
     import ref
 
-    out = ref.postprocess_batch(outputs_to_ref(output_lst), indices, use_dynamic_bsz=use_dynamic_bsz, pad_mode=pad_mode)
+    out = ref.postprocess_batch(
+        outputs_to_ref(output_lst), indices, use_dynamic_bsz=use_dynamic_bsz, pad_mode=pad_mode, **witness
+    )
     return result_to_torch(out)
 
 
 def torch_postprocess(
-    output_lst: Any, indices: Any, *, use_dynamic_bsz: Any = True, pad_mode: Any = "no_padding"
+    output_lst: Any, indices: Any, *, use_dynamic_bsz: Any = True, pad_mode: Any = "no_padding", **witness: Any
 ) -> Any:
     import torch_impl
 
-    return torch_impl.postprocess_batch(output_lst, indices, use_dynamic_bsz=use_dynamic_bsz, pad_mode=pad_mode)
+    return torch_impl.postprocess_batch(
+        output_lst, indices, use_dynamic_bsz=use_dynamic_bsz, pad_mode=pad_mode, **witness
+    )

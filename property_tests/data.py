@@ -94,3 +94,15 @@ class ListModel:
     @staticmethod
     def equal(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
         return len(a) == len(b) and all(x.shape == y.shape and np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def verl_data(*, witness: Sequence[int] | None = None, **settings: Any) -> Any:
+    """verl's ``data`` for a call: each setting (``use_dynamic_bsz``, ``pad_mode``) as ``NonTensorData``
+    and, with a ``witness``, the batch's ``input_ids`` (zeros) whose row lengths it is: where verl's
+    drop-in reads the alignment witness."""
+    from tensordict import NonTensorData, TensorDict
+
+    entries: dict[str, Any] = {k: NonTensorData(v) for k, v in settings.items()}
+    if witness is not None:
+        entries["input_ids"] = jagged(torch.zeros(sum(witness), dtype=torch.int64), list(witness))
+    return TensorDict(entries, batch_size=[])

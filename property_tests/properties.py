@@ -346,7 +346,8 @@ def malformed_rejected_alike(case: MalformedInput) -> None:
 
     for impl in (torch_postprocess, ref_postprocess):
         try:
-            impl(case.output_lst, case.indices, use_dynamic_bsz=case.use_dynamic_bsz, pad_mode=case.pad_mode)
+            witness = {} if case.witness is None else {"witness": case.witness}
+            impl(case.output_lst, case.indices, use_dynamic_bsz=case.use_dynamic_bsz, pad_mode=case.pad_mode, **witness)
         except RebatchError as err:
             assert type(err) is case.error, f"{impl.__name__} on {case.name}: {type(err).__name__}: {err}"
         else:

@@ -36,6 +36,10 @@ __all__ = [
     "microbatch_outputs",
     "malformed_inputs",
     "tensordict_batches",
+    "VerlStep",
+    "verl_step",
+    "verl_steps",
+    "PER_TOKEN_KEYS",
 ]
 
 
@@ -251,6 +255,8 @@ class MalformedInput(NamedTuple):
     indices: Any
     use_dynamic_bsz: Any
     pad_mode: Any
+    #: the alignment witness the call carries (the alignment family's defects give one), or None
+    witness: Any = None
 
 
 #: The defects of ``postprocess_batch`` in `property_tests.defects.TABLE`, by name (each a `Defect`:
@@ -320,6 +326,7 @@ def malformed_inputs(
         indices,
         call.kwargs.get("use_dynamic_bsz", True),
         call.kwargs.get("pad_mode", "no_padding"),
+        call.kwargs.get("witness"),
     )
 
 
@@ -354,3 +361,75 @@ def tensordict_batches(
     if b:
         data["uid"] = NonTensorStack(*[f"row{i}" for i in range(b)])
     return TensorDictBatch(data, lengths)
+
+
+#: The per-token keys of a `VerlStep` (the witness binds them); its other keys are never bound.
+PER_TOKEN_KEYS = ("log_probs", "entropy", "values_4d")
+
+
+class VerlStep(NamedTuple):
+    """A verl-style step: ``data`` (``input_ids`` ``[B, (j)]`` and the settings), ``output_lst`` and
+    ``indices`` (None with fixed-size micro-batches) as verl's engines make them from
+    `torch_impl.prepare_micro_batches`'s split, and ``lengths`` (each row's token count, original
+    order: the alignment witness)."""
+
+    data: Any
+    output_lst: list[dict[str, Any]]
+    indices: list[list[int]] | None
+    lengths: list[int]
+
+
+def verl_step(lengths: Sequence[int], *, budget: int | None = None, micro_batch_size: int | None = None) -> VerlStep:
+    """The `VerlStep` of rows ``lengths`` long, split by the token ``budget`` (dynamic batch size) or in
+    chunks of ``micro_batch_size`` rows (exactly one of the two), as `verl_steps` draws them."""
+    from tensordict import NonTensorData, TensorDict
+
+    import torch_impl
+
+    from .data import jagged
+
+    b = len(lengths)
+    ids = jagged(torch.arange(sum(lengths), dtype=torch.int64), list(lengths))
+    data = TensorDict({"input_ids": ids}, batch_size=[b])
+    data["use_dynamic_bsz"] = NonTensorData(budget is not None)
+    if budget is not None:
+        micro, indices = torch_impl.prepare_micro_batches(data, max_token_len=budget)
+    else:
+        micro, indices = torch_impl.prepare_micro_batches(data, micro_batch_size=micro_batch_size)
+    output_lst = []
+    for mb in micro:
+        x = mb["input_ids"]
+        offsets = x.offsets()
+        tok = x.values()
+        n = int(x.size(0))
+        response = [(length + 1) // 2 for length in offsets.diff().tolist()]
+        mo = {
+            "log_probs": torch.nested.nested_tensor_from_jagged(tok.to(torch.float32) * -0.5, offsets),
+            "entropy": torch.nested.nested_tensor_from_jagged(tok.to(torch.bfloat16), offsets.clone()),
+            "values_4d": torch.nested.nested_tensor_from_jagged(
+                (tok[:, None, None] + torch.arange(6).reshape(2, 3)).to(torch.int16), offsets
+            ),
+            "values": torch.full((n, 3), 0.25),
+            "response_mask_sum": jagged(torch.ones(sum(response)), response),
+        }
+        output_lst.append({"model_output": mo, "loss": torch.tensor(float(n))})
+    return VerlStep(data, output_lst, indices, list(lengths))
+
+
+@st.composite
+def verl_steps(
+    draw: st.DrawFn, *, min_rows: int = 1, max_rows: int = 12, max_length: int = 9, dynamic: bool | None = None
+) -> VerlStep:
+    """Steps as verl 0.9.1's engines build them (`verl_step`): each micro-batch's per-token outputs on its
+    own ``input_ids.offsets()`` (``log_probs`` float32 on the offsets tensor itself, ``entropy`` bfloat16
+    on a copy of it, ``values_4d`` int16 ``[b, (j), 2, 3]``), a dense ``values`` ``[b, 3]`` and
+    ``response_mask_sum`` jagged over other lengths (``(len + 1) // 2`` a row, as a response-only field's);
+    split by a drawn token budget (``dynamic``, its partitions in verl's order) or in fixed-size chunks
+    (``dynamic=False``; None: either)."""
+    _check_bounds("rows", min_rows, max_rows, floor=1)
+    lengths = draw(st.lists(st.integers(0, max_length), min_size=min_rows, max_size=max_rows))
+    b = len(lengths)
+    if dynamic if dynamic is not None else draw(st.booleans()):
+        longest = max(max(lengths), 1)
+        return verl_step(lengths, budget=draw(st.integers(longest, longest * 3)))
+    return verl_step(lengths, micro_batch_size=draw(st.sampled_from([d for d in range(1, b + 1) if b % d == 0])))

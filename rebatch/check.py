@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import itertools
 import json
 import statistics
 import sys
@@ -12,12 +13,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+import numpy as np
 import torch
 
 from property_tests.compare import same_tensor
 from property_tests.data import rows_of
-from ref.errors import RebatchError
-from torch_impl import postprocess_batch_func, read_setting
+from ref.errors import MisalignmentError, RebatchError
+from torch_impl import postprocess_batch_func, read_setting, witness_stats
+from torch_impl._postprocess import check_batch_func
 
 __all__ = ["run_check", "first_bad_row", "DumpError"]
 
@@ -94,7 +97,9 @@ def _default_check() -> dict[str, Any]:
     from .demo import make_step
 
     step = make_step()
+    before = witness_stats()
     result, t_torch = _timed(lambda: postprocess_batch_func(step.output_lst, step.indices, step.data), 5)
+    witnessed = {k: v - before[k] for k, v in witness_stats().items()}
     mo = result["model_output"]
     ref_mo: dict[str, Any] = {}
     t_ref = None
@@ -122,14 +127,80 @@ def _default_check() -> dict[str, Any]:
             for k, v in step.expected.items()
         },
         "seconds": {"torch_impl": t_torch, "ref": t_ref, "per_row_baseline": t_base},
+        "witness": {"stats": witnessed, "caught": witness_rates(step)},
     }
     if t_ref is None:
         report["note"] = NO_JAX_NOTE
     report["agree"] = all(
         all(c is None or c["agree"] for c in (v["vs_original_rows"], v["vs_ref"], v["vs_per_row_baseline"]))
         for v in report["keys"].values()
-    )
+    ) and all(r["unexplained"] == 0 for r in report["witness"]["caught"].values())
     return report
+
+
+#: The misalignments `witness_rates` tries, and how many of each (seeded).
+MISALIGNMENTS = (
+    "random wrong permutation, same sizes",
+    "two rows transposed",
+    "two responses of one prompt transposed",
+    "two micro-batches swapped",
+)
+TRIALS = 200
+
+
+def witness_rates(step: Any, *, trials: int = TRIALS, seed: int = 1) -> dict[str, dict[str, int]]:
+    """How often the alignment witness catches each kind of well-formed misalignment on ``step``, through
+    verl's shadow-mode check (`torch_impl._postprocess.check_batch_func`: every check of the drop-in,
+    no data moved): ``trials`` of each of `MISALIGNMENTS` (a random permutation cut into the step's
+    micro-batch sizes; two positions of the flattened indices swapped; the same for two rows of one
+    prompt's group, ``step.responses`` consecutive rows, the blind spot's worst case (responses truncated
+    at the cap have equal lengths); two micro-batches of equal size swapped in ``output_lst``). A miss must be a misalignment that moves rows only among rows of equal
+    length (``missed_equal_lengths``); a miss that is not, or a catch where every length agrees, is
+    ``unexplained`` (a defect of rebatch)."""
+    rng = np.random.default_rng(seed)
+    witness = [int(n) for n in step.data["input_ids"].offsets().diff().tolist()]
+    flat = [i for p in step.indices for i in p]
+    sizes = [len(p) for p in step.indices]
+    starts = list(itertools.accumulate(sizes, initial=0))
+    same_size = [m for m in range(len(sizes)) if sizes.count(sizes[m]) > 1]
+    position = {i: k for k, i in enumerate(flat)}
+    out: dict[str, dict[str, int]] = {}
+    for kind in MISALIGNMENTS:
+        counts = dict.fromkeys(("trials", "caught", "missed", "missed_equal_lengths", "unexplained"), 0)
+        possible = {MISALIGNMENTS[1]: len(flat) >= 2, MISALIGNMENTS[2]: step.responses >= 2}
+        for _ in range(trials if possible.get(kind, True) and (kind != MISALIGNMENTS[3] or same_size) else 0):
+            # ``src[k]``: the original row concatenated row k was computed for; ``perm[k]``: the row the
+            # indices restore it as
+            outputs, src, perm = list(step.output_lst), flat, list(flat)
+            if kind == MISALIGNMENTS[0]:
+                perm = rng.permutation(len(flat)).tolist()
+            elif kind in MISALIGNMENTS[1:3]:
+                if kind == MISALIGNMENTS[1]:
+                    a, b = rng.choice(len(flat), size=2, replace=False).tolist()
+                else:
+                    group = int(rng.integers(len(flat) // step.responses)) * step.responses
+                    rows = (group + rng.choice(step.responses, size=2, replace=False)).tolist()
+                    a, b = (position[r] for r in rows)
+                perm[a], perm[b] = perm[b], perm[a]
+            else:
+                m = int(rng.choice(same_size))
+                n = int(rng.choice([k for k in same_size if sizes[k] == sizes[m] and k != m]))
+                outputs[m], outputs[n] = outputs[n], outputs[m]
+                moved = {m: n, n: m}
+                src = [flat[starts[moved.get(q, q)] + j] for q in range(len(sizes)) for j in range(sizes[q])]
+            indices = [perm[starts[q] : starts[q + 1]] for q in range(len(sizes))]
+            equal = all(witness[a] == witness[b] for a, b in zip(src, perm, strict=True))
+            counts["trials"] += 1
+            try:
+                check_batch_func(outputs, indices, step.data)
+            except MisalignmentError:
+                counts["caught"] += 1
+                counts["unexplained"] += int(equal)
+                continue
+            counts["missed"] += 1
+            counts["missed_equal_lengths" if equal else "unexplained"] += 1
+        out[kind] = counts
+    return out
 
 
 def _load_dump(path: str) -> tuple[Any, Any, Any]:
@@ -224,6 +295,19 @@ def _print_report(report: dict[str, Any], out: TextIO) -> None:
             f"({s['per_row_baseline'] / s['torch_impl']:.1f}x slower than torch_impl)",
             file=out,
         )
+    if "witness" in report:
+        w = report["witness"]["stats"]
+        print(
+            f"  alignment witness (data['input_ids']): {w['calls']} calls, {w['keys_witnessed']} keys witnessed, "
+            f"{w['keys_unbound']} left unbound, {w['calls_binding_nothing']} binding nothing",
+            file=out,
+        )
+        for kind, c in report["witness"]["caught"].items():
+            print(
+                f"    {kind}: caught {c['caught']} of {c['trials']}; missed {c['missed']} "
+                f"({c['missed_equal_lengths']} only among rows of equal length, {c['unexplained']} unexplained)",
+                file=out,
+            )
     if "note" in report:
         print(f"  note: {report['note']}", file=out)
     print(f"  result: {'all identical' if report['agree'] else 'MISMATCH'}", file=out)

@@ -6,11 +6,11 @@ from __future__ import annotations
 import re
 
 import pytest
-from tensordict import NonTensorData, TensorDict
 
 import ref
 import torch_impl
 from property_tests.convert import outputs_to_ref, to_ref
+from property_tests.data import verl_data
 from property_tests.error_cases import ErrorCase, error_cases
 from ref import errors
 
@@ -46,7 +46,7 @@ def test_torch_impl_drop_in_raises_what_postprocess_batch_raises(case: ErrorCase
     """verl's call, ``postprocess_batch_func(output_lst, indices, data)`` with the settings in a
     TensorDict, refuses every bad input of ``postprocess_batch`` with the same class and message."""
     args, kwargs = case.build()
-    data = TensorDict({k: NonTensorData(v) for k, v in kwargs.items()}, batch_size=[])
+    data = verl_data(**kwargs)  # the settings as NonTensorData, the witness as the batch's input_ids
     with pytest.raises(errors.RebatchError) as info:
         torch_impl.postprocess_batch_func(*args, data)
     assert type(info.value) is case.error, f"{type(info.value).__name__}: {info.value}"

@@ -91,9 +91,21 @@ def _valid_postprocess() -> Call:
     return Call("postprocess_batch", (outs, [[1, 2], [0]]), {})
 
 
+def _valid_three() -> Call:
+    """Three micro-batches (2, 2 and 1 rows) with a jagged key 'lp' and a dense key 'v': two of equal size,
+    for the alignment family (`property_tests.defects._alignment`)."""
+    outs = [
+        {"model_output": {"lp": _lp(2, 0), "v": torch.zeros(2)}},
+        {"model_output": {"lp": _lp(1, 3), "v": torch.zeros(2)}},
+        {"model_output": {"lp": _lp(4), "v": torch.zeros(1)}},
+    ]
+    return Call("postprocess_batch", (outs, [[1, 2], [0, 4], [3]]), {})
+
+
 #: Named valid calls, one per name (built fresh on each call).
 VALID: dict[str, Callable[[], Call]] = {
     "postprocess_batch": _valid_postprocess,
+    "postprocess_three": _valid_three,
     "flatten_partitions": lambda: Call("flatten_partitions", ([[1, 2], [0]], 3), {}),
     "inverse_permutation": lambda: Call("inverse_permutation", ([0, 2, 1],), {}),
     "restore": lambda: Call("restore", (_lp(1, 2), [[1], [0]]), {}),
@@ -110,12 +122,21 @@ VALID: dict[str, Callable[[], Call]] = {
 
 
 def postprocess_call(
-    output_lst: list[dict[str, Any]], indices: Any, *, use_dynamic_bsz: bool = True, pad_mode: Any = "no_padding"
+    output_lst: list[dict[str, Any]],
+    indices: Any,
+    *,
+    use_dynamic_bsz: bool = True,
+    pad_mode: Any = "no_padding",
+    witness: Any = None,
 ) -> Call:
-    """A ``postprocess_batch`` call, its containers copied (so a breaker can change them in place)."""
+    """A ``postprocess_batch`` call, its containers copied (so a breaker can change them in place); a
+    ``witness`` (the alignment witness) is a keyword of the call where given."""
     outs = [dict(o, model_output=dict(o["model_output"])) if "model_output" in o else dict(o) for o in output_lst]
     idx = [list(p) for p in indices] if indices is not None else None
-    return Call("postprocess_batch", (outs, idx), {"use_dynamic_bsz": use_dynamic_bsz, "pad_mode": pad_mode})
+    kwargs = {"use_dynamic_bsz": use_dynamic_bsz, "pad_mode": pad_mode}
+    if witness is not None:
+        kwargs["witness"] = list(witness)
+    return Call("postprocess_batch", (outs, idx), kwargs)
 
 
 def _copy(call: Call) -> Call:

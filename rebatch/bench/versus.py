@@ -96,6 +96,27 @@ def _digest(result: dict[str, Any]) -> str:
     return h.hexdigest()
 
 
+def _witness_data(case: Any, seed: int = 0, *, witness: bool = True) -> Any:
+    """verl's ``data`` for ``case``: a TensorDict holding ``use_dynamic_bsz`` and the batch's ``input_ids``
+    (zeros, the case's row lengths, original order), from which the drop-in reads the alignment witness;
+    without ``witness``, the same ``data`` with ``input_ids`` under another name (read by nobody)."""
+    import numpy as np
+    import torch
+    from tensordict import TensorDict
+
+    from .cases import lengths_for
+
+    lengths = lengths_for(case, seed)
+    offsets = np.zeros(case.rows + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum(lengths)
+    ids = torch.nested.nested_tensor_from_jagged(
+        torch.zeros(int(offsets[-1]), dtype=torch.int64), torch.from_numpy(offsets)
+    )
+    from tensordict import NonTensorData
+
+    return TensorDict({"input_ids" if witness else "ids": ids, "use_dynamic_bsz": NonTensorData(True)}, batch_size=[])
+
+
 def _clones(wholes: list[Any]) -> list[Any]:
     """One clone of each key's whole values: a buffer of the output's bytes."""
     return [w.clone() for w in wholes]
@@ -126,9 +147,15 @@ def _worker() -> int:
             case = Case(*msg["case"])
             outs, indices, wholes = _inputs(case)
             fns["impl"] = functools.partial(torch_impl.postprocess_batch_func, outs, indices, None)
+            fns["witnessed"] = functools.partial(torch_impl.postprocess_batch_func, outs, indices, _witness_data(case))
+            fns["unwitnessed"] = functools.partial(
+                torch_impl.postprocess_batch_func, outs, indices, _witness_data(case, witness=False)
+            )
             fns["clone"] = functools.partial(_clones, wholes)
             result = fns["impl"]()
             reply = {"digest": _digest(result), "torch": torch.__version__, "torch_impl": torch_impl.__file__}
+            if msg.get("witness"):
+                reply["witnessed_digest"] = _digest(fns["witnessed"]())
             del result
             warm = []
             for _ in range(3):  # the warm cost of a call, which sets the calls per turn
@@ -278,11 +305,74 @@ def _medians(
         if {"baseline", "today", "clone"} <= turn.keys():
             paired["speedup"].append(turn["baseline"] / turn["today"])
             paired["vs_clone"].append(turn["today"] / turn["clone"])
+        if {"today", "witnessed"} <= turn.keys():
+            paired.setdefault("witness_cost", []).append(turn["witnessed"] / turn["today"])
         done += 1
     result = {name: statistics.median(t) for name, t in times.items()}
     result.update({f"{name}_first": statistics.median(t) for name, t in firsts.items()})
     result.update({name: statistics.median(r) for name, r in paired.items() if r})
     return result
+
+
+def witness_grid() -> list[Any]:
+    """The cases of issue 38's cost targets: the small call (at most 0.02 ms more) and B=1024 M=16 (at
+    most 5% more), each with one key and with five."""
+    from .cases import Case
+
+    return [
+        Case(8, 16, 4, 1, "float32", 2),
+        Case(1024, 512, 16, 1, "float32", 2),
+        Case(1024, 512, 16, 5, "float32", 2),
+        Case(1024, 512, 64, 5, "float32", 2),
+    ]
+
+
+def witness_cost(cases: list[Any], *, rounds: int = 11, min_time: float = 0.5, log: Any = None) -> dict[str, Any]:
+    """The alignment witness's cost, paired in one run: today's drop-in on each case's inputs with
+    ``data`` holding ``input_ids`` (the witness read and checked) against the same call with the same
+    ``data`` less its ``input_ids`` (`_witness_data`: no witness), in one worker, round by round
+    (`_medians`: each round's ratio, its median)."""
+    from .contention import cores
+
+    today = Worker(ROOT)
+    rows = []
+    try:
+        fns = {"today": (today, "unwitnessed"), "witnessed": (today, "witnessed")}
+        for i, case in enumerate(cases):
+            reply = today.ask(cmd="setup", case=list(case), witness=True)
+            if reply["digest"] != reply["witnessed_digest"]:
+                raise AssertionError(f"{case.name}: the witnessed call's result differs from the plain call's")
+            timed = _medians(fns, {"today": reply["first"]}, min_time=min_time, rounds=rounds, seed=i, cores=cores())
+            row = {"case": case._asdict(), "name": case.name, "quiet": timed}
+            rows.append(row)
+            if log is not None:
+                print(f"{case.name}: {_witness_line(row)}", file=log, flush=True)
+    finally:
+        today.close()
+    return {"today": _describe(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows}
+
+
+def _witness_line(row: dict[str, Any]) -> str:
+    q = row["quiet"]
+    return (
+        f"without {_ms(q['today'])} ms, with the witness {_ms(q['witnessed'])} ms: "
+        f"{q['witness_cost']:.3f}x paired, {1e3 * (q['witnessed'] - q['today']):+.4f} ms"
+    )
+
+
+def witness_markdown(results: dict[str, Any]) -> list[str]:
+    """The witness's cost as a Markdown table."""
+    lines = [
+        "| case | without (ms) | with the witness (ms) | with / without (paired) | difference (ms) |",
+        "|---|---|---|---|---|",
+    ]
+    for r in results["rows"]:
+        q = r["quiet"]
+        lines.append(
+            f"| {r['name']} | {_ms(q['today'])} | {_ms(q['witnessed'])} | {q['witness_cost']:.3f}x | "
+            f"{1e3 * (q['witnessed'] - q['today']):+.4f} |"
+        )
+    return lines
 
 
 def targets_grid() -> list[Any]:
@@ -540,9 +630,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--docs", help="put the results into this markdown file's side-by-side section")
+    parser.add_argument(
+        "--witness", action="store_true", help="the alignment witness's cost instead: with it against without, paired"
+    )
     args = parser.parse_args(argv)
     if args.worker:
         return _worker()
+    if args.witness:
+        results = witness_cost(witness_grid(), rounds=args.rounds, log=sys.stderr)
+        results["command"] = "python -m rebatch.bench.versus " + " ".join(argv if argv is not None else sys.argv[1:])
+        print("\n".join(witness_markdown(results)))
+        if args.out:
+            Path(args.out).write_text(json.dumps(results, indent=1))
+        return 0
     from .cases import grid
 
     if args.grid == TARGETS:
