@@ -83,7 +83,12 @@ def _defects(peer: Peer, theirs: dict[str, Any], ours: dict[str, Any]) -> list[d
             outs, indices = named_call(d).args
             kwargs = named_call(d).kwargs
             return peer.run(
-                fns, outs, indices, kwargs.get("use_dynamic_bsz", True), kwargs.get("pad_mode", "no_padding")
+                fns,
+                outs,
+                indices,
+                kwargs.get("use_dynamic_bsz", True),
+                kwargs.get("pad_mode", "no_padding"),
+                kwargs.get("witness"),
             )
 
         rows.append(

@@ -69,7 +69,7 @@ class Peer(NamedTuple):
     #: rebatch's drop-ins for them, by the same names
     ours: Callable[[], dict[str, Callable[..., Any]]]
     #: (functions, output_lst, indices, use_dynamic_bsz, pad_mode) -> the result as ``postprocess_batch`` gives it
-    run: Callable[[dict[str, Callable[..., Any]], Any, Any, Any, Any], dict[str, Any]]
+    run: Callable[..., dict[str, Any]]
     #: bounds of `microbatch_outputs` for the calls the trainer handles correctly
     bounds: dict[str, Any]
     native_defects: Callable[[], tuple[NativeDefect, ...]]
@@ -178,16 +178,29 @@ def _areal_ours() -> dict[str, Callable[..., Any]]:
     return {"reorder_and_pad_outputs": areal.reorder_and_pad_outputs}
 
 
-def areal_mb_list(forward: Sequence[Any]) -> Any:
-    """What AReaL's splitter holds: ``forward_indices`` and ``backward_indices[forward] = arange`` (NumPy)."""
+def areal_mb_list(forward: Sequence[Any], cu_seqlens: Sequence[torch.Tensor] | None = None) -> Any:
+    """What AReaL's splitter holds: ``forward_indices`` and ``backward_indices[forward] = arange`` (NumPy);
+    with ``cu_seqlens``, ``mbs``: one dict per micro-batch holding its own (``mbs[m]["cu_seqlens"]``)."""
     backward = np.zeros(len(forward), dtype=np.int64)
     backward[np.asarray(forward, dtype=np.int64)] = np.arange(len(forward))
-    return types.SimpleNamespace(forward_indices=list(forward), backward_indices=backward.tolist())
+    mb_list = types.SimpleNamespace(forward_indices=list(forward), backward_indices=backward.tolist())
+    if cu_seqlens is not None:
+        mb_list.mbs = [{"cu_seqlens": c.to(torch.int32)} for c in cu_seqlens]
+    return mb_list
 
 
 def _areal_run(
-    fns: dict[str, Callable[..., Any]], output_lst: Any, indices: Any, dynamic: Any, pad_mode: Any = "no_padding"
+    fns: dict[str, Callable[..., Any]],
+    output_lst: Any,
+    indices: Any,
+    dynamic: Any,
+    pad_mode: Any = "no_padding",
+    witness: Any = None,
 ) -> dict[str, Any]:
+    """AReaL's call, once per key. With a ``witness`` (the batch's row lengths), a key it binds travels as
+    AReaL has it: ``output_seqlens`` the batch's lengths (AReaL splits the packed outputs by them) and
+    each micro-batch's own ``cu_seqlens`` in ``mb_list.mbs`` (its rows' lengths as the model saw them:
+    the outputs' offsets), which rebatch's drop-in compares."""
     outs = _model_outputs(output_lst, dynamic, pad_mode)
     if any(p is not None and not isinstance(p, list) for p in (indices or [])):
         raise NotExpressible("a partition that is not a list")
@@ -207,8 +220,12 @@ def _areal_run(
             raise NotExpressible("layouts that differ between micro-batches")
         lengths_in_order = [n for p in parts for n in _row_lengths(p)]
         seqlens = _original_lengths(flat, lengths_in_order)
+        call_list = mb_list
+        if witness is not None and parts[0].is_nested and sum(lengths_in_order) == sum(witness):
+            seqlens = list(witness)
+            call_list = areal_mb_list(flat, cu_seqlens=[offsets_of(p) for p in parts])
         packed = [p.values() if p.is_nested else p for p in parts]
-        padded = fns["reorder_and_pad_outputs"](packed, seqlens, mb_list)
+        padded = fns["reorder_and_pad_outputs"](packed, seqlens, call_list)
         result[key] = _cut(padded, seqlens, parts[0])
     return _result(result)
 
@@ -309,8 +326,15 @@ def tensor_batch(fields: dict[str, Any], metadata: dict[str, Any] | None = None)
 
 
 def _skyrl_run(
-    fns: dict[str, Callable[..., Any]], output_lst: Any, indices: Any, dynamic: Any, pad_mode: Any = "no_padding"
+    fns: dict[str, Callable[..., Any]],
+    output_lst: Any,
+    indices: Any,
+    dynamic: Any,
+    pad_mode: Any = "no_padding",
+    witness: Any = None,
 ) -> dict[str, Any]:
+    """SkyRL's call. A ``witness`` has no place there: its micro-batch outputs are padded ``[b, *S]``
+    tensors that keep no row lengths, so nothing in the call can show a well-formed misalignment."""
     outs = _model_outputs(output_lst, dynamic, pad_mode)
     keys = list(outs[0])
     counts = [int(_plain(mo[keys[0]]).shape[0]) for mo in outs]
@@ -434,8 +458,15 @@ def _verl_ours() -> dict[str, Callable[..., Any]]:
 
 
 def _verl_run(
-    fns: dict[str, Callable[..., Any]], output_lst: Any, indices: Any, dynamic: Any, pad_mode: Any = "no_padding"
+    fns: dict[str, Callable[..., Any]],
+    output_lst: Any,
+    indices: Any,
+    dynamic: Any,
+    pad_mode: Any = "no_padding",
+    witness: Any = None,
 ) -> dict[str, Any]:
+    """verl's call; a ``witness`` travels as the batch's ``input_ids`` in ``data``, where verl's engines
+    leave it (and where rebatch's drop-in reads it)."""
     from .candidates import load_candidate
 
     run = load_candidate(fns["postprocess_batch_func"])
@@ -451,7 +482,7 @@ def _verl_run(
                 o = {**o, "model_output": wide}
             staged.append(o)
         output_lst = staged
-    result: dict[str, Any] = run(output_lst, indices, use_dynamic_bsz=dynamic, pad_mode=pad_mode)
+    result: dict[str, Any] = run(output_lst, indices, use_dynamic_bsz=dynamic, pad_mode=pad_mode, witness=witness)
     if flat_keys and isinstance(result.get("model_output"), dict):
         mo = dict(result["model_output"])
         for k in flat_keys & set(mo):

@@ -271,3 +271,34 @@ def test_verl_after_install_raises_and_shadow_mode_counts_a_defect(caplog: pytes
         assert any("MisalignmentError" in r.getMessage() and "misaligned" in r.getMessage() for r in caplog.records)
     finally:
         rebatch_verl.uninstall()
+
+
+def test_verl_switched_on_by_its_variable_raises_through_its_own_name(tmp_path: Any) -> None:
+    """``REBATCH_VERL=on`` alone, in a fresh process: verl's name raises for the misaligned step, and
+    with ``REBATCH_WITNESS=off`` too it returns verl's (misaligned) result."""
+    import os
+    import subprocess
+    import sys
+
+    _verl()
+    step, outs, indices = _a_misaligned_step()
+    path = tmp_path / "step.pt"
+    torch.save((outs, indices, step.data), path)
+    code = (
+        "import sys, torch\n"
+        "import verl.workers.engine.utils as u\n"
+        "from ref.errors import MisalignmentError\n"
+        f"outs, indices, data = torch.load({str(path)!r}, weights_only=False)\n"
+        "try:\n"
+        "    u.postprocess_batch_func(outs, indices, data)\n"
+        "except MisalignmentError as err:\n"
+        "    print('raised', str(err).split(':')[0])\n"
+        "else:\n"
+        "    print('returned')\n"
+    )
+    for extra, want in (({}, "raised key 'log_probs', micro-batch"), ({"REBATCH_WITNESS": "off"}, "returned")):
+        env = {**os.environ, "REBATCH_VERL": "on", **extra}
+        env.pop("REBATCH", None)
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.strip().startswith(want), (done.stdout, done.stderr[-2000:])

@@ -8,7 +8,11 @@ small chunks):
 1. ``postprocess_batch_func`` on the device under ``torch.cuda.set_sync_debug_mode("error")`` (any
    synchronising call raises), then its result compared bit for bit with the CPU's and with verl's
    algorithm row by row (`property_tests.baseline`);
-2. its median time against a ``clone`` of the output's bytes on the same device (effective bandwidth).
+2. its median time against a ``clone`` of the output's bytes on the same device (effective bandwidth);
+3. the alignment witness: the same call with ``data`` holding the batch's ``input_ids`` on the host (as
+   verl leaves it) makes exactly one synchronisation (its verdict, read after every launch; counted
+   under ``set_sync_debug_mode("warn")``), gives the same result, and the outputs left in micro-batch
+   order raise `ref.errors.MisalignmentError`.
 
 Exits 1 on any mismatch or synchronisation, 0 otherwise. ``--dry-run`` runs the same steps on the CPU
 (no synchronisation check, tiny cases): what the test suite runs, so the script stays runnable.
@@ -63,6 +67,75 @@ def _no_sync(device: str) -> Iterator[None]:
         torch.cuda.synchronize()
 
 
+@contextlib.contextmanager
+def _syncs(device: str) -> Iterator[list[Any]]:
+    """The synchronisations made inside, as torch's sync-debug warnings (CUDA; none elsewhere)."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield seen
+        finally:
+            if device.startswith("cuda"):
+                torch.cuda.set_sync_debug_mode("default")
+                torch.cuda.synchronize()
+
+
+def _witness_data(outs: list[dict[str, Any]], indices: list[list[int]]) -> Any:
+    """verl's ``data``: the batch's ``input_ids`` on the host, rows as long as the first jagged key's."""
+    from tensordict import TensorDict
+
+    key = next(k for k, v in outs[0]["model_output"].items() if v.is_nested)
+    lengths = [0] * sum(len(p) for p in indices)
+    for o, p in zip(outs, indices, strict=True):
+        for i, n in zip(p, o["model_output"][key].offsets().diff().tolist(), strict=True):
+            lengths[i] = n
+    offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+    offsets[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0)
+    ids = torch.nested.nested_tensor_from_jagged(torch.zeros(int(offsets[-1]), dtype=torch.int64), offsets)
+    return TensorDict({"input_ids": ids}, batch_size=[])
+
+
+def _check_witness(
+    device: str, case: Case, on_device: list[dict[str, Any]], indices: list[list[int]], expected: Any
+) -> list[str]:
+    """Step 3: one synchronisation a witnessed call, the same result, a misalignment caught."""
+    from ref.errors import MisalignmentError
+
+    failures = []
+    data = _witness_data(on_device, indices)
+    with _syncs(device) as seen:
+        got = torch_impl.postprocess_batch_func(on_device, indices, data)["model_output"]
+    syncs = [w for w in seen if "synchroniz" in str(w.message).lower()]
+    if device.startswith("cuda") and len(syncs) != 1:
+        failures.append(f"{case.name}, witness: {len(syncs)} synchronisations, expected 1")
+    for k, v in got.items():
+        diff = first_difference(v.cpu(), expected[k])
+        if diff is not None:
+            failures.append(f"{case.name}, witness, key {k}: {diff}")
+    in_order = [list(range(a, a + len(p))) for a, p in zip(_starts(indices), indices, strict=True)]
+    if in_order != indices:
+        try:
+            torch_impl.postprocess_batch_func(on_device, in_order, data)
+            failures.append(f"{case.name}, witness: the outputs left in micro-batch order were not caught")
+        except MisalignmentError:
+            pass
+    print(f"{'FAIL' if failures else 'ok  '} {case.name}, witness: {len(syncs)} synchronisation(s) a call")
+    return failures
+
+
+def _starts(indices: list[list[int]]) -> list[int]:
+    out, at = [], 0
+    for p in indices:
+        out.append(at)
+        at += len(p)
+    return out
+
+
 def _to(outs: list[dict[str, Any]], device: str) -> list[dict[str, Any]]:
     return [{**o, "model_output": {k: v.to(device) for k, v in o["model_output"].items()}} for o in outs]
 
@@ -112,6 +185,7 @@ def check(device: str, cases: list[Case], *, min_time: float = 0.2) -> list[str]
             if diff is not None:
                 failures.append(f"{case.name}: CPU result differs from verl's algorithm, key {k}: {diff}")
         on_device = _to(outs, device)
+        failures += _check_witness(device, case, on_device, indices, expected)
         whole = [torch.cat([o["model_output"][k].values() for o in on_device]) for k in jagged_keys]
         for variant, settings in VARIANTS.items():
             with torch_impl.use_settings(**settings):
