@@ -1,12 +1,16 @@
-"""Fail unless the wheel holds exactly the four packages (and its metadata), with no test files outside
-the testing kit ``property_tests``. Usage: ``python .ci/wheel_contents.py dist/rebatch-*.whl``."""
+"""Fail unless the wheel holds exactly the four packages, the startup hook (the package ``rebatch_startup``
+and its two files at the top of site-packages, ``rebatch.pth`` and ``rebatch.start``: the variable
+``REBATCH``) and its metadata, with no test files outside the testing kit ``property_tests``, and the
+hook's files as ``rebatch_startup`` holds them. Usage: ``python .ci/wheel_contents.py dist/rebatch-*.whl``."""
 
 from __future__ import annotations
 
 import sys
 import zipfile
 
-ALLOWED = {"ref", "torch_impl", "property_tests", "rebatch"}
+ALLOWED = {"ref", "torch_impl", "property_tests", "rebatch", "rebatch_startup", "rebatch.pth", "rebatch.start"}
+#: the startup hook's files at the wheel's top (site-packages), copies of the package's own
+HOOK = {"rebatch.pth": "rebatch_startup/rebatch.pth", "rebatch.start": "rebatch_startup/rebatch.start"}
 #: modules of subpackages a wheel must hold (an explicit package list once left ``torch_impl.integrations`` out)
 REQUIRED = {
     "torch_impl/integrations/_patch.py",
@@ -14,21 +18,25 @@ REQUIRED = {
     "torch_impl/integrations/areal.py",
     "torch_impl/integrations/skyrl.py",
     "torch_impl/integrations/verl_plugin.py",
+    "rebatch_startup/__init__.py",
+    "rebatch_startup/verl.py",
     "rebatch/bench/run.py",
     "property_tests/defects/__init__.py",
 }
 
 
 def main(path: str) -> int:
-    names = zipfile.ZipFile(path).namelist()
+    wheel = zipfile.ZipFile(path)
+    names = wheel.namelist()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     tests_outside_kit = [n for n in names if "/test_" in n and not n.startswith("property_tests/")]
     print(f"{path}: top level {sorted(tops)}, {len(names)} files")
     missing = sorted(REQUIRED - set(names))
-    if tops != ALLOWED or tests_outside_kit or missing:
+    hook = [top for top, kept in HOOK.items() if top in names and kept in names and wheel.read(top) != wheel.read(kept)]
+    if tops != ALLOWED or tests_outside_kit or missing or hook:
         print(
             f"unexpected: top level {sorted(tops - ALLOWED)}, missing {sorted(ALLOWED - tops)}, tests "
-            f"{tests_outside_kit}, modules missing {missing}"
+            f"{tests_outside_kit}, modules missing {missing}, hook files differing from rebatch_startup's {hook}"
         )
         return 1
     return 0
