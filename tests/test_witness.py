@@ -302,3 +302,30 @@ def test_verl_switched_on_by_its_variable_raises_through_its_own_name(tmp_path: 
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stdout.strip().startswith(want), (done.stdout, done.stderr[-2000:])
+
+
+def test_areal_drop_in_checks_each_micro_batch_against_its_own_cu_seqlens() -> None:
+    """AReaL's witness: ``mb_list.mbs[m]["cu_seqlens"]`` (the micro-batch as the model saw it) against
+    ``output_seqlens`` in ``forward_indices`` order, and each output's size against its tokens."""
+    from property_tests.peers import areal_mb_list
+    from torch_impl.integrations.areal import reorder_and_pad_outputs
+
+    seqlens, forward = [2, 1, 3, 4], [2, 0, 1, 3]  # micro-batches [2, 0] (3 + 2 tokens) and [1, 3] (1 + 4)
+    outs = [torch.arange(5.0), torch.arange(5.0) + 10]
+    cu = [torch.tensor([0, 3, 5], dtype=torch.int32), torch.tensor([0, 1, 5], dtype=torch.int32)]
+    plain = reorder_and_pad_outputs(outs, seqlens, areal_mb_list(forward))
+    assert (
+        first_difference(reorder_and_pad_outputs(outs, seqlens, areal_mb_list(forward, cu_seqlens=cu)), plain) is None
+    )
+    with pytest.raises(
+        MisalignmentError, match=r"micro-batch 0, position 0: mb_list.mbs\[0\]\['cu_seqlens'\] gives a row of 3"
+    ):
+        reorder_and_pad_outputs(outs, seqlens, areal_mb_list([0, 2, 1, 3], cu_seqlens=cu))  # a wrong forward order
+    swapped = [torch.tensor([0, 1, 5], dtype=torch.int32), torch.tensor([0, 3, 5], dtype=torch.int32)]
+    with pytest.raises(MisalignmentError, match=r"micro-batch 0, position 0"):
+        reorder_and_pad_outputs(outs, seqlens, areal_mb_list(forward, cu_seqlens=swapped))
+    previous = torch_impl.set_witness(False)
+    try:
+        reorder_and_pad_outputs(outs, seqlens, areal_mb_list([0, 2, 1, 3], cu_seqlens=cu))  # switched off
+    finally:
+        torch_impl.set_witness(previous[0], unbound=previous[1])

@@ -21,18 +21,25 @@ import functools
 import itertools
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
-from ref.errors import NotAPermutationError, PartitionMismatchError, ShapeMismatchError, UnsupportedSettingError
+from ref.errors import (
+    MisalignmentError,
+    NotAPermutationError,
+    PartitionMismatchError,
+    ShapeMismatchError,
+    UnsupportedSettingError,
+)
 from ref.structure import check_lengths
 
 from .._entry import entry
 from .._layouts import scatter_padded
 from .._parts import DensePart, check_parts
 from .._permutation import check_permutation, invert
+from .._witness import witness_config
 from ._patch import Patcher, Versions, Wrap
 from ._shadow import Shadow
 
@@ -147,6 +154,7 @@ def _checked(
     order = perm.tolist()
     in_order = [seqlens[i] for i in order]
     parts = _packed_parts(outputs) if aggregate_fn is torch.cat else None  # another aggregate_fn: its own inputs
+    _check_micro_batches(mb_list, in_order, order, None if parts is None else [p.rows for p in parts])
     counts = _boundaries([p.rows for p in parts], in_order, order) if parts is not None else [b]
     inv = invert(perm)
     wrong = (back != inv).nonzero()
@@ -157,6 +165,53 @@ def _checked(
             f"(forward_indices[{int(inv[i])}]): backward_indices is not the inverse of forward_indices"
         )
     return list(seqlens), perm, in_order, parts
+
+
+def _check_micro_batches(mb_list: Any, in_order: list[int], order: list[int], sizes: list[int] | None) -> None:
+    """The alignment witness AReaL's call holds (``docs/witness.md``): each micro-batch's own ``cu_seqlens``
+    (``mb_list.mbs[m]["cu_seqlens"]``: its rows' lengths as the model saw them, in ``forward_indices``
+    order) against ``output_seqlens`` in that order, and each output's size (``sizes``, packed values)
+    against its micro-batch's tokens: `MisalignmentError` where ``forward_indices`` or the outputs'
+    order is not the one the micro-batches were built with. One read, where they live on an accelerator
+    (AReaL moves ``mb_list`` to the device). Not checked where ``mb_list`` has no ``mbs`` holding 1-D
+    integer ``cu_seqlens`` for exactly the batch's rows (``output_seqlens`` alone cannot witness: the
+    split is made from it), or with the witness switched off (``REBATCH_WITNESS=off``)."""
+    mbs = getattr(mb_list, "mbs", None)
+    if not witness_config()[0] or not isinstance(mbs, list | tuple) or not mbs:
+        return
+    found = [mb.get("cu_seqlens") if isinstance(mb, Mapping) else None for mb in mbs]
+    cus = [c for c in found if isinstance(c, torch.Tensor) and c.dim() == 1 and c.numel() > 0]
+    if len(cus) != len(found) or any(c.is_floating_point() or c.is_complex() for c in cus):
+        return
+    if sum(int(c.numel()) - 1 for c in cus) != len(in_order) or cus[0].device.type == "meta":
+        return
+    device = cus[0].device
+    got = torch.cat([c.diff().to(device, torch.int64) for c in cus])
+    totals = torch.stack([(c[-1] - c[0]).to(device, torch.int64) for c in cus])
+    bad = got.ne(torch.tensor(in_order, dtype=torch.int64).to(device)).any()
+    if sizes is not None and len(sizes) == len(cus):
+        bad = bad | totals.ne(torch.tensor(sizes, dtype=torch.int64).to(device)).any()
+    if not bool(bad):  # the one read
+        return
+    rows = got.tolist()
+    at = list(itertools.accumulate((int(c.numel()) - 1 for c in cus), initial=0))
+    for k, (n, want) in enumerate(zip(rows, in_order, strict=True)):
+        if n != want:
+            m = bisect.bisect_right(at, k) - 1
+            raise MisalignmentError(
+                f"micro-batch {m}, position {k - at[m]}: mb_list.mbs[{m}]['cu_seqlens'] gives a row of {n} tokens, "
+                f"but forward_indices[{k}] = {order[k]} puts original row {order[k]} there, whose output_seqlens "
+                f"is {want} (forward_indices is not the order the micro-batches were built in; switch the check "
+                "off: REBATCH_WITNESS=off)"
+            )
+    assert sizes is not None
+    for m, (n, total) in enumerate(zip(sizes, totals.tolist(), strict=True)):
+        if n != total:
+            raise MisalignmentError(
+                f"micro-batch {m}: its output holds {n} values, but mb_list.mbs[{m}]['cu_seqlens'] gives {total} "
+                "tokens (the outputs are not in the order of the micro-batches; switch the check off: "
+                "REBATCH_WITNESS=off)"
+            )
 
 
 def _packed_parts(outputs: Sequence[Any]) -> list[DensePart]:
