@@ -47,7 +47,7 @@ def entry_point(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def _run(code: str, entry_point: str | None, **env: str) -> subprocess.CompletedProcess[str]:
-    environ = {k: v for k, v in os.environ.items() if k not in ("REBATCH_VERL", "VERL_USE_EXTERNAL_MODULES")}
+    environ = {k: v for k, v in os.environ.items() if k not in ("REBATCH", "REBATCH_VERL", "VERL_USE_EXTERNAL_MODULES")}
     outer = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]  # where this verl comes from
     environ["PYTHONPATH"] = os.pathsep.join([ROOT] + ([entry_point] if entry_point else []) + outer)
     environ.update(env)
@@ -76,6 +76,35 @@ def test_the_entry_point_activates_as_the_variable_says(entry_point: str, value:
         assert "shadowed: verl.workers.engine.utils" in done.stdout  # a wrapper of verl's own function
     elif not ours:
         assert "verl: True" in done.stdout  # verl untouched
+
+
+def test_the_installed_entry_point_imports_no_torch_impl_with_the_variables_unset() -> None:
+    """rebatch's own ``verl.plugins`` entry point is the torch-free `rebatch_startup.verl`: a verl process
+    with ``REBATCH`` and ``REBATCH_VERL`` unset loads it (0.9.x) and imports nothing of torch_impl."""
+    import importlib.metadata
+
+    values = [ep.value for ep in importlib.metadata.entry_points(group="verl.plugins") if ep.name == "rebatch"]
+    assert "rebatch_startup.verl:activate" in values, values
+    code = "import sys, verl; print('loaded:', 'torch_impl' in sys.modules, 'rebatch_startup.verl' in sys.modules)"
+    done = _run(code, None)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"loaded: False {PLUGIN_GROUP[VERL.version]}" in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize(
+    ("env", "ours"),
+    [
+        ({"REBATCH": "on"}, True),  # every trainer's variable (0.8.0 too: rebatch's startup hook)
+        ({"REBATCH": "on", "REBATCH_VERL": "off"}, False),  # verl's own, when set, wins for verl
+        ({"REBATCH": "off", "REBATCH_VERL": "on"}, True),
+    ],
+)
+def test_rebatch_reaches_verl_and_rebatch_verl_wins_when_set(env: dict[str, str], ours: bool) -> None:
+    if env.get("REBATCH") != "on" and not PLUGIN_GROUP[VERL.version]:
+        env = {**env, "VERL_USE_EXTERNAL_MODULES": "rebatch_startup.verl"}
+    done = _run(PROBE, None, **env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"rebatch: {ours}" in done.stdout, (done.stdout, done.stderr[-3000:])
 
 
 def test_verl_use_external_modules_activates_the_same_way() -> None:
