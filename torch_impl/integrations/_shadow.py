@@ -62,6 +62,7 @@ from ref.errors import (
 )
 
 from .._compare import first_difference
+from .._witness import witness_stats
 
 __all__ = ["DEFECTS", "Shadow"]
 
@@ -147,6 +148,7 @@ class Shadow:
             c[alias] = c["trainer_seconds"]
         total["by_name"] = by_name
         total["messages"] = messages
+        total["witness"] = witness_stats()  # the alignment witness's counters of this process
         total["trainer"] = self.trainer
         total["version"] = self.version
         total["mode"] = "shadow"
