@@ -145,6 +145,12 @@ def test_on_the_start_imports_the_hook_alone_and_no_torch() -> None:
     assert done.stdout.split("\n")[:2] == ["['rebatch_startup']", "_Finder"], done.stdout
 
 
+def test_verls_plugin_module_imports_no_torch_with_the_variables_unset() -> None:
+    code = "import sys, rebatch_startup.verl as v; assert not v.activate(); print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torch_impl', 'ref')))"
+    done = _python(code)
+    assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stderr
+
+
 def test_a_bad_value_at_start_never_breaks_an_interpreter_that_imports_no_trainer() -> None:
     done = _python("print('fine')", REBATCH="bogus")
     assert (done.returncode, done.stdout.strip(), done.stderr) == (0, "fine", "")
