@@ -355,6 +355,26 @@ def test_shadow_reports_every_native_defect_and_returns_the_trainers_result(shad
     assert {d.name for d in defects if outcome(lambda d=d: d.attempt(own)) == "silent"} == set(SILENT[name])
     s = integration.stats()
     assert (s["differences"], s["errors"], s["trainer"], s["mode"]) == (0, 0, name, "shadow")
+    from torch_impl import integrations
+
+    assert integrations.stats()[name]["defects"] == len(defects)  # every active integration's counters
+
+
+@pytest.mark.parametrize("shadowed", ["areal", "skyrl"], indirect=True)
+def test_shadow_dumps_the_first_misaligned_step(shadowed, tmp_path: Path) -> None:
+    import torch
+
+    integration, _own = shadowed
+    name = integration.__name__.rsplit(".", 1)[1]
+    integration.uninstall()
+    dump = tmp_path / "step.pt"
+    integration.install(mode="shadow", dump=str(dump))
+    defect = next(d for d in PEERS[name].native_defects() if d.name == SILENT[name][0])
+    with _shadow_lines(logging.ERROR) as records:
+        defect.attempt(PEERS[name].theirs())
+    assert len(records) == 1
+    saved = torch.load(dump, weights_only=False)
+    assert saved["function"].startswith(("areal.", "skyrl."))
 
 
 @pytest.mark.parametrize("shadowed", ["areal", "skyrl"], indirect=True)
