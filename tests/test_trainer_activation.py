@@ -125,7 +125,7 @@ def test_areal_a_bad_value_names_the_variable() -> None:
     assert "UnsupportedSettingError: REBATCH='onn': expected off, on, shadow or shadow:FRACTION" in done.stderr
 
 
-def test_areal_shadow_wraps_areals_own_function_and_carries_the_variable() -> None:
+def test_areal_shadow_wraps_areals_own_function_and_carries_the_variable(tmp_path: Path) -> None:
     _need("areal")
     code = (
         "import areal.engine.core.train_engine as te\n"
@@ -135,12 +135,17 @@ def test_areal_shadow_wraps_areals_own_function_and_carries_the_variable() -> No
         "print('PROBE', fn.__wrapped__.__module__, fn.__wrapped__.__name__)\n"
         "print('PROBE', launcher.get_env_vars('A=1').get('REBATCH'), local.get_env_vars is launcher.get_env_vars,"
         " ray.get_env_vars is launcher.get_env_vars)\n"
+        "from areal.api.cli_args import SchedulingSpec\n"
+        "scheduler = object.__new__(ray.RayScheduler); scheduler.enable_tms_offload = False\n"
+        "env = scheduler._build_env_vars(SchedulingSpec(cpu=1, env_vars={'X': '1'}))  # RuntimeEnv(env_vars=env)\n"
+        "print('PROBE', env.get('REBATCH'), env.get('REBATCH_REPORT_DIR'), env.get('X'))\n"
     )
-    done = _python(code, REBATCH="shadow:0.5")
+    done = _python(code, REBATCH="shadow:0.5", REBATCH_REPORT_DIR=str(tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]
     assert _probed(done) == [
         "areal.engine.core.train_engine reorder_and_pad_outputs",
         "shadow:0.5 True True",
+        f"shadow:0.5 {tmp_path} 1",  # what AReaL's Ray scheduler gives each worker's runtime environment
     ]
 
 
