@@ -101,7 +101,11 @@ def _peer(name: str, args: argparse.Namespace) -> int:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
-    wrong = [d for d in report["defects"] if d["ours"] != f"raises {d['expected']}" and d["ours"] != "n/a"]
+    wrong = [
+        d
+        for d in report["defects"]
+        if d["ours"] != f"raises {d['expected']}" and d["ours"] != "n/a" and not d.get("undetectable")
+    ]
     for d in wrong:
         print(f"FAIL rebatch's drop-in on {d['name']}: {d['ours']}, expected raises {d['expected']}")
     failed = bool(diff["differences"]) or any(v is not None for v in report["properties"].values()) or bool(wrong)

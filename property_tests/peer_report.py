@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from ref import errors
+
 from .compare import first_difference
 from .defects import TABLE, named_call
 from .peers import PEERS, Peer, differential, outcome, sized_call
@@ -99,6 +101,8 @@ def _defects(peer: Peer, theirs: dict[str, Any], ours: dict[str, Any]) -> list[d
                 "expected": d.error.__name__,
                 "theirs": outcome(functools.partial(attempt, theirs)),
                 "ours": outcome(functools.partial(attempt, ours)),
+                # a well-formed misalignment in a layout that keeps no row lengths: nothing can show it
+                "undetectable": d.error is errors.MisalignmentError and not peer.witnessed,
             }
         )
     for nd in peer.native_defects():
@@ -200,11 +204,15 @@ def render(reports: Sequence[dict[str, Any]]) -> str:
         "",
         "## What each trainer does with a bad input",
         "",
-        "Each row of the table of defects (`property_tests/defects.py`, source `table`: put into each trainer's own",
+        "Each row of the table of defects (`property_tests/defects/`, source `table`: put into each trainer's own",
         "form by its adapter in `property_tests/peers.py`; `n/a` where that form has no place for it) and each",
         "trainer's own defects (source: the trainer). `silent`: the function returned a result, misaligned;",
         "`crashes: X`: an exception that is not a `RebatchError` (no key, micro-batch or value named);",
-        "`raises X`: the typed error.",
+        "`raises X`: the typed error. The last rows, from `micro_batches_swapped` on, are well-formed",
+        "misalignments (every structure valid, the rows restored as the wrong ones), which only the batch's own",
+        "row lengths show (the alignment witness, `docs/witness.md`): verl's drop-in reads them from `data`'s",
+        "`input_ids`, AReaL's from each micro-batch's `cu_seqlens`; SkyRL's padded outputs keep no row lengths, so",
+        "there they stay `silent` for rebatch's drop-in too (`undetectable` in that layout, not a failure).",
         "",
         *outcomes_section(reports),
         "",

@@ -75,6 +75,8 @@ class Peer(NamedTuple):
     native_defects: Callable[[], tuple[NativeDefect, ...]]
     #: (output_lst, partitions) of one jagged key -> (function name, its arguments): for timing the call alone
     native: Callable[[Any, Any], tuple[str, tuple[Any, ...]]]
+    #: whether the trainer's call can carry an alignment witness (the batch's row lengths, `run`'s ``witness``)
+    witnessed: bool = True
 
 
 # -- shared helpers ----------------------------------------------------------------------------------
@@ -539,6 +541,7 @@ PEERS: dict[str, Peer] = {
         {"min_rows": 1, "losses": False, "metrics": False},
         _skyrl_defects,
         _skyrl_native,
+        witnessed=False,  # padded [b, *S] outputs keep no row lengths
     ),
 }
 
