@@ -316,14 +316,15 @@ SILENT = {
 
 @pytest.fixture
 def shadowed(request: pytest.FixtureRequest):
-    """``(integration, the trainer's own functions)`` with ``install(mode="shadow", sample=1.0)`` in force."""
+    """``(integration, the trainer's own functions)`` with ``install(mode="shadow", sample=1.0)`` in force
+    (``"NAME:0"``: ``sample=0.0``, only each name's first call compared, the others checked only)."""
     import importlib
 
-    name = request.param
+    name, _, sample = str(request.param).partition(":")
     _need(name)
     integration = importlib.import_module(f"torch_impl.integrations.{name}")
     own = PEERS[name].theirs()
-    integration.install(mode="shadow", sample=1.0)
+    integration.install(mode="shadow", sample=float(sample or 1.0))
     try:
         yield integration, own
     finally:
@@ -363,6 +364,13 @@ def test_shadow_reports_every_native_defect_and_returns_the_trainers_result(shad
     from torch_impl import integrations
 
     assert integrations.stats()[name]["defects"] == len(defects)  # every active integration's counters
+    integration.uninstall()
+    integration.install(mode="shadow", sample=0.0)  # each name's first call compared, the others checked only
+    for defect in defects:
+        outcome(lambda d=defect: d.attempt(peer.theirs()))
+    s = integration.stats()
+    assert s["defects"] == len(defects), s["messages"]  # rebatch's check-only functions find them too
+    assert s["sampled"] == len(s["by_name"]) < s["calls"]
 
 
 @pytest.mark.parametrize("shadowed", ["areal", "skyrl"], indirect=True)
@@ -382,8 +390,10 @@ def test_shadow_dumps_the_first_misaligned_step(shadowed, tmp_path: Path) -> Non
     assert saved["function"].startswith(("areal.", "skyrl."))
 
 
-@pytest.mark.parametrize("shadowed", ["areal", "skyrl"], indirect=True)
+@pytest.mark.parametrize("shadowed", ["areal", "skyrl", "areal:0", "skyrl:0"], indirect=True)
 def test_shadow_on_300_random_valid_calls_finds_nothing_and_logs_nothing(shadowed) -> None:
+    """Compared every call, and (``:0``) checked only after each name's first: rebatch's check-only
+    functions (`check_reorder_and_pad_outputs`, `check_reorder_and_combine_batches`) refuse no valid call."""
     integration, own = shadowed
     name = integration.__name__.rsplit(".", 1)[1]
     peer = PEERS[name]
@@ -394,7 +404,7 @@ def test_shadow_on_300_random_valid_calls_finds_nothing_and_logs_nothing(shadowe
     s = integration.stats()
     assert (s["differences"], s["defects"], s["errors"]) == (0, 0, 0), s["messages"]
     assert s["calls"] >= 300
-    assert s["sampled"] == s["calls"]
+    assert s["sampled"] == (s["calls"] if integration._shadow.every else len(s["by_name"]))
     assert [r.getMessage() for r in records] == []
 
 
