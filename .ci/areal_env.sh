@@ -43,9 +43,11 @@ PIP install -c "$CONS" "tensordict==0.10.0"
 #   einops              areal/utils/data.py
 #   aiofiles            areal/infra/workflow_executor.py
 #   openai              areal/experimental/openai (imported by areal.infra.controller)
+#   peft                areal/engine/fsdp_engine.py (AReaL's pin, <=0.18.1): the FSDP engine imports on CPU, so
+#                       tests/test_trainer_activation.py sees its binding of reorder_and_pad_outputs
 PIP install -c "$CONS" aiohttp httpx colorlog tenacity flask torchdata lark uvloop pyyaml \
     "hydra-core==1.4.0.dev1" "omegaconf==2.4.0.dev2" "transformers>=5.0.0,<=5.3.0" ray numba pillow \
-    orjson einops aiofiles openai
+    orjson einops aiofiles openai "peft<=0.18.1"
 PIP install -c "$CONS" -e ".[test]"
 # Last, so that no later pip call reports AReaL's many uninstalled requirements.
 PIP install --no-deps "areal==1.0.4"
