@@ -40,6 +40,17 @@ ENV = "REBATCH_WITNESS"
 ENV_UNBOUND = "REBATCH_WITNESS_UNBOUND"
 
 _lock = threading.Lock()
+
+
+def _new_lock() -> None:
+    """A forked child gets a fresh lock: one held by another thread of the parent at the fork would
+    otherwise stay held in the child, and its first call would wait for ever (as `logging` does)."""
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock)
 _config: tuple[bool, frozenset[Any]] | None = None
 _COUNTERS = ("calls", "calls_without_witness", "calls_binding_nothing", "keys_witnessed", "keys_unbound")
 _stats = dict.fromkeys(_COUNTERS, 0)
@@ -164,7 +175,7 @@ class Witness:
             self.device = witness.to(torch.int64)
         elif isinstance(witness, torch.Tensor | np.ndarray):
             witness_form(witness, rows)
-            host = witness.numpy() if isinstance(witness, torch.Tensor) else witness
+            host = witness.detach().numpy() if isinstance(witness, torch.Tensor) else witness
             if host.size and int(host.min()) < 0:
                 check_lengths(host, rows=rows, name=WITNESS)  # raises, naming the first negative one
             self.host = host.astype(np.int64, copy=False)
