@@ -14,11 +14,13 @@ HOOK = {"rebatch.pth": "rebatch_startup/rebatch.pth", "rebatch.start": "rebatch_
 #: modules of subpackages a wheel must hold (an explicit package list once left ``torch_impl.integrations`` out)
 REQUIRED = {
     "torch_impl/integrations/_patch.py",
+    "torch_impl/integrations/_integration.py",
     "torch_impl/integrations/verl.py",
     "torch_impl/integrations/areal.py",
     "torch_impl/integrations/skyrl.py",
     "torch_impl/integrations/verl_plugin.py",
     "rebatch_startup/__init__.py",
+    "rebatch_startup/_hooks.py",
     "rebatch_startup/verl.py",
     "rebatch/bench/run.py",
     "property_tests/defects/__init__.py",

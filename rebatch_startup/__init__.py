@@ -236,28 +236,10 @@ def activate(trainer: str, *, again: bool = False) -> bool:
         return True
 
 
-class _ActivateFirst:
-    """The loader of a trainer's top package, wrapped for one execution: `activate` runs first."""
-
-    def __init__(self, loader: object, trainer: str) -> None:
-        self._loader = loader
-        self._trainer = trainer
-
-    def create_module(self, spec: object) -> object:
-        return self._loader.create_module(spec)  # type: ignore[attr-defined]
-
-    def exec_module(self, module: object) -> None:
-        module.__loader__ = self._loader  # type: ignore[attr-defined]  # the module keeps the real loader
-        spec = getattr(module, "__spec__", None)
-        if spec is not None:
-            spec.loader = self._loader
-        activate(self._trainer)  # under "on", a failure raises here: from the trainer's import
-        self._loader.exec_module(module)  # type: ignore[attr-defined]
-
-
 class _Finder:
     """First on ``sys.meta_path`` while a trainer is still to be imported: finds its top package with
-    the other finders and wraps the loader (`_ActivateFirst`); gone once every trainer was seen."""
+    the other finders and runs `activate` right before its code (`_hooks.spec_around`); gone once every
+    trainer was seen."""
 
     def __init__(self, trainers: set[str]) -> None:
         self.waiting = set(trainers)
@@ -269,16 +251,10 @@ class _Finder:
             self.waiting.discard(fullname)
             if not self.waiting:
                 _drop(self)
-        for finder in sys.meta_path:
-            find_spec = getattr(finder, "find_spec", None)
-            if finder is self or find_spec is None:
-                continue
-            spec = find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _ActivateFirst(spec.loader, fullname)
-                return spec
-        return None
+        from ._hooks import spec_around
+
+        # under "on", a failure of activate raises from the trainer's import
+        return spec_around(self, fullname, path, target, before=activate)  # type: ignore[arg-type]
 
 
 def _drop(finder: _Finder) -> None:

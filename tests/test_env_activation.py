@@ -268,12 +268,12 @@ def test_stats_of_every_integration_installed() -> None:
 
     before = integrations.stats()
     assert "areal" not in before
-    areal._shadow = Shadow(1.0, "log", None, trainer="areal")
+    areal._integration.shadow = Shadow(1.0, "log", None, trainer="areal")
     try:
         got = integrations.stats()["areal"]
         assert (got["mode"], got["trainer"], got["calls"]) == ("shadow", "areal", 0)
     finally:
-        areal._shadow = None
+        areal._integration.shadow = None
 
 
 # -- rebatch report ----------------------------------------------------------------------------------

@@ -218,7 +218,7 @@ def _witness_only(checked: dict[Any, list[Any]], perm: torch.Tensor | None, seen
         lengths = check_offsets(parts, key, rows.steps(device))
         if perm is not None and not rows.in_order():
             lengths = lengths.index_select(0, rows.inverse(device))
-        seen.observe(key, parts, lengths)
+        seen.observe(key, parts, lengths, binds=True)
     seen.verdict()
 
 

@@ -200,10 +200,11 @@ class Witness:
             return jagged and key not in self.unbound
         return witness_binds(key, jagged, values, self.total, self.unbound)
 
-    def observe(self, key: Any, parts: Sequence[JaggedPart], lengths: Any) -> None:
+    def observe(self, key: Any, parts: Sequence[JaggedPart], lengths: Any, *, binds: bool | None = None) -> None:
         """Key ``key``'s restored row lengths ``[B]`` (original order: a NumPy array, a list or a tensor)
-        against the witness, where it binds the key; keys whose parts share offsets tensors once."""
-        if not self.binds(key, parts):
+        against the witness, where it binds the key (``binds``: the caller's `binds` answer, not asked
+        again); keys whose parts share offsets tensors once."""
+        if not (self.binds(key, parts) if binds is None else binds):
             self.left += 1
             return
         self.bound += 1

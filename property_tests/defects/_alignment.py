@@ -71,15 +71,20 @@ def _swap_micro_batches(call: Call, choose: Chooser) -> Call:
     pairs = [(m, n) for m, n in itertools.combinations(range(len(sizes)), 2) if sizes[m] == sizes[n] > 0]
     if not pairs:
         return _swap_rows(call, choose)
-    m, n = choose.choice(pairs)
+    flat = [int(i) for p in call.args[1] for i in p]
+    src = [flat[j] for j in _outputs_swapped(call, sizes, *choose.choice(pairs))]
+    return _witnessed(call, src, flat, sizes)
+
+
+def _outputs_swapped(call: Call, sizes: list[int], m: int, n: int) -> list[int]:
+    """Micro-batches ``m`` and ``n`` swapped in ``output_lst`` (in place); returns, for each concatenated
+    position now, the position its row had before."""
     outs = call.args[0]
     outs[m], outs[n] = outs[n], outs[m]
-    flat = [int(i) for p in call.args[1] for i in p]
     order = list(range(len(sizes)))
     order[m], order[n] = n, m
     bounds = list(itertools.accumulate(sizes, initial=0))
-    src = [flat[j] for q in order for j in range(bounds[q], bounds[q + 1])]
-    return _witnessed(call, src, flat, sizes)
+    return [j for q in order for j in range(bounds[q], bounds[q + 1])]
 
 
 def _replaced(make: Callable[[list[int], Chooser], list[int]]) -> Breaker:
@@ -115,80 +120,36 @@ def _fixed_size_swapped(call: Call, choose: Chooser) -> Call:
     sizes = _sizes(call)
     n_rows = sum(sizes)
     filled = [m for m, s in enumerate(sizes) if s]
-    bounds = list(itertools.accumulate(sizes, initial=0))
     if len(filled) < 2:
         a, b = choose.choice(list(itertools.combinations(range(n_rows), 2)))
         src = list(range(n_rows))
         src[a], src[b] = src[b], src[a]
         return _witnessed(call, src, list(range(n_rows)), sizes, dynamic=False)
     m, n = choose.choice(list(itertools.combinations(filled, 2)))
-    outs = call.args[0]
-    outs[m], outs[n] = outs[n], outs[m]
-    order = list(range(len(sizes)))
-    order[m], order[n] = n, m
-    src = [j for q in order for j in range(bounds[q], bounds[q + 1])]
-    new_sizes = [sizes[q] for q in order]
-    return _witnessed(call, src, list(range(n_rows)), new_sizes, dynamic=False)
+    src = _outputs_swapped(call, sizes, m, n)
+    sizes[m], sizes[n] = sizes[n], sizes[m]
+    return _witnessed(call, src, list(range(n_rows)), sizes, dynamic=False)
 
 
 _AT = r"key 'aligned', micro-batch {m}, position {j}: {got} values restored as original row {row}, whose length the alignment witness gives as {want}"
 
+
+def _misaligned(
+    name: str, breaker: Breaker, m: int, j: int, got: int, row: int, want: int, script: tuple[int, ...] = ()
+) -> Defect:
+    """A defect of the family: `MisalignmentError` at micro-batch ``m``, position ``j`` of the named case
+    (``got`` values restored as original row ``row``, whose witnessed length is ``want``)."""
+    message = _AT.format(m=m, j=j, got=got, row=row, want=want)
+    return Defect(name, _PP, E.MisalignmentError, message, _NEEDS, breaker, base="postprocess_three", script=script)
+
+
 #: The family: each raises `MisalignmentError` naming the key ``aligned`` (named cases on
 #: ``VALID["postprocess_three"]``: micro-batches of 2, 2 and 1 rows, indices ``[[1, 2], [0, 4], [3]]``).
 ALIGNMENT: tuple[Defect, ...] = (
-    Defect(
-        "micro_batches_swapped",
-        _PP,
-        E.MisalignmentError,
-        _AT.format(m=1, j=0, got=1, row=0, want=2),
-        _NEEDS,
-        _swap_micro_batches,
-        base="postprocess_three",
-    ),
-    Defect(
-        "rows_swapped_in_a_micro_batch",
-        _PP,
-        E.MisalignmentError,
-        _AT.format(m=1, j=1, got=1, row=0, want=2),
-        _NEEDS,
-        _swap_rows,
-        base="postprocess_three",
-        script=(1,),
-    ),
-    Defect(
-        "inverse_for_forward",
-        _PP,
-        E.MisalignmentError,
-        _AT.format(m=1, j=0, got=1, row=1, want=2),
-        _NEEDS,
-        _replaced(_inverse),
-        base="postprocess_three",
-    ),
-    Defect(
-        "another_steps_indices",
-        _PP,
-        E.MisalignmentError,
-        _AT.format(m=2, j=0, got=1, row=1, want=2),
-        _NEEDS,
-        _replaced(_another_step),
-        base="postprocess_three",
-    ),
-    Defect(
-        "outputs_in_micro_batch_order",
-        _PP,
-        E.MisalignmentError,
-        _AT.format(m=0, j=0, got=2, row=0, want=1),
-        _NEEDS,
-        _replaced(lambda flat, choose: list(range(len(flat)))),
-        base="postprocess_three",
-    ),
-    Defect(
-        "fixed_size_micro_batches_swapped",
-        _PP,
-        E.MisalignmentError,
-        _AT.format(m=0, j=0, got=2, row=0, want=1),
-        _NEEDS,
-        _fixed_size_swapped,
-        base="postprocess_three",
-    ),
+    _misaligned("micro_batches_swapped", _swap_micro_batches, 1, 0, 1, 0, 2),
+    _misaligned("rows_swapped_in_a_micro_batch", _swap_rows, 1, 1, 1, 0, 2, script=(1,)),
+    _misaligned("inverse_for_forward", _replaced(_inverse), 1, 0, 1, 1, 2),
+    _misaligned("another_steps_indices", _replaced(_another_step), 2, 0, 1, 1, 2),
+    _misaligned("outputs_in_micro_batch_order", _replaced(lambda flat, choose: list(range(len(flat)))), 0, 0, 2, 0, 1),
+    _misaligned("fixed_size_micro_batches_swapped", _fixed_size_swapped, 0, 0, 2, 0, 1),
 )

@@ -176,6 +176,18 @@ def _positions(indices: Sequence[Sequence[Any]]) -> list[tuple[int, int]]:
     return [(m, j) for m, p in enumerate(indices) if isinstance(p, list) for j in range(len(p))]
 
 
+def _one_index(arg: int, make: Callable[[Call, Chooser, int, int], Any]) -> Breaker:
+    """One position ``(m, j)`` of the partitions in ``args[arg]`` replaced by ``make(call, choose, m, j)``."""
+
+    def breaker(call: Call, choose: Chooser) -> Call:
+        parts = call.args[arg]
+        m, j = choose.choice(_positions(parts))
+        parts[m][j] = make(call, choose, m, j)
+        return call
+
+    return breaker
+
+
 def _rows(x: torch.Tensor) -> int:
     return int(x.size(0))
 

@@ -4,27 +4,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
 from ref import errors as E
 
-from ._core import Breaker, Call, Chooser, Defect, _decreasing, _positions, _retype, _rows
+from ._core import Breaker, Call, Chooser, Defect, _decreasing, _one_index, _positions, _retype, _rows
 
 __all__ = ["OPERATIONS"]
-
-
-def _partition_arg(arg: int, make: Callable[[list[list[Any]], Chooser, int, int], Any]) -> Breaker:
-    """One position of the partitions in ``args[arg]`` replaced by ``make(partitions, choose, m, j)``."""
-
-    def breaker(call: Call, choose: Chooser) -> Call:
-        parts = call.args[arg]
-        m, j = choose.choice(_positions(parts))
-        parts[m][j] = make(parts, choose, m, j)
-        return call
-
-    return breaker
 
 
 def _delete_index(call: Call, choose: Chooser) -> Call:
@@ -104,7 +91,7 @@ OPERATIONS: tuple[Defect, ...] = (
         E.NotAPermutationError,
         r"index -1 is negative",
         "one row",
-        _partition_arg(1, lambda parts, choose, m, j: -choose.integer(1, 3)),
+        _one_index(1, lambda call, choose, m, j: -choose.integer(1, 3)),
     ),
     Defect(
         "split_duplicate",
@@ -112,7 +99,9 @@ OPERATIONS: tuple[Defect, ...] = (
         E.NotAPermutationError,
         r"index 1 duplicates",
         "two rows",
-        _partition_arg(1, lambda parts, choose, m, j: choose.choice([i for p in parts for i in p if i != parts[m][j]])),
+        _one_index(
+            1, lambda call, choose, m, j: choose.choice([i for p in call.args[1] for i in p if i != call.args[1][m][j]])
+        ),
         script=(1, 0),
     ),
     Defect(

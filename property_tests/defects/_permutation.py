@@ -9,21 +9,14 @@ from typing import Any
 from ref import errors as E
 
 from ..data import from_rows, rows_of
-from ._core import _PP, Breaker, Call, Chooser, Defect, _keys, _mo, _positions
+from ._core import _PP, Breaker, Call, Chooser, Defect, _keys, _mo, _one_index, _positions
 
 __all__ = ["PERMUTATION"]
 
 
 def _bad_index(make: Callable[[Call, Chooser, int, int], Any]) -> Breaker:
     """One position of ``indices`` replaced by ``make(call, choose, m, j)``."""
-
-    def breaker(call: Call, choose: Chooser) -> Call:
-        indices = call.args[1]
-        m, j = choose.choice(_positions(indices))
-        indices[m][j] = make(call, choose, m, j)
-        return call
-
-    return breaker
+    return _one_index(1, make)
 
 
 def _uint64_partition(call: Call, choose: Chooser) -> Call:

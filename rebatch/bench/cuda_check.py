@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -129,11 +130,8 @@ def _check_witness(
 
 
 def _starts(indices: list[list[int]]) -> list[int]:
-    out, at = [], 0
-    for p in indices:
-        out.append(at)
-        at += len(p)
-    return out
+    """Where each micro-batch starts in the concatenated rows."""
+    return list(itertools.accumulate((len(p) for p in indices[:-1]), initial=0)) if indices else []
 
 
 def _to(outs: list[dict[str, Any]], device: str) -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ def stats() -> dict[str, dict[str, Any]]:
         module = sys.modules.get(f"{__name__}.{trainer}")
         if module is None:
             continue
-        shadowed = getattr(module, "_shadow", None) is not None
+        shadowed = module._integration.shadow is not None  # the shared install state (`_integration`)
         if not (module.installed() or shadowed):
             continue
         counters = module.stats()

@@ -240,7 +240,8 @@ def _loaded(module_name: str) -> bool:
 
 class _AfterImport(importlib.abc.MetaPathFinder):
     """Finds the modules of ``pending`` with the other finders and calls ``then(name)`` once each has
-    executed (its loader wrapped for that one execution; the module keeps its own loader)."""
+    executed (`rebatch_startup._hooks.spec_around`: its loader wrapped for that one execution; the
+    module keeps its own loader)."""
 
     def __init__(self, pending: Mapping[str, Any], then: Callable[[str], None]) -> None:
         self._pending = pending
@@ -251,34 +252,10 @@ class _AfterImport(importlib.abc.MetaPathFinder):
     ) -> importlib.machinery.ModuleSpec | None:
         if fullname not in self._pending:
             return None
-        for finder in sys.meta_path:
-            find_spec = getattr(finder, "find_spec", None)
-            if finder is self or find_spec is None:
-                continue
-            spec = find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _ThenCall(spec.loader, fullname, self._then)
-                return spec
-        return None
+        from rebatch_startup._hooks import spec_around
 
-
-class _ThenCall(importlib.abc.Loader):
-    def __init__(self, loader: Any, name: str, then: Callable[[str], None]) -> None:
-        self._loader = loader
-        self._name = name
-        self._then = then
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        module: ModuleType | None = self._loader.create_module(spec)
-        return module
-
-    def exec_module(self, module: ModuleType) -> None:
-        module.__loader__ = self._loader  # the module and its spec keep the real loader
-        if module.__spec__ is not None:
-            module.__spec__.loader = self._loader
-        self._loader.exec_module(module)
-        self._then(self._name)
+        spec: importlib.machinery.ModuleSpec | None = spec_around(self, fullname, path, target, after=self._then)
+        return spec
 
 
 def _place(owner: str | type, attr: str) -> str:

@@ -19,8 +19,6 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
-import logging
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -40,7 +38,8 @@ from .._layouts import scatter_padded
 from .._parts import DensePart, check_parts
 from .._permutation import check_permutation, invert
 from .._witness import witness_config
-from ._patch import Patcher, Versions, Wrap
+from ._integration import Integration, shadowing
+from ._patch import Versions, Wrap
 from ._shadow import Shadow
 
 __all__ = [
@@ -269,22 +268,22 @@ def _carrying(get_env_vars: Callable[..., dict[str, str]]) -> Callable[..., dict
 
 
 def replacements(
-    dump: str | None = None, shadow: Shadow | None = None, carry: bool = False
+    dump: str | None = None, shadow: Shadow | None = None, row: str | None = None, carry: bool = False
 ) -> dict[tuple[str, str], Any]:
-    """``(AReaL module, name) -> rebatch's function`` that `install` puts in AReaL's place; with ``shadow``
-    a `Wrap` building the shadowing wrapper around AReaL's own; with ``carry`` (an install activated by
-    the environment) also AReaL's ``get_env_vars``, wrapped to pass rebatch's variables on."""
+    """``(AReaL module, name) -> rebatch's function`` that `install` puts in AReaL's place (one row:
+    ``row`` is unused); with ``shadow`` a `Wrap` building the shadowing wrapper around AReaL's own; with
+    ``carry`` (an install activated by the environment) also AReaL's ``get_env_vars``, wrapped to pass
+    rebatch's variables on."""
     mine: Any = reorder_and_pad_outputs
     if shadow is not None:
-        mine = Wrap(
-            lambda theirs: shadow.wrap(
-                "reorder_and_pad_outputs",
-                theirs,
-                reorder_and_pad_outputs,
-                check=check_reorder_and_pad_outputs,
-                on_first_difference=functools.partial(_save, dump) if dump else None,
-                keys_of=_keys,
-            )
+        mine = shadowing(
+            shadow,
+            "reorder_and_pad_outputs",
+            reorder_and_pad_outputs,
+            check=check_reorder_and_pad_outputs,
+            save=_save,
+            dump=dump,
+            keys_of=_keys,
         )
     table: dict[tuple[str, str], Any] = {(TRAIN_ENGINE, "reorder_and_pad_outputs"): mine}
     if carry:
@@ -292,13 +291,15 @@ def replacements(
     return table
 
 
-_patcher = Patcher("areal", replacements)
 #: The AReaL releases `install` supports (checked against AReaL itself in CI: .ci/peers.sh).
 VERSIONS = ("1.0.4",)
-_versions: Versions[None] = Versions("areal", dict.fromkeys(VERSIONS), fallback=VERSIONS[-1])
-_shadow: Shadow | None = None  # the last shadow install's counters (kept after uninstall, for stats)
-_mode: str | None = None
-_lock = threading.Lock()
+_integration = Integration(
+    "areal",
+    replacements,
+    Versions("areal", dict.fromkeys(VERSIONS), fallback=VERSIONS[-1]),
+    lambda version, row, how: f"rebatch: areal {version}: rebatch {how} AReaL's {TRAIN_ENGINE}.reorder_and_pad_outputs",
+)
+_patcher, _versions = _integration.patcher, _integration.versions
 
 
 def install(
@@ -323,50 +324,28 @@ def install(
     differs or is misaligned), counted by `stats`. ``lazy=True`` (the form `rebatch_startup` uses, from
     ``REBATCH``): nothing of AReaL imported; each module patched as it finishes importing, and AReaL's
     ``get_env_vars`` wrapped to pass rebatch's variables on to the RPC workers its schedulers start."""
-    global _shadow, _mode
-    if mode not in ("on", "shadow"):
-        raise UnsupportedSettingError(f"mode must be 'on' or 'shadow', got {mode!r}")
-    with _lock:
-        if _patcher.installed():
-            return _patcher.places()
-        version = _versions.installed()
-        _versions.pick(version, force=force)
-        shadow = Shadow(sample, on_defect, report, trainer="areal", version=version) if mode == "shadow" else None
-        places = _patcher.install_as_imported(dump, shadow, lazy) if lazy else _patcher.install(dump, shadow)
-        if shadow is not None:
-            _shadow = shadow
-        _mode = mode
-        logging.getLogger("rebatch").info(
-            "rebatch: areal %s: rebatch %s AReaL's %s.reorder_and_pad_outputs",
-            version,
-            "shadows" if shadow is not None else "replaces",
-            TRAIN_ENGINE,
-        )
-        return places
+    return _integration.install(
+        dump, mode=mode, sample=sample, on_defect=on_defect, report=report, lazy=lazy, force=force
+    )
 
 
 def stats(json_path: str | None = None) -> dict[str, Any]:
     """Shadow mode's counters since its `install` (`torch_impl.integrations._shadow.Shadow.stats`: calls,
     sampled, differences, defects, errors, trainer_seconds, rebatch_seconds, by_name, messages, trainer,
     version, mode, process); written as JSON to ``json_path`` when given. All zero without a shadow install."""
-    if _shadow is None:
-        return Shadow(0.0, "log", None, trainer="areal", version=_versions.installed()).stats(json_path)
-    return _shadow.stats(json_path)
+    return _integration.stats(json_path)
 
 
 def mode() -> str | None:
     """``"on"`` or ``"shadow"`` while installed, else None."""
-    return _mode if _patcher.installed() else None
+    return _integration.mode()
 
 
 def uninstall() -> None:
-    """Put AReaL's functions back wherever `install` replaced them. Idempotent."""
-    global _mode
-    with _lock:
-        _patcher.uninstall()
-        _mode = None
+    """Put AReaL's function back wherever `install` replaced it. Idempotent."""
+    _integration.uninstall()
 
 
 def installed() -> bool:
     """True between `install` and `uninstall`."""
-    return _patcher.installed()
+    return _integration.installed()

@@ -17,17 +17,16 @@ micro-batch output with more rows than its indices.
 from __future__ import annotations
 
 import functools
-import logging
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ref.errors import PartitionMismatchError, UnsupportedSettingError
+from ref.errors import PartitionMismatchError
 
 from .._entry import entry
 from .._permutation import check_permutation, invert
 from .._postprocess import check_batch_func, postprocess_batch
-from ._patch import Patcher, Versions, Wrap
+from ._integration import Integration, shadowing
+from ._patch import Versions, Wrap
 from ._shadow import Shadow
 
 __all__ = [
@@ -175,48 +174,39 @@ def _carrying(prepare: Callable[..., dict[str, str]]) -> Callable[..., dict[str,
 
 
 def replacements(
-    dump: str | None = None, shadow: Shadow | None = None, carry: bool = False
+    dump: str | None = None, shadow: Shadow | None = None, row: str | None = None, carry: bool = False
 ) -> dict[tuple[str, str], Any]:
-    """``(SkyRL module, "Class.method") -> rebatch's function`` that `install` puts in SkyRL's place; with
-    ``shadow`` a `Wrap` building the shadowing wrapper around SkyRL's own; with ``carry`` (an install
-    activated by the environment) also ``prepare_runtime_environment``, wrapped to pass rebatch's
-    variables on to the Ray actors."""
+    """``(SkyRL module, "Class.method") -> rebatch's function`` that `install` puts in SkyRL's place (one
+    row: ``row`` is unused); with ``shadow`` a `Wrap` building the shadowing wrapper around SkyRL's own;
+    with ``carry`` (an install activated by the environment) also ``prepare_runtime_environment``, wrapped
+    to pass rebatch's variables on to the Ray actors."""
     ours = {
         "reorder_and_combine_batches": (reorder_and_combine_batches, check_reorder_and_combine_batches),
         "reorder_and_combine_items": (reorder_and_combine_items, check_reorder_and_combine_items),
     }
-    table: dict[tuple[str, str], Any] = {}
-    for name, (fn, check) in ours.items():
-        if shadow is None:
-            table[WORKER_UTILS, f"{ITERATOR}.{name}"] = fn
-            continue
-        table[WORKER_UTILS, f"{ITERATOR}.{name}"] = Wrap(
-            functools.partial(
-                lambda theirs, name, fn, check: shadow.wrap(
-                    name,
-                    theirs,
-                    fn,
-                    check=check,
-                    on_first_difference=functools.partial(_save, dump) if dump else None,
-                    keys_of=_keys,
-                ),
-                name=name,
-                fn=fn,
-                check=check,
-            )
-        )
+    table: dict[tuple[str, str], Any] = {
+        (WORKER_UTILS, f"{ITERATOR}.{name}"): fn
+        if shadow is None
+        else shadowing(shadow, name, fn, check=check, save=_save, dump=dump, keys_of=_keys)
+        for name, (fn, check) in ours.items()
+    }
     if carry:
         table[TRAIN_UTILS, "prepare_runtime_environment"] = Wrap(_carrying)
     return table
 
 
-_patcher = Patcher("skyrl", replacements)
 #: The SkyRL releases `install` supports (checked against SkyRL itself in CI: .ci/peers.sh).
 VERSIONS = ("0.4.0",)
-_versions: Versions[None] = Versions("skyrl", dict.fromkeys(VERSIONS), fallback=VERSIONS[-1])
-_shadow: Shadow | None = None  # the last shadow install's counters (kept after uninstall, for stats)
-_mode: str | None = None
-_lock = threading.Lock()
+_integration = Integration(
+    "skyrl",
+    replacements,
+    Versions("skyrl", dict.fromkeys(VERSIONS), fallback=VERSIONS[-1]),
+    lambda version, row, how: (
+        f"rebatch: skyrl {version}: rebatch {how} SkyRL's {WORKER_UTILS}.{ITERATOR}.reorder_and_combine_batches "
+        "and _items"
+    ),
+)
+_patcher, _versions = _integration.patcher, _integration.versions
 
 
 def install(
@@ -241,50 +231,27 @@ def install(
     differs or is misaligned), counted by `stats`. ``lazy=True`` (the form `rebatch_startup` uses, from
     ``REBATCH``): nothing of SkyRL imported; each module patched as it finishes importing, and
     ``prepare_runtime_environment`` wrapped so that a driver passes rebatch's variables on to its actors."""
-    global _shadow, _mode
-    if mode not in ("on", "shadow"):
-        raise UnsupportedSettingError(f"mode must be 'on' or 'shadow', got {mode!r}")
-    with _lock:
-        if _patcher.installed():
-            return _patcher.places()
-        version = _versions.installed()
-        _versions.pick(version, force=force)
-        shadow = Shadow(sample, on_defect, report, trainer="skyrl", version=version) if mode == "shadow" else None
-        places = _patcher.install_as_imported(dump, shadow, lazy) if lazy else _patcher.install(dump, shadow)
-        if shadow is not None:
-            _shadow = shadow
-        _mode = mode
-        logging.getLogger("rebatch").info(
-            "rebatch: skyrl %s: rebatch %s SkyRL's %s.%s.reorder_and_combine_batches and _items",
-            version,
-            "shadows" if shadow is not None else "replaces",
-            WORKER_UTILS,
-            ITERATOR,
-        )
-        return places
+    return _integration.install(
+        dump, mode=mode, sample=sample, on_defect=on_defect, report=report, lazy=lazy, force=force
+    )
 
 
 def stats(json_path: str | None = None) -> dict[str, Any]:
     """Shadow mode's counters since its `install` (`torch_impl.integrations._shadow.Shadow.stats`);
     written as JSON to ``json_path`` when given. All zero without a shadow install."""
-    if _shadow is None:
-        return Shadow(0.0, "log", None, trainer="skyrl", version=_versions.installed()).stats(json_path)
-    return _shadow.stats(json_path)
+    return _integration.stats(json_path)
 
 
 def mode() -> str | None:
     """``"on"`` or ``"shadow"`` while installed, else None."""
-    return _mode if _patcher.installed() else None
+    return _integration.mode()
 
 
 def uninstall() -> None:
     """Put SkyRL's methods back. Idempotent."""
-    global _mode
-    with _lock:
-        _patcher.uninstall()
-        _mode = None
+    _integration.uninstall()
 
 
 def installed() -> bool:
     """True between `install` and `uninstall`."""
-    return _patcher.installed()
+    return _integration.installed()

@@ -49,7 +49,8 @@ import threading
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from ._patch import Patcher, Versions, Wrap
+from ._integration import Integration, shadowing
+from ._patch import Versions
 from ._shadow import Shadow
 
 __all__ = [
@@ -114,8 +115,6 @@ VERSIONS: dict[str, dict[str, dict[str, Any]]] = {
     "0.9.1": dict.fromkeys(NAMES, _SAME),
 }
 
-_versions = Versions("verl", VERSIONS, fallback="0.9.1")
-
 
 class Plan(NamedTuple):
     """What `install` does on a verl release (`plan`)."""
@@ -152,7 +151,15 @@ def plan(version: str | None = None, *, force: bool = False) -> Plan:
     with a warning logged)."""
     if version is None:
         version = _versions.installed()
-    row_version, row = _versions.pick(version, force=force)
+    row_version, _ = _versions.pick(version, force=force)
+    return _plan_of(version, row_version)
+
+
+@functools.cache
+def _plan_of(version: str | None, row_version: str) -> Plan:
+    """The `Plan` of verl ``version`` given the release ``row_version`` of `VERSIONS` that applies (one
+    object each: a second `install` returns the first's)."""
+    row = VERSIONS[row_version]
     return Plan(
         version,
         row_version,
@@ -175,11 +182,12 @@ def _functions(row: str) -> dict[str, Any]:
 
 
 def replacements(
-    dump: str | None = None, shadow: Shadow | None = None, version: str | None = None
+    dump: str | None = None, shadow: Shadow | None = None, version: str | None = None, carry: bool = False
 ) -> dict[tuple[str, str], Any]:
     """``(verl module, name) -> rebatch's function`` that `install` puts in verl's place on verl release
     ``version`` (`VERSIONS`; default: the installed one, 0.9.1's row for a release not there); with
-    ``shadow``: a `Wrap` building the shadowing wrapper around verl's own function."""
+    ``shadow``: a `Wrap` building the shadowing wrapper around verl's own function. ``carry`` is unused:
+    verl's workers activate through verl's own plugin mechanisms (`rebatch_startup.verl`)."""
     if version is None:
         installed_version = _versions.installed()
         version = installed_version if installed_version in VERSIONS else _versions.fallback
@@ -187,37 +195,37 @@ def replacements(
     if shadow is not None:
         from .._postprocess import check_batch_func
 
-        def shadowing(name: str, ours: Any) -> Wrap:
-            is_post = name == "postprocess_batch_func"
-            return Wrap(
-                lambda theirs: shadow.wrap(
-                    name,
-                    theirs,
-                    ours,
-                    check=check_batch_func if is_post else None,
-                    on_first_difference=functools.partial(_save, dump) if is_post and dump else None,
-                    keys_of=_keys if is_post else None,
-                    mutates=name == "append_to_dict",
-                )
+        post = "postprocess_batch_func"
+        return {
+            (NAMES[name], name): shadowing(
+                shadow,
+                name,
+                ours,
+                check=check_batch_func if name == post else None,
+                save=_save if name == post else None,
+                dump=dump,
+                keys_of=_keys if name == post else None,
+                mutates=name == "append_to_dict",
             )
-
-        return {(NAMES[name], name): shadowing(name, ours) for name, ours in functions.items()}
+            for name, ours in functions.items()
+        }
     return {
         (NAMES[name], name): _dumping(ours, dump) if name == "postprocess_batch_func" else ours
         for name, ours in functions.items()
     }
 
 
-_patcher = Patcher("verl", replacements)
-_shadow: Shadow | None = None  # the last shadow install's counters (kept after uninstall, for stats)
-_plan: Plan | None = None  # the plan of the install in force
+_versions = Versions("verl", VERSIONS, fallback="0.9.1")
+_integration = Integration(
+    "verl", replacements, _versions, lambda version, row, how: _plan_of(version, row).describe(how)
+)
+_patcher = _integration.patcher
 _witness_before: tuple[bool, frozenset[Any]] | None = None  # the witness switch before install changed it
-_lock = threading.Lock()
 
 
 def installed() -> bool:
     """True between `install` and `uninstall`."""
-    return _patcher.installed()
+    return _integration.installed()
 
 
 def _dumping(fn: Any, path: str | None) -> Any:
@@ -293,29 +301,16 @@ def install(
     valid permutation that is the wrong one, or micro-batches in the wrong order, raise
     `ref.errors.MisalignmentError` (in shadow mode, a defect of verl's step).
     """
-    global _shadow, _plan, _witness_before
-    if mode not in ("on", "shadow"):
-        from ref.errors import UnsupportedSettingError
-
-        raise UnsupportedSettingError(f"mode must be 'on' or 'shadow', got {mode!r}")
-    with _lock:
-        if _patcher.installed() and _plan is not None:
-            return _plan
-        chosen = plan(force=force)
-        shadow = Shadow(sample, on_defect, report, trainer="verl", version=chosen.verl) if mode == "shadow" else None
-        if lazy:
-            _patcher.install_as_imported(dump, shadow, chosen.row)
-        else:
-            _patcher.install(dump, shadow, chosen.row)
-        if shadow is not None:
-            _shadow = shadow
-        if witness is not None or unbound is not None:
+    global _witness_before
+    with _integration.lock:
+        fresh = not _integration.installed()
+        _integration.install(dump, mode=mode, sample=sample, on_defect=on_defect, report=report, lazy=lazy, force=force)
+        if fresh and (witness is not None or unbound is not None):
             from .._witness import set_witness
 
             _witness_before = set_witness(witness, unbound=unbound)
-        _plan = chosen
-        log.info(chosen.describe("shadows" if shadow is not None else "replaces"))
-        return chosen
+        assert _integration.release is not None  # just installed
+        return _plan_of(*_integration.release)
 
 
 def stats(json_path: str | None = None) -> dict[str, Any]:
@@ -325,18 +320,15 @@ def stats(json_path: str | None = None) -> dict[str, Any]:
     (totals over every name), ``by_name`` (the same per replaced name), ``messages`` (the first 100
     logged lines), ``trainer``, ``version``, ``mode`` and ``process``; written as JSON to ``json_path``
     when given. All zero without a shadow install."""
-    if _shadow is None:
-        return Shadow(0.0, "log", None).stats(json_path)
-    return _shadow.stats(json_path)
+    return _integration.stats(json_path)
 
 
 def uninstall() -> None:
     """Put verl's originals back wherever `install` replaced them, and the alignment witness's switch as
     it was before `install` changed it. Idempotent."""
-    global _plan, _witness_before
-    with _lock:
-        _patcher.uninstall()
-        _plan = None
+    global _witness_before
+    with _integration.lock:
+        _integration.uninstall()
         if _witness_before is not None:
             from .._witness import set_witness
 

@@ -1,0 +1,136 @@
+"""One trainer's install state, written once for every integration (`verl`, `areal`, `skyrl`).
+
+An `Integration` holds what ``install()``, ``uninstall()``, ``stats()``, ``mode()`` and ``installed()``
+of a trainer's module share: the mode check, the version gate (`_patch.Versions`), the `Shadow` of the
+last shadow install (kept after `uninstall` for `stats`), the `_patch.Patcher` and one lock. Each
+trainer's module keeps only its table (``replacements(dump, shadow, row, carry)``), its adapters and the
+line `install` logs. `shadowing` is the table value every trainer's shadow install puts in place of a
+trainer's function.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ._patch import Patcher, Table, Versions, Wrap
+from ._shadow import Shadow
+
+__all__ = ["MODES", "Integration", "shadowing"]
+
+#: The values of ``install(mode=...)``.
+MODES = ("on", "shadow")
+
+
+def shadowing(
+    shadow: Shadow,
+    name: str,
+    ours: Callable[..., Any],
+    *,
+    check: Callable[..., Any] | None = None,
+    save: Callable[..., Any] | None = None,
+    dump: str | None = None,
+    keys_of: Callable[..., Any] | None = None,
+    mutates: bool = False,
+) -> Wrap:
+    """The table value of a shadow install: the trainer's own function (found at install) wrapped by
+    ``shadow`` (`Shadow.wrap`) with rebatch's ``ours`` and ``check`` in its shadow; ``save(dump, *args,
+    **kwargs)`` saves the first differing or misaligned step when ``dump`` (a path) is given."""
+    first = functools.partial(save, dump) if save is not None and dump else None
+    return Wrap(
+        lambda theirs: shadow.wrap(
+            name, theirs, ours, check=check, on_first_difference=first, keys_of=keys_of, mutates=mutates
+        )
+    )
+
+
+class Integration:
+    """The install state of ``trainer`` (``"verl"``, the distribution and package name).
+
+    ``replacements(dump, shadow, row, carry)`` builds the trainer's table (`_patch.Table`) for release
+    ``row`` of ``versions``; ``carry`` is True for a lazy install (the one `rebatch_startup` makes from
+    the environment), which also passes rebatch's variables on to the processes the trainer starts.
+    ``describe(version, row, how)`` is the INFO line `install` logs (``how``: "replaces" or "shadows").
+    """
+
+    def __init__(
+        self,
+        trainer: str,
+        replacements: Callable[..., Table],
+        versions: Versions[Any],
+        describe: Callable[[str | None, str, str], str],
+    ) -> None:
+        self.trainer = trainer
+        self.patcher = Patcher(trainer, replacements)
+        self.versions = versions
+        self.describe = describe
+        #: The last shadow install's counters (kept after `uninstall`, for `stats`).
+        self.shadow: Shadow | None = None
+        #: ``(version read, row used)`` of the install in force, else None.
+        self.release: tuple[str | None, str] | None = None
+        self._mode: str | None = None
+        self.lock = threading.RLock()
+
+    def install(
+        self,
+        dump: str | None = None,
+        *,
+        mode: str = "on",
+        sample: float = 0.05,
+        on_defect: str = "log",
+        report: str | None = None,
+        lazy: bool = False,
+        force: bool = False,
+    ) -> list[str]:
+        """Replace the trainer's names (the trainer's ``install`` docstring); returns the places replaced.
+        Idempotent: a second call, whatever its arguments, changes nothing and returns them again."""
+        if mode not in MODES:
+            from ref.errors import UnsupportedSettingError
+
+            raise UnsupportedSettingError(f"mode must be 'on' or 'shadow', got {mode!r}")
+        with self.lock:
+            if self.patcher.installed():
+                return self.patcher.places()
+            version = self.versions.installed()
+            row, _ = self.versions.pick(version, force=force)
+            shadow = None
+            if mode == "shadow":
+                shadow = Shadow(sample, on_defect, report, trainer=self.trainer, version=version)
+            if lazy:
+                places = self.patcher.install_as_imported(dump, shadow, row, True)
+            else:
+                places = self.patcher.install(dump, shadow, row, False)
+            if shadow is not None:
+                self.shadow = shadow
+            self._mode = mode
+            self.release = (version, row)
+            logging.getLogger("rebatch").info(
+                self.describe(version, row, "shadows" if shadow is not None else "replaces")
+            )
+            return places
+
+    def uninstall(self) -> None:
+        """Put the trainer's originals back wherever `install` replaced them. Idempotent."""
+        with self.lock:
+            self.patcher.uninstall()
+            self._mode = None
+            self.release = None
+
+    def installed(self) -> bool:
+        """True between `install` and `uninstall`."""
+        return self.patcher.installed()
+
+    def mode(self) -> str | None:
+        """``"on"`` or ``"shadow"`` while installed, else None."""
+        return self._mode if self.patcher.installed() else None
+
+    def stats(self, json_path: str | None = None) -> dict[str, Any]:
+        """The last shadow install's counters (`Shadow.stats`), written as JSON to ``json_path`` when
+        given; all zero without a shadow install."""
+        shadow = self.shadow
+        if shadow is None:
+            shadow = Shadow(0.0, "log", None, trainer=self.trainer, version=self.versions.installed())
+        return shadow.stats(json_path)
