@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import operator
 import os
 import threading
 from collections.abc import Collection, Iterable, Sequence
@@ -113,10 +114,21 @@ def _count(**add: int) -> None:
             _stats[k] += v
 
 
-def read_witness(data: Any) -> np.ndarray | torch.Tensor | None:
+def _count_call(bound: int, left: int) -> None:
+    """One witnessed call: ``bound`` keys witnessed, ``left`` left unbound (`_count`, unrolled: it runs
+    in every call)."""
+    with _lock:
+        _stats["calls"] += 1
+        _stats["keys_witnessed"] += bound
+        _stats["keys_unbound"] += left
+        if not bound:
+            _stats["calls_binding_nothing"] += 1
+
+
+def read_witness(data: Any) -> list[int] | np.ndarray | torch.Tensor | None:
     """verl's witness: the row lengths ``[B]`` of ``data["input_ids"]`` when it is a jagged nested
-    tensor (its ``lengths()`` where it has holes, else its offsets' differences; a NumPy array where
-    they live on the CPU, as verl leaves ``data``), or None (no ``data``, no ``input_ids``, a dense one,
+    tensor (its ``lengths()`` where it has holes, else its offsets' differences; on the CPU, as verl
+    leaves ``data``, a NumPy array, or for up to 64 rows a list of Python ints), or None (no ``data``, no ``input_ids``, a dense one,
     or the switch off; counted as a call without a witness). Read without torch's nested-tensor
     dispatch (tens of microseconds an attribute otherwise)."""
     if not witness_config()[0]:
@@ -132,17 +144,46 @@ def read_witness(data: Any) -> np.ndarray | torch.Tensor | None:
         return None
     lengths, offsets = ids._lengths, ids._offsets  # plain attributes: no nested-tensor dispatch
     if lengths is not None:
+        if lengths.is_cpu and lengths.dtype == torch.int64 and lengths.dim() == 1 and lengths.shape[0] <= _FEW:
+            return _HostLengths(lengths.tolist())
         return lengths.numpy() if lengths.is_cpu else lengths
     if offsets.is_cpu:
+        if offsets.dtype == torch.int64 and offsets.dim() == 1 and offsets.shape[0] <= _FEW + 1:
+            few = offsets.tolist()  # a few rows: Python ints, no NumPy array made (see `_HostLengths`)
+            return _HostLengths(map(operator.sub, few[1:], few))
         o = offsets.numpy()
         return o[1:] - o[:-1]
     return offsets.diff()
+
+
+class _HostLengths(list[int]):
+    """`read_witness`'s form for a few rows on the CPU: the lengths as Python ints, read from an int64
+    tensor (so ints by construction; their signs are still checked by `Witness`). Making NumPy arrays
+    costs about 10 µs a call where the C heap's free pages have been returned (measured with
+    ``rebatch.bench.memory.release_free_memory`` before each call, B = 8), a list under 1 µs."""
 
 
 class Witness:
     """One call's witness: ``witness`` ``[rows]`` (a list, a NumPy array or a tensor; validated here,
     step 6a), ``perm`` (the call's checked permutation as a CPU tensor or a list, or None: in order),
     ``sizes`` (each micro-batch's row count), ``unbound`` (keys left out)."""
+
+    __slots__ = (
+        "_entries",
+        "_flags",
+        "_list",
+        "_on",
+        "_perm",
+        "_seen",
+        "_sizes",
+        "bound",
+        "device",
+        "host",
+        "left",
+        "rows",
+        "total",
+        "unbound",
+    )
 
     def __init__(
         self,
@@ -155,12 +196,19 @@ class Witness:
         self.rows = rows
         self.unbound = unbound
         self._perm = perm
-        self._sizes = list(sizes)
+        self._sizes = sizes  # read on the error path only
         self.device: torch.Tensor | None = None  # the witness where it lives off the CPU (values unread)
         self.host: np.ndarray | None = None
         self._list: list[int] | None = None
         total = None
-        if isinstance(witness, np.ndarray) and witness.ndim == 1 and witness.dtype == np.int64 and len(witness) == rows:
+        if type(witness) is _HostLengths and len(witness) == rows:
+            self._list = witness  # ints from an int64 tensor (`read_witness`); the array made if asked
+            low, total = min(witness, default=0), sum(witness)
+            if low < 0:
+                check_lengths(witness, rows=rows, name=WITNESS)  # raises, naming the first negative one
+        elif (
+            isinstance(witness, np.ndarray) and witness.ndim == 1 and witness.dtype == np.int64 and len(witness) == rows
+        ):
             # `read_witness`'s form: its values checked in Python ints for a few rows, else in NumPy
             if rows <= _FEW:
                 self._list = witness.tolist()
@@ -188,14 +236,20 @@ class Witness:
         self._seen: set[tuple[int, ...]] = set()
         #: each compared key in order: (key, lengths, host failure row or -1, device flag or None)
         self._entries: list[tuple[Any, Any, int, torch.Tensor | None]] = []
+        self._flags = 0  # entries compared on a device (their flag read by `verdict`)
         self.bound = 0
         self.left = 0
 
     def binds(self, key: Any, parts: Sequence[Any]) -> bool:
         """Whether the witness binds ``key`` (jagged parts, not unbound, the witness's total of values;
         a witness on an accelerator: every jagged key not unbound, its total compared on the device)."""
-        jagged = bool(parts) and all(isinstance(p, JaggedPart) for p in parts)
-        values = sum(int(p.values.shape[0]) for p in parts) if jagged else 0
+        jagged = bool(parts)
+        values = 0
+        for p in parts:
+            if not isinstance(p, JaggedPart):
+                jagged = False
+                break
+            values += p.values.shape[0]
         if self.total is None:
             return jagged and key not in self.unbound
         return witness_binds(key, jagged, values, self.total, self.unbound)
@@ -208,7 +262,7 @@ class Witness:
             self.left += 1
             return
         self.bound += 1
-        seen = tuple(id(p.offsets) for p in parts)
+        seen = tuple([id(p.offsets) for p in parts])
         if seen in self._seen:
             return
         self._seen.add(seen)
@@ -218,6 +272,7 @@ class Witness:
             if self.total is None:  # the binding rule's total, on the device too
                 flag = flag & want.sum().eq(sum(int(p.values.shape[0]) for p in parts))
             self._entries.append((key, lengths, -1, flag))
+            self._flags += 1
             return
         if isinstance(lengths, list):
             want_list = self._host_list()
@@ -228,8 +283,7 @@ class Witness:
             )
         else:
             got = lengths.numpy() if isinstance(lengths, torch.Tensor) else lengths
-            assert self.host is not None
-            diff = np.flatnonzero(got != self.host)
+            diff = np.flatnonzero(got != self._host_array())
             bad = int(diff[0]) if diff.size else -1
         self._entries.append((key, lengths, bad, None))
 
@@ -240,7 +294,12 @@ class Witness:
     def verdict(self) -> None:
         """Raise `MisalignmentError` for the first compared key (in order) with a mismatch: every device
         flag read at once (one synchronisation); counts the call (`witness_stats`)."""
-        _count(calls=1, keys_witnessed=self.bound, keys_unbound=self.left, calls_binding_nothing=int(not self.bound))
+        _count_call(self.bound, self.left)
+        if not self._flags:  # every comparison made on the host: its first difference already known
+            for key, lengths, bad, _ in self._entries:
+                if bad >= 0:
+                    self._raise(key, lengths, bad)
+            return
         flags = [f for _, _, _, f in self._entries if f is not None]
         read: list[bool] = []
         if flags:
@@ -279,6 +338,13 @@ class Witness:
         m = bisect.bisect_right(starts, n) - 1
         raise misalignment(key, m, n - starts[m], i, got, want)
 
+    def _host_array(self) -> np.ndarray:
+        """The witness on the host as an int64 array (made from its list where it came as one)."""
+        if self.host is None:
+            assert self._list is not None
+            self.host = np.asarray(self._list, dtype=np.int64)
+        return self.host
+
     def _host_list(self) -> list[int]:
         if self._list is None:
             assert self.host is not None
@@ -291,7 +357,6 @@ class Witness:
             if self.device is not None:
                 want = self.device.to(device, non_blocking=True)
             else:
-                assert self.host is not None
-                want = torch.from_numpy(self.host).to(device, non_blocking=True)
+                want = torch.from_numpy(self._host_array()).to(device, non_blocking=True)
             self._on[device] = want
         return want
