@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
+from tensordict import TensorDict
 
 import ref
 import torch_impl
@@ -34,6 +35,9 @@ KINDS = (
     "outputs_in_micro_batch_order",
 )
 FEW = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+#: Steps of a few rows (the witness read as Python ints) and of more than 64 (read as ``input_ids``'
+#: offsets, compared with each bound key's restored offsets).
+STEPS = st.one_of(verl_steps(), verl_steps(min_rows=65, max_rows=120))
 
 
 def _misaligned(step: VerlStep, kind: str, rng: np.random.Generator) -> tuple[list[Any], Any, list[int], list[int]]:
@@ -69,7 +73,7 @@ def _misaligned(step: VerlStep, kind: str, rng: np.random.Generator) -> tuple[li
 
 
 @FEW
-@given(verl_steps())
+@given(STEPS)
 def test_verl_style_steps_pass_every_per_token_key_bound(step: VerlStep) -> None:
     """0 false positives: per-token keys on the micro-batches' own offsets (shared and copied), dense
     ``[b, F]``, 4-D int16 and a key jagged over other lengths; the result is verl's algorithm's."""
@@ -95,7 +99,7 @@ def test_ref_passes_the_same_steps_with_their_witness(step: VerlStep) -> None:
 
 @pytest.mark.parametrize("path", ["few_rows", "row_copies", "element_indices"])
 @FEW
-@given(step=verl_steps(), kind=st.sampled_from(KINDS), seed=st.integers(0, 2**16))
+@given(step=STEPS, kind=st.sampled_from(KINDS), seed=st.integers(0, 2**16))
 def test_each_misalignment_raises_naming_a_per_token_key(path: str, step: VerlStep, kind: str, seed: int) -> None:
     """Caught exactly where some restored row's length differs from the batch's (computed here, row by
     row), through the drop-in and shadow mode's check, on every CPU path."""
@@ -147,6 +151,71 @@ def test_ref_checks_a_traced_witness_under_checked() -> None:
         run(outs, np.asarray([1, -3, 2]))
     with pytest.raises(InvalidJaggedError, match=r"2 witness lengths for 3 rows"):
         run(outs, np.asarray([1, 2]))
+
+
+@pytest.mark.parametrize("rows", [3, 100])
+def test_a_keys_structural_defect_comes_before_a_defect_of_the_witness(rows: int) -> None:
+    """Step 5 (every key's structure) before step 6a (the witness's form and signs), in both
+    implementations and whatever form the witness is read in (few rows: ints; many: offsets)."""
+    offsets = list(range(rows + 1))
+    offsets[1], offsets[2] = 2, 1  # decreasing: a defect of the key's offsets
+    lp = torch.nested.nested_tensor_from_jagged(torch.arange(float(rows)), torch.tensor(offsets))
+    outs = [{"model_output": {"lp": lp}}]
+    perm = [list(range(rows))]
+    for witness in ([1] * (rows - 1) + [-1], [1] * (rows + 1)):
+        for run in (
+            lambda w=witness: torch_impl.postprocess_batch(outs, perm, witness=w),
+            lambda w=witness: ref.postprocess_batch(outputs_to_ref(outs), perm, witness=w),
+        ):
+            with pytest.raises(InvalidJaggedError, match=r"key 'lp', micro-batch 0: offsets must be non-decreasing"):
+                run()
+        ids = torch.nested.nested_tensor_from_jagged(
+            torch.zeros(rows, dtype=torch.int64), torch.tensor([0, *itertools.accumulate(witness)][: rows + 1])
+        )
+        data = TensorDict({"input_ids": ids}, batch_size=[])
+        with pytest.raises(InvalidJaggedError, match=r"key 'lp', micro-batch 0: offsets must be non-decreasing"):
+            torch_impl.postprocess_batch_func(outs, perm, data)
+
+
+@pytest.mark.parametrize("rows", [3, 100])
+def test_a_negative_witness_length_is_refused_before_any_mismatch(rows: int) -> None:
+    """6a before 6b: a witness read from ``input_ids`` whose offsets decrease (a negative length) is
+    refused naming the witness, although a bound key differs from it; the same as ``ref``'s."""
+    lp = torch.nested.nested_tensor_from_jagged(torch.arange(float(rows)), torch.arange(rows + 1))
+    outs = [{"model_output": {"lp": lp}}]
+    ids_offsets = list(range(rows + 1))
+    ids_offsets[1], ids_offsets[2] = 2, 1  # rows of 2, -1 and 2 values: the total stays, so 'lp' is bound
+    ids = torch.nested.nested_tensor_from_jagged(torch.zeros(rows, dtype=torch.int64), torch.tensor(ids_offsets))
+    data = TensorDict({"input_ids": ids}, batch_size=[])
+    witness = np.diff(ids_offsets).tolist()
+    for run in (
+        lambda: torch_impl.postprocess_batch_func(outs, [list(range(rows))], data),
+        lambda: torch_impl.postprocess_batch(outs, [list(range(rows))], witness=witness),
+        lambda: ref.postprocess_batch(outputs_to_ref(outs), [list(range(rows))], witness=witness),
+    ):
+        with pytest.raises(InvalidJaggedError, match=r"witness lengths\[1\] = -1 is negative"):
+            run()
+
+
+def test_many_rows_misaligned_raise_the_same_error_as_ref() -> None:
+    """More than 64 rows: the witness kept as ``input_ids``' offsets; the first differing row, its
+    micro-batch and position, as ``ref`` names them from the lengths."""
+    rng = np.random.default_rng(7)
+    step = verl_step(rng.integers(1, 9, size=90).tolist(), budget=40)
+    outs, indices, _, _ = _misaligned(step, "rows_swapped", rng)
+    while not any(
+        step.lengths[a] != step.lengths[b]
+        for a, b in zip([i for p in step.indices for i in p], [i for p in indices for i in p], strict=True)
+    ):
+        outs, indices, _, _ = _misaligned(step, "rows_swapped", rng)
+    got = []
+    for path in ("row_copies", "element_indices"):
+        with forced(path), pytest.raises(MisalignmentError) as info:
+            torch_impl.postprocess_batch_func(outs, indices, step.data)
+        got.append(str(info.value))
+    with pytest.raises(MisalignmentError) as info:
+        ref.postprocess_batch(outputs_to_ref(outs), indices, witness=step.lengths)
+    assert got == [str(info.value)] * 2
 
 
 def test_a_witness_of_the_wrong_form_is_refused_alike() -> None:

@@ -131,17 +131,17 @@ def _assemble_on_host(
     offsets = out_offsets.numpy()
     offsets[0] = 0
     if perm is None:
-        if witness is not None:
-            witness.observe(key, jagged, lengths)
         lengths.cumsum(out=offsets[1:])
+        if witness is not None:
+            witness.observe(key, jagged, lengths, offsets=offsets)
         if host_movable(jagged):  # below a floor, no parallel region to stall on a busy machine
             return njt(concat_on_host(jagged, int(offsets[-1]), moves), out_offsets)
         return njt(torch.cat([p.values for p in jagged]), out_offsets)
     assert host.inv is not None
     out_lengths = lengths[host.inv]
-    if witness is not None:
-        witness.observe(key, jagged, out_lengths)
     out_lengths.cumsum(out=offsets[1:])
+    if witness is not None:
+        witness.observe(key, jagged, out_lengths, offsets=offsets)
     total = int(offsets[-1])
     if host_movable(jagged):  # with `host_checkable` above: `row_copies_apply` but the rows' length
         if long_rows(jagged, total, perm.numel()):

@@ -23,7 +23,7 @@ from ._parts import JaggedPart, check_offsets, check_parts
 from ._permutation import check_permutation
 from ._rowcopy import Moves
 from ._rows import CallRows
-from ._witness import Witness, read_witness, witness_config
+from ._witness import Witness, witness_config, witness_input
 
 __all__ = ["check_batch_func", "postprocess_batch", "postprocess_batch_func", "read_setting"]
 
@@ -180,7 +180,7 @@ def postprocess_batch_func(
     use_dynamic_bsz = read_setting(data, "use_dynamic_bsz", True)
     pad_mode = read_setting(data, "pad_mode", "no_padding")
     output_lst = [_plain_model_output(o) for o in output_lst] if isinstance(output_lst, list | tuple) else output_lst
-    witness = read_witness(data)
+    witness = witness_input(data)
     unbound = witness_config()[1] if witness is not None else ()
     result = _postprocess_batch(output_lst, indices, use_dynamic_bsz, pad_mode, witness, unbound)
     result["model_output"] = {k: _nested_like_verl(v) for k, v in result["model_output"].items()}
@@ -197,7 +197,7 @@ def check_batch_func(
     pad_mode = read_setting(data, "pad_mode", "no_padding")
     output_lst = [_plain_model_output(o) for o in output_lst] if isinstance(output_lst, list | tuple) else output_lst
     pad_mode, dynamic = _settings(use_dynamic_bsz, pad_mode, indices)
-    witness = read_witness(data)
+    witness = witness_input(data)
     unbound = witness_config()[1] if witness is not None else ()
     _, perm, checked, seen = _check(output_lst, indices, dynamic, pad_mode, witness, unbound)
     if seen is not None:

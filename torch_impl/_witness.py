@@ -29,12 +29,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from ref.errors import UnsupportedSettingError
+from ref.errors import RebatchError, UnsupportedSettingError
 from ref.structure import WITNESS, check_lengths, misalignment, witness_binds, witness_form
 
 from ._parts import _NJT, JaggedPart
 
-__all__ = ["ENV", "ENV_UNBOUND", "Witness", "read_witness", "set_witness", "witness_config", "witness_stats"]
+__all__ = [
+    "ENV",
+    "ENV_UNBOUND",
+    "Witness",
+    "read_witness",
+    "set_witness",
+    "witness_config",
+    "witness_input",
+    "witness_stats",
+]
 
 #: The environment variables of the process-wide switch (read once, at the first call that asks).
 ENV = "REBATCH_WITNESS"
@@ -128,9 +137,19 @@ def _count_call(bound: int, left: int) -> None:
 def read_witness(data: Any) -> list[int] | np.ndarray | torch.Tensor | None:
     """verl's witness: the row lengths ``[B]`` of ``data["input_ids"]`` when it is a jagged nested
     tensor (its ``lengths()`` where it has holes, else its offsets' differences; on the CPU, as verl
-    leaves ``data``, a NumPy array, or for up to 64 rows a list of Python ints), or None (no ``data``, no ``input_ids``, a dense one,
-    or the switch off; counted as a call without a witness). Read without torch's nested-tensor
-    dispatch (tens of microseconds an attribute otherwise)."""
+    leaves ``data``, a NumPy array, or for up to 64 rows a list of Python ints), or None (no ``data``,
+    no ``input_ids``, a dense one, or the switch off; counted as a call without a witness). Read without
+    torch's nested-tensor dispatch (tens of microseconds an attribute otherwise)."""
+    found = witness_input(data)
+    if isinstance(found, _HostOffsets):
+        return found.offsets[1:] - found.offsets[:-1]
+    return found
+
+
+def witness_input(data: Any) -> Any:
+    """`read_witness` in the form `Witness` takes fastest: for many rows on the CPU without holes,
+    ``data["input_ids"]``' offsets themselves (`_HostOffsets`: no lengths computed; each bound key's
+    restored offsets are compared with them)."""
     if not witness_config()[0]:
         return None
     ids = None
@@ -148,34 +167,56 @@ def read_witness(data: Any) -> list[int] | np.ndarray | torch.Tensor | None:
             return _HostLengths(lengths.tolist())
         return lengths.numpy() if lengths.is_cpu else lengths
     if offsets.is_cpu:
-        if offsets.dtype == torch.int64 and offsets.dim() == 1 and offsets.shape[0] <= _FEW + 1:
-            few = offsets.tolist()  # a few rows: Python ints, no NumPy array made (see `_HostLengths`)
-            return _HostLengths(map(operator.sub, few[1:], few))
+        if offsets.dtype == torch.int64 and offsets.dim() == 1:
+            if offsets.shape[0] <= _FEW + 1:
+                few = offsets.tolist()  # a few rows: Python ints, no NumPy array made (see `_HostLengths`)
+                return _HostLengths(map(operator.sub, few[1:], few))
+            return _HostOffsets(offsets.numpy())
         o = offsets.numpy()
         return o[1:] - o[:-1]
     return offsets.diff()
 
 
 class _HostLengths(list[int]):
-    """`read_witness`'s form for a few rows on the CPU: the lengths as Python ints, read from an int64
+    """`witness_input`'s form for a few rows on the CPU: the lengths as Python ints, read from an int64
     tensor (so ints by construction; their signs are still checked by `Witness`). Making NumPy arrays
     costs about 10 µs a call where the C heap's free pages have been returned (measured with
     ``rebatch.bench.memory.release_free_memory`` before each call, B = 8), a list under 1 µs."""
 
 
+class _HostOffsets:
+    """`witness_input`'s form for many rows on the CPU: ``offsets`` ``[B + 1]`` (int64, 1-D), the
+    witness being their differences. `Witness` compares a bound key's restored offsets with them (one
+    comparison, no lengths array made: inside a call that has just moved its values, each NumPy
+    operation costs 10 µs or more at B = 1024)."""
+
+    __slots__ = ("offsets",)
+
+    def __init__(self, offsets: np.ndarray) -> None:
+        self.offsets = offsets
+
+
 class Witness:
-    """One call's witness: ``witness`` ``[rows]`` (a list, a NumPy array or a tensor; validated here,
-    step 6a), ``perm`` (the call's checked permutation as a CPU tensor or a list, or None: in order),
-    ``sizes`` (each micro-batch's row count), ``unbound`` (keys left out)."""
+    """One call's witness: ``witness`` ``[rows]`` (a list, a NumPy array, a tensor or `witness_input`'s
+    forms), ``perm`` (the call's checked permutation as a CPU tensor or a list, or None: in order),
+    ``sizes`` (each micro-batch's row count), ``unbound`` (keys left out).
+
+    Its form is checked here but a defect of it (step 6a) is raised by `verdict`, after every key's
+    structural checks (step 5, which the assembly makes key by key), as ``docs/spec.md`` orders them;
+    the signs of a many-row witness are checked there too, unless a bound key's restored rows (valid by
+    step 5) matched it, which proves them."""
 
     __slots__ = (
         "_entries",
+        "_error",
         "_flags",
         "_list",
+        "_offsets",
         "_on",
         "_perm",
         "_seen",
         "_sizes",
+        "_unchecked",
         "bound",
         "device",
         "host",
@@ -200,38 +241,9 @@ class Witness:
         self.device: torch.Tensor | None = None  # the witness where it lives off the CPU (values unread)
         self.host: np.ndarray | None = None
         self._list: list[int] | None = None
-        total = None
-        if type(witness) is _HostLengths and len(witness) == rows:
-            self._list = witness  # ints from an int64 tensor (`read_witness`); the array made if asked
-            low, total = min(witness, default=0), sum(witness)
-            if low < 0:
-                check_lengths(witness, rows=rows, name=WITNESS)  # raises, naming the first negative one
-        elif (
-            isinstance(witness, np.ndarray) and witness.ndim == 1 and witness.dtype == np.int64 and len(witness) == rows
-        ):
-            # `read_witness`'s form: its values checked in Python ints for a few rows, else in NumPy
-            if rows <= _FEW:
-                self._list = witness.tolist()
-                low, total = min(self._list, default=0), sum(self._list)
-            else:
-                low = int(witness.min()) if rows else 0
-            if low < 0:
-                check_lengths(witness, rows=rows, name=WITNESS)  # raises, naming the first negative one
-            self.host = witness
-        elif isinstance(witness, torch.Tensor) and witness.device.type != "cpu":
-            witness_form(witness, rows)
-            self.device = witness.to(torch.int64)
-        elif isinstance(witness, torch.Tensor | np.ndarray):
-            witness_form(witness, rows)
-            host = witness.detach().numpy() if isinstance(witness, torch.Tensor) else witness
-            if host.size and int(host.min()) < 0:
-                check_lengths(host, rows=rows, name=WITNESS)  # raises, naming the first negative one
-            self.host = host.astype(np.int64, copy=False)
-        else:
-            self.host = np.asarray(check_lengths(witness, rows=rows, name=WITNESS), dtype=np.int64)
-        if total is None and self.host is not None:
-            total = int(self.host.sum())
-        self.total = total
+        self._offsets: np.ndarray | None = None  # the witness as offsets from 0 (`_HostOffsets`)
+        self._unchecked = False  # signs not checked yet (`verdict` does, unless a key's match proved them)
+        self._error: RebatchError | None = None  # a defect of the witness's form: raised by `verdict`
         self._on: dict[torch.device, torch.Tensor] = {}
         self._seen: set[tuple[int, ...]] = set()
         #: each compared key in order: (key, lengths, host failure row or -1, device flag or None)
@@ -239,6 +251,48 @@ class Witness:
         self._flags = 0  # entries compared on a device (their flag read by `verdict`)
         self.bound = 0
         self.left = 0
+        try:
+            self.total = self._take(witness, rows)
+        except RebatchError as err:
+            self._error = err
+            self.total = None
+
+    def _take(self, witness: Any, rows: int) -> int | None:
+        """Keep ``witness`` in the form it is compared in; its total (None on a device: unread)."""
+        if type(witness) is _HostOffsets:
+            o = witness.offsets
+            if len(o) == rows + 1 and rows and int(o[0]) == 0:
+                self._offsets = o
+                self._unchecked = True
+                return int(o[-1])
+            witness = o[1:] - o[:-1]  # another start or count: as lengths (their form checked below)
+        if type(witness) is _HostLengths and len(witness) == rows:
+            self._list = witness  # ints from an int64 tensor (`witness_input`); the array made if asked
+            if min(witness, default=0) < 0:
+                check_lengths(witness, rows=rows, name=WITNESS)  # raises, naming the first negative one
+            return sum(witness)
+        if isinstance(witness, np.ndarray) and witness.ndim == 1 and witness.dtype == np.int64 and len(witness) == rows:
+            self.host = witness
+            if rows <= _FEW:  # its values checked in Python ints for a few rows, else in NumPy
+                self._list = witness.tolist()
+                if min(self._list, default=0) < 0:
+                    check_lengths(witness, rows=rows, name=WITNESS)  # raises, naming the first negative one
+                return sum(self._list)
+            self._unchecked = True
+            return int(witness.sum())
+        if isinstance(witness, torch.Tensor) and witness.device.type != "cpu":
+            witness_form(witness, rows)
+            self.device = witness.to(torch.int64)
+            return None
+        if isinstance(witness, torch.Tensor | np.ndarray):
+            witness_form(witness, rows)
+            host = witness.detach().numpy() if isinstance(witness, torch.Tensor) else witness
+            if host.size and int(host.min()) < 0:
+                check_lengths(host, rows=rows, name=WITNESS)  # raises, naming the first negative one
+            self.host = host.astype(np.int64, copy=False)
+        else:
+            self.host = np.asarray(check_lengths(witness, rows=rows, name=WITNESS), dtype=np.int64)
+        return int(self.host.sum())
 
     def binds(self, key: Any, parts: Sequence[Any]) -> bool:
         """Whether the witness binds ``key`` (jagged parts, not unbound, the witness's total of values;
@@ -254,10 +308,21 @@ class Witness:
             return jagged and key not in self.unbound
         return witness_binds(key, jagged, values, self.total, self.unbound)
 
-    def observe(self, key: Any, parts: Sequence[JaggedPart], lengths: Any, *, binds: bool | None = None) -> None:
+    def observe(
+        self,
+        key: Any,
+        parts: Sequence[JaggedPart],
+        lengths: Any,
+        *,
+        binds: bool | None = None,
+        offsets: np.ndarray | None = None,
+    ) -> None:
         """Key ``key``'s restored row lengths ``[B]`` (original order: a NumPy array, a list or a tensor)
         against the witness, where it binds the key (``binds``: the caller's `binds` answer, not asked
-        again); keys whose parts share offsets tensors once."""
+        again); keys whose parts share offsets tensors once. ``offsets``: the restored offsets ``[B + 1]``
+        from 0 (NumPy), where the caller has them: compared with a witness kept as offsets."""
+        if self._error is not None:  # the call raises the witness's defect at its verdict
+            return
         if not (self.binds(key, parts) if binds is None else binds):
             self.left += 1
             return
@@ -281,10 +346,15 @@ class Witness:
                 if lengths == want_list
                 else next(i for i, (a, b) in enumerate(zip(lengths, want_list, strict=True)) if a != b)
             )
+        elif offsets is not None and self._offsets is not None:
+            diff = np.flatnonzero(offsets != self._offsets)  # both from 0: the first differing end's row
+            bad = int(diff[0]) - 1 if diff.size else -1
         else:
             got = lengths.numpy() if isinstance(lengths, torch.Tensor) else lengths
             diff = np.flatnonzero(got != self._host_array())
             bad = int(diff[0]) if diff.size else -1
+        if bad < 0:
+            self._unchecked = False  # equal to a key's restored lengths, valid by step 5: no sign negative
         self._entries.append((key, lengths, bad, None))
 
     def left_key(self) -> None:
@@ -293,7 +363,15 @@ class Witness:
 
     def verdict(self) -> None:
         """Raise `MisalignmentError` for the first compared key (in order) with a mismatch: every device
-        flag read at once (one synchronisation); counts the call (`witness_stats`)."""
+        flag read at once (one synchronisation); counts the call (`witness_stats`). First, a defect of
+        the witness itself (step 6a): its form, or a negative length."""
+        if self._error is not None:
+            raise self._error
+        if self._unchecked:
+            host = self._host_array()
+            if host.size and int(host.min()) < 0:
+                check_lengths(host, rows=self.rows, name=WITNESS)  # raises, naming the first negative one
+            self._unchecked = False
         _count_call(self.bound, self.left)
         if not self._flags:  # every comparison made on the host: its first difference already known
             for key, lengths, bad, _ in self._entries:
@@ -339,16 +417,18 @@ class Witness:
         raise misalignment(key, m, n - starts[m], i, got, want)
 
     def _host_array(self) -> np.ndarray:
-        """The witness on the host as an int64 array (made from its list where it came as one)."""
+        """The witness on the host as an int64 array (made from its list or offsets where it came so)."""
         if self.host is None:
-            assert self._list is not None
-            self.host = np.asarray(self._list, dtype=np.int64)
+            if self._offsets is not None:
+                self.host = self._offsets[1:] - self._offsets[:-1]
+            else:
+                assert self._list is not None
+                self.host = np.asarray(self._list, dtype=np.int64)
         return self.host
 
     def _host_list(self) -> list[int]:
         if self._list is None:
-            assert self.host is not None
-            self._list = self.host.tolist()
+            self._list = self._host_array().tolist()
         return self._list
 
     def _on_device(self, device: torch.device) -> torch.Tensor:
