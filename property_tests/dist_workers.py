@@ -396,6 +396,27 @@ def ranks_agree_on_errors(rank: int, world: int, port: int) -> None:
             rf"rank 1: row 0: length {MAX_TOKENS * 2} exceeds the token budget of {MAX_TOKENS}",
             rank,
         )
+        # a well-formed misalignment on one rank (two of its rows of other lengths swapped in its indices,
+        # after the micro-batch count was agreed): the alignment witness raises there, before that call
+        # returns; the others' calls return; no collective of rebatch's is left waiting (docs/spec.md)
+        shard = global_batch(rows=12, seed=10 + rank)
+        micro = torch_impl.prepare_micro_batches_dp(shard, max_token_len=MAX_TOKENS)
+        outs = [{"model_output": stand_in_model(mb["input_ids"])} for mb in micro.batches]
+        lengths = shard["input_ids"].offsets().diff().tolist()
+        indices: list[Any] = [p if p is torch_impl.PADDING else list(p) for p in micro.indices]
+        if odd:
+            at = [(m, j) for m, p in enumerate(indices) if p is not torch_impl.PADDING for j in range(len(p))]
+            a, b = next((u, v) for u in at for v in at if lengths[indices[u[0]][u[1]]] != lengths[indices[v[0]][v[1]]])
+            indices[a[0]][a[1]], indices[b[0]][b[1]] = indices[b[0]][b[1]], indices[a[0]][a[1]]
+            _expect(
+                "postprocess_batch_func, misaligned",
+                lambda: torch_impl.postprocess_batch_func(outs, indices, shard),
+                errors.MisalignmentError,
+                r"key 'log_probs', micro-batch \d+, position \d+: \d+ values restored as original row",
+                rank,
+            )
+        mine = torch_impl.postprocess_batch_func(outs, micro.indices, shard)  # aligned: every rank passes
+        assert_same(mine["model_output"], stand_in_model(shard["input_ids"]))
         # the group still works
         whole = torch_impl.gather_batch(result(x=x))
         assert whole["model_output"]["x"].size(0) == 2 * world

@@ -35,7 +35,9 @@ def test_budget_on_every_rank_and_rank_order_of_every_field() -> None:
 def test_an_error_on_one_rank_reaches_every_rank_at_once(world: int) -> None:
     """Keys, dtypes, shapes or layouts that differ between ranks, a bad result on one rank (in
     gather_batch and broadcast_from_last_stage), a row over budget on one rank (prepare_micro_batches_dp):
-    the same error on every rank, naming the rank, within seconds (the group's timeout is 60 s)."""
+    the same error on every rank, naming the rank, within seconds (the group's timeout is 60 s). A
+    well-formed misalignment on one rank: the alignment witness raises on that rank alone, the others'
+    calls return, and the group still works."""
     start = time.monotonic()
     mp.spawn(dist_workers.ranks_agree_on_errors, args=(world, _free_port()), nprocs=world, join=True)
     assert time.monotonic() - start < 120
