@@ -74,19 +74,11 @@ class Integration:
         self._mode: str | None = None
         self.lock = threading.RLock()
 
-    def install(
-        self,
-        dump: str | None = None,
-        *,
-        mode: str = "on",
-        sample: float = 0.05,
-        on_defect: str = "log",
-        report: str | None = None,
-        lazy: bool = False,
-        force: bool = False,
-    ) -> list[str]:
-        """Replace the trainer's names (the trainer's ``install`` docstring); returns the places replaced.
-        Idempotent: a second call, whatever its arguments, changes nothing and returns them again."""
+    def install(self, dump: str | None, *, mode: str, lazy: bool, force: bool, **shadow_options: Any) -> list[str]:
+        """Replace the trainer's names (the trainer's ``install`` docstring, whose signature holds the
+        defaults); ``shadow_options`` (``sample``, ``on_defect``, ``report``) go to `Shadow` in shadow
+        mode. Returns the places replaced. Idempotent: a second call, whatever its arguments, changes
+        nothing and returns them again."""
         if mode not in MODES:
             from ref.errors import UnsupportedSettingError
 
@@ -98,7 +90,7 @@ class Integration:
             row, _ = self.versions.pick(version, force=force)
             shadow = None
             if mode == "shadow":
-                shadow = Shadow(sample, on_defect, report, trainer=self.trainer, version=version)
+                shadow = Shadow(**shadow_options, trainer=self.trainer, version=version)
             if lazy:
                 places = self.patcher.install_as_imported(dump, shadow, row, True)
             else:
