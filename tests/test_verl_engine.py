@@ -157,6 +157,12 @@ def test_every_configuration_is_bit_identical_to_verls_own(runs: Runs, mode: str
             assert len(got["grads"][0]) == len(got["params"]) > 0
             why = first_difference(got, want)
             assert why is None, f"{mode}, world size {world}, rank {rank}, {config}: {why}"
+            shadow = ours.records[rank]["runs"][config].get("shadow")
+            if mode == "shadow":  # shadow:1 compares every call of every replaced name: none differed
+                assert shadow["sampled"] == shadow["calls"] > 0, shadow
+                assert shadow["differences"] == shadow["defects"] == shadow["errors"] == 0, shadow
+            else:
+                assert shadow is None, shadow
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -37,6 +37,7 @@ caught (0) or not (1).
 from __future__ import annotations
 
 import argparse
+import datetime
 import functools
 import json
 import os
@@ -386,7 +387,7 @@ def run(args: argparse.Namespace) -> int:
 
         # TrainingWorker's initialize_global_process_group_ray would ask for "cpu:gloo,cpu:gloo" (the device's
         # backend beside gloo for cpu), which torch refuses: the group is started first, as verl then skips it
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))  # a stuck rank fails, not hangs
     verl_postprocess = engine_utils.postprocess_batch_func
     if args.mode == "install":
         from torch_impl.integrations import verl as integration
