@@ -1,6 +1,6 @@
 """verl 0.9.1's own FSDP engine on this CPU, as a verl user's PPO step runs it: the lane's driver.
 
-``python tests/engine/verl_engine.py --out DIR [--mode MODE] [--inject KIND] [--unbind]`` (under
+``python tests/engine/verl_engine.py --out DIR [--mode MODE] [--only-inject | --no-inject] [--unbind]`` (under
 ``torchrun --nproc-per-node 2`` for world size 2) builds a tiny random ``Qwen2ForCausalLM`` (hidden 64, 2
 layers, vocab 512; from a config, ``save_pretrained`` into a temporary directory: no download), then for
 each configuration (`CONFIGS`: bf16 and fp32, remove-padding on and off, dynamic batch size on and off)
@@ -20,18 +20,19 @@ The mode (``--mode``): how rebatch is in the engine, for the record; the environ
 (``REBATCH=on``, ``REBATCH_VERL=on``, ``REBATCH=shadow:1``: set by the caller), except ``install``, which
 calls ``torch_impl.integrations.verl.install()`` here after verl's engine modules are imported.
 
-``--inject KIND`` puts a well-formed misalignment inside the engine loop of the first log-prob pass of
-the configuration it applies to, by wrapping the engine's ``forward_step`` (never an edit of verl): the
-outputs the engine collects into ``output_lst`` are changed in place before ``postprocess_batch_func``
-sees them. ``swap_micro_batches``: two micro-batches' outputs of the same row count but different row
+At world size 1, three more runs (``inject-KIND``, after the configurations; ``--only-inject``: these
+alone, ``--no-inject``: none) put a well-formed misalignment inside the engine loop of the first log-prob
+pass of the configuration `INJECT_AT` names (a fresh worker), by wrapping the engine's ``forward_step``
+(never an edit of verl): the outputs the engine collects into ``output_lst`` are changed in place before
+``postprocess_batch_func`` sees them. ``swap_micro_batches``: two micro-batches' outputs of the same row count but different row
 lengths (dynamic batch size); ``swap_rows``: two rows of different lengths inside one micro-batch;
 ``swap_fixed``: two fixed-size micro-batches' outputs (dynamic batch size off). Every row count, offset
 and total stays consistent, so only an alignment check can see it.
 
 ``--unbind`` (the negative control): after ``install()``, verl's own ``postprocess_batch_func`` is put
 back in ``verl.workers.engine.fsdp.transformer_impl`` only, as if rebatch's binding had been left out of
-the engine module. ``--expect caught`` makes the exit status say whether the injected misalignment was
-caught (0) or not (1).
+the engine module. ``--expect caught`` makes the exit status say whether every injected misalignment
+was caught (0: ``MisalignmentError``) or not (1).
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ def _batch(rank: int) -> Any:
     )
 
 
-def _worker(model_path: str, config: Config) -> tuple[Any, Any]:
+def _worker(model_path: str, config: Config) -> Any:
     """verl's TrainingWorker for the actor, built as ``ActorRolloutRefWorker.init_model`` builds it."""
     from verl.trainer.config import CheckpointConfig
     from verl.workers.config import (
@@ -201,7 +202,7 @@ def _worker(model_path: str, config: Config) -> tuple[Any, Any]:
     worker = TrainingWorker(config=training)
     worker.reset()
     worker.set_loss_fn(loss_fn)
-    return worker, actor_config
+    return worker
 
 
 class Recorder:
@@ -454,7 +455,7 @@ def _run_config(model_path: str, config: Config, rank: int, world: int, inject: 
     """One configuration (a fresh worker): log-probs, two PPO updates, log-probs; with ``inject``, the
     first log-prob pass only, misaligned. Returns (the results compared bit for bit, what happened)."""
     torch.manual_seed(0)
-    worker, _ = _worker(model_path, config)
+    worker = _worker(model_path, config)
     recorder = Recorder(worker.engine, inject)
     batch = _batch(rank)
     info: dict[str, Any] = {"config": config.name}
