@@ -2,7 +2,8 @@
 
 An `Integration` holds what ``install()``, ``uninstall()``, ``stats()``, ``mode()`` and ``installed()``
 of a trainer's module share: the mode check, the version gate (`_patch.Versions`), the `Shadow` of the
-last shadow install (kept after `uninstall` for `stats`), the `_patch.Patcher` and one lock. Each
+last shadow install (kept after `uninstall` for `stats`), the `_patch.Patcher` and one lock (a
+`rebatch_startup.ForkSafeLock`: a forked child finds it free). Each
 trainer's module keeps only its table (``replacements(dump, shadow, row, carry)``), its adapters and the
 line `install` logs. `shadowing` is the table value every trainer's shadow install puts in place of a
 trainer's function.
@@ -12,9 +13,10 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any
+
+from rebatch_startup import ForkSafeLock
 
 from ._patch import Patcher, Table, Versions, Wrap
 from ._shadow import Shadow
@@ -72,7 +74,7 @@ class Integration:
         #: ``(version read, row used)`` of the install in force, else None.
         self.release: tuple[str | None, str] | None = None
         self._mode: str | None = None
-        self.lock = threading.RLock()
+        self.lock = ForkSafeLock()
 
     def install(self, dump: str | None, *, mode: str, lazy: bool, force: bool, **shadow_options: Any) -> list[str]:
         """Replace the trainer's names (the trainer's ``install`` docstring, whose signature holds the
