@@ -43,7 +43,11 @@ under ``on`` a bad value or a failed activation raises (`ref.errors.UnsupportedS
 variable and its value) from the import of the trainer's module; under ``shadow`` it is one ERROR line
 on the ``"rebatch"`` logger, and the trainer runs as its own. An activated process passes the variables
 on (`carried`) to the processes it starts: SkyRL's ``prepare_runtime_environment`` (its Ray actors) and
-AReaL's ``get_env_vars`` (the RPC workers of its local and Ray schedulers) are wrapped to add them.
+AReaL's ``get_env_vars`` (the RPC workers of its local and Ray schedulers) are wrapped to add them. They
+are every ``REBATCH*`` setting (`CARRIED`), the alignment witness's too: ``REBATCH_WITNESS`` (``off``
+switches it off) and ``REBATCH_WITNESS_UNBOUND`` (keys left unbound), which `torch_impl` reads itself
+from each process's environment at its first call (`torch_impl.witness_config`), so `install_kwargs`
+does not pass them to ``install`` (whose ``witness=`` and ``unbound=`` are for a call in code).
 """
 
 from __future__ import annotations
@@ -61,6 +65,8 @@ __all__ = [
     "REPORT_DIR_ENV",
     "TRAINERS",
     "VERL_ENV",
+    "WITNESS_ENV",
+    "WITNESS_UNBOUND_ENV",
     "ForkSafeLock",
     "Setting",
     "activate",
@@ -80,8 +86,13 @@ VERL_ENV = "REBATCH_VERL"
 ON_DEFECT_ENV = "REBATCH_ON_DEFECT"
 REPORT_DIR_ENV = "REBATCH_REPORT_DIR"
 DUMP_DIR_ENV = "REBATCH_DUMP_DIR"
-#: What an activated process passes on to the processes it starts (those set).
-CARRIED = (ENV, VERL_ENV, ON_DEFECT_ENV, REPORT_DIR_ENV, DUMP_DIR_ENV)
+#: The alignment witness's switch (``on``, ``off``) and the keys it leaves unbound (comma-separated):
+#: read by `torch_impl._witness` itself, from the process's own environment, at the first call that asks
+#: (so carried, never passed to ``install``).
+WITNESS_ENV = "REBATCH_WITNESS"
+WITNESS_UNBOUND_ENV = "REBATCH_WITNESS_UNBOUND"
+#: What an activated process passes on to the processes it starts (those set): every ``REBATCH*`` setting.
+CARRIED = (ENV, VERL_ENV, ON_DEFECT_ENV, REPORT_DIR_ENV, DUMP_DIR_ENV, WITNESS_ENV, WITNESS_UNBOUND_ENV)
 #: The trainers' top packages, each with the integration module `activate` installs.
 TRAINERS = {
     "verl": "torch_impl.integrations.verl",

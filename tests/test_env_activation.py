@@ -384,6 +384,48 @@ def test_a_fork_safe_lock_held_by_the_forking_thread_stays_its_own_in_the_child(
     assert (done.returncode, done.stdout.strip()) == (0, "exit: 0"), done.stderr[-3000:]
 
 
+# -- every setting carried ---------------------------------------------------------------------------
+
+
+def test_every_rebatch_variable_rebatch_reads_is_carried() -> None:
+    """Each ``REBATCH*`` name in the code a trainer's worker runs (`rebatch_startup`, `torch_impl`, `ref`) is
+    one of `rebatch_startup.CARRIED`, the witness's two among them (a MisalignmentError names them)."""
+    import re
+
+    from torch_impl import _witness
+
+    found: set[str] = set()
+    for package in ("rebatch_startup", "torch_impl", "ref"):
+        for path in (ROOT / package).rglob("*.py"):
+            found |= set(re.findall(r"[\"'](REBATCH(?:_[A-Z]+)*)[\"']", path.read_text()))
+    assert {"REBATCH", "REBATCH_WITNESS", "REBATCH_WITNESS_UNBOUND"} <= found
+    assert found <= set(VARIABLES), found - set(VARIABLES)
+    assert {_witness.ENV, _witness.ENV_UNBOUND} == {"REBATCH_WITNESS", "REBATCH_WITNESS_UNBOUND"} <= set(VARIABLES)
+
+
+def test_areals_and_skyrls_wrappers_carry_every_setting(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The wrappers of AReaL's ``get_env_vars`` and SkyRL's ``prepare_runtime_environment`` (around stand-ins
+    for the trainers' functions) add every variable of `CARRIED` set here, the witness's included."""
+    from torch_impl.integrations import areal, skyrl
+
+    values = {
+        "REBATCH": "shadow:0.5",
+        "REBATCH_VERL": "on",
+        "REBATCH_ON_DEFECT": "raise",
+        "REBATCH_REPORT_DIR": str(tmp_path / "reports"),
+        "REBATCH_DUMP_DIR": str(tmp_path / "dumps"),
+        "REBATCH_WITNESS": "off",
+        "REBATCH_WITNESS_UNBOUND": "kl,entropy",
+    }
+    assert set(values) == set(VARIABLES)
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+    get_env_vars = areal._carrying(lambda *args, **kwargs: {"PYTHONPATH": "x", "REBATCH_ON_DEFECT": "log"})
+    assert get_env_vars("A=1") == {**values, "PYTHONPATH": "x", "REBATCH_ON_DEFECT": "log"}  # AReaL's own wins
+    prepare = skyrl._carrying(lambda cfg: {"NCCL_DEBUG": "WARN", "REBATCH_WITNESS": "on"})
+    assert prepare(object()) == {**values, "NCCL_DEBUG": "WARN", "REBATCH_WITNESS": "on"}  # SkyRL's own wins
+
+
 # -- the shadow, trainer-neutral -------------------------------------------------------------------
 
 

@@ -168,6 +168,26 @@ def test_areal_probed_with_find_spec_before_its_import_is_activated() -> None:
     assert _probed(done) == ["torch_impl.integrations.areal"], done.stdout[-2000:]
 
 
+#: Every ``REBATCH*`` setting, as the trainer's launcher process has it (the witness's two included).
+SETTINGS = {"REBATCH": "on", "REBATCH_ON_DEFECT": "raise", "REBATCH_WITNESS": "off", "REBATCH_WITNESS_UNBOUND": "kl"}
+
+
+def test_areal_get_env_vars_carries_every_setting() -> None:
+    """AReaL's own ``get_env_vars`` (what its local and Ray schedulers give each RPC worker) carries the
+    witness's variables too: a worker raises or stays silent as the launcher was told to."""
+    _need("areal")
+    code = (
+        "import json, warnings\n"
+        "warnings.simplefilter('ignore')\n"
+        "from areal.infra.utils import launcher\n"
+        "env = launcher.get_env_vars('A=1')\n"
+        f"print('PROBE', json.dumps({{k: env.get(k) for k in {sorted(SETTINGS)!r}}}))\n"
+    )
+    done = _python(code, **SETTINGS)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [json.loads(line) for line in _probed(done)] == [SETTINGS], done.stdout[-2000:]
+
+
 PROBE_ENGINE = '''
 import json, sys
 from areal.api.engine_api import TrainEngine
@@ -261,6 +281,23 @@ def test_skyrl_a_bad_value_names_the_variable() -> None:
     done = _python("import skyrl.backends.skyrl_train.workers.worker_utils", REBATCH="yes")
     assert done.returncode == 1
     assert "UnsupportedSettingError: REBATCH='yes'" in done.stderr
+
+
+def test_skyrl_prepare_runtime_environment_carries_every_setting() -> None:
+    """SkyRL's own ``prepare_runtime_environment`` (the Ray actors' environment) carries the witness's
+    variables too."""
+    _need("skyrl")
+    code = (
+        "import json, warnings\n"
+        "warnings.simplefilter('ignore')\n"
+        "from skyrl.train.config import SkyRLTrainConfig\n"
+        "from skyrl.train.utils.utils import prepare_runtime_environment\n"
+        "env = prepare_runtime_environment(SkyRLTrainConfig())\n"
+        f"print('PROBE', json.dumps({{k: env.get(k) for k in {sorted(SETTINGS)!r}}}))\n"
+    )
+    done = _python(code, **SETTINGS)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [json.loads(line) for line in _probed(done)] == [SETTINGS], done.stdout[-2000:]
 
 
 SKYRL_DRIVER = """
