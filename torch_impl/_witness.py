@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rebatch_startup import WITNESS_ENV, WITNESS_UNBOUND_ENV
 from ref.errors import RebatchError, UnsupportedSettingError
 from ref.structure import WITNESS, check_lengths, misalignment, witness_binds, witness_form
 
@@ -45,9 +46,10 @@ __all__ = [
     "witness_stats",
 ]
 
-#: The environment variables of the process-wide switch (read once, at the first call that asks).
-ENV = "REBATCH_WITNESS"
-ENV_UNBOUND = "REBATCH_WITNESS_UNBOUND"
+#: The environment variables of the process-wide switch (read once, at the first call that asks), named in
+#: `rebatch_startup` (torch-free), which carries them to the processes a trainer starts.
+ENV = WITNESS_ENV
+ENV_UNBOUND = WITNESS_UNBOUND_ENV
 
 _lock = threading.Lock()
 

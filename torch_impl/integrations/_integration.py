@@ -2,7 +2,9 @@
 
 An `Integration` holds what ``install()``, ``uninstall()``, ``stats()``, ``mode()`` and ``installed()``
 of a trainer's module share: the mode check, the version gate (`_patch.Versions`), the `Shadow` of the
-last shadow install (kept after `uninstall` for `stats`), the `_patch.Patcher` and one lock. Each
+last shadow install (kept after `uninstall` for `stats`), the alignment witness's switch an install
+changed (``witness=``, ``unbound=``: put back by `uninstall`), the `_patch.Patcher` and one lock (a
+`rebatch_startup.ForkSafeLock`: a forked child finds it free). Each
 trainer's module keeps only its table (``replacements(dump, shadow, row, carry)``), its adapters and the
 line `install` logs. `shadowing` is the table value every trainer's shadow install puts in place of a
 trainer's function.
@@ -12,9 +14,10 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
+
+from rebatch_startup import ForkSafeLock
 
 from ._patch import Patcher, Table, Versions, Wrap
 from ._shadow import Shadow
@@ -72,13 +75,27 @@ class Integration:
         #: ``(version read, row used)`` of the install in force, else None.
         self.release: tuple[str | None, str] | None = None
         self._mode: str | None = None
-        self.lock = threading.RLock()
+        #: The witness's ``(on, unbound)`` before the install in force changed it (``witness=``/``unbound=``).
+        self._witness_before: tuple[bool, frozenset[Any]] | None = None
+        self.lock = ForkSafeLock()
 
-    def install(self, dump: str | None, *, mode: str, lazy: bool, force: bool, **shadow_options: Any) -> list[str]:
+    def install(
+        self,
+        dump: str | None,
+        *,
+        mode: str,
+        lazy: bool,
+        force: bool,
+        witness: bool | None = None,
+        unbound: Iterable[str] | None = None,
+        **shadow_options: Any,
+    ) -> list[str]:
         """Replace the trainer's names (the trainer's ``install`` docstring, whose signature holds the
         defaults); ``shadow_options`` (``sample``, ``on_defect``, ``report``) go to `Shadow` in shadow
-        mode. Returns the places replaced. Idempotent: a second call, whatever its arguments, changes
-        nothing and returns them again."""
+        mode; ``witness`` and ``unbound``, when given, set the alignment witness's process-wide switch
+        (`torch_impl.set_witness`) for as long as the install is in force (`uninstall` puts it back).
+        Returns the places replaced. Idempotent: a second call, whatever its arguments, changes nothing
+        (the witness's switch included) and returns them again."""
         if mode not in MODES:
             from ref.errors import UnsupportedSettingError
 
@@ -91,10 +108,21 @@ class Integration:
             shadow = None
             if mode == "shadow":
                 shadow = Shadow(**shadow_options, trainer=self.trainer, version=version)
-            if lazy:
-                places = self.patcher.install_as_imported(dump, shadow, row, True)
-            else:
-                places = self.patcher.install(dump, shadow, row, False)
+            witness_before = None
+            if witness is not None or unbound is not None:
+                from .._witness import set_witness
+
+                witness_before = set_witness(witness, unbound=unbound)  # checks ``witness`` first
+            try:
+                if lazy:
+                    places = self.patcher.install_as_imported(dump, shadow, row, True)
+                else:
+                    places = self.patcher.install(dump, shadow, row, False)
+            except BaseException:
+                if witness_before is not None:
+                    set_witness(witness_before[0], unbound=witness_before[1])  # nothing installed: as it was
+                raise
+            self._witness_before = witness_before
             if shadow is not None:
                 self.shadow = shadow
             self._mode = mode
@@ -105,9 +133,15 @@ class Integration:
             return places
 
     def uninstall(self) -> None:
-        """Put the trainer's originals back wherever `install` replaced them. Idempotent."""
+        """Put the trainer's originals back wherever `install` replaced them, and the witness's switch as
+        it was before `install` changed it. Idempotent."""
         with self.lock:
             self.patcher.uninstall()
+            if self._witness_before is not None:
+                from .._witness import set_witness
+
+                set_witness(self._witness_before[0], unbound=self._witness_before[1])
+                self._witness_before = None
             self._mode = None
             self.release = None
 
