@@ -16,6 +16,7 @@ from ref.metrics import fold_metrics
 from ref.structure import check_metrics, check_partition_count, check_settings, drop_padding, model_outputs
 
 from ._assemble import assemble
+from ._bits import check_bits_grad
 from ._entry import entry
 from ._fewrows import few_rows_call
 from ._jagged import njt
@@ -134,6 +135,7 @@ def _check_keys(
         parts = check_parts([mo[key] for mo in outs], key, allow_jagged=pad_mode == "no_padding")
         if parts:
             check_dtype(parts[0].values.dtype, at=where(key, 0))
+            check_bits_grad([p.values for p in parts], key)
         if key == keys[0]:
             first_rows = [p.rows for p in parts]
         for m, part in enumerate(parts):
