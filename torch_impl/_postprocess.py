@@ -11,7 +11,7 @@ from tensordict import NonTensorData, TensorDictBase
 from torch.nested._internal.nested_tensor import NestedTensor as _NJT
 
 from ref.dtypes import check_dtype
-from ref.errors import PartitionMismatchError, ShapeMismatchError, where
+from ref.errors import PartitionMismatchError, ShapeMismatchError, UnsupportedSettingError, where
 from ref.metrics import fold_metrics
 from ref.structure import check_metrics, check_partition_count, check_settings, drop_padding, model_outputs
 
@@ -153,9 +153,14 @@ def _check_keys(
 
 
 def read_setting(data: Any, key: str, default: Any) -> Any:
-    """A setting read as verl reads it: ``data.get(key, default)``, unwrapping ``NonTensorData``."""
+    """A setting read as verl reads it: ``data.get(key, default)``, unwrapping ``NonTensorData``.
+
+    ``data``: a TensorDict, a mapping, or None (every setting its default); anything else raises
+    `UnsupportedSettingError` naming its type (never an ``AttributeError`` from ``.get``)."""
     if data is None:
         return default
+    if not isinstance(data, TensorDictBase | Mapping):
+        raise UnsupportedSettingError(f"data must be a TensorDict (or a mapping, or None), got {type(data).__name__}")
     value = data.get(key, default)
     if isinstance(value, NonTensorData):
         value = value.data
