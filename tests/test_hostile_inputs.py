@@ -178,3 +178,22 @@ def test_small_shadow_fractions_still_work() -> None:
         setting = rebatch_startup.parse(value)
         assert setting is not None
         assert setting.sample == sample
+
+
+def test_jax_and_read_only_numpy_partitions_are_taken_alike_without_a_warning() -> None:
+    """Found beside issue 42: torch_impl refused a JAX integer array (each entry "not an integer") where ref
+    took it, and a read-only NumPy partition made torch warn (an error under pytest's ``-W error``)."""
+    import warnings
+
+    import jax.numpy as jnp
+
+    frozen = np.array([0, 2])
+    frozen.flags.writeable = False
+    want = torch_postprocess(_outs(), [[0, 2], [1]])["model_output"]["v"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for indices in ([jnp.array([0, 2]), [1]], [[jnp.array(0), 2], [jnp.int32(1)]], [frozen, [1]]):
+            for impl in (torch_postprocess, ref_postprocess):
+                assert torch.equal(impl(_outs(), indices)["model_output"]["v"], want)
+    _both_raise([jnp.array([0.0, 2.0]), [1]], errors.NotAPermutationError, r"micro-batch 0")
+    _both_raise([jnp.array([0, 2], dtype=jnp.bfloat16), [1]], errors.NotAPermutationError, r"micro-batch 0, position 0")

@@ -51,6 +51,10 @@ def _flat_indices(
     lists: dict[int, Any] = {}
     for m, part in enumerate(check_partitions(partitions)):
         check_partition(part, m)
+        if hasattr(part, "__array__") and not isinstance(part, torch.Tensor | np.ndarray):
+            part = np.asarray(part)  # another framework's array (JAX's): its values on the host, as `ref` reads it
+        if isinstance(part, np.ndarray) and not part.flags.writeable:
+            part = part.copy()  # torch warns of a tensor over read-only memory (the copy below is ours anyway)
         if isinstance(part, np.ndarray) and not (part.dtype.kind in "iu" or part.dtype in _AS_TENSOR):
             lists[m] = list(part.astype(object))  # each entry checked as a list's is (as `ref` takes it)
             sizes.append(len(part))
@@ -89,7 +93,7 @@ def _from_lists(lists: dict[int, Any], num_rows: int, at: Locator) -> torch.Tens
     kinds = set(map(type, flat))
     if not kinds <= {int}:
         # a 0-d array or tensor counts as its value (iterating a tensor gives 0-d tensors; verl indexes with them)
-        flat = [i.item() if isinstance(i, torch.Tensor | np.ndarray) and i.ndim == 0 else i for i in flat]
+        flat = [i.item() if getattr(i, "ndim", None) == 0 and hasattr(i, "item") else i for i in flat]
         kinds = set(map(type, flat))
         bad = [k for k in kinds if k is bool or not issubclass(k, numbers.Integral)]
         if bad:
