@@ -202,9 +202,9 @@ def parse(value: str | None, variable: str = ENV) -> Setting | None:
             sample = float(fraction)
         except ValueError:
             sample = -1.0
-        if 0.0 <= sample <= 1.0:
+        if sample == 0.0 or 2.0**-62 <= sample <= 1.0:  # a period 1 / sample that rounds to an int
             return Setting(variable, value, "shadow", sample)
-    raise _refuse(f"{variable}={value!r}: expected off, on, shadow or shadow:FRACTION (a fraction in [0, 1])")
+    raise _refuse(f"{variable}={value!r}: expected off, on, shadow or shadow:FRACTION (0 or a fraction in [2**-62, 1])")
 
 
 def setting_for(trainer: str, environ: dict[str, str] | None = None) -> Setting | None:

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from rebatch_startup import WITNESS_ENV, WITNESS_UNBOUND_ENV
-from ref.errors import RebatchError, UnsupportedSettingError
+from ref.errors import RebatchError, UnsupportedSettingError, where
 from ref.structure import WITNESS, check_lengths, misalignment, witness_binds, witness_form
 
 from ._parts import _NJT, JaggedPart
@@ -341,6 +341,12 @@ class Witness:
             self._entries.append((key, lengths, -1, flag))
             self._flags += 1
             return
+        if self.device is not None and self.device.device.type == "meta":  # host lengths, no values to compare
+            self._error = UnsupportedSettingError(
+                f"{where(key)}the {WITNESS} are on the meta device, which holds no values to compare with this "
+                "key's row lengths on the CPU"
+            )
+            return
         if isinstance(lengths, list):
             want_list = self._host_list()
             bad = (
@@ -423,9 +429,13 @@ class Witness:
         if self.host is None:
             if self._offsets is not None:
                 self.host = self._offsets[1:] - self._offsets[:-1]
-            else:
-                assert self._list is not None
+            elif self._list is not None:
                 self.host = np.asarray(self._list, dtype=np.int64)
+            elif self.device is not None:  # off the CPU, against lengths the host computed: read once
+                self.host = self.device.cpu().numpy()
+                self._unchecked = True  # its signs, at the verdict
+            else:  # `__init__` keeps one of the four forms, or an error (then nothing compares): a bug
+                raise RuntimeError("rebatch internal error: the witness kept no values")
         return self.host
 
     def _host_list(self) -> list[int]:
