@@ -55,7 +55,8 @@ def test_a_broken_link_is_found(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
     page.write_text("# Title\n[ok](#title) [bad](missing.md) [bad anchor](#nowhere)\n")
     assert links(page) == ["#title", "missing.md", "#nowhere"]
-    assert "title" in anchors(page) and "nowhere" not in anchors(page)
+    assert "title" in anchors(page)
+    assert "nowhere" not in anchors(page)
 
 
 def test_the_readme_is_a_short_first_read() -> None:
