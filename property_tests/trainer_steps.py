@@ -12,6 +12,7 @@ the test to compare bit for bit.
   ``reorder_and_combine_batches`` and ``reorder_and_combine_items``; then a gradient step (SkyRL's
   worker does not run on the CPU: ``docs/peers.md``).
 
+``--dtype bfloat16``: the model computes in bf16 (AReaL: its engine's ``dtype``, fp32 master weights).
 ``--swap M,N``: the outputs of micro-batches ``M`` and ``N`` swapped inside the loop (a well-formed
 misalignment); the result records what the restore step did with it. Run as ``python -m
 property_tests.trainer_steps TRAINER MODEL OUT [--swap M,N]``; ``build_model(path)`` writes the model. Nothing here is imported by rebatch itself.
@@ -86,7 +87,7 @@ def _attempt(fn: Callable[[], Any]) -> tuple[Any, str | None]:
 # -- AReaL ---------------------------------------------------------------------------------------
 
 
-def _areal(model: str, swap: tuple[int, int] | None) -> dict[str, Any]:
+def _areal(model: str, swap: tuple[int, int] | None, dtype: str = "float32") -> dict[str, Any]:
     from areal.api.cli_args import MicroBatchSpec, OptimizerConfig, TrainEngineConfig
     from areal.api.io_struct import FinetuneSpec
     from areal.engine import fsdp_engine
@@ -95,7 +96,7 @@ def _areal(model: str, swap: tuple[int, int] | None) -> dict[str, Any]:
         experiment_name="rebatch",
         trial_name="engine",
         path=model,
-        dtype="float32",
+        dtype=dtype,
         attn_impl="sdpa",
         optimizer=OptimizerConfig(lr=1e-2),
         backend="fsdp:d1",
@@ -148,14 +149,14 @@ def _swap_areal_micro_batches(engine: Any, m: int, n: int) -> None:
 # -- SkyRL ---------------------------------------------------------------------------------------
 
 
-def _skyrl(model: str, swap: tuple[int, int] | None) -> dict[str, Any]:
+def _skyrl(model: str, swap: tuple[int, int] | None, dtype: str = "float32") -> dict[str, Any]:
     from skyrl.backends.skyrl_train.training_batch import TrainingInputBatch, TrainingOutputBatch
     from skyrl.backends.skyrl_train.utils.torch_utils import logprobs_from_logits
     from skyrl.backends.skyrl_train.workers import worker_utils
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    net = AutoModelForCausalLM.from_pretrained(model, attn_implementation="sdpa", dtype=torch.float32)
+    net = AutoModelForCausalLM.from_pretrained(model, attn_implementation="sdpa", dtype=getattr(torch, dtype))
     ids, _, lengths = _batch()
     # SkyRL's layout: sequences left-padded, the last `a` columns the response; response_mask marks each
     # row's response tokens (a prompt of 4 tokens, the rest response)
@@ -220,12 +221,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("model")
     parser.add_argument("out")
     parser.add_argument("--swap", type=lambda v: tuple(int(x) for x in v.split(",")), default=None)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     args = parser.parse_args(argv)
     for k, v in {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
         os.environ.setdefault(k, v)
     torch.use_deterministic_algorithms(True)
     step = _areal if args.trainer == "areal" else _skyrl
-    result = step(args.model, args.swap)
+    result = step(args.model, args.swap, args.dtype)
     tmp = f"{args.out}.{os.getpid()}.tmp"
     torch.save(result, tmp)
     os.replace(tmp, args.out)

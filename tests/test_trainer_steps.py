@@ -59,20 +59,31 @@ class _Runs:
     def __init__(self, where: Path) -> None:
         self.where = where
         self.model = str(where / "qwen2-tiny")
-        self.results: dict[tuple[str, str, Any], dict[str, Any]] = {}
+        self.results: dict[tuple[str, str, Any, str], dict[str, Any]] = {}
 
-    def __call__(self, trainer: str, mode: str, swap: tuple[int, int] | None = None) -> dict[str, Any]:
-        key = (trainer, mode, swap)
+    def __call__(
+        self, trainer: str, mode: str, swap: tuple[int, int] | None = None, dtype: str = "float32"
+    ) -> dict[str, Any]:
+        key = (trainer, mode, swap, dtype)
         if key not in self.results:
             if not os.path.isdir(self.model):
                 from property_tests.trainer_steps import build_model
 
                 build_model(self.model)
-            out = self.where / f"{trainer}-{mode.replace(':', '-')}-{swap}.pt"
+            out = self.where / f"{trainer}-{mode.replace(':', '-')}-{swap}-{dtype}.pt"
             env = {k: v for k, v in os.environ.items() if not k.startswith("REBATCH")}
             env.update(REBATCH=mode, MASTER_PORT=str(_free_port()))
             env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
-            argv = [sys.executable, "-m", "property_tests.trainer_steps", trainer, self.model, str(out)]
+            argv = [
+                sys.executable,
+                "-m",
+                "property_tests.trainer_steps",
+                trainer,
+                self.model,
+                str(out),
+                "--dtype",
+                dtype,
+            ]
             if swap is not None:
                 argv += ["--swap", f"{swap[0]},{swap[1]}"]
             done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
@@ -93,9 +104,10 @@ def _shadow(result: dict[str, Any], trainer: str) -> dict[str, int]:
 # -- AReaL's FSDPEngine ---------------------------------------------------------------------------
 
 
-def test_areal_fsdp_engine_same_bits_off_on_and_shadow(runs: _Runs) -> None:
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_areal_fsdp_engine_same_bits_off_on_and_shadow(runs: _Runs, dtype: str) -> None:
     _need("areal")
-    off, on, shadow = (runs("areal", m) for m in MODES)
+    off, on, shadow = (runs("areal", m, dtype=dtype) for m in MODES)
     assert off["bound"] == "areal.engine.core.train_engine"
     assert off["mode"] == {"areal": None, "skyrl": None}
     assert on["bound"] == "torch_impl.integrations.areal"  # rebatch's function inside the engine
@@ -107,6 +119,8 @@ def test_areal_fsdp_engine_same_bits_off_on_and_shadow(runs: _Runs) -> None:
     assert bool(torch.isfinite(lp).all())
     assert first_difference(off["logp_after"], lp) is not None  # the two updates moved the model
     assert [s["num_micro_batches"] for s in off["train"]] == [6, 6]
+    if dtype != "float32":  # the engine computed in that dtype: not float32's log-probs
+        assert first_difference(lp, runs("areal", "off")["logp_before"]) is not None
     for other in (on, shadow):
         for key in ("logp_before", "logp_after", "params", "train"):
             assert first_difference(other[key], off[key]) is None, key
@@ -136,15 +150,17 @@ def _skyrl_pair(result: dict[str, Any]) -> tuple[int, int]:
     return next((m, n) for m in range(len(sizes)) for n in range(m + 1, len(sizes)) if sizes[m] == sizes[n])
 
 
-def test_skyrl_iterator_around_qwen2_same_bits_off_on_and_shadow(runs: _Runs) -> None:
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_skyrl_iterator_around_qwen2_same_bits_off_on_and_shadow(runs: _Runs, dtype: str) -> None:
     _need("skyrl")
-    off, on, shadow = (runs("skyrl", m) for m in MODES)
+    off, on, shadow = (runs("skyrl", m, dtype=dtype) for m in MODES)
     assert off["bound"] == "skyrl.backends.skyrl_train.workers.worker_utils"
     assert on["bound"] == "torch_impl.integrations.skyrl"
     assert _shadow(shadow, "skyrl") == {"calls": 2, "sampled": 2, "differences": 0, "defects": 0, "errors": 0}
     assert len(off["microbatches"]) > 3
     assert [len(x["logprobs"]) for x in off["items"]] == off["valid"]
     assert off["batches"]["output"].shape[0] == 24
+    assert off["batches"]["output"].dtype == getattr(torch, dtype)
     for other in (on, shadow):
         for key in ("microbatches", "batches", "items", "grads"):
             assert first_difference(other[key], off[key]) is None, key
