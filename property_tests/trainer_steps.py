@@ -3,8 +3,8 @@
 rebatch activated as a user does (``REBATCH=on``, ``REBATCH=shadow:1`` or off), its results saved for
 the test to compare bit for bit.
 
-- ``areal``: AReaL 1.0.4's own ``FSDPEngine`` (``areal.engine.fsdp_engine``) on the CPU, world size 1
-  over gloo: ``forward_batch`` (log-probs: its micro-batch split, the model, ``reorder_and_pad_outputs``),
+- ``areal``: AReaL 1.0.4's own ``FSDPEngine`` (``areal.engine.fsdp_engine``) on the CPU over gloo (world
+  size 1, or each rank of ``torch.distributed.run`` with its own rows, its result in ``OUT.rankR``): ``forward_batch`` (log-probs: its micro-batch split, the model, ``reorder_and_pad_outputs``),
   two ``train_batch`` steps (its loss path, optimizer step), ``forward_batch`` again.
 - ``skyrl``: SkyRL 0.4.0's ``TokenBasedBatchIterator`` over a ``TrainingInputBatch`` built as its trainer
   builds one, each micro-batch through the model's forward as its worker's ``_forward_backward_micro``
@@ -51,9 +51,10 @@ def build_model(path: str) -> None:
     Qwen2ForCausalLM(config).save_pretrained(path)
 
 
-def _batch() -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """``(input_ids [B, S], attention_mask [B, S] bool, lengths)``, right-padded, seeded."""
-    g = torch.Generator().manual_seed(1)
+def _batch(rank: int = 0) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """``(input_ids [B, S], attention_mask [B, S] bool, lengths)``, right-padded, seeded (each data-parallel
+    rank its own rows)."""
+    g = torch.Generator().manual_seed(1 + rank)
     lengths = torch.randint(6, 30, (ROWS,), generator=g).tolist()
     s = max(lengths)
     ids = torch.randint(1, 512, (ROWS, s), generator=g)
@@ -99,13 +100,13 @@ def _areal(model: str, swap: tuple[int, int] | None, dtype: str = "float32") -> 
         dtype=dtype,
         attn_impl="sdpa",
         optimizer=OptimizerConfig(lr=1e-2),
-        backend="fsdp:d1",
+        backend=f"fsdp:d{int(os.environ['WORLD_SIZE'])}",
         mb_spec=MicroBatchSpec(max_tokens_per_mb=64),
     )
     engine = fsdp_engine.FSDPEngine(config)
     engine.create_process_group()
     engine.initialize(None, FinetuneSpec(total_train_epochs=1, dataset_size=ROWS, train_batch_size=ROWS))
-    ids, mask, lengths = _batch()
+    ids, mask, lengths = _batch(int(os.environ["RANK"]))
     batch = {"input_ids": ids, "attention_mask": mask}
     out: dict[str, Any] = {"bound": fsdp_engine.reorder_and_pad_outputs.__module__, "lengths": lengths}
     if swap is not None:
@@ -228,9 +229,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.use_deterministic_algorithms(True)
     step = _areal if args.trainer == "areal" else _skyrl
     result = step(args.model, args.swap, args.dtype)
-    tmp = f"{args.out}.{os.getpid()}.tmp"
+    out = args.out if os.environ["WORLD_SIZE"] == "1" else f"{args.out}.rank{os.environ['RANK']}"
+    tmp = f"{out}.{os.getpid()}.tmp"
     torch.save(result, tmp)
-    os.replace(tmp, args.out)
+    os.replace(tmp, out)
     return 0
 
 

@@ -4,8 +4,9 @@ rebatch off, each in a fresh process (`property_tests.trainer_steps`), compared 
 micro-batches' outputs swapped inside the loop: the trainer silent, rebatch ``MisalignmentError`` under
 ``on``, a defect in shadow mode with the trainer's result returned.
 
-- AReaL 1.0.4: its own ``FSDPEngine`` on the CPU (world size 1, gloo): ``forward_batch`` log-probs, two
-  ``train_batch`` steps, ``forward_batch`` again (6 micro-batches of at most 64 tokens).
+- AReaL 1.0.4: its own ``FSDPEngine`` on the CPU (gloo): ``forward_batch`` log-probs, two ``train_batch``
+  steps, ``forward_batch`` again (6 micro-batches of at most 64 tokens), float32 and bfloat16; world size 2
+  through ``torch.distributed.run``, each rank its own rows (off and on).
 - SkyRL 0.4.0: its ``TokenBasedBatchIterator`` over a ``TrainingInputBatch`` around the model's forward,
   its ``reorder_and_combine_batches`` and ``reorder_and_combine_items``, a gradient. SkyRL's own FSDP worker
   does not run on the CPU (the stop: ``docs/peers.md``, "Inside the trainers' own engines").
@@ -54,41 +55,46 @@ def _free_port() -> int:
 
 
 class _Runs:
-    """Each ``(trainer, mode, swap)`` step run once in its own process, its result kept."""
+    """Each ``(trainer, mode, swap, dtype, world)`` step run once in its own processes, its result kept."""
 
     def __init__(self, where: Path) -> None:
         self.where = where
         self.model = str(where / "qwen2-tiny")
-        self.results: dict[tuple[str, str, Any, str], dict[str, Any]] = {}
+        self.results: dict[tuple[str, str, Any, str, int], Any] = {}
 
     def __call__(
-        self, trainer: str, mode: str, swap: tuple[int, int] | None = None, dtype: str = "float32"
-    ) -> dict[str, Any]:
-        key = (trainer, mode, swap, dtype)
+        self, trainer: str, mode: str, swap: tuple[int, int] | None = None, dtype: str = "float32", world: int = 1
+    ) -> Any:
+        """The step's result (with ``world`` > 1: each rank's, in a list; through ``torch.distributed.run``)."""
+        key = (trainer, mode, swap, dtype, world)
         if key not in self.results:
             if not os.path.isdir(self.model):
                 from property_tests.trainer_steps import build_model
 
                 build_model(self.model)
-            out = self.where / f"{trainer}-{mode.replace(':', '-')}-{swap}-{dtype}.pt"
+            out = self.where / f"{trainer}-{mode.replace(':', '-')}-{swap}-{dtype}-{world}.pt"
             env = {k: v for k, v in os.environ.items() if not k.startswith("REBATCH")}
             env.update(REBATCH=mode, MASTER_PORT=str(_free_port()))
             env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
-            argv = [
-                sys.executable,
-                "-m",
-                "property_tests.trainer_steps",
-                trainer,
-                self.model,
-                str(out),
-                "--dtype",
-                dtype,
-            ]
+            argv = ["-m", "property_tests.trainer_steps", trainer, self.model, str(out), "--dtype", dtype]
             if swap is not None:
                 argv += ["--swap", f"{swap[0]},{swap[1]}"]
-            done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+            if world > 1:
+                argv = [
+                    "-m",
+                    "torch.distributed.run",
+                    f"--nproc_per_node={world}",
+                    f"--master_port={_free_port()}",
+                    *argv,
+                ]
+            done = subprocess.run(
+                [sys.executable, *argv], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False
+            )
             assert done.returncode == 0, done.stderr[-4000:]
-            self.results[key] = torch.load(out, weights_only=True)
+            if world == 1:
+                self.results[key] = torch.load(out, weights_only=True)
+            else:
+                self.results[key] = [torch.load(f"{out}.rank{r}", weights_only=True) for r in range(world)]
         return self.results[key]
 
 
@@ -140,6 +146,19 @@ def test_areal_fsdp_engine_swapped_outputs_areal_silent_rebatch_raises(runs: _Ru
     assert first_difference(shadow["forward"], off["forward"]) is None
     assert _shadow(shadow, "areal")["defects"] == 1
     assert "MisalignmentError" in " ".join(shadow["mode"]["areal_messages"])
+
+
+def test_areal_fsdp_engine_world_size_2_same_bits_off_and_on(runs: _Runs) -> None:
+    """Two data-parallel ranks (gloo) with different rows: AReaL agrees on the micro-batch count; each
+    rank's log-probs, parameters and metrics the same with rebatch off and on."""
+    _need("areal")
+    off, on = runs("areal", "off", world=2), runs("areal", "on", world=2)
+    assert off[0]["lengths"] != off[1]["lengths"]
+    assert off[0]["train"][0]["num_micro_batches"] == off[1]["train"][0]["num_micro_batches"]
+    for rank in (0, 1):
+        assert on[rank]["bound"] == "torch_impl.integrations.areal"
+        for key in ("logp_before", "logp_after", "params", "train"):
+            assert first_difference(on[rank][key], off[rank][key]) is None, (rank, key)
 
 
 # -- SkyRL's TokenBasedBatchIterator around the model ------------------------------------------------
