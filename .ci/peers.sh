@@ -14,7 +14,8 @@ step() { echo "== peers [$SECONDS s] $*"; }
 mkdir -p .cache/peers
 PARTS=("$@")
 [ ${#PARTS[@]} -gt 0 ] || PARTS=(areal skyrl verl report)
-TESTS=(tests/test_peers.py tests/test_integrations.py tests/test_trainer_activation.py)
+TESTS=(tests/test_peers.py tests/test_integrations.py tests/test_trainer_activation.py tests/test_skyrl_items.py
+  tests/test_trainer_steps.py)
 
 for part in "${PARTS[@]}"; do
   case "$part" in

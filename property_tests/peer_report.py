@@ -29,7 +29,7 @@ from .compare import first_difference
 from .defects import TABLE, named_call
 from .peers import PEERS, Peer, differential, outcome, sized_call
 
-__all__ = ["SIZES", "OUTCOMES_BEGIN", "OUTCOMES_END", "drawn", "measure", "outcomes_section", "render"]
+__all__ = ["ENGINES", "SIZES", "OUTCOMES_BEGIN", "OUTCOMES_END", "drawn", "measure", "outcomes_section", "render"]
 
 #: The timed sizes: (rows B, mean row length, micro-batches M).
 SIZES = ((1024, 512, 16), (16384, 16, 16))
@@ -167,6 +167,65 @@ def measure(name: str, *, cases: int = 500, max_examples: int = 100, repeats: in
     }
 
 
+#: What runs of each trainer's own engine on a CPU machine, where it stops, and the deepest layer tested
+#: instead (``tests/test_trainer_steps.py``, `property_tests.trainer_steps`; issue 43). Static text: the
+#: figures are the tests' assertions and one run's measurements.
+ENGINES = (
+    "## Inside the trainers' own engines (`tests/test_trainer_steps.py`, in each trainer's lane)",
+    "",
+    "A tiny random `Qwen2ForCausalLM` (hidden 64, 2 layers, vocab 512, built from a config and saved with",
+    "`save_pretrained`: no download), 24 sequences of 6-29 tokens; rebatch off, `REBATCH=on` and",
+    "`REBATCH=shadow:1`, each a fresh process (`property_tests/trainer_steps.py`), compared bit for bit; then",
+    "two micro-batches' outputs swapped inside the loop (a well-formed misalignment). The tests bite: with",
+    "the integration's binding left out (its table of replacements emptied), the `on` and swap tests of",
+    "both trainers fail (the engine's function is the trainer's, the swap goes through).",
+    "",
+    "**AReaL 1.0.4: its own `FSDPEngine` runs here** (AReaL's CPU platform, gloo, world size 1, FSDP2,",
+    '`attn_impl="sdpa"`, `max_tokens_per_mb=64`: 6 micro-batches of 63, 63, 62, 45, 61 and 64 tokens):',
+    "`forward_batch` (log-probs), two `train_batch` steps (a loss on log-probs and entropy, AReaL's optimizer",
+    "step), `forward_batch` again. Under `on` the engine module's `reorder_and_pad_outputs` is rebatch's.",
+    "Log-probs before and after, every parameter after the updates and the metrics (grad norm, lr,",
+    "micro-batch count) are bit-identical in the three modes, in float32 and in bfloat16 (the engine's",
+    "`dtype`, fp32 master weights); shadow: 2 calls, 2 sampled, 0 differences. World size 2",
+    "(`torch.distributed.run`, gloo, each rank its own rows, AReaL agreeing on 8 micro-batches a rank):",
+    "each rank's results identical off and `on` (shadow not run at world size 2).",
+    "Outputs of micro-batches 0 and 2 (63 and 62 tokens) swapped in the engine loop: AReaL silent (wrong",
+    "log-probs returned), rebatch `MisalignmentError: micro-batch 0: its output holds 62 values, but",
+    "mb_list.mbs[0]['cu_seqlens'] gives 63 tokens ...`, shadow mode returns AReaL's result and counts 1 defect.",
+    "Measured blind spot: micro-batches 0 and 1 hold 63 tokens each, and swapping their outputs is silent for",
+    "rebatch too (AReaL's outputs are packed `[n_m]` values with no row boundaries; the sizes agree and",
+    "`cu_seqlens` and `output_seqlens` are not moved by the swap). About 16 s of CPU a process.",
+    "",
+    "**SkyRL 0.4.0: its own FSDP worker does not run on a CPU machine.** Tried in its environment (torch",
+    "2.13.0+cu130, no GPU), `FSDPPolicyWorkerBase` built outside Ray as its actor is, world size 1:",
+    "",
+    "1. `skyrl/backends/skyrl_train/distributed/fsdp_utils.py`, line 26 (`from peft.utils.save_and_load",
+    "   import get_peft_model_state_dict`): `ModuleNotFoundError: No module named 'peft'`; SkyRL's pin",
+    "   `peft==0.18.1` installs and gets past it.",
+    "2. **The stop:** `skyrl/backends/skyrl_train/workers/model_wrapper.py`, line 13 (`from",
+    "   flash_attn.bert_padding import pad_input, unpad_input`, reached from `workers/fsdp/fsdp_worker.py`",
+    "   line 11 and `distributed/fsdp_strategy.py` line 39): `ModuleNotFoundError: No module named",
+    "   'flash_attn'`. flash-attn is a CUDA extension with no CPU build.",
+    "3. Past it only with a stand-in module (an investigation, not a test): `workers/worker.py`, line 124,",
+    '   `init_worker_process_group`: `init_process_group(backend="cpu:gloo,cuda:nccl")` raises `ValueError:',
+    "   ProcessGroupNCCL is only supported with GPUs, no GPUs found!`; read in the code after it:",
+    '   `init_device_mesh("cuda", ...)` in the same method, `torch.cuda.set_device(local_rank)` in',
+    "   `distributed/fsdp_strategy.py` line 109, `experience.to_device(torch.cuda.current_device())` in",
+    "   `_forward_backward_micro`.",
+    "",
+    "The deepest SkyRL layer that runs is tested instead: its `TokenBasedBatchIterator` (its real packer, 6",
+    "micro-batches at 64 tokens) over a `TrainingInputBatch` built as its trainer builds one (left-padded,",
+    "`response_mask`), each micro-batch through the model as `HFModelWrapper.forward` computes action",
+    "log-probs (position ids from the mask, SkyRL's own `logprobs_from_logits`, `[:, -num_actions - 1 : -1]`)",
+    "and the per-sample items as `_forward_backward_micro` builds them, restored by the iterator's",
+    "`reorder_and_combine_batches` and `reorder_and_combine_items`, then a gradient. Outputs, items and every",
+    "gradient are bit-identical off, `on` and in shadow (2 calls, 2 sampled, 0 differences), float32 and",
+    "bfloat16. Two micro-batches",
+    "of 3 rows swapped: SkyRL silent on both paths; rebatch `MisalignmentError: key 'logprobs', ...` on the",
+    "items, silent on the padded batches (no row lengths there); shadow counts 1 defect.",
+)
+
+
 def outcomes_section(reports: Sequence[dict[str, Any]]) -> list[str]:
     """The table of outcomes: one row per defect, two columns per trainer (its own function, rebatch's
     drop-in). Deterministic: CI regenerates it and compares it with the committed page."""
@@ -211,8 +270,9 @@ def render(reports: Sequence[dict[str, Any]]) -> str:
         "`raises X`: the typed error. The last rows, from `micro_batches_swapped` on, are well-formed",
         "misalignments (every structure valid, the rows restored as the wrong ones), which only the batch's own",
         "row lengths show (the alignment witness, `docs/witness.md`): verl's drop-in reads them from `data`'s",
-        "`input_ids`, AReaL's from each micro-batch's `cu_seqlens`; SkyRL's padded outputs keep no row lengths, so",
-        "there they stay `silent` for rebatch's drop-in too (`undetectable` in that layout, not a failure).",
+        "`input_ids`, AReaL's from each micro-batch's `cu_seqlens`, SkyRL's from the per-sample items of",
+        "`reorder_and_combine_items` (its adapter's form for a call with a witness) against each row's valid length",
+        "in the iterator's batch (`response_mask`); SkyRL's padded `reorder_and_combine_batches` outputs keep none.",
         "",
         *outcomes_section(reports),
         "",
@@ -245,7 +305,7 @@ def render(reports: Sequence[dict[str, Any]]) -> str:
                 f"| {r['label']} | {s['B']} | {s['mean_length']} | {s['M']} | {s['theirs_ms']:.2f} | "
                 f"{s['ours_ms']:.2f} | {s['speedup']:.1f}x | {same} |"
             )
-    return "\n".join(out) + "\n"
+    return "\n".join([*out, "", *ENGINES]) + "\n"
 
 
 def load(paths: Sequence[str]) -> list[dict[str, Any]]:

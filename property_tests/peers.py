@@ -11,7 +11,8 @@ strategies draw and the table of defects breaks) into the trainer's own call, ru
   ``[b, *F]`` key as rows of length 1; the padded result cut back into rows;
 - ``skyrl``: SkyRL 0.4.0's ``TokenBasedBatchIterator.reorder_and_combine_batches(batches)`` on an iterator
   holding the partitions: each micro-batch a ``TensorBatch`` of ``[b, S, *F]`` tensors (jagged keys
-  right-padded to the call's longest row), the result cut back into rows.
+  right-padded to the call's longest row), the result cut back into rows; with an alignment witness,
+  the jagged keys as per-sample items through ``reorder_and_combine_items`` (its items path).
 
 `differential` runs a trainer's function and rebatch's drop-in on the same drawn valid calls (and both
 against the expected rows); `outcome` says what a function does with a bad input: raises a
@@ -307,15 +308,26 @@ def _skyrl_ours() -> dict[str, Callable[..., Any]]:
     return {name: getattr(skyrl, name) for name in SKYRL_METHODS}
 
 
-def skyrl_iterator(partitions: list[list[Any]], rows: int, padding: int = 0) -> Any:
+def skyrl_iterator(
+    partitions: list[list[Any]], rows: int, padding: int = 0, valid_lengths: Sequence[int] | None = None
+) -> Any:
     """A ``TokenBasedBatchIterator`` holding ``partitions`` (its ``__init__``, which packs by token count
-    and may all-reduce, skipped): the attributes its two methods read."""
+    and may all-reduce, skipped): the attributes its two methods read. With ``valid_lengths``, its batch
+    is a ``TrainingInputBatch`` whose ``response_mask`` (left-padded, as SkyRL builds it) gives each row
+    that many response tokens: the lengths SkyRL's workers keep in each per-sample item."""
     cls = importlib.import_module(SKYRL_MODULE).TokenBasedBatchIterator
     it = object.__new__(cls)
     it._microbatches = partitions
     it._token_counts = [1] * rows
     it._num_padding_microbatches = padding
     it.data = types.SimpleNamespace(batch_size=rows)
+    if valid_lengths is not None:
+        width = max(valid_lengths, default=0)
+        mask = torch.zeros(len(valid_lengths), width, dtype=torch.int64)
+        for i, n in enumerate(valid_lengths):
+            mask[i, width - n :] = 1
+        batch_cls = importlib.import_module("skyrl.backends.skyrl_train.training_batch").TrainingInputBatch
+        it.data = batch_cls({"response_mask": mask})
     return it
 
 
@@ -335,8 +347,12 @@ def _skyrl_run(
     pad_mode: Any = "no_padding",
     witness: Any = None,
 ) -> dict[str, Any]:
-    """SkyRL's call. A ``witness`` has no place there: its micro-batch outputs are padded ``[b, *S]``
-    tensors that keep no row lengths, so nothing in the call can show a well-formed misalignment."""
+    """SkyRL's call. Its padded ``[b, *S]`` micro-batch outputs keep no row lengths; its per-sample items
+    do. With a ``witness`` (the batch's row lengths) that a jagged key's total matches, the jagged keys
+    travel as SkyRL's workers return per-token outputs: one item per row (``{key: the row}``) through
+    ``reorder_and_combine_items``, on an iterator whose batch's ``response_mask`` gives the witness (each
+    row's valid length, which rebatch's drop-in compares); dense keys through
+    ``reorder_and_combine_batches``."""
     outs = _model_outputs(output_lst, dynamic, pad_mode)
     keys = list(outs[0])
     counts = [int(_plain(mo[keys[0]]).shape[0]) for mo in outs]
@@ -348,6 +364,7 @@ def _skyrl_run(
         partitions = [list(range(a, b)) for a, b in itertools.pairwise(bounds)]
     lengths: dict[str, list[int]] = {}
     fields: list[dict[str, Any]] = [{} for _ in outs]
+    per_row: dict[str, list[list[torch.Tensor]]] = {}
     for key in keys:
         parts = [_plain(mo[key]) for mo in outs]
         if any(p.is_nested != parts[0].is_nested for p in parts):
@@ -355,25 +372,34 @@ def _skyrl_run(
         if parts[0].is_nested:
             in_order = [n for p in parts for n in _row_lengths(p)]
             lengths[key] = _original_lengths(flat, in_order)
+            per_row[key] = [rows_of(p) for p in parts]
             width = max(in_order, default=0)
             for m, p in enumerate(parts):
-                rows = rows_of(p)
+                rows = per_row[key][m]
                 feature = tuple(p.shape[2:])
                 padded = [torch.cat([r, r.new_zeros((width - r.shape[0], *feature))]) for r in rows]
                 fields[m][key] = torch.stack(padded) if padded else p.values().new_zeros((0, width, *feature))
         else:
             for m, p in enumerate(parts):
                 fields[m][key] = p
-    try:
-        batches = [tensor_batch(f, {"micro_batch": m}) for m, f in enumerate(fields)]
-    except ValueError as err:  # keys of different row counts: SkyRL's TensorBatch holds no such micro-batch
-        raise NotExpressible(f"SkyRL's TensorBatch refuses it ({err})") from None
-    it = skyrl_iterator(partitions, len(flat))
-    combined = fns["reorder_and_combine_batches"](it, batches)
-    model_output = {
-        key: _cut(combined[key], lengths[key], outs[0][key]) if key in lengths else combined[key] for key in keys
-    }
-    return _result(model_output)
+    as_items = witness is not None and any(sum(n) == sum(witness) for n in lengths.values())
+    model_output: dict[str, Any] = {}
+    if as_items:
+        it = skyrl_iterator(partitions, len(flat), valid_lengths=list(witness))
+        items = [[{k: per_row[k][m][j] for k in per_row} for j in range(c)] for m, c in enumerate(counts)]
+        ordered = fns["reorder_and_combine_items"](it, items)
+        model_output = {k: from_rows([x[k] for x in ordered], outs[0][k]) for k in per_row}
+        fields = [{k: v for k, v in f.items() if k not in per_row} for f in fields]
+    if any(fields):
+        try:
+            batches = [tensor_batch(f, {"micro_batch": m}) for m, f in enumerate(fields)]
+        except ValueError as err:  # keys of different row counts: SkyRL's TensorBatch holds no such micro-batch
+            raise NotExpressible(f"SkyRL's TensorBatch refuses it ({err})") from None
+        it = skyrl_iterator(partitions, len(flat))
+        combined = fns["reorder_and_combine_batches"](it, batches)
+        for key in fields[0]:
+            model_output[key] = _cut(combined[key], lengths[key], outs[0][key]) if key in lengths else combined[key]
+    return _result({key: model_output[key] for key in keys})
 
 
 def _skyrl_native(output_lst: Any, partitions: Any) -> tuple[str, tuple[Any, ...]]:
@@ -541,7 +567,6 @@ PEERS: dict[str, Peer] = {
         {"min_rows": 1, "losses": False, "metrics": False},
         _skyrl_defects,
         _skyrl_native,
-        witnessed=False,  # padded [b, *S] outputs keep no row lengths
     ),
 }
 

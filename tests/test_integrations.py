@@ -351,7 +351,7 @@ def test_skyrl_drop_in_refuses_extra_rows_and_batches() -> None:
     ):
         skyrl.reorder_and_combine_batches(it, batches)
     with pytest.raises(errors.PartitionMismatchError, match="micro-batch 0: 2 items, but its partition has 1"):
-        skyrl.reorder_and_combine_items(it, [[{}, {}], [{}, {}]])
+        skyrl.reorder_and_combine_items(it, [[{"i": 1}, {"i": 9}], [{"i": 0}, {"i": 2}]])  # not empty: no padding row
     with pytest.raises(errors.PartitionMismatchError, match="3 micro-batch outputs"):
         skyrl.reorder_and_combine_batches(it, [*_skyrl_batches(parts), _skyrl_batches(parts)[0]])
     with pytest.raises(errors.PartitionMismatchError, match="Cannot reorder an empty list"):

@@ -11,20 +11,31 @@ process (Ray's ``worker_process_setup_hook``, see the README).
 Same result as SkyRL on every input it handles correctly (padding micro-batches left out from the end,
 ``None`` entries kept as ``None``, the first batch's type and ``metadata``); a `ref.errors.RebatchError`
 where SkyRL silently accepts a duplicate (its rows still all covered), extra or negative index, or a
-micro-batch output with more rows than its indices.
+micro-batch output with more rows than its indices. The per-sample items carry each sample's valid
+length (the log-probs SkyRL's workers keep per row): rebatch's ``reorder_and_combine_items`` checks
+them against the batch's own (`item_witness`, the alignment witness of ``docs/witness.md``), so items
+restored as the wrong rows raise `ref.errors.MisalignmentError`; the padded outputs of
+``reorder_and_combine_batches`` keep no row lengths.
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
-from collections.abc import Callable, Iterable, Sequence
+import itertools
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+import torch
+
 from ref.errors import PartitionMismatchError
+from ref.structure import misalignment, witness_binds
 
 from .._entry import entry
 from .._permutation import check_permutation, invert
 from .._postprocess import check_batch_func, postprocess_batch
+from .._witness import witness_config
 from ._integration import Integration, shadowing
 from ._patch import Versions, Wrap
 from ._shadow import Shadow
@@ -38,6 +49,7 @@ __all__ = [
     "check_reorder_and_combine_items",
     "install",
     "installed",
+    "item_witness",
     "mode",
     "reorder_and_combine_batches",
     "reorder_and_combine_items",
@@ -108,20 +120,21 @@ def _batches_checked(self: Any, batches: Sequence[Any]) -> tuple[Any, set[Any], 
 @entry
 def reorder_and_combine_items(self: Any, batches: Sequence[Sequence[Any]]) -> list[Any]:
     """Drop-in for SkyRL 0.4.0's ``TokenBasedBatchIterator.reorder_and_combine_items``: per-sample items
-    in original order, ``[items[k] for k in inverse(perm)]``, with exactly one item per index of each
-    partition (`PartitionMismatchError`) and the partitions a permutation of ``range(B)``."""
-    perm, real = _items_checked(self, batches)
-    flat = [item for items in real for item in items]
-    return [flat[k] for k in invert(perm).tolist()]
+    in original order, ``[items[k] for k in inverse(perm)]``, with one item per index of each partition
+    (`PartitionMismatchError`; SkyRL's Megatron worker's padding rows, trailing, are left out as SkyRL
+    leaves them) and the partitions a permutation of ``range(B)``; then the alignment witness: each
+    per-token list of every item against its row's valid length in the iterator's batch
+    (`MisalignmentError`, ``docs/witness.md``)."""
+    return _items_restored(self, batches)
 
 
 def check_reorder_and_combine_items(self: Any, batches: Sequence[Sequence[Any]]) -> None:
-    """Every check `reorder_and_combine_items` makes of this call, without moving data: None or the same
-    `ref.errors.RebatchError`."""
-    _items_checked(self, batches)
+    """Every check `reorder_and_combine_items` makes of this call, the witness included: None or the
+    same `ref.errors.RebatchError` (the restored list is one of references, so nothing is copied)."""
+    _items_restored(self, batches)
 
 
-def _items_checked(self: Any, batches: Sequence[Sequence[Any]]) -> tuple[Any, list[Any]]:
+def _items_restored(self: Any, batches: Sequence[Sequence[Any]]) -> list[Any]:
     partitions = self._microbatches
     perm = check_permutation(partitions, int(self.data.batch_size))
     padding = self._num_padding_microbatches
@@ -130,13 +143,81 @@ def _items_checked(self: Any, batches: Sequence[Sequence[Any]]) -> tuple[Any, li
         raise PartitionMismatchError(
             f"{got} micro-batch item lists for {len(partitions)} micro-batches and {padding} padding ones"
         )
-    real = list(batches[: len(partitions)])  # SkyRL pairs them with the partitions; padding ones come after
-    for m, (part, items) in enumerate(zip(partitions, real, strict=True)):
-        if len(items) != len(part):
+    # SkyRL's Megatron worker pads every micro-batch to the widest one's rows (its padding micro-batches
+    # have one) and returns an item for each padding row too: no per-token values (their response and loss
+    # masks are zero), after the real ones, which SkyRL's zip leaves out.
+    widest = max([len(p) for p in partitions] + [1 if padding else 0])
+    flat: list[Any] = []
+    for m, (part, items) in enumerate(zip(partitions, batches, strict=False)):
+        if len(items) != len(part) and not (len(items) == widest and all(_empty(x) for x in items[len(part) :])):
             raise PartitionMismatchError(
                 f"micro-batch {m}: {len(items)} items, but its partition has {len(part)} indices"
             )
-    return perm, real
+        flat.extend(items[: len(part)])
+    ordered = [flat[k] for k in invert(perm).tolist()]
+    _witness_items(self.data, ordered, perm, [len(p) for p in partitions])
+    return ordered
+
+
+def _empty(item: Any) -> bool:
+    """A Megatron padding row's item: a dict whose per-token values are all empty (``{}`` included)."""
+    return isinstance(item, Mapping) and all(_sized(v) and len(v) == 0 for v in item.values())
+
+
+def _sized(value: Any) -> bool:
+    """A per-token value of an item: a list or tuple (SkyRL's ``.tolist()``), or a tensor or array with a
+    row dimension; its length is its tokens."""
+    if isinstance(value, list | tuple):
+        return True
+    return isinstance(value, torch.Tensor | np.ndarray) and value.ndim >= 1
+
+
+def item_witness(data: Any) -> list[int] | None:
+    """The alignment witness of SkyRL's per-sample items: each row's valid length as SkyRL's workers
+    compute it when they build the items (``_forward_backward_micro``: ``response_mask.sum(dim=1)``, else
+    ``(loss_mask > 0).sum(dim=1)``) from the iterator's batch ``data`` (its ``TrainingInputBatch``), where
+    each item keeps the last that many of its row's log-probs. On the host: SkyRL keeps the batch there
+    (each micro-batch goes to the device in the worker); on an accelerator, one small read. None without
+    such a mask of ``[B, S]``, or with the witness switched off (``REBATCH_WITNESS=off``)."""
+    if not witness_config()[0]:
+        return None
+    try:
+        mask = data.get("response_mask")
+        if mask is None:
+            mask = data.get("loss_mask")
+            mask = mask > 0 if isinstance(mask, torch.Tensor) else None
+    except (AttributeError, TypeError, KeyError):
+        return None
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or mask.is_nested or mask.device.type == "meta":
+        return None
+    # SkyRL slices ``log_probs[i, -valid_len:]`` (``[]`` where not positive): the lengths it keeps
+    return [int(n) for n in mask.sum(dim=1).long().clamp(0, mask.shape[1]).tolist()]
+
+
+def _witness_items(data: Any, ordered: list[Any], perm: torch.Tensor, sizes: list[int]) -> None:
+    """Step 6 for the items (``docs/spec.md``, "The alignment witness"): every key of the first item bound
+    by `ref.structure.witness_binds` (in every restored item a per-token value, their lengths adding up to
+    the witness's total, not declared unbound) must have restored item ``i``'s length ``witness[i]``; the
+    first key (in the first item's order) with a mismatch, at its first row, raises `MisalignmentError`."""
+    first = ordered[0] if ordered else None
+    if not isinstance(first, Mapping) or not first:
+        return
+    witness = item_witness(data)
+    if witness is None or len(witness) != len(ordered):
+        return
+    unbound = witness_config()[1]
+    total = sum(witness)
+    for key in first:
+        values: list[Any] = [x.get(key) if isinstance(x, Mapping) else None for x in ordered]
+        jagged = all(_sized(v) for v in values)
+        lengths = [len(v) for v in values] if jagged else []
+        if not witness_binds(key, jagged, sum(lengths), total, unbound) or lengths == witness:
+            continue
+        i = next(i for i, (a, b) in enumerate(zip(lengths, witness, strict=True)) if a != b)
+        n = perm.tolist().index(i)
+        starts = list(itertools.accumulate(sizes, initial=0))
+        m = bisect.bisect_right(starts, n) - 1
+        raise misalignment(key, m, n - starts[m], i, lengths[i], witness[i])
 
 
 def _keys(self: Any, batches: Any) -> list[Any]:
