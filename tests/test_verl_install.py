@@ -42,12 +42,13 @@ def test_install_replaces_every_binding_and_uninstall_restores_them() -> None:
     assert (chosen.verl, chosen.row, chosen.left) == (VERL.version, VERL.version, ())
     ours = integration.replacements()  # this release's (VERSIONS)
     rearrange = ours[integration.SEQLEN_BALANCING, "rearrange_micro_batches"]
-    assert engine.postprocess_batch_func is torch_impl.postprocess_batch_func
-    assert engine.prepare_micro_batches is ours[integration.ENGINE_UTILS, "prepare_micro_batches"]
-    assert VERL.engine_utils.postprocess_batch_func is torch_impl.postprocess_batch_func
-    assert VERL.seqlen_balancing.rearrange_micro_batches is rearrange
-    assert VERL.engine_utils.rearrange_micro_batches is rearrange  # bound in engine utils
-    assert VERL.py_functional.append_to_dict is torch_impl.append_to_dict
+    # each place holds rebatch's function, counted (on mode's counters: ``__wrapped__`` is rebatch's)
+    assert engine.postprocess_batch_func.__wrapped__ is torch_impl.postprocess_batch_func
+    assert engine.prepare_micro_batches.__wrapped__ is ours[integration.ENGINE_UTILS, "prepare_micro_batches"]
+    assert VERL.engine_utils.postprocess_batch_func is engine.postprocess_batch_func
+    assert VERL.seqlen_balancing.rearrange_micro_batches.__wrapped__ is rearrange
+    assert VERL.engine_utils.rearrange_micro_batches is VERL.seqlen_balancing.rearrange_micro_batches
+    assert VERL.py_functional.append_to_dict.__wrapped__ is torch_impl.append_to_dict
     assert integration.install() is chosen  # idempotent: nothing recorded twice, the same plan
     integration.uninstall()
     assert not integration.installed()
@@ -65,9 +66,10 @@ def test_an_engine_imported_after_install_binds_rebatch() -> None:
         "from torch_impl.integrations import verl\n"
         "verl.install()\n"
         "import verl.workers.engine.fsdp.transformer_impl as m\n"
-        "assert m.postprocess_batch_func is torch_impl.postprocess_batch_func\n"
-        "assert m.prepare_micro_batches is verl.replacements()[verl.ENGINE_UTILS, 'prepare_micro_batches']\n"
-        "assert getattr(m.prepare_micro_batches, '__wrapped__', m.prepare_micro_batches) is torch_impl.prepare_micro_batches\n"
+        "assert m.postprocess_batch_func.__wrapped__ is torch_impl.postprocess_batch_func\n"
+        "prep = m.prepare_micro_batches.__wrapped__  # counted (on mode), around rebatch's\n"
+        "assert prep is verl.replacements()[verl.ENGINE_UTILS, 'prepare_micro_batches']\n"
+        "assert getattr(prep, '__wrapped__', prep) is torch_impl.prepare_micro_batches\n"
         "print('ok')\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=300)
@@ -103,7 +105,7 @@ def test_ray_worker_setup_hook_installs_in_every_worker() -> None:
         "@ray.remote\n"
         "def probe():\n"
         "    import torch_impl, verl.workers.engine.fsdp.transformer_impl as m\n"
-        "    return m.postprocess_batch_func is torch_impl.postprocess_batch_func\n"
+        "    return getattr(m.postprocess_batch_func, '__wrapped__', None) is torch_impl.postprocess_batch_func\n"
         "print('worker sees rebatch:', ray.get(probe.remote()))\n"
         "ray.shutdown()\n"
     )
