@@ -13,8 +13,11 @@ unset, empty, ``off``       nothing: no trainer, no torch, not even this package
 decides for verl whatever ``REBATCH`` says (``REBATCH=on REBATCH_VERL=off`` leaves verl alone).
 Shadow mode's options come from the environment too: ``REBATCH_ON_DEFECT`` (``log``, the default, or
 ``raise``), ``REBATCH_REPORT_DIR`` (a directory: each process writes its own report there,
-``rebatch-TRAINER-HOST-PID.json``, read by ``rebatch report DIR``) and ``REBATCH_DUMP_DIR`` (each
-process saves its first differing or misaligned step there, ``rebatch-dump-TRAINER-HOST-PID.pt``).
+``rebatch-TRAINER-HOST-RUN-PID.json``, read by ``rebatch report DIR``; under ``on`` too, its counters)
+and ``REBATCH_DUMP_DIR`` (each process saves its first differing or misaligned step there,
+``rebatch-dump-TRAINER-HOST-RUN-PID.pt``). ``RUN`` is the process's run id (start time and a random part;
+a forked child makes its own: `_names`). Both directories are made absolute once, at activation
+(`install_kwargs`), and carried absolute (`carried`).
 
 How it gets into a process: rebatch's wheel (and an editable install) puts two files in site-packages,
 ``rebatch.pth``, whose one line Python's ``site`` runs at every interpreter start::

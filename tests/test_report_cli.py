@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -145,20 +144,23 @@ def test_on_mode_reports_are_read_and_shown(tmp_path: Path, capsys) -> None:
     assert modes == ["on", "shadow"]
 
 
+#: ``python -m rebatch`` in a process of at most 1 GiB of memory (set inside it: no ``preexec_fn``, whose
+#: fork would run this process's fork handlers).
+LIMITED = (
+    "import resource, runpy, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30)); "
+    "sys.argv[0] = 'rebatch'; runpy.run_module('rebatch', run_name='__main__')"
+)
+
+
 def _cli(*paths: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    """``python -m rebatch report PATHS`` in a process of at most 1 GiB of memory."""
-
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
-
+    """``rebatch report PATHS`` in a process of at most 1 GiB of memory."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run(
-        [sys.executable, "-m", "rebatch", "report", *paths],
+        [sys.executable, "-c", LIMITED, "report", *paths],
         capture_output=True,
         text=True,
         check=False,
         timeout=timeout,
-        preexec_fn=limit,
         env=env,
         cwd=ROOT,
     )
