@@ -95,7 +95,8 @@ for name in ("areal.experimental.engine.archon_engine", "areal.engine.fsdp_engin
 ours = getattr(sys.modules.get("torch_impl.integrations.areal"), "reorder_and_pad_outputs", None)
 for name, module in places.items():
     fn = module.reorder_and_pad_outputs
-    kind = "rebatch" if getattr(fn, "__wrapped__", None) is ours else "shadow" if hasattr(fn, "__wrapped__") else "areal"
+    mine = ours is not None and getattr(fn, "__wrapped__", None) is ours  # counted (on mode) around ours
+    kind = "rebatch" if mine else "shadow" if hasattr(fn, "__wrapped__") else "areal"
     print("PROBE", name, kind, fn.__module__)
 print("LOADED torch_impl:", "torch_impl" in sys.modules)
 """
@@ -166,7 +167,7 @@ class Probe(TrainEngine):
 
         ours = getattr(sys.modules.get("torch_impl.integrations.areal"), "reorder_and_pad_outputs", None)
         with open(out, "w") as f:
-            mine = getattr(te.reorder_and_pad_outputs, "__wrapped__", None) is ours  # counted (on mode) around ours
+            mine = ours is not None and getattr(te.reorder_and_pad_outputs, "__wrapped__", None) is ours  # counted
             json.dump({"rebatch": mine and core.reorder_and_pad_outputs is te.reorder_and_pad_outputs}, f)
 
 
