@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import itertools
@@ -274,11 +275,12 @@ def _safe_load(path: str) -> Any:
                 f"{path}: refused: the dump names the global {name}, which is not one a dump holds "
                 "(tensors, nested tensors, TensorDict, non-tensor data); rebatch never runs code from a dump"
             )
-    from tensordict import NonTensorData, NonTensorStack, TensorDict
-    from tensordict._reductions import _make_td
-    from torch.nested._internal.nested_tensor import NestedTensor, _rebuild_njt
-
-    allowed: list[Any] = [TensorDict, _make_td, NonTensorData, NonTensorStack, NestedTensor, _rebuild_njt]
+    allowed: list[Any] = []
+    for name in sorted(DUMP_GLOBALS):  # those beyond torch's own allowlist, as this release spells them
+        module, _, attr = name.rpartition(".")
+        if module.startswith(("tensordict", "torch.nested")):
+            with contextlib.suppress(ImportError, AttributeError):  # another release: its pickle names differ
+                allowed.append(getattr(importlib.import_module(module), attr))
     try:
         with torch.serialization.safe_globals(allowed):
             return torch.load(path, weights_only=True, map_location="cpu")
