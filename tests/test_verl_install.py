@@ -129,3 +129,34 @@ def test_install_can_dump_the_first_step_for_rebatch_check(tmp_path) -> None:
     engine.postprocess_batch_func(outs, [[2, 0], [1]], vo.make_data({}))
     assert path.is_file()
     assert run_check(str(path), None, as_json=True) == 0
+
+
+def test_on_mode_counts_the_engines_calls_in_stats_and_its_report(tmp_path) -> None:
+    """b383f49: with rebatch in charge of verl (on mode), `torch_impl.integrations.stats()` said calls 0 for
+    every name; now each replaced name counts calls, rows and errors, and the report says so (mode on)."""
+    import json
+
+    import torch
+
+    from property_tests.data import jagged
+    from rebatch.report import main as report_main
+    from torch_impl import integrations
+
+    engine = _engine(ENGINES[0])
+    report = tmp_path / "rebatch-verl-host-20260101T000000Z-0000abcd-1.json"
+    integration.install(report=str(report))
+    outs = [
+        {"model_output": {"lp": jagged(torch.arange(3.0), [1, 2])}},
+        {"model_output": {"lp": jagged(torch.ones(1), [1])}},
+    ]
+    engine.postprocess_batch_func(outs, [[2, 0], [1]], vo.make_data({}))
+    with pytest.raises(torch_impl.errors.NotAPermutationError):
+        engine.postprocess_batch_func(outs, [[0, 1], [1]], vo.make_data({}))
+    got = integrations.stats()["verl"]
+    post = got["by_name"]["postprocess_batch_func"]
+    assert got["mode"] == "on"
+    assert (post["calls"], post["rows"], post["errors"]) == (2, 6, 1)
+    saved = json.loads(report.read_text())
+    assert saved["mode"] == "on"
+    assert saved["by_name"]["postprocess_batch_func"]["errors"] == 1
+    assert report_main([str(tmp_path)]) == 0
