@@ -108,7 +108,7 @@ class Integration:
     def install(self, dump: str | None, *, mode: str, lazy: bool, force: bool, **shadow_options: Any) -> list[str]:
         """Replace the trainer's names (the trainer's ``install`` docstring, whose signature holds the
         defaults); ``shadow_options`` (``sample``, ``on_defect``, ``report``) go to `Shadow` in shadow
-        mode. Returns the places replaced. Idempotent: a second call, whatever its arguments, changes
+        mode; in ``on`` mode ``report`` goes to its counters (`Counts`). Returns the places replaced. Idempotent: a second call, whatever its arguments, changes
         nothing and returns them again."""
         if mode not in MODES:
             from ref.errors import UnsupportedSettingError

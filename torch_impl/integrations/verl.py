@@ -324,7 +324,8 @@ def install(
     ``mode="shadow"``: verl's functions stay in charge, rebatch's shadow them (module docstring):
     ``sample`` the fraction of calls compared, ``on_defect`` ``"log"`` (an ERROR on the
     ``rebatch.shadow`` logger) or ``"raise"`` (rebatch's `ref.errors.RebatchError`, stopping the run),
-    ``report`` a JSON file of `stats` rewritten at each sampled call.
+    ``report`` a JSON file of `stats` rewritten at each sampled call. In ``on`` mode ``report`` is the
+    file of its counters (`torch_impl.integrations._counts`: calls, rows, keys witnessed, errors).
 
     ``lazy=True``: import nothing of verl; names of modules already loaded are replaced now, the others
     as their modules finish importing (the form `torch_impl.integrations.verl_plugin` uses while verl
@@ -354,7 +355,8 @@ def stats(json_path: str | None = None) -> dict[str, Any]:
     ``trainer_seconds``, the name every trainer's shadow has), ``rebatch_seconds``
     (totals over every name), ``by_name`` (the same per replaced name), ``messages`` (the first 100
     logged lines), ``trainer``, ``version``, ``mode`` and ``process``; written as JSON to ``json_path``
-    when given. All zero without a shadow install."""
+    when given. After an ``on`` install: its counters (``mode`` ``"on"``: calls, rows, keys_witnessed,
+    errors per name). All zero without an install."""
     return _integration.stats(json_path)
 
 
