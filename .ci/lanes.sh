@@ -4,7 +4,8 @@
 # .cache/envs/pins.built once verl's pins are built and .cache/envs/status, its exit status, at its end):
 #  main:     the command given (.ci/run gives the README's test command: torch 2.13, tensordict today's), from the start
 #  pins:     the tests on verl's pins, verl 0.9.1's own functions as oracle (a skip fails here), from when
-#            the pins environment is built
+#            the pins environment is built; among them the engine lane, tests/test_verl_engine.py (verl's
+#            own FSDP engine over a tiny model with rebatch off, on and in shadow: docs/engine.md)
 #  trainers: the verl tests on verl 0.8.0 and 0.9.0 too (each --no-deps beside the pins' torch); verl's own
 #            tests on verl, then with rebatch's install() applied (same outcomes); AReaL 1.0.4 and SkyRL
 #            0.4.0 in environments of their own (and verl in the pins one): the drop-ins against the
@@ -39,7 +40,8 @@ built() {  # built pins|all: wait until .ci/envs.sh has built verl's pins (or ev
   done
 }
 pins() {
-  built pins && env REBATCH_REQUIRE_VERL=1 REBATCH_REQUIRE_PEER=verl .venv-pins/bin/python -m pytest tests
+  built pins && env REBATCH_REQUIRE_VERL=1 REBATCH_REQUIRE_PEER=verl REBATCH_REQUIRE_ENGINE=1 \
+    .venv-pins/bin/python -m pytest tests
 }
 trainers() {
   built all && grep "^== envs\|^pins:\|^areal:\|^skyrl:" .cache/envs.log \

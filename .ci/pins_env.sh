@@ -19,13 +19,16 @@ PIP install "torch==2.9.1"  # with its CUDA libraries: no CPU build of it on the
 PIP install -c "$CONS" "tensordict==0.10.0"
 # verl 0.9.1 without its dependencies, then the ones its engine utils, partitioner and metric helpers
 # import: ray, omegaconf, transformers (verl/__init__ -> protocol, torch_functional, utils.config), and
-# codetiming, peft, datasets, pillow (verl.workers.engine/__init__ imports the FSDP engine).
+# codetiming, peft, datasets, pillow (verl.workers.engine/__init__ imports the FSDP engine), and
+# uvicorn, fastapi (verl.workers.engine_workers imports them: its TrainingWorker drives the engine lane,
+# tests/test_verl_engine.py).
 PIP install --no-deps "verl==0.9.1"
-PIP install -c "$CONS" ray omegaconf "transformers>=5.5.3,<5.11,!=5.6.0" codetiming peft datasets pillow
+PIP install -c "$CONS" ray omegaconf "transformers>=5.5.3,<5.11,!=5.6.0" codetiming peft datasets pillow uvicorn fastapi
 PIP install -c "$CONS" -e ".[test]"
 "$VENV/bin/python" - <<'PY'
 import tensordict, torch
 import verl.utils.py_functional, verl.utils.seqlen_balancing, verl.workers.engine.utils  # noqa: F401
+import verl.workers.engine_workers  # noqa: F401  (the engine lane's TrainingWorker)
 
 assert torch.__version__.split("+")[0] == "2.9.1", torch.__version__
 assert tensordict.__version__.startswith("0.10."), tensordict.__version__

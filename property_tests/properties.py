@@ -22,11 +22,15 @@ from .convert import outputs_to_ref, ref_postprocess, result_to_torch, to_ref, t
 from .data import DTYPES, ListModel, rows_of
 from .kernels import KERNELS, forced
 from .strategies import (
+    HostileData,
+    HostileIndices,
     JaggedBatch,
     MalformedInput,
     MicrobatchOutputs,
     Partitions,
     TensorDictBatch,
+    hostile_data,
+    hostile_indices,
     jagged_batches,
     malformed_inputs,
     microbatch_outputs,
@@ -354,6 +358,37 @@ def malformed_rejected_alike(case: MalformedInput) -> None:
             raise AssertionError(f"{impl.__name__} returned a result for the defect {case.name!r}")
 
 
+def hostile_indices_rejected_alike(case: HostileIndices) -> None:
+    """A hostile partition type (meta device, object or string arrays, a lying ``len()``) raises the same
+    RebatchError subclass in both implementations, never another exception or a result."""
+    from ref.errors import RebatchError
+
+    for impl in (torch_postprocess, ref_postprocess):
+        try:
+            impl(case.output_lst, case.indices)
+        except RebatchError as err:
+            assert type(err) is case.error, f"{impl.__name__} on {case.name}: {type(err).__name__}: {err}"
+        else:
+            raise AssertionError(f"{impl.__name__} returned a result for the hostile partition {case.name!r}")
+
+
+def hostile_data_rejected(drawn: tuple[HostileData, MicrobatchOutputs]) -> None:
+    """verl's drop-in (and its check-only form) refuses a ``data`` that is not a TensorDict, a mapping or
+    None with `UnsupportedSettingError` naming its type, on a valid call. (``data`` is verl's argument: the
+    reference has no such argument; its settings are keywords, checked by `malformed_rejected_alike`.)"""
+    import torch_impl
+    from torch_impl._postprocess import check_batch_func
+
+    case, call = drawn
+    for fn in (torch_impl.postprocess_batch_func, check_batch_func):
+        try:
+            fn(call.output_lst, call.indices, case.data)
+        except case.error as err:
+            assert f"got {type(case.data).__name__}" in str(err), str(err)
+        else:
+            raise AssertionError(f"{fn.__name__} accepted data of type {case.name}")
+
+
 PROPERTIES: dict[str, Property] = {
     p.name: p
     for p in [
@@ -386,6 +421,12 @@ PROPERTIES: dict[str, Property] = {
             max_examples=30,
         ),
         Property("malformed_rejected_alike", malformed_inputs(), malformed_rejected_alike),
+        Property("hostile_indices_rejected_alike", hostile_indices(), hostile_indices_rejected_alike),
+        Property(
+            "hostile_data_rejected",
+            st.tuples(hostile_data(), microbatch_outputs(max_rows=4, dtypes=("float32",))),
+            hostile_data_rejected,
+        ),
         Property("split_side_round_trip", _batches_and_budgets(), split_side_round_trip),
         Property(
             "partitions_respect_the_budget",

@@ -19,7 +19,15 @@ from hypothesis.errors import InvalidArgument
 from ref import errors
 
 from .data import DTYPES, from_rows, jagged, random_tensor, rows_of
-from .defects import DEFECT_ALIASES, Defect, apply, postprocess_call, postprocess_defects, strided_nested
+from .defects import (
+    DEFECT_ALIASES,
+    Defect,
+    LyingPartition,
+    apply,
+    postprocess_call,
+    postprocess_defects,
+    strided_nested,
+)
 from .metric import FakeMetric
 
 __all__ = [
@@ -40,6 +48,11 @@ __all__ = [
     "verl_step",
     "verl_steps",
     "PER_TOKEN_KEYS",
+    "HostileIndices",
+    "HostileData",
+    "LyingPartition",
+    "hostile_indices",
+    "hostile_data",
 ]
 
 
@@ -433,3 +446,93 @@ def verl_steps(
         longest = max(max(lengths), 1)
         return verl_step(lengths, budget=draw(st.integers(longest, longest * 3)))
     return verl_step(lengths, micro_batch_size=draw(st.sampled_from([d for d in range(1, b + 1) if b % d == 0])))
+
+
+class HostileIndices(NamedTuple):
+    """A valid dynamic-batch call whose ``indices`` hold one hostile partition (a type or object rebatch
+    must refuse, typed, in both implementations), and the `RebatchError` subclass it must raise."""
+
+    name: str
+    error: type[errors.RebatchError]
+    output_lst: list[dict[str, Any]]
+    indices: list[Any]
+
+
+def _hostile_partition(draw: st.DrawFn, part: list[int]) -> tuple[str, type[errors.RebatchError], Any]:
+    """One partition replaced by a hostile form of it: (name, error class, the partition)."""
+    kind = draw(st.sampled_from(["meta", "object_non_integer", "strings", "long_double", "lying_len"]))
+    if kind == "meta":
+        return kind, errors.UnsupportedSettingError, torch.tensor(part, dtype=torch.int64, device="meta")
+    if kind == "object_non_integer":
+        entries: list[Any] = list(part)
+        entries[draw(st.integers(0, len(part) - 1))] = draw(st.sampled_from(["1", None, 1.5, (1,), b"x"]))
+        array = np.empty(len(entries), dtype=object)
+        for j, e in enumerate(entries):  # one by one: a tuple entry stays one entry
+            array[j] = e
+        return kind, errors.NotAPermutationError, array
+    if kind == "strings":
+        return kind, errors.NotAPermutationError, np.array([str(i) for i in part])
+    if kind == "long_double":
+        return kind, errors.NotAPermutationError, np.array(part, dtype=np.longdouble)
+    claimed = draw(st.sampled_from([0, len(part) + 1, 10**9, 2**62]))
+    return kind, errors.PartitionMismatchError, LyingPartition(part, claimed)
+
+
+@st.composite
+def hostile_indices(
+    draw: st.DrawFn, *, min_rows: int = 2, max_rows: int = 8, min_micro_batches: int = 1, max_micro_batches: int = 4
+) -> HostileIndices:
+    """A valid dynamic-batch call (`microbatch_outputs`, every partition non-empty) with one partition
+    replaced by a hostile type: on torch's ``meta`` device (`UnsupportedSettingError`), a NumPy object
+    array with an entry that is not an integer, a string or long-double array (`NotAPermutationError`), or
+    a sequence whose ``len()`` lies, 10**9 rows included (`PartitionMismatchError`, nothing allocated by it)."""
+    _check_bounds("rows", min_rows, max_rows, floor=1)
+    _check_bounds("micro_batches", min_micro_batches, max_micro_batches, floor=1)
+    base = draw(
+        microbatch_outputs(
+            min_rows=max(min_rows, max_micro_batches),
+            max_rows=max(max_rows, max_micro_batches),
+            min_micro_batches=min_micro_batches,
+            max_micro_batches=max_micro_batches,
+            min_keys=1,
+            max_keys=2,
+            dense=True,
+            use_dynamic_bsz=True,
+            dtypes=("float32", "int64"),
+        )
+    )
+    indices: list[Any] = [list(p) for p in base.indices or ()]  # dynamic: always given
+    choices = [m for m, p in enumerate(indices) if p]
+    m = draw(st.sampled_from(choices))
+    name, error, part = _hostile_partition(draw, indices[m])
+    indices[m] = part
+    return HostileIndices(name, error, base.output_lst, indices)
+
+
+class HostileData(NamedTuple):
+    """A ``data`` argument of verl's ``postprocess_batch_func`` that is not a TensorDict, a mapping or None."""
+
+    name: str
+    error: type[errors.RebatchError]
+    data: Any
+
+
+@st.composite
+def hostile_data(draw: st.DrawFn, *, min_size: int = 0, max_size: int = 4) -> HostileData:
+    """A ``data`` of a type verl's drop-in refuses (`UnsupportedSettingError`): a number, a string or
+    bytes, a list or tuple (of ``min_size`` to ``max_size`` entries), a set, or a plain object."""
+    _check_bounds("size", min_size, max_size)
+    items = st.lists(st.integers(), min_size=min_size, max_size=max_size)
+    data = draw(
+        st.one_of(
+            st.integers(),
+            st.floats(allow_nan=True),
+            st.text(max_size=max_size),
+            st.binary(max_size=max_size),
+            items,
+            items.map(tuple),
+            items.map(set),
+            st.just(object()),
+        )
+    )
+    return HostileData(type(data).__name__, errors.UnsupportedSettingError, data)

@@ -29,10 +29,14 @@ and ``rebatch.start`` (``rebatch_startup:startup``), the same hook as a PEP 829 
 package's import costs one module, nothing else, when the variable is unset). With the variable unset
 or ``off`` the ``.pth`` line imports nothing at all. Set, `startup` puts a small finder first on
 ``sys.meta_path`` (nothing else imported: no torch, no trainer, no `torch_impl`): when a trainer's top
-package (``verl``, ``areal``, ``skyrl``) is imported, right before its code runs, `activate` imports
+package (``verl``, ``areal``, ``skyrl``) executes, right before its code runs, `activate` imports
 that trainer's integration and calls its ``install(lazy=True, ...)``, which reads the trainer's release
 from its metadata and patches each of its modules as it finishes importing
-(`torch_impl.integrations._patch.Patcher.install_as_imported`). verl also loads rebatch through its own
+(`torch_impl.integrations._patch.Patcher.install_as_imported`). What runs the code decides, not what
+finds it: a probe first (``importlib.util.find_spec("areal")``, common for an optional dependency) leaves
+the trainer waiting, and a probe's spec executed later (``module_from_spec``, ``spec.loader.exec_module``)
+activates as an import does. Its lock (`ForkSafeLock`) is renewed in a forked child, so a fork while
+another thread activates leaves the child free to import and activate. verl also loads rebatch through its own
 plugin mechanisms: the ``verl.plugins`` entry point ``rebatch_startup.verl:activate`` (verl 0.9.x) and
 ``VERL_USE_EXTERNAL_MODULES=rebatch_startup.verl`` (every release); importing `rebatch_startup.verl` is
 ``activate("verl")``, torch-free while the variables are unset.
@@ -42,7 +46,11 @@ under ``on`` a bad value or a failed activation raises (`ref.errors.UnsupportedS
 variable and its value) from the import of the trainer's module; under ``shadow`` it is one ERROR line
 on the ``"rebatch"`` logger, and the trainer runs as its own. An activated process passes the variables
 on (`carried`) to the processes it starts: SkyRL's ``prepare_runtime_environment`` (its Ray actors) and
-AReaL's ``get_env_vars`` (the RPC workers of its local and Ray schedulers) are wrapped to add them.
+AReaL's ``get_env_vars`` (the RPC workers of its local and Ray schedulers) are wrapped to add them. They
+are every ``REBATCH*`` setting (`CARRIED`), the alignment witness's too: ``REBATCH_WITNESS`` (``off``
+switches it off) and ``REBATCH_WITNESS_UNBOUND`` (keys left unbound), which `torch_impl` reads itself
+from each process's environment at its first call (`torch_impl.witness_config`), so `install_kwargs`
+does not pass them to ``install`` (whose ``witness=`` and ``unbound=`` are for a call in code).
 """
 
 from __future__ import annotations
@@ -50,6 +58,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from _weakrefset import WeakSet
 
 TYPE_CHECKING = False  # typing itself is not imported at start
 if TYPE_CHECKING:
@@ -63,6 +72,9 @@ __all__ = [
     "REPORT_DIR_ENV",
     "TRAINERS",
     "VERL_ENV",
+    "WITNESS_ENV",
+    "WITNESS_UNBOUND_ENV",
+    "ForkSafeLock",
     "Setting",
     "activate",
     "carried",
@@ -81,8 +93,13 @@ VERL_ENV = "REBATCH_VERL"
 ON_DEFECT_ENV = "REBATCH_ON_DEFECT"
 REPORT_DIR_ENV = "REBATCH_REPORT_DIR"
 DUMP_DIR_ENV = "REBATCH_DUMP_DIR"
-#: What an activated process passes on to the processes it starts (those set).
-CARRIED = (ENV, VERL_ENV, ON_DEFECT_ENV, REPORT_DIR_ENV, DUMP_DIR_ENV)
+#: The alignment witness's switch (``on``, ``off``) and the keys it leaves unbound (comma-separated):
+#: read by `torch_impl._witness` itself, from the process's own environment, at the first call that asks
+#: (so carried, never passed to ``install``).
+WITNESS_ENV = "REBATCH_WITNESS"
+WITNESS_UNBOUND_ENV = "REBATCH_WITNESS_UNBOUND"
+#: What an activated process passes on to the processes it starts (those set): every ``REBATCH*`` setting.
+CARRIED = (ENV, VERL_ENV, ON_DEFECT_ENV, REPORT_DIR_ENV, DUMP_DIR_ENV, WITNESS_ENV, WITNESS_UNBOUND_ENV)
 #: The trainers' top packages, each with the integration module `activate` installs.
 TRAINERS = {
     "verl": "torch_impl.integrations.verl",
@@ -90,7 +107,53 @@ TRAINERS = {
     "skyrl": "torch_impl.integrations.skyrl",
 }
 
-_lock = threading.RLock()
+
+class ForkSafeLock:
+    """A re-entrant lock (``with lock:``) that a forked child finds free.
+
+    A thread holding a plain lock when another thread forks does not exist in the child, where the lock
+    stays held for ever: the child's first ``with lock:`` would wait for ever. Right after a fork
+    (``os.register_at_fork``) the child renews every `ForkSafeLock` but one its forking thread holds
+    itself (that thread goes on in the child and releases it). For the locks held across imports and
+    installs (`activate`'s, `torch_impl.integrations`' patcher's and install state's)."""
+
+    __slots__ = ("__weakref__", "_depth", "_lock", "_owner")
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._owner: int | None = None  # the holder's thread id (set and cleared by the holder only)
+        self._depth = 0
+        _fork_safe.add(self)
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+        self._owner = threading.get_ident()
+        self._depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self._depth -= 1
+        if not self._depth:
+            self._owner = None
+        self._lock.release()
+
+    def _renew(self) -> None:
+        if self._owner != threading.get_ident():  # another thread's (gone here), or free
+            self._lock, self._owner, self._depth = threading.RLock(), None, 0
+
+
+# weakref.WeakSet itself (threading imported it: no module more at interpreter start)
+_fork_safe: WeakSet[ForkSafeLock] = WeakSet()
+
+
+def _renew_after_fork() -> None:
+    for lock in list(_fork_safe):
+        lock._renew()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_renew_after_fork)
+
+_lock = ForkSafeLock()
 _done: set[str] = set()  # trainers activated (or whose failed shadow activation was logged) in this process
 
 
@@ -146,9 +209,9 @@ def parse(value: str | None, variable: str = ENV) -> Setting | None:
             sample = float(fraction)
         except ValueError:
             sample = -1.0
-        if 0.0 <= sample <= 1.0:
+        if sample == 0.0 or 2.0**-62 <= sample <= 1.0:  # a period 1 / sample that rounds to an int
             return Setting(variable, value, "shadow", sample)
-    raise _refuse(f"{variable}={value!r}: expected off, on, shadow or shadow:FRACTION (a fraction in [0, 1])")
+    raise _refuse(f"{variable}={value!r}: expected off, on, shadow or shadow:FRACTION (0 or a fraction in [2**-62, 1])")
 
 
 def setting_for(trainer: str, environ: dict[str, str] | None = None) -> Setting | None:
@@ -272,8 +335,11 @@ def activate(trainer: str, *, again: bool = False) -> bool:
 
 class _Finder:
     """First on ``sys.meta_path`` while a trainer is still to be imported: finds its top package with
-    the other finders and runs `activate` right before its code (`_hooks.spec_around`); gone once every
-    trainer was seen."""
+    the other finders and runs `activate` right before its code (`_hooks.spec_around`). A trainer stays
+    waiting until its code runs: every ``find_spec`` until then (``importlib.util.find_spec``, which only
+    probes, included) gives a wrapped spec, so a probe never makes the finder forget it, and a probe's
+    spec later executed (``module_from_spec`` and ``spec.loader.exec_module``) activates too. Gone once
+    every trainer has run."""
 
     def __init__(self, trainers: set[str]) -> None:
         self.waiting = set(trainers)
@@ -281,14 +347,19 @@ class _Finder:
     def find_spec(self, fullname: str, path: object = None, target: object = None) -> object:
         if fullname not in self.waiting:
             return None
-        with _lock:
-            self.waiting.discard(fullname)
-            if not self.waiting:
-                _drop(self)
         from ._hooks import spec_around
 
-        # under "on", a failure of activate raises from the trainer's import
-        return spec_around(self, fullname, path, target, before=activate)  # type: ignore[arg-type]
+        return spec_around(self, fullname, path, target, before=self._running)  # type: ignore[arg-type]
+
+    def _running(self, trainer: str) -> None:
+        """Right before ``trainer``'s top package executes: `activate` (under ``on`` a failure raises from
+        the trainer's import, and the trainer stays waiting: an import tried again raises again), then
+        the trainer leaves the waiting set, and the finder ``sys.meta_path`` with the last one."""
+        activate(trainer)
+        with _lock:
+            self.waiting.discard(trainer)
+            if not self.waiting:
+                _drop(self)
 
 
 def _drop(finder: _Finder) -> None:

@@ -29,6 +29,13 @@ class AroundExec:
         self._before = before
         self._after = after
 
+    def __getattr__(self, name: str) -> Any:
+        """Every other attribute is the real loader's (``is_package``, ``get_code``, ``get_filename``,
+        ``get_resource_reader``...): a spec found only to probe, or run by ``runpy``, serves as the real one."""
+        if name == "_loader":  # not set yet (a copy being built): no recursion
+            raise AttributeError(name)
+        return getattr(self._loader, name)
+
     def create_module(self, spec: Any) -> ModuleType | None:
         module: ModuleType | None = self._loader.create_module(spec)
         return module

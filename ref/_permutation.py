@@ -13,7 +13,7 @@ from ._checked import check_is_permutation, traced_indices
 from ._jagged import is_concrete
 from ._x64 import exact
 from .errors import NotAPermutationError
-from .structure import check_partition, check_partitions
+from .structure import check_partition, check_partitions, check_readable
 
 __all__ = ["flatten_partitions", "inverse_permutation", "check_permutation", "is_flat", "as_permutation"]
 
@@ -105,6 +105,7 @@ def inverse_permutation(perm: Any) -> jax.Array:
     True
     """
     if is_concrete(perm):
+        check_readable(perm)
         perm = jnp.asarray(check_permutation([np.asarray(perm).reshape(-1)], int(np.size(perm))), jnp.int64)
     else:
         perm = traced_indices(perm, NotAPermutationError, "a permutation")

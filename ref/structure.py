@@ -7,6 +7,7 @@ are one piece of code and raise the same classes by construction. The data check
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -32,6 +33,7 @@ __all__ = [
     "check_partition",
     "check_partition_count",
     "check_partitions",
+    "check_readable",
     "check_settings",
     "drop_padding",
     "misalignment",
@@ -165,13 +167,43 @@ def check_partitions(partitions: Any, name: str = "partitions") -> Sequence[Any]
 
 def check_partition(part: Any, m: int | None = None) -> None:
     """One partition is 1-D: a 1-D array (NumPy, JAX, torch) or a sequence (list, tuple, range) of row
-    indices (`PartitionMismatchError`; its entries are checked by the permutation check)."""
+    indices (`PartitionMismatchError`; its entries are checked by the permutation check). A tensor on
+    torch's ``meta`` device holds no values to check: `UnsupportedSettingError`."""
     if type(part) in _SEQUENCES:  # the common case, without the abstract class's check
         return
     sequence = isinstance(part, Sequence) and not isinstance(part, (str, bytes))
+    at = "" if m is None else f"micro-batch {m}: "
     if not (part.ndim == 1 if hasattr(part, "ndim") else sequence):  # an array (NumPy, JAX, torch) or a sequence
-        at = "" if m is None else f"micro-batch {m}: "
         raise PartitionMismatchError(f"{at}a partition must be a 1-D sequence of row indices, got {_kind(part)}")
+    check_readable(part, m)
+    if not hasattr(part, "ndim"):
+        _check_length(part, at)
+
+
+def _check_length(part: Sequence[Any], at: str) -> None:
+    """A sequence's ``len()`` is the number of entries iterating it gives (`PartitionMismatchError`
+    otherwise): every later step sizes its work by it, so a claim is checked, by counting at most one entry
+    past it, before anything is allocated by it."""
+    try:
+        claimed = len(part)
+    except (TypeError, ValueError, OverflowError) as err:  # a __len__ that is negative, huge or not an int
+        raise PartitionMismatchError(f"{at}a partition's len() fails: {type(err).__name__}: {err}") from None
+    held = sum(1 for _ in itertools.islice(iter(part), claimed + 1))
+    if held != claimed:
+        more = "more than " if held > claimed else ""
+        raise PartitionMismatchError(
+            f"{at}a partition's len() is {claimed}, but iterating it gives {more}{min(held, claimed)} indices"
+        )
+
+
+def check_readable(indices: Any, m: int | None = None) -> None:
+    """`UnsupportedSettingError` for indices on torch's ``meta`` device (read without importing torch), which
+    hold no values to check; ``m`` names the micro-batch."""
+    if getattr(indices, "is_meta", False) is True:
+        at = "" if m is None else f"micro-batch {m}: "
+        raise UnsupportedSettingError(
+            f"{at}the indices are on the meta device, which holds no values to check as a permutation"
+        )
 
 
 def _kind(x: Any) -> str:

@@ -234,6 +234,201 @@ def test_under_on_a_failed_activation_raises_naming_the_variable(fake_areal: str
     assert "could not install rebatch in areal" in shadow.stderr  # the ERROR line (logging's last resort)
 
 
+#: Ways a program looks for a trainer before importing it (an optional dependency probed): none may make
+#: the hook forget the trainer; it activates when the trainer's code runs.
+PROBES = {
+    "importlib.util.find_spec": "import importlib.util\nassert importlib.util.find_spec('areal') is not None\n",
+    "find_spec twice, its loader asked": (
+        "import importlib.util\n"
+        "spec = importlib.util.find_spec('areal')\n"
+        "assert spec.loader.is_package('areal') and spec.loader.get_filename('areal') == spec.origin\n"
+        "assert importlib.util.find_spec('areal').origin == spec.origin\n"
+    ),
+    "pkgutil.get_loader": (
+        "import importlib.util, pkgutil, warnings\n"
+        "with warnings.catch_warnings():\n"
+        "    warnings.simplefilter('ignore', DeprecationWarning)  # deprecated in Python 3.12, gone in 3.14\n"
+        "    assert getattr(pkgutil, 'get_loader', importlib.util.find_spec)('areal') is not None\n"
+    ),
+    "a probe's spec executed": (
+        "import importlib.util, sys\n"
+        "importlib.util.find_spec('areal')\n"
+        "spec = importlib.util.find_spec('areal')\n"
+        "module = sys.modules['areal'] = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(module)\n"
+    ),
+    "a submodule's find_spec": "import importlib.util\nassert importlib.util.find_spec('areal.engine.core.train_engine')\n",
+}
+
+
+@pytest.mark.parametrize("probe", PROBES.values(), ids=PROBES.keys())
+def test_a_probe_before_the_import_still_activates_the_trainer(fake_areal: str, probe: str) -> None:
+    """``importlib.util.find_spec("areal")`` and the like only look: the trainer stays waiting until its code
+    runs (before: the first find_spec took it off the finder's list, and the import then ran the trainer's
+    own function, silently)."""
+    done = _python(probe + PROBE, path=fake_areal, REBATCH="on")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["ours: True", "wrapped: False", "bound: True", "carried: on"]
+
+
+def test_a_probe_alone_imports_nothing_of_rebatch(fake_areal: str) -> None:
+    code = (
+        "import importlib.util, sys\nimportlib.util.find_spec('areal')\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('areal', 'torch', 'torch_impl')))\n"
+    )
+    done = _python(code, path=fake_areal, REBATCH="on")
+    assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stderr[-3000:]
+
+
+def test_under_on_a_failed_activation_raises_again_when_the_import_is_tried_again(
+    fake_areal: str, tmp_path: Path
+) -> None:
+    """The trainer leaves the finder's list only once its activation went through: a second ``import areal``
+    raises again, never runs AReaL's own function silently."""
+    (tmp_path / "areal-1.0.4.dist-info").mkdir()  # another release, found first
+    (tmp_path / "areal-1.0.4.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: areal\nVersion: 9.9\n")
+    code = (
+        "for attempt in ('first', 'second'):\n"
+        "    try:\n"
+        "        import areal.engine.core\n"
+        "        print(attempt, 'imported')\n"
+        "    except Exception as err:\n"
+        "        print(attempt, type(err).__name__)\n"
+    )
+    done = _python(code, path=os.pathsep.join([str(tmp_path), fake_areal]), REBATCH="on")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["first UnsupportedSettingError", "second UnsupportedSettingError"]
+
+
+FORK = """
+import contextlib, os, signal, sys, threading
+import rebatch_startup
+held, go = threading.Event(), threading.Event()
+{hold}
+thread = threading.Thread(target=hold, daemon=True)
+thread.start()
+assert held.wait(120)
+sys.stdout.flush()
+pid = os.fork()
+if pid == 0:  # the child: the thread holding the lock does not exist here
+    signal.alarm(60)  # a child stuck at the lock is killed: a failure, not a hang
+    import areal.engine.core as core
+    from torch_impl.integrations import areal as ia
+    print("child:", core.reorder_and_pad_outputs.__wrapped__ is ia.reorder_and_pad_outputs, flush=True)  # counted
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+go.set()
+thread.join(120)
+print("exit:", os.waitstatus_to_exitcode(status))
+"""
+
+#: What the other thread is doing at the fork: inside `activate` (another trainer's activation, stopped
+#: while it holds the hook's lock), or holding an integration's install lock or its patcher's lock.
+HOLDS = {
+    "activation": (
+        "real = rebatch_startup.install_kwargs\n"
+        "def stalled(trainer, setting, environ=None):\n"
+        "    if trainer == 'skyrl':\n"
+        "        held.set()\n"
+        "        go.wait()\n"
+        "    return real(trainer, setting, environ)\n"
+        "rebatch_startup.install_kwargs = stalled\n"
+        "def hold():\n"
+        "    with contextlib.suppress(Exception):  # skyrl is not installed here: its activation fails, later\n"
+        "        rebatch_startup.activate('skyrl')\n"
+    ),
+    "install state": (
+        "from torch_impl.integrations import areal as ia\n"
+        "def hold():\n"
+        "    with ia._integration.lock:\n"
+        "        held.set()\n"
+        "        go.wait()\n"
+    ),
+    "patcher": (
+        "from torch_impl.integrations import areal as ia\n"
+        "def hold():\n"
+        "    with ia._patcher._lock:\n"
+        "        held.set()\n"
+        "        go.wait()\n"
+    ),
+}
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork: POSIX only")
+@pytest.mark.parametrize("hold", HOLDS.values(), ids=HOLDS.keys())
+def test_a_fork_while_another_thread_holds_a_lock_leaves_the_child_free_to_activate(fake_areal: str, hold: str) -> None:
+    """In a fresh interpreter (a fork here would make JAX warn): a thread holds one of rebatch's locks, the
+    main thread forks, the child imports the trainer and is activated (before: it waited at the lock for
+    ever; now each lock is a `rebatch_startup.ForkSafeLock`, renewed in the child)."""
+    done = _python(FORK.format(hold=hold), path=fake_areal, REBATCH="on")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["child: True", "exit: 0"], done.stderr[-3000:]
+
+
+def test_a_fork_safe_lock_held_by_the_forking_thread_stays_its_own_in_the_child() -> None:
+    """The thread that forks goes on in the child: a lock it holds stays held by it there (renewing it
+    would make its release fail), and is free once released."""
+    code = (
+        "import os, threading\n"
+        "from rebatch_startup import ForkSafeLock\n"
+        "lock = ForkSafeLock()\n"
+        "with lock:\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        with lock:\n"
+        "            pass\n"
+        "if pid == 0:\n"
+        "    t = threading.Thread(target=lambda: lock.__enter__() or lock.__exit__())\n"
+        "    t.start(); t.join(60)\n"
+        "    os._exit(0 if not t.is_alive() else 3)\n"
+        "print('exit:', os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n"
+    )
+    done = _python(code)
+    assert (done.returncode, done.stdout.strip()) == (0, "exit: 0"), done.stderr[-3000:]
+
+
+# -- every setting carried ---------------------------------------------------------------------------
+
+
+def test_every_rebatch_variable_rebatch_reads_is_carried() -> None:
+    """Each ``REBATCH*`` name in the code a trainer's worker runs (`rebatch_startup`, `torch_impl`, `ref`) is
+    one of `rebatch_startup.CARRIED`, the witness's two among them (a MisalignmentError names them)."""
+    import re
+
+    from torch_impl import _witness
+
+    found: set[str] = set()
+    for package in ("rebatch_startup", "torch_impl", "ref"):
+        for path in (ROOT / package).rglob("*.py"):
+            found |= set(re.findall(r"[\"'](REBATCH(?:_[A-Z]+)*)[\"']", path.read_text()))
+    assert {"REBATCH", "REBATCH_WITNESS", "REBATCH_WITNESS_UNBOUND"} <= found
+    assert found <= set(VARIABLES), found - set(VARIABLES)
+    assert {_witness.ENV, _witness.ENV_UNBOUND} == {"REBATCH_WITNESS", "REBATCH_WITNESS_UNBOUND"} <= set(VARIABLES)
+
+
+def test_areals_and_skyrls_wrappers_carry_every_setting(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The wrappers of AReaL's ``get_env_vars`` and SkyRL's ``prepare_runtime_environment`` (around stand-ins
+    for the trainers' functions) add every variable of `CARRIED` set here, the witness's included."""
+    from torch_impl.integrations import areal, skyrl
+
+    values = {
+        "REBATCH": "shadow:0.5",
+        "REBATCH_VERL": "on",
+        "REBATCH_ON_DEFECT": "raise",
+        "REBATCH_REPORT_DIR": str(tmp_path / "reports"),
+        "REBATCH_DUMP_DIR": str(tmp_path / "dumps"),
+        "REBATCH_WITNESS": "off",
+        "REBATCH_WITNESS_UNBOUND": "kl,entropy",
+    }
+    assert set(values) == set(VARIABLES)
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+    get_env_vars = areal._carrying(lambda *args, **kwargs: {"PYTHONPATH": "x", "REBATCH_ON_DEFECT": "log"})
+    assert get_env_vars("A=1") == {**values, "PYTHONPATH": "x", "REBATCH_ON_DEFECT": "log"}  # AReaL's own wins
+    prepare = skyrl._carrying(lambda cfg: {"NCCL_DEBUG": "WARN", "REBATCH_WITNESS": "on"})
+    assert prepare(object()) == {**values, "NCCL_DEBUG": "WARN", "REBATCH_WITNESS": "on"}  # SkyRL's own wins
+
+
 # -- the shadow, trainer-neutral -------------------------------------------------------------------
 
 

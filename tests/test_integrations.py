@@ -411,3 +411,35 @@ def test_areal_and_skyrl_refuse_another_release_unless_forced(monkeypatch, name:
     assert any("not supported" in r.getMessage() for r in records)
     monkeypatch.setattr(integration._versions, "installed", lambda: release)
     assert integration.install() == ["place"]
+
+
+@pytest.mark.parametrize(("name", "release"), [("verl", "0.9.1"), ("areal", "1.0.4"), ("skyrl", "0.4.0")])
+def test_every_trainers_install_sets_the_witness_and_uninstall_puts_it_back(
+    monkeypatch: pytest.MonkeyPatch, name: str, release: str
+) -> None:
+    """``install(witness=, unbound=)`` in every trainer (one copy: `_integration.Integration`): set on a fresh
+    install only, put back by `uninstall`; a bad ``witness`` refused before anything is replaced."""
+    import torch_impl
+
+    integration = importlib.import_module(f"torch_impl.integrations.{name}")
+    monkeypatch.setattr(integration._integration.versions, "installed", lambda: release)
+    before = torch_impl.witness_config()
+    try:
+        with pytest.raises(errors.UnsupportedSettingError, match="on must be a bool"):
+            integration.install(lazy=True, witness="off")
+        assert not integration.installed()
+        assert torch_impl.witness_config() == before
+        integration.install(lazy=True, witness=not before[0], unbound=["kl"])
+        assert torch_impl.witness_config() == (not before[0], frozenset({"kl"}))
+        integration.install(lazy=True, witness=before[0], unbound=[])  # installed already: nothing changes
+        assert torch_impl.witness_config() == (not before[0], frozenset({"kl"}))
+        integration.uninstall()
+        assert torch_impl.witness_config() == before
+        integration.install(lazy=True)  # neither given: the switch as it is, and as it is after uninstall
+        torch_impl.set_witness(unbound=["entropy"])
+        integration.uninstall()
+        assert torch_impl.witness_config() == (before[0], frozenset({"entropy"}))
+    finally:
+        integration.uninstall()
+        torch_impl.set_witness(before[0], unbound=before[1])
+    assert torch_impl.witness_config() == before

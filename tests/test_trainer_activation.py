@@ -153,6 +153,42 @@ def test_areal_shadow_wraps_areals_own_function_and_carries_the_variable(tmp_pat
     ]
 
 
+def test_areal_probed_with_find_spec_before_its_import_is_activated() -> None:
+    """Issue 42's reproduction: ``importlib.util.find_spec("areal")`` first (an optional dependency probed)
+    used to take AReaL off the hook's list, and the import then ran AReaL's own function."""
+    _need("areal")
+    code = (
+        "import importlib.util, warnings\n"
+        "warnings.simplefilter('ignore')\n"
+        "assert importlib.util.find_spec('areal') is not None\n"
+        "import areal.engine.core.train_engine as t\n"
+        "print('PROBE', t.reorder_and_pad_outputs.__module__)\n"
+    )
+    done = _python(code, REBATCH="on")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _probed(done) == ["torch_impl.integrations.areal"], done.stdout[-2000:]
+
+
+#: Every ``REBATCH*`` setting, as the trainer's launcher process has it (the witness's two included).
+SETTINGS = {"REBATCH": "on", "REBATCH_ON_DEFECT": "raise", "REBATCH_WITNESS": "off", "REBATCH_WITNESS_UNBOUND": "kl"}
+
+
+def test_areal_get_env_vars_carries_every_setting() -> None:
+    """AReaL's own ``get_env_vars`` (what its local and Ray schedulers give each RPC worker) carries the
+    witness's variables too: a worker raises or stays silent as the launcher was told to."""
+    _need("areal")
+    code = (
+        "import json, warnings\n"
+        "warnings.simplefilter('ignore')\n"
+        "from areal.infra.utils import launcher\n"
+        "env = launcher.get_env_vars('A=1')\n"
+        f"print('PROBE', json.dumps({{k: env.get(k) for k in {sorted(SETTINGS)!r}}}))\n"
+    )
+    done = _python(code, **SETTINGS)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [json.loads(line) for line in _probed(done)] == [SETTINGS], done.stdout[-2000:]
+
+
 PROBE_ENGINE = '''
 import json, sys
 from areal.api.engine_api import TrainEngine
@@ -203,7 +239,8 @@ def test_areal_an_rpc_worker_of_the_local_scheduler_runs_rebatch(tmp_path: Path)
     (tmp_path / "rebatch_probe_engine.py").write_text(PROBE_ENGINE)
     (tmp_path / "root").mkdir()
     code = f"import sys; sys.argv = ['x', {str(tmp_path / 'root')!r}]\n" + AREAL_SCHEDULER
-    done = _python(code, timeout=300, REBATCH="on", PYTHONPATH=str(tmp_path), AREAL_LOG_LEVEL="WARNING")
+    path = os.pathsep.join([str(tmp_path), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]])
+    done = _python(code, timeout=300, REBATCH="on", PYTHONPATH=path, AREAL_LOG_LEVEL="WARNING")
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     assert 'worker: {"rebatch": true}' in done.stdout, done.stdout[-2000:]
 
@@ -247,6 +284,23 @@ def test_skyrl_a_bad_value_names_the_variable() -> None:
     done = _python("import skyrl.backends.skyrl_train.workers.worker_utils", REBATCH="yes")
     assert done.returncode == 1
     assert "UnsupportedSettingError: REBATCH='yes'" in done.stderr
+
+
+def test_skyrl_prepare_runtime_environment_carries_every_setting() -> None:
+    """SkyRL's own ``prepare_runtime_environment`` (the Ray actors' environment) carries the witness's
+    variables too."""
+    _need("skyrl")
+    code = (
+        "import json, warnings\n"
+        "warnings.simplefilter('ignore')\n"
+        "from skyrl.train.config import SkyRLTrainConfig\n"
+        "from skyrl.train.utils.utils import prepare_runtime_environment\n"
+        "env = prepare_runtime_environment(SkyRLTrainConfig())\n"
+        f"print('PROBE', json.dumps({{k: env.get(k) for k in {sorted(SETTINGS)!r}}}))\n"
+    )
+    done = _python(code, **SETTINGS)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [json.loads(line) for line in _probed(done)] == [SETTINGS], done.stdout[-2000:]
 
 
 SKYRL_DRIVER = """

@@ -68,11 +68,13 @@ CALL_TIME: list[tuple[str, str, str]] = [
 ]
 
 #: The site modules that import in this environment (torch 2.9.1, verl 0.9.1 --no-deps and the few
-#: packages installed with it); every other one with the top-level package its import is missing.
+#: packages installed with it: uvicorn and fastapi for ``engine_workers``, which the engine lane,
+#: tests/test_verl_engine.py, drives); every other one with the top-level package its import is missing.
 IMPORTABLE = {
     "verl.utils.dynamic_cp_scheduler",
     "verl.workers.engine.fsdp.transformer_impl",
     "verl.workers.engine.utils",
+    "verl.workers.engine_workers",
 }
 MISSING = {
     "verl.trainer.ppo.ray_trainer": "torchdata",
@@ -82,7 +84,6 @@ MISSING = {
     "verl.workers.engine.megatron.transformer_impl": "megatron",
     "verl.workers.engine.torchtitan.transformer_impl": "torchtitan",
     "verl.workers.engine.veomni.transformer_impl": "veomni",
-    "verl.workers.engine_workers": "uvicorn",
 }
 
 if VERL.version == "0.8.0":
@@ -93,7 +94,7 @@ if VERL.version == "0.8.0":
 
 #: The importable site modules that `install` itself does not import (``verl.workers.engine``'s
 #: ``__init__`` imports the fsdp engine with ``verl.workers.engine.utils``): imported after it.
-LATE = {"verl.utils.dynamic_cp_scheduler"} & IMPORTABLE
+LATE = {"verl.utils.dynamic_cp_scheduler", "verl.workers.engine_workers"} & IMPORTABLE
 
 
 def _replaced_names() -> set[str]:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ._bits import as_bits, from_bits
 from ._jagged import Runs, zero_prefixed_cumsum
 from ._parts import JaggedPart
 from ._settings import get_settings
@@ -44,23 +45,24 @@ def permute_by_indices(
     All parts together (one ``cat``) where the key fits in one chunk, and always off the CPU: 15
     operations for one chunk, 26 for two, 9 more per further chunk. On the CPU a larger key is moved
     part by part (no ``cat``: no second pass over the values, and each chunk's bookkeeping covers
-    only its part's rows), each part in chunks.
+    only its part's rows), each part in chunks. A dtype torch cannot index moves as its bits
+    (`torch_impl._bits`).
     """
     first = parts[0].values
     total = sum(p.values.shape[0] for p in parts)
     chunk = index_chunk(first)
     dest_starts = out_offsets.index_select(0, perm)
-    out = first.new_empty((total, *first.shape[1:]))
+    out = as_bits(first).new_empty((total, *first.shape[1:]))
     if first.device.type != "cpu" or total <= chunk:
         values = first if len(parts) == 1 else torch.cat([p.values for p in parts])
-        _copy_in_chunks(out, values, Runs.of(dest_starts, zero_prefixed_cumsum(lengths)[:-1], total), chunk)
-        return out
+        _copy_in_chunks(out, as_bits(values), Runs.of(dest_starts, zero_prefixed_cumsum(lengths)[:-1], total), chunk)
+        return from_bits(out, first.dtype)
     row = 0
     for p in parts:
         runs = Runs.of(dest_starts[row : row + p.rows], p.offsets[:-1], p.values.shape[0])
-        _copy_in_chunks(out, p.values, runs, chunk)
+        _copy_in_chunks(out, as_bits(p.values), runs, chunk)
         row += p.rows
-    return out
+    return from_bits(out, first.dtype)
 
 
 def _copy_in_chunks(out: torch.Tensor, values: torch.Tensor, runs: Runs, chunk: int) -> None:

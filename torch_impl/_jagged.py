@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch.nested._internal.nested_tensor import NestedTensor as _NJT
 
+from ._bits import as_bits, from_bits
 from ._parts import JaggedPart, check_offsets
 
 __all__ = ["Runs", "fresh_njt", "gather_jagged", "njt", "zero_prefixed_cumsum"]
@@ -118,4 +119,4 @@ def gather_jagged(x: JaggedPart, rows: torch.Tensor, total: int | None = None) -
     if total is None:
         total = int(new_offsets[-1])
     src = Runs.of(x.offsets[:-1].index_select(0, rows), new_offsets[:-1], total).indices()
-    return njt(x.values.index_select(0, src), new_offsets)
+    return njt(from_bits(as_bits(x.values).index_select(0, src), x.values.dtype), new_offsets)

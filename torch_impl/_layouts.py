@@ -17,6 +17,7 @@ from ref.dtypes import check_dtype
 from ref.errors import InvalidJaggedError, ShapeMismatchError, UnsupportedSettingError
 from ref.structure import check_lengths, check_max_len, check_pad_value
 
+from ._bits import as_bits, from_bits
 from ._entry import entry
 from ._jagged import Runs, njt, zero_prefixed_cumsum
 from ._parts import DensePart, JaggedPart, check_offsets, check_parts
@@ -44,7 +45,7 @@ def scatter_padded(
     out = values.new_full((b * max_len, *trailing), pad_value)
     n = int(values.shape[0])
     if n:
-        out.index_copy_(0, _runs(rows * max_len, lengths, n), values)
+        as_bits(out).index_copy_(0, _runs(rows * max_len, lengths, n), as_bits(values))  # a view: writes `out`
     return out.view(b, max_len, *trailing)
 
 
@@ -147,4 +148,4 @@ def from_padded(x: torch.Tensor, lengths: Any) -> torch.Tensor:
     offsets = zero_prefixed_cumsum(lens)
     flat = dense.reshape(b * s, *dense.shape[2:])
     starts = torch.arange(b, dtype=torch.int64, device=dense.device) * s
-    return njt(flat.index_select(0, _runs(starts, lens, total)), offsets)
+    return njt(from_bits(as_bits(flat).index_select(0, _runs(starts, lens, total)), dense.dtype), offsets)

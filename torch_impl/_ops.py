@@ -15,6 +15,7 @@ from tensordict import TensorDictBase
 from ref.errors import RowIndexError, UnsupportedSettingError
 
 from ._assemble import assemble
+from ._bits import as_bits, from_bits
 from ._entry import entry
 from ._jagged import gather_jagged, njt
 from ._parts import DensePart, Part, check_parts, unpack
@@ -74,7 +75,7 @@ def _take_part(x: Part, rows: Any, *, total: int | None = None) -> torch.Tensor:
     host = _checked_rows(rows, x.rows, rows.device if isinstance(rows, torch.Tensor) else torch.device("cpu"))
     idx = host.to(x.values.device, non_blocking=True) if host.device != x.values.device else host
     if isinstance(x, DensePart):
-        return x.values.index_select(0, idx)
+        return from_bits(as_bits(x.values).index_select(0, idx), x.values.dtype)
     if total is None and x.values.device.type != "cpu" and _is_permutation(host, x.rows):
         total = int(x.values.shape[0])  # a permutation keeps the values: no read of the device
     if total is None and x.values.device.type == "meta":

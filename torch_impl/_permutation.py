@@ -19,6 +19,10 @@ from ._entry import entry
 
 __all__ = ["flatten_partitions", "inverse_permutation", "check_permutation", "is_identity", "Locator"]
 
+#: The NumPy dtypes besides the integers that ``torch.as_tensor`` takes (refused below by dtype); an
+#: array of any other dtype (object, string, date, long double) is taken entry by entry, as a list is.
+_AS_TENSOR = frozenset(np.dtype(t) for t in ("bool", "float16", "float32", "float64", "complex64", "complex128"))
+
 #: How a message names flat position ``j``'s place: ``(micro-batch, position inside it) -> text``.
 Locator = Callable[[int, int], str]
 
@@ -47,7 +51,14 @@ def _flat_indices(
     lists: dict[int, Any] = {}
     for m, part in enumerate(check_partitions(partitions)):
         check_partition(part, m)
-        if isinstance(part, torch.Tensor | np.ndarray):
+        if hasattr(part, "__array__") and not isinstance(part, torch.Tensor | np.ndarray):
+            part = np.asarray(part)  # another framework's array (JAX's): its values on the host, as `ref` reads it
+        if isinstance(part, np.ndarray) and not part.flags.writeable:
+            part = part.copy()  # torch warns of a tensor over read-only memory (the copy below is ours anyway)
+        if isinstance(part, np.ndarray) and not (part.dtype.kind in "iu" or part.dtype in _AS_TENSOR):
+            lists[m] = list(part.astype(object))  # each entry checked as a list's is (as `ref` takes it)
+            sizes.append(len(part))
+        elif isinstance(part, torch.Tensor | np.ndarray):
             t = torch.as_tensor(part)
             if t.numel() and (t.dtype == torch.bool or t.dtype.is_floating_point or t.dtype.is_complex):
                 raise NotAPermutationError(f"micro-batch {m}: indices must be integers, got dtype {t.dtype}")
@@ -82,7 +93,7 @@ def _from_lists(lists: dict[int, Any], num_rows: int, at: Locator) -> torch.Tens
     kinds = set(map(type, flat))
     if not kinds <= {int}:
         # a 0-d array or tensor counts as its value (iterating a tensor gives 0-d tensors; verl indexes with them)
-        flat = [i.item() if isinstance(i, torch.Tensor | np.ndarray) and i.ndim == 0 else i for i in flat]
+        flat = [i.item() if getattr(i, "ndim", None) == 0 and hasattr(i, "item") else i for i in flat]
         kinds = set(map(type, flat))
         bad = [k for k in kinds if k is bool or not issubclass(k, numbers.Integral)]
         if bad:

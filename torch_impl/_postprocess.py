@@ -11,11 +11,12 @@ from tensordict import NonTensorData, TensorDictBase
 from torch.nested._internal.nested_tensor import NestedTensor as _NJT
 
 from ref.dtypes import check_dtype
-from ref.errors import PartitionMismatchError, ShapeMismatchError, where
+from ref.errors import PartitionMismatchError, ShapeMismatchError, UnsupportedSettingError, where
 from ref.metrics import fold_metrics
 from ref.structure import check_metrics, check_partition_count, check_settings, drop_padding, model_outputs
 
 from ._assemble import assemble
+from ._bits import check_bits_grad
 from ._entry import entry
 from ._fewrows import few_rows_call
 from ._jagged import njt
@@ -134,6 +135,7 @@ def _check_keys(
         parts = check_parts([mo[key] for mo in outs], key, allow_jagged=pad_mode == "no_padding")
         if parts:
             check_dtype(parts[0].values.dtype, at=where(key, 0))
+            check_bits_grad([p.values for p in parts], key)
         if key == keys[0]:
             first_rows = [p.rows for p in parts]
         for m, part in enumerate(parts):
@@ -151,9 +153,14 @@ def _check_keys(
 
 
 def read_setting(data: Any, key: str, default: Any) -> Any:
-    """A setting read as verl reads it: ``data.get(key, default)``, unwrapping ``NonTensorData``."""
+    """A setting read as verl reads it: ``data.get(key, default)``, unwrapping ``NonTensorData``.
+
+    ``data``: a TensorDict, a mapping, or None (every setting its default); anything else raises
+    `UnsupportedSettingError` naming its type (never an ``AttributeError`` from ``.get``)."""
     if data is None:
         return default
+    if not isinstance(data, TensorDictBase | Mapping):
+        raise UnsupportedSettingError(f"data must be a TensorDict (or a mapping, or None), got {type(data).__name__}")
     value = data.get(key, default)
     if isinstance(value, NonTensorData):
         value = value.data

@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ref.errors import RebatchError, UnsupportedSettingError
+from rebatch_startup import WITNESS_ENV, WITNESS_UNBOUND_ENV
+from ref.errors import RebatchError, UnsupportedSettingError, where
 from ref.structure import WITNESS, check_lengths, misalignment, witness_binds, witness_form
 
 from ._parts import _NJT, JaggedPart
@@ -46,9 +47,10 @@ __all__ = [
     "witness_stats",
 ]
 
-#: The environment variables of the process-wide switch (read once, at the first call that asks).
-ENV = "REBATCH_WITNESS"
-ENV_UNBOUND = "REBATCH_WITNESS_UNBOUND"
+#: The environment variables of the process-wide switch (read once, at the first call that asks), named in
+#: `rebatch_startup` (torch-free), which carries them to the processes a trainer starts.
+ENV = WITNESS_ENV
+ENV_UNBOUND = WITNESS_UNBOUND_ENV
 
 _lock = threading.Lock()
 
@@ -350,6 +352,12 @@ class Witness:
             self._entries.append((key, lengths, -1, flag))
             self._flags += 1
             return
+        if self.device is not None and self.device.device.type == "meta":  # host lengths, no values to compare
+            self._error = UnsupportedSettingError(
+                f"{where(key)}the {WITNESS} are on the meta device, which holds no values to compare with this "
+                "key's row lengths on the CPU"
+            )
+            return
         if isinstance(lengths, list):
             want_list = self._host_list()
             bad = (
@@ -432,9 +440,13 @@ class Witness:
         if self.host is None:
             if self._offsets is not None:
                 self.host = self._offsets[1:] - self._offsets[:-1]
-            else:
-                assert self._list is not None
+            elif self._list is not None:
                 self.host = np.asarray(self._list, dtype=np.int64)
+            elif self.device is not None:  # off the CPU, against lengths the host computed: read once
+                self.host = self.device.cpu().numpy()
+                self._unchecked = True  # its signs, at the verdict
+            else:  # `__init__` keeps one of the four forms, or an error (then nothing compares): a bug
+                raise RuntimeError("rebatch internal error: the witness kept no values")
         return self.host
 
     def _host_list(self) -> list[int]:

@@ -28,7 +28,7 @@ from ._core import VALID, Breaker, Call, Chooser, Defect, Scripted, apply, postp
 from ._layouts import LAYOUTS
 from ._operations import OPERATIONS
 from ._parts import PARTS
-from ._permutation import PERMUTATION
+from ._permutation import PERMUTATION, LyingPartition
 from ._settings import SETTINGS
 from ._structure import STRUCTURE
 
@@ -38,6 +38,7 @@ __all__ = [
     "Chooser",
     "Defect",
     "DEFECT_ALIASES",
+    "LyingPartition",
     "Scripted",
     "TABLE",
     "VALID",

@@ -1,9 +1,10 @@
 """The defects of ``postprocess_batch``'s ``indices`` as a permutation: a duplicate, negative, out-of-range,
-float, nested or oversized index, and a dropped row."""
+float, nested or oversized index, a dropped row, and hostile partition types (on the meta device, a NumPy
+object array with a non-integer entry, a sequence whose ``len()`` lies)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ref import errors as E
@@ -11,7 +12,56 @@ from ref import errors as E
 from ..data import from_rows, rows_of
 from ._core import _PP, Breaker, Call, Chooser, Defect, _keys, _mo, _one_index, _positions
 
-__all__ = ["PERMUTATION"]
+__all__ = ["PERMUTATION", "LyingPartition"]
+
+
+class LyingPartition(Sequence[int]):
+    """A sequence whose ``len()`` claims ``claimed`` entries while iterating it gives ``entries`` (a
+    partition of 10**9 claimed rows must cost nothing before it is refused)."""
+
+    def __init__(self, entries: Sequence[int], claimed: int) -> None:
+        self.entries = list(entries)
+        self.claimed = claimed
+
+    def __len__(self) -> int:
+        return self.claimed
+
+    def __getitem__(self, i: Any) -> Any:
+        return self.entries[i]
+
+    def __repr__(self) -> str:
+        return f"LyingPartition({self.entries!r}, claimed={self.claimed})"
+
+
+def _meta_partition(call: Call, choose: Chooser) -> Call:
+    """One partition as an int64 tensor on torch's meta device (no values to check)."""
+    import torch
+
+    indices = call.args[1]
+    m = choose.choice(range(len(indices)))
+    indices[m] = torch.tensor([int(i) for i in indices[m]], dtype=torch.int64, device="meta")
+    return call
+
+
+def _object_array_partition(call: Call, choose: Chooser) -> Call:
+    """One partition as a NumPy object array whose chosen entry is the string of its index."""
+    import numpy as np
+
+    indices = call.args[1]
+    m, j = choose.choice(_positions(indices))
+    array = np.empty(len(indices[m]), dtype=object)
+    for k, i in enumerate(indices[m]):
+        array[k] = str(i) if k == j else int(i)
+    indices[m] = array
+    return call
+
+
+def _lying_partition(call: Call, choose: Chooser) -> Call:
+    """One partition whose ``len()`` claims 10**9 entries (or one more than it holds)."""
+    indices = call.args[1]
+    m = choose.choice(range(len(indices)))
+    indices[m] = LyingPartition(indices[m], choose.choice([10**9, len(indices[m]) + 1]))
+    return call
 
 
 def _bad_index(make: Callable[[Call, Chooser, int, int], Any]) -> Breaker:
@@ -132,6 +182,31 @@ PERMUTATION: tuple[Defect, ...] = (
         r"micro-batch 1, position 0: index 0\.0 is not an integer",
         "two micro-batches, a row in a later one",
         _float_after_an_array,
+    ),
+    Defect(
+        "meta_device_partition",
+        _PP,
+        E.UnsupportedSettingError,
+        r"micro-batch 0: the indices are on the meta device, which holds no values to check",
+        "a micro-batch",
+        _meta_partition,
+    ),
+    Defect(
+        "object_array_non_integer_index",
+        _PP,
+        E.NotAPermutationError,
+        r"micro-batch 0, position 1: index '2' is not an integer",
+        "one row",
+        _object_array_partition,
+        script=(1,),
+    ),
+    Defect(
+        "partition_len_lies",
+        _PP,
+        E.PartitionMismatchError,
+        r"micro-batch 0: a partition's len\(\) is 1000000000, but iterating it gives 2 indices",
+        "a micro-batch",
+        _lying_partition,
     ),
     Defect(
         "dropped_row",

@@ -2,7 +2,9 @@
 
 An `Integration` holds what ``install()``, ``uninstall()``, ``stats()``, ``mode()`` and ``installed()``
 of a trainer's module share: the mode check, the version gate (`_patch.Versions`), the `Shadow` of the
-last shadow install (kept after `uninstall` for `stats`), the `_patch.Patcher` and one lock. Each
+last shadow install (kept after `uninstall` for `stats`), the alignment witness's switch an install
+changed (``witness=``, ``unbound=``: put back by `uninstall`), the `_patch.Patcher` and one lock (a
+`rebatch_startup.ForkSafeLock`: a forked child finds it free). Each
 trainer's module keeps only its table (``replacements(dump, shadow, row, carry)``), its adapters, the
 line `install` logs and the rows of a call of each name (``rows``). `shadowing` is the table value every
 trainer's shadow install puts in place of a trainer's function. An ``on`` install counts the calls of
@@ -14,9 +16,10 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
+
+from rebatch_startup import ForkSafeLock
 
 from ._counts import Counts, Rows
 from ._files import ProcessFile
@@ -88,9 +91,11 @@ class Integration:
         #: ``(version read, row used)`` of the install in force, else None.
         self.release: tuple[str | None, str] | None = None
         self._mode: str | None = None
+        #: The witness's ``(on, unbound)`` before the install in force changed it (``witness=``/``unbound=``).
+        self._witness_before: tuple[bool, frozenset[Any]] | None = None
         self._last: str | None = None  # the mode of the last install (whose counters `stats` gives)
         self._counting: Counts | None = None  # the counters `_table` wraps rebatch's functions with
-        self.lock = threading.RLock()
+        self.lock = ForkSafeLock()
 
     def _table(self, *args: Any) -> Table:
         """The trainer's table; in an ``on`` install each of rebatch's functions in it (not a `Wrap`:
@@ -105,11 +110,23 @@ class Integration:
             out[module, name] = mine if isinstance(mine, Wrap) else counts.wrap(short, mine, self.rows.get(short))
         return out
 
-    def install(self, dump: str | None, *, mode: str, lazy: bool, force: bool, **shadow_options: Any) -> list[str]:
+    def install(
+        self,
+        dump: str | None,
+        *,
+        mode: str,
+        lazy: bool,
+        force: bool,
+        witness: bool | None = None,
+        unbound: Iterable[str] | None = None,
+        **shadow_options: Any,
+    ) -> list[str]:
         """Replace the trainer's names (the trainer's ``install`` docstring, whose signature holds the
         defaults); ``shadow_options`` (``sample``, ``on_defect``, ``report``) go to `Shadow` in shadow
-        mode; in ``on`` mode ``report`` goes to its counters (`Counts`). Returns the places replaced. Idempotent: a second call, whatever its arguments, changes
-        nothing and returns them again."""
+        mode (in ``on`` mode ``report`` goes to its counters, `Counts`); ``witness`` and ``unbound``, when given, set the alignment witness's process-wide switch
+        (`torch_impl.set_witness`) for as long as the install is in force (`uninstall` puts it back).
+        Returns the places replaced. Idempotent: a second call, whatever its arguments, changes nothing
+        (the witness's switch included) and returns them again."""
         if mode not in MODES:
             from ref.errors import UnsupportedSettingError
 
@@ -125,14 +142,24 @@ class Integration:
                 shadow = Shadow(**shadow_options, trainer=self.trainer, version=version)
             else:
                 counts = Counts(self.trainer, version, shadow_options.get("report"))
+            witness_before = None
+            if witness is not None or unbound is not None:
+                from .._witness import set_witness
+
+                witness_before = set_witness(witness, unbound=unbound)  # checks ``witness`` first
             self._counting = counts
             try:
                 if lazy:
                     places = self.patcher.install_as_imported(dump, shadow, row, True)
                 else:
                     places = self.patcher.install(dump, shadow, row, False)
+            except BaseException:
+                if witness_before is not None:
+                    set_witness(witness_before[0], unbound=witness_before[1])  # nothing installed: as it was
+                raise
             finally:
                 self._counting = None
+            self._witness_before = witness_before
             if shadow is not None:
                 self.shadow = shadow
             else:
@@ -146,9 +173,15 @@ class Integration:
             return places
 
     def uninstall(self) -> None:
-        """Put the trainer's originals back wherever `install` replaced them. Idempotent."""
+        """Put the trainer's originals back wherever `install` replaced them, and the witness's switch as
+        it was before `install` changed it. Idempotent."""
         with self.lock:
             self.patcher.uninstall()
+            if self._witness_before is not None:
+                from .._witness import set_witness
+
+                set_witness(self._witness_before[0], unbound=self._witness_before[1])
+                self._witness_before = None
             self._mode = None
             self.release = None
 

@@ -6,7 +6,7 @@ replaces each name of the table in its defining module (so every module imported
 and, by identity, in every loaded module of the trainer's package that bound the original. A name of
 the form ``"Class.method"`` is replaced on the class itself (every instance and subclass sees it).
 `Patcher.uninstall` puts every original back where it was replaced. Both are idempotent and
-thread-safe; the trainer is imported only when `install` runs.
+thread-safe (and fork-safe: a forked child finds the lock free); the trainer is imported only when `install` runs.
 
 `Patcher.install_as_imported` does the same without importing anything: the names of modules already
 loaded are replaced at once, each other one right after its module finishes executing (an import hook
@@ -32,10 +32,11 @@ import importlib.machinery
 import importlib.metadata
 import logging
 import sys
-import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import ModuleType
 from typing import Any, Generic, TypeVar
+
+from rebatch_startup import ForkSafeLock
 
 __all__ = ["Patcher", "Table", "Versions", "Wrap"]
 
@@ -114,7 +115,7 @@ class Patcher:
     def __init__(self, package: str, table: Callable[..., Table]) -> None:
         self.package = package
         self._table = table
-        self._lock = threading.RLock()
+        self._lock = ForkSafeLock()  # a forked child finds it free (held across imports)
         #: (owner: a module name or a class, attribute, original) for every replacement made, to undo them.
         self._replaced: list[tuple[str | type, str, Any]] = []
         #: id(replacement) -> (replacement, original) of every module-level replacement, to find the

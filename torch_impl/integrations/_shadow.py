@@ -114,8 +114,8 @@ class Shadow:
         trainer: str = "verl",
         version: str | None = None,
     ) -> None:
-        if not isinstance(sample, int | float) or not 0 <= sample <= 1:
-            raise UnsupportedSettingError(f"sample must be a fraction in [0, 1], got {sample!r}")
+        if not isinstance(sample, int | float) or not (sample == 0 or 2**-62 <= sample <= 1):  # 1 / sample: finite
+            raise UnsupportedSettingError(f"sample must be 0 or a fraction in [2**-62, 1], got {sample!r}")
         if on_defect not in ("log", "raise"):
             raise UnsupportedSettingError(f"on_defect must be 'log' or 'raise', got {on_defect!r}")
         #: every ``every``-th call of a name is sampled (0: only its first).

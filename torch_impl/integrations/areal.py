@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -324,6 +324,8 @@ def install(
     report: str | None = None,
     lazy: bool = False,
     force: bool = False,
+    witness: bool | None = None,
+    unbound: Iterable[str] | None = None,
 ) -> list[str]:
     """Replace AReaL's ``reorder_and_pad_outputs`` in its module and in every loaded ``areal`` module bound
     to it; returns the places replaced. Idempotent; `uninstall` undoes it.
@@ -336,9 +338,21 @@ def install(
     (`torch_impl.integrations._shadow`: ``sample``, ``on_defect``, ``report``; ``dump`` the first step that
     differs or is misaligned), counted by `stats`. ``lazy=True`` (the form `rebatch_startup` uses, from
     ``REBATCH``): nothing of AReaL imported; each module patched as it finishes importing, and AReaL's
-    ``get_env_vars`` wrapped to pass rebatch's variables on to the RPC workers its schedulers start."""
+    ``get_env_vars`` wrapped to pass rebatch's variables on to the RPC workers its schedulers start.
+
+    ``witness=False``: switch the alignment witness off for the process (`torch_impl.set_witness`;
+    default: as ``REBATCH_WITNESS`` says, on); ``unbound``: keys it leaves unbound. Both only on a fresh
+    install, and put back by `uninstall` (`_integration.Integration`, one copy for every trainer)."""
     return _integration.install(
-        dump, mode=mode, sample=sample, on_defect=on_defect, report=report, lazy=lazy, force=force
+        dump,
+        mode=mode,
+        sample=sample,
+        on_defect=on_defect,
+        report=report,
+        lazy=lazy,
+        force=force,
+        witness=witness,
+        unbound=unbound,
     )
 
 
@@ -355,7 +369,8 @@ def mode() -> str | None:
 
 
 def uninstall() -> None:
-    """Put AReaL's function back wherever `install` replaced it. Idempotent."""
+    """Put AReaL's function back wherever `install` replaced it, and the witness's switch as `install`
+    found it. Idempotent."""
     _integration.uninstall()
 
 

@@ -17,7 +17,7 @@ micro-batch output with more rows than its indices.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ref.errors import PartitionMismatchError
@@ -238,6 +238,8 @@ def install(
     report: str | None = None,
     lazy: bool = False,
     force: bool = False,
+    witness: bool | None = None,
+    unbound: Iterable[str] | None = None,
 ) -> list[str]:
     """Replace the iterator's two methods with rebatch's; returns the places replaced. Idempotent;
     `uninstall` undoes it.
@@ -250,9 +252,21 @@ def install(
     (`torch_impl.integrations._shadow`: ``sample``, ``on_defect``, ``report``; ``dump`` the first step that
     differs or is misaligned), counted by `stats`. ``lazy=True`` (the form `rebatch_startup` uses, from
     ``REBATCH``): nothing of SkyRL imported; each module patched as it finishes importing, and
-    ``prepare_runtime_environment`` wrapped so that a driver passes rebatch's variables on to its actors."""
+    ``prepare_runtime_environment`` wrapped so that a driver passes rebatch's variables on to its actors.
+
+    ``witness=False``: switch the alignment witness off for the process (`torch_impl.set_witness`;
+    default: as ``REBATCH_WITNESS`` says, on); ``unbound``: keys it leaves unbound. Both only on a fresh
+    install, and put back by `uninstall` (`_integration.Integration`, one copy for every trainer)."""
     return _integration.install(
-        dump, mode=mode, sample=sample, on_defect=on_defect, report=report, lazy=lazy, force=force
+        dump,
+        mode=mode,
+        sample=sample,
+        on_defect=on_defect,
+        report=report,
+        lazy=lazy,
+        force=force,
+        witness=witness,
+        unbound=unbound,
     )
 
 
@@ -268,7 +282,7 @@ def mode() -> str | None:
 
 
 def uninstall() -> None:
-    """Put SkyRL's methods back. Idempotent."""
+    """Put SkyRL's methods back, and the witness's switch as `install` found it. Idempotent."""
     _integration.uninstall()
 
 

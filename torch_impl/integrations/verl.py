@@ -232,7 +232,6 @@ _integration = Integration(
     "verl", replacements, _versions, lambda version, row, how: _plan_of(version, row).describe(how), ROWS
 )
 _patcher = _integration.patcher
-_witness_before: tuple[bool, frozenset[Any]] | None = None  # the witness switch before install changed it
 
 
 def installed() -> bool:
@@ -333,18 +332,23 @@ def install(
 
     ``witness=False``: switch the alignment witness off for the process (`torch_impl.set_witness`;
     default: as ``REBATCH_WITNESS`` says, on); ``unbound``: keys it leaves unbound (a custom loss whose
-    rows are not the batch's rows). Both are put back by `uninstall`. The witness is on by default: a
+    rows are not the batch's rows). Both only on a fresh install, and put back by `uninstall`
+    (`_integration.Integration`, one copy for every trainer). The witness is on by default: a
     valid permutation that is the wrong one, or micro-batches in the wrong order, raise
     `ref.errors.MisalignmentError` (in shadow mode, a defect of verl's step).
     """
-    global _witness_before
     with _integration.lock:
-        fresh = not _integration.installed()
-        _integration.install(dump, mode=mode, sample=sample, on_defect=on_defect, report=report, lazy=lazy, force=force)
-        if fresh and (witness is not None or unbound is not None):
-            from .._witness import set_witness
-
-            _witness_before = set_witness(witness, unbound=unbound)
+        _integration.install(
+            dump,
+            mode=mode,
+            sample=sample,
+            on_defect=on_defect,
+            report=report,
+            lazy=lazy,
+            force=force,
+            witness=witness,
+            unbound=unbound,
+        )
         assert _integration.release is not None  # just installed
         return _plan_of(*_integration.release)
 
@@ -363,11 +367,4 @@ def stats(json_path: str | None = None) -> dict[str, Any]:
 def uninstall() -> None:
     """Put verl's originals back wherever `install` replaced them, and the alignment witness's switch as
     it was before `install` changed it. Idempotent."""
-    global _witness_before
-    with _integration.lock:
-        _integration.uninstall()
-        if _witness_before is not None:
-            from .._witness import set_witness
-
-            set_witness(_witness_before[0], unbound=_witness_before[1])
-            _witness_before = None
+    _integration.uninstall()

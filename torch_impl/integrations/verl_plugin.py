@@ -21,7 +21,6 @@ as `ref.errors.UnsupportedSettingError` naming the variable.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import rebatch_startup
@@ -31,7 +30,7 @@ __all__ = ["ENV", "activate", "parse"]
 #: verl's own environment variable (`rebatch_startup.VERL_ENV`; `rebatch_startup.ENV` for every trainer).
 ENV = rebatch_startup.VERL_ENV
 
-_lock = threading.Lock()
+_lock = rebatch_startup.ForkSafeLock()
 _active = False
 
 
