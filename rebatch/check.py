@@ -211,8 +211,9 @@ def witness_rates(step: Any, *, trials: int = TRIALS, seed: int = 1) -> dict[str
 
 #: The globals a dump may name (``module.name``), beyond which nothing is unpickled: torch's tensors and
 #: storages, nested (jagged) tensors, tensordict's TensorDict and non-tensor data, and the containers they
-#: use. Found by saving real-shaped verl, AReaL and SkyRL steps (torch 2.9.1 and 2.13, tensordict 0.10
-#: and 0.15) and reading the globals their pickles name (``tests/test_trust_files.py``).
+#: use, and the dynamic-dimension marks of a tensor. Found by saving real-shaped verl, AReaL and SkyRL
+#: steps (torch 2.9.1 and 2.13, tensordict 0.10 and 0.15) and the dump verl's own FSDP engine leaves
+#: (``tests/test_verl_engine.py``), and reading the globals their pickles name (``tests/test_trust_files.py``).
 DUMP_GLOBALS = frozenset(
     {
         "collections.OrderedDict",
@@ -228,6 +229,9 @@ DUMP_GLOBALS = frozenset(
         "tensordict._reductions._make_td",
         "tensordict.tensorclass.NonTensorData",
         "tensordict.tensorclass.NonTensorStack",
+        # a tensor marked dynamic (``torch._dynamo.mark_dynamic(t, dim, min=, max=)``, as verl's engine does)
+        # keeps a set of these (dim, min, max) in its ``_dynamo_dynamic_range``
+        "torch._dynamo.decorators._DimRange",
     }
 )
 _STORAGE = re.compile(r"torch\.[A-Za-z0-9]+Storage")
@@ -278,7 +282,7 @@ def _safe_load(path: str) -> Any:
     allowed: list[Any] = []
     for name in sorted(DUMP_GLOBALS):  # those beyond torch's own allowlist, as this release spells them
         module, _, attr = name.rpartition(".")
-        if module.startswith(("tensordict", "torch.nested")):
+        if module.startswith(("tensordict", "torch.nested", "torch._dynamo")):
             with contextlib.suppress(ImportError, AttributeError):  # another release: its pickle names differ
                 allowed.append(getattr(importlib.import_module(module), attr))
     try:

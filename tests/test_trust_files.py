@@ -128,6 +128,9 @@ def test_the_allowlist_is_exactly_what_real_steps_of_every_trainer_hold(tmp_path
     outs, indices, data = _verl_step()
     data["uid"] = NonTensorStack("a", "b", "c", "d")
     data["nested"] = TensorDict({"m": torch.ones(4, 2, dtype=torch.bfloat16)}, batch_size=[4])
+    marked = torch.zeros(4, 3)
+    torch._dynamo.mark_dynamic(marked, 0, min=2, max=64)  # as verl's engine marks its inputs
+    data["marked"] = marked
     named: set[str] = set()
     verl._save(str(tmp_path / "v.pt"), outs, indices, data)
     mb = _mb_list(FORWARD)
