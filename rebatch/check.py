@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import itertools
 import json
+import pickletools
+import re
 import statistics
 import sys
 import time
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, TextIO
 
 import numpy as np
@@ -21,12 +26,13 @@ from property_tests.data import rows_of
 from ref.errors import MisalignmentError, RebatchError
 from torch_impl import postprocess_batch_func, read_setting, witness_stats
 from torch_impl._postprocess import check_batch_func
+from torch_impl.integrations._files import DUMP_FORMAT
 
-__all__ = ["run_check", "first_bad_row", "DumpError"]
+__all__ = ["DUMP_GLOBALS", "DumpError", "UnsafeDumpError", "first_bad_row", "run_check"]
 
 
 class DumpError(Exception):
-    """A dump file that cannot be used (unreadable, or not ``(output_lst, indices, data)``)."""
+    """A dump file that cannot be used (unreadable, unsafe, or not a dump of rebatch's format)."""
 
 
 def first_bad_row(got: Any, want: torch.Tensor) -> tuple[int | None, str]:
@@ -203,14 +209,160 @@ def witness_rates(step: Any, *, trials: int = TRIALS, seed: int = 1) -> dict[str
     return out
 
 
-def _load_dump(path: str) -> tuple[Any, Any, Any]:
+#: The globals a dump may name (``module.name``), beyond which nothing is unpickled: torch's tensors and
+#: storages, nested (jagged) tensors, tensordict's TensorDict and non-tensor data, and the containers they
+#: use, and the dynamic-dimension marks of a tensor. Found by saving real-shaped verl, AReaL and SkyRL
+#: steps (torch 2.9.1 and 2.13, tensordict 0.10 and 0.15) and the dump verl's own FSDP engine leaves
+#: (``tests/test_verl_engine.py``), and reading the globals their pickles name (``tests/test_trust_files.py``).
+DUMP_GLOBALS = frozenset(
+    {
+        "collections.OrderedDict",
+        "__builtin__.set",
+        "builtins.set",
+        "torch.Size",
+        "torch.Tensor",
+        "torch._utils._rebuild_tensor_v2",
+        "torch._tensor._rebuild_from_type_v2",
+        "torch.nested._internal.nested_tensor.NestedTensor",
+        "torch.nested._internal.nested_tensor._rebuild_njt",
+        "tensordict._td.TensorDict",
+        "tensordict._reductions._make_td",
+        "tensordict.tensorclass.NonTensorData",
+        "tensordict.tensorclass.NonTensorStack",
+        # a tensor marked dynamic (``torch._dynamo.mark_dynamic(t, dim, min=, max=)``, as verl's engine does)
+        # keeps a set of these (dim, min, max) in its ``_dynamo_dynamic_range``
+        "torch._dynamo.decorators._DimRange",
+    }
+)
+_STORAGE = re.compile(r"torch\.[A-Za-z0-9]+Storage")
+#: The most bytes of pickle a dump may hold (its tensors' data are separate records, not counted).
+_MAX_PICKLE = 256 << 20
+
+
+class UnsafeDumpError(DumpError):
+    """A dump that names a global outside `DUMP_GLOBALS` (code it would run, or a class it would build):
+    refused before anything of it is unpickled."""
+
+
+def _globals_named(path: str) -> list[str]:
+    """Every global (``module.name``) the pickles of the torch.save archive ``path`` name, read with
+    `pickletools` (nothing executed)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            found: list[str] = []
+            for info in archive.infolist():
+                if not info.filename.endswith(".pkl"):
+                    continue
+                if info.file_size > _MAX_PICKLE:
+                    raise DumpError(f"{path}: {info.filename} holds {info.file_size} bytes of pickle, over the cap")
+                for op, arg, _ in pickletools.genops(archive.read(info)):
+                    if op.name == "GLOBAL":
+                        found.append(str(arg).replace(" ", "."))
+                    elif op.name in ("STACK_GLOBAL", "INST", "OBJ"):
+                        raise UnsafeDumpError(
+                            f"{path}: refused: its pickle uses {op.name}, which torch.save never writes "
+                            "(rebatch never runs code from a dump)"
+                        )
+            return found
+    except DumpError:
+        raise
+    except (zipfile.BadZipFile, ValueError, EOFError, OSError) as err:
+        raise DumpError(f"cannot read {path} with torch.load: not a torch.save archive ({err})") from None
+
+
+def _safe_load(path: str) -> Any:
+    """The object of dump ``path``, unpickled with ``weights_only=True`` and only `DUMP_GLOBALS` allowed
+    (scoped to this load); a global outside them raises `UnsafeDumpError` naming it."""
+    for name in _globals_named(path):
+        if name not in DUMP_GLOBALS and not _STORAGE.fullmatch(name):
+            raise UnsafeDumpError(
+                f"{path}: refused: the dump names the global {name}, which is not one a dump holds "
+                "(tensors, nested tensors, TensorDict, non-tensor data); rebatch never runs code from a dump"
+            )
+    allowed: list[Any] = []
+    for name in sorted(DUMP_GLOBALS):  # those beyond torch's own allowlist, as this release spells them
+        module, _, attr = name.rpartition(".")
+        if module.startswith(("tensordict", "torch.nested", "torch._dynamo")):
+            with contextlib.suppress(ImportError, AttributeError):  # another release: its pickle names differ
+                allowed.append(getattr(importlib.import_module(module), attr))
+    try:
+        with torch.serialization.safe_globals(allowed):
+            return torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as err:
+        raise DumpError(f"cannot read {path} with torch.load: {type(err).__name__}: {err}") from None
+
+
+class _Batch(dict[str, Any]):
+    """A SkyRL batch as a dump holds it: its keys, and ``metadata``."""
+
+    metadata: Any = None
+
+
+def _dump_call(path: str, obj: Any) -> tuple[str, Callable[[], Any]] | None:
+    """For an AReaL or SkyRL dump: ``(its function, a call of rebatch's drop-in on its inputs)``; None for
+    verl's. `DumpError` for a dict that is not a dump of rebatch's format."""
+    if obj.get("format") != DUMP_FORMAT or not isinstance(obj.get("inputs"), dict):
+        raise DumpError(f"{path}: not a rebatch dump (format {DUMP_FORMAT!r} with inputs), got keys {sorted(obj)[:8]}")
+    trainer, function, inputs = obj.get("trainer"), str(obj.get("function")), obj["inputs"]
+    try:
+        if trainer == "verl":
+            return None
+        if trainer == "areal":
+            from torch_impl.integrations import areal
+
+            mb = inputs["mb_list"]
+            mb_list = SimpleNamespace(**mb)
+            if inputs.get("aggregate_fn") is not None:
+                raise DumpError(f"{path}: AReaL's call used aggregate_fn {inputs['aggregate_fn']}, not torch.cat")
+            return function, lambda: areal.reorder_and_pad_outputs(
+                list(inputs["outputs"]), list(inputs["output_seqlens"]), mb_list
+            )
+        if trainer == "skyrl":
+            from torch_impl.integrations import skyrl
+
+            me = inputs["self"]
+            n = int(me["batch_size"])
+            self = SimpleNamespace(
+                _microbatches=me["_microbatches"],
+                _num_padding_microbatches=int(me["_num_padding_microbatches"]),
+                _token_counts=[0] * n,
+                data=SimpleNamespace(batch_size=n),
+            )
+            batches: list[Any] = []
+            for b in inputs["batches"]:
+                if isinstance(b, dict):
+                    batch = _Batch(b["values"])
+                    batch.metadata = b.get("metadata")
+                    batches.append(batch)
+                else:
+                    batches.append(list(b))
+            method = function.rsplit(".", 1)[-1]
+            if method not in ("reorder_and_combine_batches", "reorder_and_combine_items"):
+                raise DumpError(f"{path}: SkyRL's function {function} is not one rebatch replaces")
+            return function, lambda: getattr(skyrl, method)(self, batches)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        if isinstance(err, RebatchError):
+            raise
+        raise DumpError(f"{path}: the {trainer} dump's inputs are not usable: {type(err).__name__}: {err}") from None
+    raise DumpError(f"{path}: a dump of trainer {trainer!r}: rebatch checks verl, areal and skyrl dumps")
+
+
+def _load_dump(path: str) -> Any:
+    """verl's ``(output_lst, indices, data)`` (a dump of rebatch's format, or the older tuple), or, for
+    AReaL and SkyRL, ``(function, call)`` (`_dump_call`). A file that is not a regular file, not a
+    torch.save archive, or that names a global outside `DUMP_GLOBALS` raises `DumpError`."""
     p = Path(path)
     if not p.is_file():
         raise DumpError(f"no such file: {path}")
-    try:
-        obj = torch.load(p, weights_only=False, map_location="cpu")
-    except Exception as err:
-        raise DumpError(f"cannot read {path} with torch.load: {type(err).__name__}: {err}") from None
+    obj = _safe_load(path)
+    if isinstance(obj, dict):
+        call = _dump_call(path, obj)
+        if call is not None:
+            return call
+        inputs = obj["inputs"]
+        if not {"output_lst", "indices", "data"} <= set(inputs):
+            raise DumpError(f"{path}: a verl dump's inputs must hold output_lst, indices and data")
+        obj = (inputs["output_lst"], inputs["indices"], inputs["data"])
     if not isinstance(obj, (tuple, list)) or len(obj) != 3:
         what = f"a {type(obj).__name__}" + (f" of length {len(obj)}" if isinstance(obj, (tuple, list)) else "")
         raise DumpError(f"{path} must hold (output_lst, indices, data), got {what}")
@@ -233,8 +385,27 @@ def _load_candidate(spec: str) -> Callable[..., Any]:
     return fn
 
 
+def _drop_in_check(path: str, function: str, call: Callable[[], Any], candidate: str | None) -> dict[str, Any]:
+    """An AReaL or SkyRL dump: rebatch's drop-in run on its inputs, agreeing (it accepts them) or not
+    (the `RebatchError` it raises: the trainer's function would have misaligned that step)."""
+    if candidate:
+        raise DumpError(f"{path}: --candidate applies to verl dumps (postprocess_batch_func) only")
+    report: dict[str, Any] = {"source": path, "function": function}
+    try:
+        call()
+    except RebatchError as err:
+        report.update(agree=False, rejected=f"{type(err).__name__}: {err}")
+        return report
+    report["agree"] = True
+    return report
+
+
 def _dump_check(path: str, candidate: str | None) -> dict[str, Any]:
-    output_lst, indices, data = _load_dump(path)
+    loaded = _load_dump(path)
+    if len(loaded) == 2:
+        function, call = loaded
+        return _drop_in_check(path, function, call, candidate)
+    output_lst, indices, data = loaded
     cand = _load_candidate(candidate) if candidate else None
     report: dict[str, Any] = {"source": path, "micro_batches": len(output_lst)}
     try:
@@ -266,6 +437,8 @@ def _dump_check(path: str, candidate: str | None) -> dict[str, Any]:
 
 def _print_report(report: dict[str, Any], out: TextIO) -> None:
     print(f"rebatch check: {report['source']}", file=out)
+    if "function" in report:
+        print(f"  rebatch's drop-in for {report['function']}", file=out)
     if "rejected" in report:
         print(f"  rejected by rebatch: {report['rejected']}", file=out)
     facts = [f"{name} {report[name]}" for name in ("rows", "tokens", "micro_batches", "token_budget") if name in report]
@@ -314,7 +487,9 @@ def _print_report(report: dict[str, Any], out: TextIO) -> None:
 
 
 def run_check(dump: str | None, candidate: str | None, as_json: bool, out: TextIO | None = None) -> int:
-    """Exit code: 0 all identical, 1 a mismatch or inputs rebatch rejects, 2 an unusable dump or candidate."""
+    """Exit code: 0 all identical (an AReaL or SkyRL dump: rebatch's drop-in accepts its inputs), 1 a
+    mismatch or inputs rebatch rejects, 2 an unusable dump or candidate (unreadable, not a dump, or
+    naming a global outside `DUMP_GLOBALS`: `UnsafeDumpError`)."""
     out = out or sys.stdout
     try:
         report = _dump_check(dump, candidate) if dump else _default_check()

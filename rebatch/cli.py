@@ -52,12 +52,14 @@ def _parser() -> argparse.ArgumentParser:
     fuzz.add_argument("--minutes", type=float, default=10.0, help="time budget (default 10)")
     report = sub.add_parser(
         "report",
-        help="shadow mode's reports of many processes in one table; exit 1 on a difference or a defect",
-        description="Read shadow reports (REBATCH_REPORT_DIR: one JSON a process) and print, per trainer and "
-        "function, the processes, calls, sampled calls, differences, defects, errors and both functions' "
-        "seconds. Exit 0 when clean, 1 on a difference or a defect, 2 when there is no report to read.",
+        help="the reports of many processes (shadow and on mode) in one table; exit 1 on a difference or a defect",
+        description="Read reports (REBATCH_REPORT_DIR: one JSON a process) and print, per trainer, function and "
+        "mode, the processes, calls, sampled calls, differences, defects, errors, both functions' seconds and "
+        "the rows. Exit 0 when clean, 1 on a difference or a defect, 2 for anything that is not a report.",
     )
-    report.add_argument("paths", nargs="+", metavar="PATH", help="report files, or directories of them (*.json)")
+    report.add_argument(
+        "paths", nargs="+", metavar="PATH", help="report files, or directories of them (rebatch-*-*-*-*.json)"
+    )
     return parser
 
 

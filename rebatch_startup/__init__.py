@@ -13,8 +13,11 @@ unset, empty, ``off``       nothing: no trainer, no torch, not even this package
 decides for verl whatever ``REBATCH`` says (``REBATCH=on REBATCH_VERL=off`` leaves verl alone).
 Shadow mode's options come from the environment too: ``REBATCH_ON_DEFECT`` (``log``, the default, or
 ``raise``), ``REBATCH_REPORT_DIR`` (a directory: each process writes its own report there,
-``rebatch-TRAINER-HOST-PID.json``, read by ``rebatch report DIR``) and ``REBATCH_DUMP_DIR`` (each
-process saves its first differing or misaligned step there, ``rebatch-dump-TRAINER-HOST-PID.pt``).
+``rebatch-TRAINER-HOST-RUN-PID.json``, read by ``rebatch report DIR``; under ``on`` too, its counters)
+and ``REBATCH_DUMP_DIR`` (each process saves its first differing or misaligned step there,
+``rebatch-dump-TRAINER-HOST-RUN-PID.pt``). ``RUN`` is the process's run id (start time and a random part;
+a forked child makes its own: `_names`). Both directories are made absolute once, at activation
+(`install_kwargs`), and carried absolute (`carried`).
 
 How it gets into a process: rebatch's wheel (and an editable install) puts two files in site-packages,
 ``rebatch.pth``, whose one line Python's ``site`` runs at every interpreter start::
@@ -56,6 +59,10 @@ import os
 import sys
 import threading
 from _weakrefset import WeakSet
+
+TYPE_CHECKING = False  # typing itself is not imported at start
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 __all__ = [
     "CARRIED",
@@ -216,18 +223,42 @@ def setting_for(trainer: str, environ: dict[str, str] | None = None) -> Setting 
 
 
 def process_file(directory: str, prefix: str, trainer: str, suffix: str) -> str:
-    """``DIRECTORY/PREFIX-TRAINER-HOST-PID.SUFFIX``: one file per process, never one shared by many."""
-    import socket
+    """``DIRECTORY/PREFIX-TRAINER-HOST-RUN-PID.SUFFIX``: one file per process, never one shared by many
+    (``RUN``: the process's run id, its start time and a random part; `_names.process_file`)."""
+    from ._names import process_file as named
 
-    host = socket.gethostname().split(".")[0] or "host"
-    return os.path.join(directory, f"{prefix}-{trainer}-{host}-{os.getpid()}.{suffix}")
+    return named(directory, prefix, trainer, suffix)
+
+
+#: The directories of `REPORT_DIR_ENV` and `DUMP_DIR_ENV` as absolute paths, resolved once (at activation,
+#: `install_kwargs`): what this process writes to and carries to the processes it starts.
+_resolved: dict[str, tuple[str, str]] = {}  # variable -> (its value, that value's absolute path)
+
+
+def _directory(name: str, env: Mapping[str, str]) -> str:
+    """The absolute directory of variable ``name`` (made if missing): resolved once in this process when
+    ``env`` is the process's environment, so a later ``chdir`` changes nothing."""
+    value = env.get(name, "").strip()
+    if env is not os.environ:
+        return os.path.abspath(value)
+    with _lock:
+        if name not in _resolved or _resolved[name][0] != value:
+            _resolved[name] = (value, os.path.abspath(value))
+        return _resolved[name][1]
 
 
 def install_kwargs(trainer: str, setting: Setting, environ: dict[str, str] | None = None) -> dict[str, object]:
-    """The keyword arguments of the trainer's ``install`` for ``setting`` and the shadow options of the
-    environment (`ref.errors.UnsupportedSettingError` naming a bad ``REBATCH_ON_DEFECT``)."""
+    """The keyword arguments of the trainer's ``install`` for ``setting`` and the options of the
+    environment (`ref.errors.UnsupportedSettingError` naming a bad ``REBATCH_ON_DEFECT``): ``report``
+    (under ``on`` too: its counters) and, in shadow mode, ``sample``, ``on_defect`` and ``dump``; the
+    directories absolute (resolved once: `carried` passes them on as such)."""
     env = os.environ if environ is None else environ
     kwargs: dict[str, object] = {"mode": setting.mode, "lazy": True}
+    report_dir = env.get(REPORT_DIR_ENV, "").strip()
+    if report_dir:
+        where = _directory(REPORT_DIR_ENV, env)
+        os.makedirs(where, exist_ok=True)
+        kwargs["report"] = process_file(where, "rebatch", trainer, "json")
     if setting.mode != "shadow":
         return kwargs
     if setting.sample is not None:
@@ -237,21 +268,24 @@ def install_kwargs(trainer: str, setting: Setting, environ: dict[str, str] | Non
         if on_defect not in ("log", "raise"):
             raise _refuse(f"{ON_DEFECT_ENV}={env[ON_DEFECT_ENV]!r}: expected log or raise")
         kwargs["on_defect"] = on_defect
-    report_dir = env.get(REPORT_DIR_ENV, "").strip()
-    if report_dir:
-        os.makedirs(report_dir, exist_ok=True)
-        kwargs["report"] = process_file(report_dir, "rebatch", trainer, "json")
     dump_dir = env.get(DUMP_DIR_ENV, "").strip()
     if dump_dir:
-        os.makedirs(dump_dir, exist_ok=True)
-        kwargs["dump"] = process_file(dump_dir, "rebatch-dump", trainer, "pt")
+        where = _directory(DUMP_DIR_ENV, env)
+        os.makedirs(where, exist_ok=True)
+        kwargs["dump"] = process_file(where, "rebatch-dump", trainer, "pt")
     return kwargs
 
 
 def carried(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The variables of `CARRIED` set in this process: what it passes on to the processes it starts."""
+    """The variables of `CARRIED` set in this process: what it passes on to the processes it starts; the
+    directories as the absolute paths this process resolved (`install_kwargs`), so a worker that starts
+    elsewhere writes where this one does."""
     env = os.environ if environ is None else environ
-    return {name: env[name] for name in CARRIED if env.get(name, "").strip()}
+    out = {name: env[name] for name in CARRIED if env.get(name, "").strip()}
+    for name in (REPORT_DIR_ENV, DUMP_DIR_ENV):
+        if name in out:
+            out[name] = _directory(name, env)
+    return out
 
 
 def activate(trainer: str, *, again: bool = False) -> bool:

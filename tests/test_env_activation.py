@@ -102,7 +102,10 @@ def test_shadow_options_from_the_environment(tmp_path: Path) -> None:
         rebatch_startup.install_kwargs("skyrl", setting, {"REBATCH_ON_DEFECT": "stop"})
     on = rebatch_startup.parse("on")
     assert on is not None
-    assert rebatch_startup.install_kwargs("areal", on, env) == {"mode": "on", "lazy": True}
+    got = rebatch_startup.install_kwargs("areal", on, env)  # on mode: its counters' report, no shadow options
+    assert Path(str(got.pop("report"))).name.startswith("rebatch-areal-")
+    assert got == {"mode": "on", "lazy": True}
+    assert rebatch_startup.install_kwargs("areal", on, {}) == {"mode": "on", "lazy": True}
 
 
 def test_carried_holds_the_variables_set() -> None:
@@ -161,7 +164,7 @@ def test_a_bad_value_at_start_never_breaks_an_interpreter_that_imports_no_traine
 PROBE = (
     "import areal.engine.core as core, areal.engine.core.train_engine as te\n"
     "from torch_impl.integrations import areal as ia\n"
-    "print('ours:', core.reorder_and_pad_outputs is ia.reorder_and_pad_outputs)\n"
+    "print('ours:', getattr(core.reorder_and_pad_outputs, '__wrapped__', None) is ia.reorder_and_pad_outputs)\n"
     "print('wrapped:', getattr(core.reorder_and_pad_outputs, '__wrapped__', print).__module__ == te.__name__)\n"
     "print('bound:', core.reorder_and_pad_outputs is te.reorder_and_pad_outputs)\n"
     "from areal.infra.utils import launcher\n"
@@ -311,7 +314,7 @@ if pid == 0:  # the child: the thread holding the lock does not exist here
     signal.alarm(60)  # a child stuck at the lock is killed: a failure, not a hang
     import areal.engine.core as core
     from torch_impl.integrations import areal as ia
-    print("child:", core.reorder_and_pad_outputs is ia.reorder_and_pad_outputs, flush=True)
+    print("child:", core.reorder_and_pad_outputs.__wrapped__ is ia.reorder_and_pad_outputs, flush=True)  # counted
     os._exit(0)
 _, status = os.waitpid(pid, 0)
 go.set()
@@ -457,10 +460,13 @@ def test_a_defect_is_recorded_before_the_trainers_function_runs_even_when_it_rai
         Shadow(1.0, "raise", None, trainer="skyrl").wrap("f", theirs, _refuses)()
 
 
-def test_stats_of_every_integration_installed() -> None:
+def test_stats_of_every_integration_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     from torch_impl import integrations
     from torch_impl.integrations import areal
 
+    assert not areal.installed()
+    monkeypatch.setattr(areal._integration, "counts", None)  # an earlier on install's counters (kept for stats)
+    monkeypatch.setattr(areal._integration, "_last", None)
     before = integrations.stats()
     assert "areal" not in before
     areal._integration.shadow = Shadow(1.0, "log", None, trainer="areal")
@@ -472,6 +478,11 @@ def test_stats_of_every_integration_installed() -> None:
 
 
 # -- rebatch report ----------------------------------------------------------------------------------
+
+
+def _named(trainer: str, pid: int) -> str:
+    """A report's file name, as rebatch names them (`rebatch_startup._names.REPORT_NAME`)."""
+    return f"rebatch-{trainer}-host-20260101T000000Z-0000abcd-{pid}.json"
 
 
 def _report(path: Path, trainer: str, bad: bool, pid: int) -> None:
@@ -487,14 +498,14 @@ def test_rebatch_report_exits_1_on_a_defect_and_0_clean(tmp_path: Path, capsys, 
     clean.mkdir()
     dirty.mkdir()
     with caplog.at_level(logging.CRITICAL, logger="rebatch.shadow"):
-        _report(clean / "a.json", "areal", False, 1)
-        _report(clean / "b.json", "areal", False, 2)
-        _report(dirty / "c.json", "skyrl", True, 3)
+        _report(clean / _named("areal", 1), "areal", False, 1)
+        _report(clean / _named("areal", 2), "areal", False, 2)
+        _report(dirty / _named("skyrl", 3), "skyrl", True, 3)
     assert report_main([str(clean)]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[1].split()[:5] == ["areal", "1.0", "f", "2", "2"]  # 2 processes, 2 calls
     assert "2 report(s); clean" in out
-    assert report_main([str(clean), str(dirty / "c.json")]) == 1
+    assert report_main([str(clean), str(dirty / _named("skyrl", 3))]) == 1
     out = capsys.readouterr().out
     assert "NOT CLEAN: 0 difference(s), 1 defect(s)" in out
     head = out.splitlines()[0].split()

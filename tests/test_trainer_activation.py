@@ -95,7 +95,8 @@ for name in ("areal.experimental.engine.archon_engine", "areal.engine.fsdp_engin
 ours = getattr(sys.modules.get("torch_impl.integrations.areal"), "reorder_and_pad_outputs", None)
 for name, module in places.items():
     fn = module.reorder_and_pad_outputs
-    kind = "rebatch" if fn is ours else "shadow" if hasattr(fn, "__wrapped__") else "areal"
+    mine = ours is not None and getattr(fn, "__wrapped__", None) is ours  # counted (on mode) around ours
+    kind = "rebatch" if mine else "shadow" if hasattr(fn, "__wrapped__") else "areal"
     print("PROBE", name, kind, fn.__module__)
 print("LOADED torch_impl:", "torch_impl" in sys.modules)
 """
@@ -202,7 +203,8 @@ class Probe(TrainEngine):
 
         ours = getattr(sys.modules.get("torch_impl.integrations.areal"), "reorder_and_pad_outputs", None)
         with open(out, "w") as f:
-            json.dump({"rebatch": te.reorder_and_pad_outputs is ours and core.reorder_and_pad_outputs is ours}, f)
+            mine = ours is not None and getattr(te.reorder_and_pad_outputs, "__wrapped__", None) is ours  # counted
+            json.dump({"rebatch": mine and core.reorder_and_pad_outputs is te.reorder_and_pad_outputs}, f)
 
 
 Probe.__abstractmethods__ = frozenset()
@@ -250,7 +252,8 @@ from skyrl.backends.skyrl_train.workers.worker_utils import TokenBasedBatchItera
 mod = sys.modules.get("torch_impl.integrations.skyrl")
 for name in ("reorder_and_combine_batches", "reorder_and_combine_items"):
     fn = vars(T)[name]
-    kind = "rebatch" if mod is not None and fn is getattr(mod, name) else "shadow" if hasattr(fn, "__wrapped__") else "skyrl"
+    ours = mod is not None and getattr(fn, "__wrapped__", None) is getattr(mod, name)  # counted (on mode)
+    kind = "rebatch" if ours else "shadow" if hasattr(fn, "__wrapped__") else "skyrl"
     print("PROBE", name, kind)
 from skyrl.train.config import SkyRLTrainConfig
 from skyrl.train.utils.utils import prepare_runtime_environment
@@ -318,7 +321,8 @@ class Probe:
 
         mod = sys.modules.get("torch_impl.integrations.skyrl")
         names = ("reorder_and_combine_batches", "reorder_and_combine_items")
-        return os.environ.get("REBATCH"), all(mod is not None and vars(T)[n] is getattr(mod, n) for n in names)
+        ours = [mod is not None and getattr(vars(T)[n], "__wrapped__", None) is getattr(mod, n) for n in names]
+        return os.environ.get("REBATCH"), all(ours)
 
 
 print("actor:", ray.get(Probe.remote().where.remote(), timeout=120))

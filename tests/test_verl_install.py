@@ -42,12 +42,13 @@ def test_install_replaces_every_binding_and_uninstall_restores_them() -> None:
     assert (chosen.verl, chosen.row, chosen.left) == (VERL.version, VERL.version, ())
     ours = integration.replacements()  # this release's (VERSIONS)
     rearrange = ours[integration.SEQLEN_BALANCING, "rearrange_micro_batches"]
-    assert engine.postprocess_batch_func is torch_impl.postprocess_batch_func
-    assert engine.prepare_micro_batches is ours[integration.ENGINE_UTILS, "prepare_micro_batches"]
-    assert VERL.engine_utils.postprocess_batch_func is torch_impl.postprocess_batch_func
-    assert VERL.seqlen_balancing.rearrange_micro_batches is rearrange
-    assert VERL.engine_utils.rearrange_micro_batches is rearrange  # bound in engine utils
-    assert VERL.py_functional.append_to_dict is torch_impl.append_to_dict
+    # each place holds rebatch's function, counted (on mode's counters: ``__wrapped__`` is rebatch's)
+    assert engine.postprocess_batch_func.__wrapped__ is torch_impl.postprocess_batch_func
+    assert engine.prepare_micro_batches.__wrapped__ is ours[integration.ENGINE_UTILS, "prepare_micro_batches"]
+    assert VERL.engine_utils.postprocess_batch_func is engine.postprocess_batch_func
+    assert VERL.seqlen_balancing.rearrange_micro_batches.__wrapped__ is rearrange
+    assert VERL.engine_utils.rearrange_micro_batches is VERL.seqlen_balancing.rearrange_micro_batches
+    assert VERL.py_functional.append_to_dict.__wrapped__ is torch_impl.append_to_dict
     assert integration.install() is chosen  # idempotent: nothing recorded twice, the same plan
     integration.uninstall()
     assert not integration.installed()
@@ -65,9 +66,10 @@ def test_an_engine_imported_after_install_binds_rebatch() -> None:
         "from torch_impl.integrations import verl\n"
         "verl.install()\n"
         "import verl.workers.engine.fsdp.transformer_impl as m\n"
-        "assert m.postprocess_batch_func is torch_impl.postprocess_batch_func\n"
-        "assert m.prepare_micro_batches is verl.replacements()[verl.ENGINE_UTILS, 'prepare_micro_batches']\n"
-        "assert getattr(m.prepare_micro_batches, '__wrapped__', m.prepare_micro_batches) is torch_impl.prepare_micro_batches\n"
+        "assert m.postprocess_batch_func.__wrapped__ is torch_impl.postprocess_batch_func\n"
+        "prep = m.prepare_micro_batches.__wrapped__  # counted (on mode), around rebatch's\n"
+        "assert prep is verl.replacements()[verl.ENGINE_UTILS, 'prepare_micro_batches']\n"
+        "assert getattr(prep, '__wrapped__', prep) is torch_impl.prepare_micro_batches\n"
         "print('ok')\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=300)
@@ -103,7 +105,7 @@ def test_ray_worker_setup_hook_installs_in_every_worker() -> None:
         "@ray.remote\n"
         "def probe():\n"
         "    import torch_impl, verl.workers.engine.fsdp.transformer_impl as m\n"
-        "    return m.postprocess_batch_func is torch_impl.postprocess_batch_func\n"
+        "    return getattr(m.postprocess_batch_func, '__wrapped__', None) is torch_impl.postprocess_batch_func\n"
         "print('worker sees rebatch:', ray.get(probe.remote()))\n"
         "ray.shutdown()\n"
     )
@@ -127,3 +129,34 @@ def test_install_can_dump_the_first_step_for_rebatch_check(tmp_path) -> None:
     engine.postprocess_batch_func(outs, [[2, 0], [1]], vo.make_data({}))
     assert path.is_file()
     assert run_check(str(path), None, as_json=True) == 0
+
+
+def test_on_mode_counts_the_engines_calls_in_stats_and_its_report(tmp_path) -> None:
+    """b383f49: with rebatch in charge of verl (on mode), `torch_impl.integrations.stats()` said calls 0 for
+    every name; now each replaced name counts calls, rows and errors, and the report says so (mode on)."""
+    import json
+
+    import torch
+
+    from property_tests.data import jagged
+    from rebatch.report import main as report_main
+    from torch_impl import integrations
+
+    engine = _engine(ENGINES[0])
+    report = tmp_path / "rebatch-verl-host-20260101T000000Z-0000abcd-1.json"
+    integration.install(report=str(report))
+    outs = [
+        {"model_output": {"lp": jagged(torch.arange(3.0), [1, 2])}},
+        {"model_output": {"lp": jagged(torch.ones(1), [1])}},
+    ]
+    engine.postprocess_batch_func(outs, [[2, 0], [1]], vo.make_data({}))
+    with pytest.raises(torch_impl.errors.NotAPermutationError):
+        engine.postprocess_batch_func(outs, [[0, 1], [1]], vo.make_data({}))
+    got = integrations.stats()["verl"]
+    post = got["by_name"]["postprocess_batch_func"]
+    assert got["mode"] == "on"
+    assert (post["calls"], post["rows"], post["errors"]) == (2, 6, 1)
+    saved = json.loads(report.read_text())
+    assert saved["mode"] == "on"
+    assert saved["by_name"]["postprocess_batch_func"]["errors"] == 1
+    assert report_main([str(tmp_path)]) == 0

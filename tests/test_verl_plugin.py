@@ -30,7 +30,7 @@ PROBE = (
     "import torch_impl\n"
     "import verl.workers.engine.fsdp.transformer_impl as m\n"
     "from verl.workers.engine import utils\n"
-    "print('rebatch:', m.postprocess_batch_func is torch_impl.postprocess_batch_func)\n"
+    "print('rebatch:', getattr(m.postprocess_batch_func, '__wrapped__', None) is torch_impl.postprocess_batch_func)\n"
     "print('verl:', m.postprocess_batch_func is utils.postprocess_batch_func)\n"
 )
 
@@ -162,7 +162,7 @@ def test_a_ray_worker_sees_rebatch_through_the_runtime_env(entry_point: str) -> 
         "@ray.remote\n"
         "def probe():\n"
         "    import torch_impl, verl.workers.engine.fsdp.transformer_impl as m\n"
-        "    return m.postprocess_batch_func is torch_impl.postprocess_batch_func\n"
+        "    return getattr(m.postprocess_batch_func, '__wrapped__', None) is torch_impl.postprocess_batch_func\n"
         "print('worker sees rebatch:', ray.get(probe.remote(), timeout=240))\n"
         "ray.shutdown()\n"
     )
@@ -185,7 +185,7 @@ def test_a_ray_worker_of_plain_ray_init_sees_what_the_driver_variable_says(
         "def probe():\n"
         "    import torch_impl, verl.workers.engine.fsdp.transformer_impl as m\n"
         "    from verl.workers.engine import utils\n"
-        "    ours = m.postprocess_batch_func is torch_impl.postprocess_batch_func\n"
+        "    ours = getattr(m.postprocess_batch_func, '__wrapped__', None) is torch_impl.postprocess_batch_func\n"
         "    theirs = m.postprocess_batch_func is utils.postprocess_batch_func and not ours\n"
         "    return ours, theirs\n"
         "print('worker sees (rebatch, verl):', ray.get(probe.remote(), timeout=240))\n"

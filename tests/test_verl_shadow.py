@@ -19,6 +19,7 @@ from tensordict import TensorDict
 import torch_impl
 from property_tests import verl_oracle as vo
 from property_tests.data import jagged
+from rebatch.check import _safe_load
 from torch_impl.integrations import verl as integration, verl_plugin
 from torch_impl.integrations._shadow import Shadow
 
@@ -130,8 +131,9 @@ def test_a_duplicate_index_is_reported_as_misaligned(caplog, tmp_path) -> None:
     assert "index 1 duplicates" in line
     assert list(lines) == ["verl restore_dynamic_batch"]  # verl's own helper, shadowed too, refused as well
     assert integration.stats()["by_name"]["postprocess_batch_func"]["defects"] == 1
-    saved = torch.load(dump, weights_only=False)  # the format `rebatch check --dump` reads
-    assert saved[1] == indices
+    saved = _safe_load(str(dump))  # the format `rebatch check --dump` reads, loaded as it loads it
+    assert (saved["trainer"], saved["function"]) == ("verl", "verl.workers.engine.utils.postprocess_batch_func")
+    assert saved["inputs"]["indices"] == indices
 
 
 def test_rebatch_verl_shadow_reports_a_duplicate_index_step_with_its_key_and_row(caplog, monkeypatch) -> None:

@@ -39,6 +39,7 @@ __all__ = [
     "ENV",
     "ENV_UNBOUND",
     "Witness",
+    "keys_witnessed_here",
     "read_witness",
     "set_witness",
     "witness_config",
@@ -125,9 +126,19 @@ def _count(**add: int) -> None:
             _stats[k] += v
 
 
+_here = threading.local()  # ``keys``: the keys witnessed by this thread (`keys_witnessed_here`)
+
+
+def keys_witnessed_here() -> int:
+    """The keys the witness has witnessed in calls made by this thread (a call's count is the difference
+    of two reads around it: `torch_impl.integrations._counts`)."""
+    return int(getattr(_here, "keys", 0))
+
+
 def _count_call(bound: int, left: int) -> None:
     """One witnessed call: ``bound`` keys witnessed, ``left`` left unbound (`_count`, unrolled: it runs
     in every call)."""
+    _here.keys = getattr(_here, "keys", 0) + bound
     with _lock:
         _stats["calls"] += 1
         _stats["keys_witnessed"] += bound

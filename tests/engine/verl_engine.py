@@ -447,8 +447,10 @@ def _model_path(tmp: str, rank: int, world: int) -> str:
 def _shadow_counts() -> dict[str, int] | None:
     from torch_impl.integrations import verl as integration
 
-    stats = integration.stats()
-    return {k: stats[k] for k in ("calls", "sampled", "differences", "defects", "errors")} if stats["calls"] else None
+    stats = integration.stats()  # on mode counts its calls too (mode "on"): only a shadow's counters here
+    if stats.get("mode") != "shadow" or not stats["calls"]:
+        return None
+    return {k: stats[k] for k in ("calls", "sampled", "differences", "defects", "errors")}
 
 
 def _run_config(model_path: str, config: Config, rank: int, world: int, inject: str | None) -> tuple[Any, Any]:

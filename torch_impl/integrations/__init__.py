@@ -18,16 +18,15 @@ def stats() -> dict[str, dict[str, Any]]:
     """``{trainer: its stats()}`` for each integration that is installed or has shadow counters in this
     process (an integration never imported is left out, and not imported): shadow mode's counters
     (calls, sampled, differences, defects, errors, trainer_seconds, rebatch_seconds, by_name, messages,
-    trainer, version, mode, process), ``mode`` ``"on"`` (counters all zero) or ``"shadow"``."""
+    trainer, version, mode, process) with ``mode`` ``"shadow"``, or ``on`` mode's (calls, rows,
+    keys_witnessed, errors per name: `_counts.Counts`) with ``mode`` ``"on"``."""
     out: dict[str, dict[str, Any]] = {}
     for trainer in TRAINERS:
         module = sys.modules.get(f"{__name__}.{trainer}")
         if module is None:
             continue
-        shadowed = module._integration.shadow is not None  # the shared install state (`_integration`)
-        if not (module.installed() or shadowed):
+        state = module._integration  # the shared install state (`_integration.Integration`)
+        if not (module.installed() or state.shadow is not None or state.counts is not None):
             continue
-        counters = module.stats()
-        counters["mode"] = "shadow" if shadowed else "on"
-        out[trainer] = counters
+        out[trainer] = module.stats()  # its ``mode`` says whose counters they are
     return out

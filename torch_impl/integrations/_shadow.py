@@ -31,8 +31,10 @@ into the run (unless ``on_defect="raise"``). Each difference is one ERROR line n
 function, the call, the place (key), the row and both values. A normal call logs nothing.
 
 ``report=``: a JSON file of `Shadow.stats` (with the trainer, its release, the mode and the process:
-pid, host, command line), rewritten at each sampled call and each defect, difference or error, and at
-exit; ``rebatch report`` reads many of them.
+pid, host, run id, command line), rewritten at each sampled call and each defect, difference or error,
+and at exit, each time whole through a private temporary file (`_files.write_private`); a forked child
+counts its own calls and writes its own file (`_files.ProcessFile`); ``rebatch report`` reads many of
+them.
 """
 
 from __future__ import annotations
@@ -43,9 +45,6 @@ import copy
 import functools
 import json
 import logging
-import os
-import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -63,6 +62,7 @@ from ref.errors import (
 
 from .._compare import first_difference
 from .._witness import witness_stats
+from ._files import ProcessFile, forget_at_fork, process_facts, write_private
 
 __all__ = ["DEFECTS", "Shadow"]
 
@@ -125,15 +125,24 @@ class Shadow:
         self.trainer = trainer
         self.version = version
         self.sample = float(sample)
+        #: where this process writes its report (a forked child: its own file, `_files.ProcessFile`)
+        self._file = None if report is None else ProcessFile(report)
         self._lock = threading.Lock()
         self._by_name: dict[str, dict[str, float]] = {}
         self._messages: list[str] = []
+        forget_at_fork(self)
         if report is not None:
             atexit.register(self._final_report)
 
+    def _forked(self) -> None:
+        """In a forked child: counters of its own (its report counts its calls), and a fresh lock."""
+        self._lock = threading.Lock()
+        self._by_name = {}
+        self._messages = []
+
     def _final_report(self) -> None:
         with contextlib.suppress(Exception):  # at exit: a report that cannot be written is not worth a traceback
-            self.stats(json_path=self.report)
+            self._rewrite_report()
 
     def stats(self, json_path: str | None = None) -> dict[str, Any]:
         """Totals over every name, and ``"by_name"``; also written to ``json_path`` when given."""
@@ -154,12 +163,9 @@ class Shadow:
         total["mode"] = "shadow"
         total["sample"] = self.sample
         total["on_defect"] = self.on_defect
-        total["process"] = {"pid": os.getpid(), "host": socket.gethostname(), "argv": list(sys.argv)}
+        total["process"] = process_facts()
         if json_path is not None:
-            tmp = f"{json_path}.{os.getpid()}.tmp"
-            with open(tmp, "w") as out:
-                json.dump(total, out, indent=1)
-            os.replace(tmp, json_path)  # a reader never sees half a report
+            write_private(json_path, json.dumps(total, indent=1).encode())  # a reader never sees half a report
         return total
 
     def _count(self, name: str, **add: float) -> None:
@@ -182,8 +188,8 @@ class Shadow:
             site.on_first_difference(*args, **kwargs)
 
     def _rewrite_report(self) -> None:
-        if self.report is not None:
-            self.stats(json_path=self.report)
+        if self._file is not None:
+            self.stats(json_path=self._file.now())
 
     def _before(self, site: _Site, n: int, failure: Exception, args: Any, kwargs: Any) -> None:
         """rebatch refused call ``n`` (before the trainer's function runs): a defect or another error,

@@ -38,6 +38,7 @@ from .._layouts import scatter_padded
 from .._parts import DensePart, check_parts
 from .._permutation import check_permutation, invert
 from .._witness import witness_config
+from ._files import save_dump
 from ._integration import Integration, shadowing
 from ._patch import Versions, Wrap
 from ._shadow import Shadow
@@ -242,16 +243,27 @@ def _keys(outputs: Any, output_seqlens: Any, mb_list: Any, aggregate_fn: Any = N
 
 
 def _save(path: str, outputs: Any, output_seqlens: Any, mb_list: Any, aggregate_fn: Any = None) -> None:
-    """The first differing or misaligned step: ``torch.load`` gives ``{"function", "outputs",
-    "output_seqlens", "forward_indices", "backward_indices"}``."""
-    step = {
-        "function": f"{TRAIN_ENGINE}.reorder_and_pad_outputs",
+    """The first differing or misaligned step in rebatch's dump format (`_files.save_dump`): inputs
+    ``outputs``, ``output_seqlens``, ``mb_list`` (``forward_indices``, ``backward_indices`` and each
+    micro-batch's ``cu_seqlens``, a plain dict) and ``aggregate_fn`` (None: ``torch.cat``; else its name)."""
+    mbs = getattr(mb_list, "mbs", None) or []
+    inputs = {
         "outputs": list(outputs),
         "output_seqlens": list(output_seqlens),
-        "forward_indices": list(getattr(mb_list, "forward_indices", None) or []),
-        "backward_indices": list(getattr(mb_list, "backward_indices", None) or []),
+        "mb_list": {
+            "forward_indices": list(getattr(mb_list, "forward_indices", None) or []),
+            "backward_indices": list(getattr(mb_list, "backward_indices", None) or []),
+            "mbs": [{"cu_seqlens": mb.get("cu_seqlens")} if isinstance(mb, Mapping) else {} for mb in mbs],
+        },
+        "aggregate_fn": None if aggregate_fn in (None, torch.cat) else getattr(aggregate_fn, "__qualname__", "?"),
     }
-    torch.save(step, path)
+    save_dump(
+        path,
+        trainer="areal",
+        version=_integration.versions.installed(),
+        function=f"{TRAIN_ENGINE}.reorder_and_pad_outputs",
+        inputs=inputs,
+    )
 
 
 def _carrying(get_env_vars: Callable[..., dict[str, str]]) -> Callable[..., dict[str, str]]:
@@ -298,6 +310,7 @@ _integration = Integration(
     replacements,
     Versions("areal", dict.fromkeys(VERSIONS), fallback=VERSIONS[-1]),
     lambda version, row, how: f"rebatch: areal {version}: rebatch {how} AReaL's {TRAIN_ENGINE}.reorder_and_pad_outputs",
+    {"reorder_and_pad_outputs": lambda outputs, output_seqlens, *args, **kwargs: len(output_seqlens)},
 )
 _patcher, _versions = _integration.patcher, _integration.versions
 

@@ -36,6 +36,8 @@ from .._entry import entry
 from .._permutation import check_permutation, invert
 from .._postprocess import check_batch_func, postprocess_batch
 from .._witness import witness_config
+from ._counts import rows_of_partitions
+from ._files import save_dump
 from ._integration import Integration, shadowing
 from ._patch import Versions, Wrap
 from ._shadow import Shadow
@@ -226,19 +228,33 @@ def _keys(self: Any, batches: Any) -> list[Any]:
     return list(first.keys()) if first is not None and hasattr(first, "keys") else ["items"]
 
 
-def _save(path: str, self: Any, batches: Any) -> None:
-    """The first differing or misaligned step: ``torch.load`` gives ``{"function", "microbatches",
-    "num_padding_microbatches", "batch_size", "batches"}``."""
-    import torch
+def _saver(method: str) -> Callable[..., None]:
+    """`_save` for the iterator's ``method``."""
+    return functools.partial(_save, method)
 
-    step = {
-        "function": f"{WORKER_UTILS}.{ITERATOR}",
-        "microbatches": [list(p) for p in self._microbatches],
-        "num_padding_microbatches": self._num_padding_microbatches,
-        "batch_size": len(self._token_counts),
-        "batches": [dict(b) if hasattr(b, "keys") else list(b) for b in batches],
+
+def _save(method: str, path: str, self: Any, batches: Any) -> None:
+    """The first differing or misaligned step in rebatch's dump format (`_files.save_dump`): inputs
+    ``self`` (the iterator's ``_microbatches``, ``_num_padding_microbatches``, ``batch_size``, a plain
+    dict) and ``batches`` (each a dict of its keys and ``metadata``, or a list of items)."""
+    inputs = {
+        "self": {
+            "_microbatches": [list(p) for p in self._microbatches],
+            "_num_padding_microbatches": self._num_padding_microbatches,
+            "batch_size": len(self._token_counts),
+        },
+        "batches": [
+            {"values": dict(b), "metadata": getattr(b, "metadata", None)} if hasattr(b, "keys") else list(b)
+            for b in batches
+        ],
     }
-    torch.save(step, path)
+    save_dump(
+        path,
+        trainer="skyrl",
+        version=_integration.versions.installed(),
+        function=f"{WORKER_UTILS}.{ITERATOR}.{method}",
+        inputs=inputs,
+    )
 
 
 def _carrying(prepare: Callable[..., dict[str, str]]) -> Callable[..., dict[str, str]]:
@@ -268,7 +284,7 @@ def replacements(
     table: dict[tuple[str, str], Any] = {
         (WORKER_UTILS, f"{ITERATOR}.{name}"): fn
         if shadow is None
-        else shadowing(shadow, name, fn, check=check, save=_save, dump=dump, keys_of=_keys)
+        else shadowing(shadow, name, fn, check=check, save=_saver(name), dump=dump, keys_of=_keys)
         for name, (fn, check) in ours.items()
     }
     if carry:
@@ -285,6 +301,10 @@ _integration = Integration(
     lambda version, row, how: (
         f"rebatch: skyrl {version}: rebatch {how} SkyRL's {WORKER_UTILS}.{ITERATOR}.reorder_and_combine_batches "
         "and _items"
+    ),
+    dict.fromkeys(
+        ("reorder_and_combine_batches", "reorder_and_combine_items"),
+        lambda self, batches: rows_of_partitions(self._microbatches),
     ),
 )
 _patcher, _versions = _integration.patcher, _integration.versions

@@ -49,6 +49,8 @@ import threading
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+from ._counts import Rows, rows_of_partitions
+from ._files import ProcessFile, save_dump
 from ._integration import Integration, shadowing
 from ._patch import Versions
 from ._shadow import Shadow
@@ -215,9 +217,19 @@ def replacements(
     }
 
 
+#: The rows of a call of each name, for ``on`` mode's counters (host-side facts: lengths, batch sizes).
+ROWS: dict[str, Rows] = {
+    "postprocess_batch_func": lambda output_lst, indices, data: rows_of_partitions(indices),
+    "restore_dynamic_batch": lambda data, batch_idx_list: rows_of_partitions(batch_idx_list),
+    "prepare_micro_batches": lambda data, *args, **kwargs: int(data.batch_size[0]),
+    "rearrange_micro_batches": lambda batch, *args, **kwargs: int(batch.batch_size[0]),
+    "get_seqlen_balanced_partitions": lambda seqlen_list, *args, **kwargs: len(seqlen_list),
+    "get_group_balanced_partitions": lambda seqlen_list, *args, **kwargs: len(seqlen_list),
+}
+
 _versions = Versions("verl", VERSIONS, fallback="0.9.1")
 _integration = Integration(
-    "verl", replacements, _versions, lambda version, row, how: _plan_of(version, row).describe(how)
+    "verl", replacements, _versions, lambda version, row, how: _plan_of(version, row).describe(how), ROWS
 )
 _patcher = _integration.patcher
 
@@ -228,27 +240,50 @@ def installed() -> bool:
 
 
 def _dumping(fn: Any, path: str | None) -> Any:
-    """``fn``, saving its first call's ``(output_lst, indices, data)`` to ``path`` (for ``rebatch check
-    --dump``) when a path is given."""
+    """``fn``, saving its first call's inputs to ``path`` (`_save`, for ``rebatch check --dump``) when a
+    path is given."""
     if path is None:
         return fn
     saved = threading.Event()
+    where = ProcessFile(path)
 
     @functools.wraps(fn)
     def postprocess_batch_func(output_lst: Any, indices: Any, data: Any) -> Any:
         if not saved.is_set():
             saved.set()
-            _save(path, output_lst, indices, data)
+            _save(where.now(), output_lst, indices, data)
         return fn(output_lst, indices, data)
 
     return postprocess_batch_func
 
 
-def _save(path: str, output_lst: Any, indices: Any, data: Any) -> None:
-    """The format ``rebatch check --dump`` reads."""
-    import torch
+def _portable(data: Any) -> Any:
+    """``data`` with each enum value among its non-tensor entries (verl's ``pad_mode``, a str ``Enum``)
+    replaced by its value, in a shallow copy: a dump that loads without verl's classes."""
+    import enum
 
-    torch.save((output_lst, indices, data), path)
+    from tensordict import NonTensorData, TensorDictBase
+
+    if not isinstance(data, TensorDictBase):
+        return data
+    enums = [(k, v.data) for k, v in data.non_tensor_items() if isinstance(getattr(v, "data", None), enum.Enum)]
+    if not enums:
+        return data
+    copied = data.copy()
+    for key, value in enums:
+        copied[key] = NonTensorData(value.value)
+    return copied
+
+
+def _save(path: str, output_lst: Any, indices: Any, data: Any) -> None:
+    """The step in rebatch's dump format (`_files.save_dump`): inputs ``output_lst``, ``indices``, ``data``."""
+    save_dump(
+        path,
+        trainer="verl",
+        version=_versions.installed(),
+        function=f"{ENGINE_UTILS}.postprocess_batch_func",
+        inputs={"output_lst": list(output_lst), "indices": indices, "data": _portable(data)},
+    )
 
 
 def _keys(output_lst: Any, indices: Any, data: Any) -> list[Any]:
@@ -288,7 +323,8 @@ def install(
     ``mode="shadow"``: verl's functions stay in charge, rebatch's shadow them (module docstring):
     ``sample`` the fraction of calls compared, ``on_defect`` ``"log"`` (an ERROR on the
     ``rebatch.shadow`` logger) or ``"raise"`` (rebatch's `ref.errors.RebatchError`, stopping the run),
-    ``report`` a JSON file of `stats` rewritten at each sampled call.
+    ``report`` a JSON file of `stats` rewritten at each sampled call. In ``on`` mode ``report`` is the
+    file of its counters (`torch_impl.integrations._counts`: calls, rows, keys witnessed, errors).
 
     ``lazy=True``: import nothing of verl; names of modules already loaded are replaced now, the others
     as their modules finish importing (the form `torch_impl.integrations.verl_plugin` uses while verl
@@ -323,7 +359,8 @@ def stats(json_path: str | None = None) -> dict[str, Any]:
     ``trainer_seconds``, the name every trainer's shadow has), ``rebatch_seconds``
     (totals over every name), ``by_name`` (the same per replaced name), ``messages`` (the first 100
     logged lines), ``trainer``, ``version``, ``mode`` and ``process``; written as JSON to ``json_path``
-    when given. All zero without a shadow install."""
+    when given. After an ``on`` install: its counters (``mode`` ``"on"``: calls, rows, keys_witnessed,
+    errors per name). All zero without an install."""
     return _integration.stats(json_path)
 
 

@@ -1,0 +1,110 @@
+"""How rebatch writes a file (a shadow report, a dump): privately, whole, and never through a symlink.
+
+`write_private` writes the bytes to a new temporary file in the target's directory (``os.open`` with
+``O_CREAT | O_EXCL | O_NOFOLLOW``, mode ``0o600``, a random name: one temporary file a write, so many
+threads writing the same report never share one), then renames it onto the final name
+(``os.replace``): a reader sees the old file or the new one, never half of one, and a killed process
+leaves at most a stray temporary file, never a truncated report or dump. A symlink planted at the
+temporary name is refused (``O_EXCL``); one planted at the final name is replaced itself (a rename does
+not follow it), its target untouched.
+
+`ProcessFile` is a file of this process (a report: `_shadow.Shadow`, `_counts.Counts`): its path in the
+process that made it, the same name with the child's own run id and pid in a forked child
+(`rebatch_startup._names.for_this_process`), so a child never writes its parent's file.
+`forget_at_fork` resets an object's counters in a forked child (its ``_forked()``), so that a
+child's report counts the child's calls only and never waits on a lock a parent's thread held.
+
+`save_dump` writes a step in the one dump format of every trainer (`DUMP_FORMAT`), read by
+``rebatch check --dump`` (`rebatch.check`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import secrets
+import weakref
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from rebatch_startup._names import for_this_process, run_id
+
+__all__ = ["DUMP_FORMAT", "ProcessFile", "forget_at_fork", "process_facts", "save_dump", "write_private"]
+
+#: The value of a dump's ``"format"`` key (bumped when the layout changes).
+DUMP_FORMAT = "rebatch-dump/1"
+
+_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+def write_private(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a private temporary file in its directory, then rename it there."""
+    head, name = os.path.split(path)
+    tmp = os.path.join(head, f".{name}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, _FLAGS, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def save_dump(path: str, *, trainer: str, version: str | None, function: str, inputs: Mapping[str, Any]) -> None:
+    """Save a step: ``{"format": DUMP_FORMAT, "trainer", "trainer_version", "function", "inputs"}`` (the
+    function's arguments by name, as plain lists, dicts, tensors and TensorDicts), with `write_private`."""
+    import torch
+
+    step = {
+        "format": DUMP_FORMAT,
+        "trainer": trainer,
+        "trainer_version": version,
+        "function": function,
+        "inputs": dict(inputs),
+    }
+    buffer = io.BytesIO()
+    torch.save(step, buffer)
+    write_private(path, buffer.getvalue())
+
+
+def process_facts() -> dict[str, Any]:
+    """The process a report is of: ``pid``, ``host``, ``run`` (`rebatch_startup._names.run_id`), ``argv``."""
+    import socket
+    import sys
+
+    return {"pid": os.getpid(), "host": socket.gethostname(), "run": run_id(), "argv": list(sys.argv)}
+
+
+class ProcessFile:
+    """``path`` in this process; in a forked child the same name with the child's ``-RUN-PID``."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.owner = os.getpid()
+
+    def now(self) -> str:
+        """Where this process writes it."""
+        return for_this_process(self.path, self.owner)
+
+
+class _Forgets(Protocol):
+    def _forked(self) -> None: ...
+
+
+_forgetting: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def forget_at_fork(obj: _Forgets) -> None:
+    """Call ``obj._forked()`` in every child forked from this process (while ``obj`` lives)."""
+    _forgetting.add(obj)
+
+
+def _after_fork_in_child() -> None:
+    for obj in list(_forgetting):
+        obj._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
