@@ -49,7 +49,11 @@ def _to_jax(t: torch.Tensor, copy: bool = False) -> jax.Array:
         t = t.clone(memory_format=torch.contiguous_format)
     if not t.is_contiguous():
         t = t.contiguous()
-    return jax.dlpack.from_dlpack(t)
+    try:
+        return jax.dlpack.from_dlpack(t)
+    except BufferError:  # a dtype this torch's DLPack lacks (float8 before torch 2.10): through its bits
+        bits = jax.dlpack.from_dlpack(t.view(_UNSIGNED[t.element_size()]))
+        return jax.lax.bitcast_convert_type(bits, jnp.dtype(str(t.dtype).removeprefix("torch.")))
 
 
 @exact
@@ -104,8 +108,17 @@ def _check_lengths(nested: Any, at: str) -> None:
             )
 
 
+#: The unsigned integer dtype of each element size: a tensor's bits, for DLPack (`_to_jax`, `_to_tensor`).
+_UNSIGNED = {1: torch.uint8, 2: torch.uint16, 4: torch.uint32, 8: torch.uint64}
+
+
 def _to_tensor(x: jax.Array, copy: bool = False) -> torch.Tensor:
-    t = torch.from_dlpack(x)
+    try:
+        t = torch.from_dlpack(x)
+    except BufferError:  # a dtype this torch's DLPack lacks (float8 before torch 2.10): through its bits
+        size = x.dtype.itemsize
+        bits = torch.from_dlpack(jax.lax.bitcast_convert_type(x, jnp.dtype(f"uint{8 * size}")))
+        t = bits.view(getattr(torch, x.dtype.name))
     return t.clone() if copy else t
 
 
