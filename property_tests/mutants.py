@@ -18,7 +18,8 @@ from unittest import mock
 import torch
 
 import ref.metrics as metrics_mod
-import torch_impl._assemble as assemble_mod
+import torch_impl
+import torch_impl._kernels as kernels_mod
 import torch_impl._ops as ops_mod
 import torch_impl._postprocess as post_mod
 from torch_impl._jagged import njt
@@ -30,14 +31,15 @@ __all__ = ["MUTANTS", "run_mutant", "main"]
 
 
 def _patch_assemble(wrap: Callable[[torch.Tensor], torch.Tensor]) -> contextlib.AbstractContextManager[Any]:
-    real = assemble_mod.assemble
+    """Every key's result, of every call and operation, passed through ``wrap``."""
+    real = kernels_mod.move
 
     def mutated(*args: Any, **kwargs: Any) -> torch.Tensor:
         return wrap(real(*args, **kwargs))
 
     stack = contextlib.ExitStack()
-    for module in (post_mod, ops_mod):
-        stack.enter_context(mock.patch.object(module, "assemble", mutated))
+    for module in (post_mod, kernels_mod):
+        stack.enter_context(mock.patch.object(module, "move", mutated))
     return stack
 
 
@@ -53,8 +55,6 @@ def _rows_swapped(out: torch.Tensor) -> torch.Tensor:
 
 
 def torch_impl_take(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-    import torch_impl
-
     return torch_impl.take(x, order)
 
 
@@ -77,7 +77,7 @@ def _dtype_cast(out: torch.Tensor) -> torch.Tensor:
 @contextlib.contextmanager
 def _offsets_off_by_one() -> Iterator[None]:
     """The first row boundary of every jagged result moved one value to the right."""
-    real = assemble_mod.njt
+    real = kernels_mod.result_njt
 
     def mutated(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         if offsets.numel() >= 3 and int(offsets[1]) < int(offsets[-1]):
@@ -86,7 +86,7 @@ def _offsets_off_by_one() -> Iterator[None]:
             offsets[1:] = torch.cummax(offsets[1:], 0).values
         return real(values, offsets)
 
-    with mock.patch.object(assemble_mod, "njt", mutated):
+    with mock.patch.object(kernels_mod, "result_njt", mutated):
         yield
 
 
@@ -123,15 +123,12 @@ def _metrics_appended() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _row_copies_in_concatenation_order() -> Iterator[None]:
-    """The row-copy path copies the rows in micro-batch order (the inverse permutation ignored); the
-    offsets are still right, so only the values are misplaced."""
-    real = assemble_mod.permute_by_rows
-
-    def mutated(parts: Any, lengths: torch.Tensor, inv: torch.Tensor, total: int, *layout: Any) -> torch.Tensor:
-        return real(parts, lengths, torch.arange(inv.numel()), total, *layout)
-
-    with mock.patch.object(assemble_mod, "permute_by_rows", mutated):
+def _in_concatenation_order(name: str) -> Iterator[None]:
+    """Kernel ``name`` moves the rows in micro-batch order (the permutation ignored); the offsets are
+    still right, so only the values are misplaced."""
+    kernel = torch_impl.KERNELS[name]
+    concat = torch_impl.KERNELS["concat"].run
+    with mock.patch.dict(kernels_mod.KERNELS, {name: kernel._replace(run=concat)}):
         yield
 
 
@@ -142,7 +139,12 @@ MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "dtype_cast": lambda: _patch_assemble(_dtype_cast),
     "inverse_not_inverted": _inverse_not_inverted,
     "metrics_appended_not_extended": _metrics_appended,
-    "row_copies_in_concatenation_order": _row_copies_in_concatenation_order,
+    # every permuting kernel of the registry, ignoring the permutation
+    **{
+        f"{name}_in_concatenation_order": (lambda name=name: _in_concatenation_order(name))
+        for name, kernel in torch_impl.KERNELS.items()
+        if kernel.permutes
+    },
 }
 
 

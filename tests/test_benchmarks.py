@@ -145,37 +145,19 @@ def test_launch_table_script_runs_on_a_tiny_grid(capsys) -> None:
     assert all(r["bytes"] > 0 for r in table)
 
 
-def test_crossover_script_runs() -> None:
-    from rebatch.bench.crossover import crossover
+def test_crossover_times_every_registered_kernel_that_serves_a_case(capsys) -> None:
+    """`kernels_side_by_side` times the default choice and every permuting kernel of the registry that
+    serves the case's layout; `chunk_sizes` every chunked kernel at each size; nothing timed against a bound."""
+    import torch_impl
+    from rebatch.bench.crossover import chunk_sizes, kernels_side_by_side, main
 
-    rows = crossover(32, 4, [4, 64], min_time=0.0)
-    assert [r["mean_length"] for r in rows] == [4, 64]
-    assert all(r["seconds"]["row_copies"] > 0 and r["seconds"]["element_indices"] > 0 for r in rows)
-
-
-def test_few_rows_crossover_runs(capsys) -> None:
-    from rebatch.bench.crossover import few_rows_crossover, main
-
-    rows = few_rows_crossover([2, 8], 4, 16, min_time=0.0)
-    assert [r["rows"] for r in rows] == [2, 8]
-    assert all(r["seconds"]["few_rows"] > 0 and r["seconds"]["numpy"] > 0 for r in rows)
-    assert main(["--few-rows", "--batches", "4", "--lengths", "8", "--min-time", "0"]) == 0
-    assert "NumPy / few rows" in capsys.readouterr().out
-
-
-def test_join_crossover_runs_and_counts_the_neighbours(capsys) -> None:
-    """`join_crossover` times both ways and counts, for each case, the output rows whose micro-batch is
-    the row before's (what ``cpu_join_min_neighbours`` counts): all but the first in one micro-batch."""
-    from rebatch.bench.crossover import join_crossover, main
-
-    rows = join_crossover([16, 2], [1, 4], [8], min_time=0.0)
-    assert [(r["rows"], r["micro_batches"]) for r in rows] == [(16, 1), (16, 4), (2, 1), (2, 2)]
-    assert rows[0]["neighbours"] == 15
-    assert 0 <= rows[1]["neighbours"] < 15
-    assert rows[2]["neighbours"] == 1
-    assert all(r["seconds"]["joined"] > 0 and r["seconds"]["apart"] > 0 for r in rows)
-    assert main(["--join", "--batches", "8", "--counts", "2", "--lengths", "8", "--min-time", "0"]) == 0
-    assert "apart / joined" in capsys.readouterr().out
+    rows = kernels_side_by_side(["dense"], min_time=0.0)
+    dense = {k.name for k in torch_impl.KERNELS.values() if k.permutes and "dense" in k.layouts}
+    assert all(set(r["seconds"]) == {"default"} | dense and min(r["seconds"].values()) > 0 for r in rows)
+    chunked = chunk_sizes([64], min_time=0.0)
+    assert {r["case"] for r in chunked} == {f"{k.name} 64" for k in torch_impl.KERNELS.values() if k.chunked}
+    assert main(["--chunks", "--values", "128", "--min-time", "0"]) == 0
+    assert "host_scatter 128" in capsys.readouterr().out
 
 
 def test_cuda_check_dry_run_passes_on_the_cpu(capsys) -> None:

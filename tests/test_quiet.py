@@ -164,7 +164,7 @@ def test_every_public_function_is_quiet_on_its_first_call(tmp_path: Path) -> Non
     assert done.stdout == ""
     assert done.stderr == ""
     assert "postprocess_batch" in report
-    assert "kernel row_copies" in report
+    assert "kernel host_scatter" in report
     _assert_quiet(report)
 
 

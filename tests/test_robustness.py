@@ -28,7 +28,7 @@ from property_tests.data import jagged
 from property_tests.kernels import forced
 
 #: the two production paths (the forced one- and three-value chunks are for tiny inputs only)
-PATHS = ["row_copies", "element_indices"]
+PATHS = ["host_scatter", "element_indices"]
 STRESS_BUDGET_S = 20.0  # wall time of the stress test's interrupt phase and thread phase together
 
 
@@ -147,7 +147,9 @@ def test_stress_interrupts_and_concurrent_thread_counts() -> None:
     main_threads = torch.get_num_threads()
     workers = [
         threading.Thread(target=worker, args=(n, p), name=f"stress-{n}")
-        for n, p in zip((1, 2, 3, 4), ("row_copies", "element_indices", "row_copies", "element_indices"), strict=True)
+        for n, p in zip(
+            (1, 2, 3, 4), ("host_scatter", "element_indices", "host_scatter", "element_indices"), strict=True
+        )
     ]
     try:
         for w in workers:

@@ -6,9 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
-import itertools
 import math
-import sys
 from collections import Counter
 from typing import Any
 from unittest import mock
@@ -19,9 +17,11 @@ import torch
 from tensordict import NonTensorData, TensorDict
 
 import torch_impl
-import torch_impl._assemble
-import torch_impl._host
-import torch_impl._rowcopy
+import torch_impl._hostcopy
+import torch_impl._kernels
+import torch_impl._parts
+import torch_impl._permutation
+import torch_impl._plan
 from property_tests.baseline import verl_postprocess_batch_func
 from property_tests.compare import assert_same
 from property_tests.data import DTYPES, jagged, random_tensor, rows_of
@@ -175,15 +175,10 @@ def _count(b: int) -> Counter[str]:
     return counter.ops
 
 
-@pytest.mark.parametrize(
-    ("few_rows", "rows"),
-    [(0, (64, 4096)), (128, (8, 128))],  # the host's NumPy paths; the few-rows path (fewer operations)
-    ids=["numpy_paths", "few_rows"],
-)
-def test_operation_count_does_not_grow_with_rows(few_rows: int, rows: tuple[int, int]) -> None:
-    with torch_impl.use_settings(cpu_few_rows=few_rows):
-        _count(rows[0])  # once first: what a process does once (``numpy_bridge``'s probe) is not counted
-        small, large = _count(rows[0]), _count(rows[1])
+@pytest.mark.parametrize("rows", [(64, 4096), (8, 128)])
+def test_operation_count_does_not_grow_with_rows(rows: tuple[int, int]) -> None:
+    _count(rows[0])  # once first: what a process does once (``numpy_bridge``'s probe) is not counted
+    small, large = _count(rows[0]), _count(rows[1])
     assert sum(small.values()) > 0
     assert small == large, f"ops differ: {small - large} vs {large - small}"
 
@@ -276,7 +271,7 @@ def test_index_buffer_covers_one_chunk_at_a_time(micro_batches, trailing, device
     chunk_bytes = total * row_bytes // 16 + 2  # about 16 chunks; not a multiple of a row's bytes
     chunk = -(-chunk_bytes // row_bytes) if device == "meta" else total // 16 + 1
     settings = {"index_chunk_bytes": chunk_bytes} if device == "meta" else {"cpu_index_chunk": chunk}
-    real_scatter = torch_impl._host._scatter
+    real_scatter = torch_impl._hostcopy._scatter
 
     def scatter(dest: np.ndarray, where: np.ndarray, src: np.ndarray) -> None:  # the CPU's NumPy index path
         seen.largest = max(seen.largest, where.size)
@@ -284,9 +279,9 @@ def test_index_buffer_covers_one_chunk_at_a_time(micro_batches, trailing, device
         real_scatter(dest, where, src)
 
     with (
-        torch_impl.use_settings(row_copy_min_elements=math.inf, **settings),
+        torch_impl.use_settings(**settings),
         _LargestIndex() as seen,
-        mock.patch.object(torch_impl._host, "_scatter", scatter),
+        mock.patch.object(torch_impl._hostcopy, "_scatter", scatter),
     ):
         got = torch_impl.postprocess_batch(outs, parts)
     if device == "cpu":
@@ -298,8 +293,8 @@ def test_index_buffer_covers_one_chunk_at_a_time(micro_batches, trailing, device
     assert (defaults.index_chunk_bytes, defaults.cpu_index_chunk) == (16 * 2**20, 2**14)
 
 
-def test_row_copies_under_inference_mode(force) -> None:
-    force("row_copies")
+def test_the_host_kernel_under_inference_mode(force) -> None:
+    force("host_scatter")
     outs, parts = _outputs(64, 4, mean_len=50, keys=3)
     want = verl_postprocess_batch_func(outs, parts, None)
     with torch.inference_mode():
@@ -308,29 +303,29 @@ def test_row_copies_under_inference_mode(force) -> None:
     assert got["model_output"]["k0"].values().is_inference()
 
 
-def test_an_error_on_a_later_key_is_raised_after_earlier_keys_were_copied(force) -> None:
-    force("row_copies")
+def test_an_error_on_a_later_key_is_raised_before_any_key_moves(force) -> None:
+    force("host_scatter")
     outs, parts = _outputs(64, 4, mean_len=50, keys=2)
     outs[2]["model_output"]["k1"] = outs[2]["model_output"]["k1"].to(torch.float64)
     with pytest.raises(errors.DtypeMismatchError, match="key 'k1', micro-batch 2"):
         torch_impl.postprocess_batch(outs, parts)
 
 
-def test_long_rows_take_the_row_copy_path_and_match_verl() -> None:
+def test_long_rows_match_verl() -> None:
     outs, parts = _outputs(48, 4, mean_len=2048)
     assert_same(torch_impl.postprocess_batch(outs, parts), verl_postprocess_batch_func(outs, parts, None))
 
 
 def _count_long(b: int) -> Counter[str]:
     outs, parts = _outputs(b, 8, seed=b, mean_len=1500)
-    with torch_impl.use_settings(cpu_few_rows=0), CountOps() as counter:  # not the few-rows path at B=64
+    with CountOps() as counter:
         torch_impl.postprocess_batch(outs, parts)
     return counter.ops
 
 
-def test_operation_count_does_not_grow_with_rows_on_the_row_copy_path() -> None:
+def test_operation_count_does_not_grow_with_rows_of_long_rows() -> None:
     small, large = _count_long(64), _count_long(512)
-    assert "aten.index_copy_.default" not in small  # the rows moved as byte slices, not by indices
+    assert "aten.index_copy_.default" not in small  # the rows moved by NumPy on the host, not torch's indices
     assert small == large, f"ops differ: {small - large} vs {large - small}"
 
 
@@ -346,12 +341,12 @@ def test_padding_marker_survives_pickling() -> None:
 @pytest.mark.parametrize("parts", [[list(range(32))], [list(range(10)), list(range(10, 32))], [list(range(32)), []]])
 def test_partitions_already_in_order_are_one_concatenation(monkeypatch, parts) -> None:
     """The identity permutation (one micro-batch in order, or contiguous micro-batches in order) is
-    a plain concatenation of each key (on the CPU, one copy a part), nothing moved by index, with
-    verl's result."""
-    for mover in ("permute_by_rows", "permute_by_host_indices", "permute_by_indices"):
-        monkeypatch.setattr(torch_impl._assemble, mover, mock.Mock(side_effect=AssertionError(mover)))
-    concat = mock.Mock(wraps=torch_impl._rowcopy.concat_by_copies)
-    monkeypatch.setattr(torch_impl._rowcopy, "concat_by_copies", concat)
+    a plain concatenation of each key (the ``concat`` kernel), no permuting kernel run, with verl's
+    result."""
+    for name, kernel in torch_impl.KERNELS.items():
+        run = mock.Mock(wraps=kernel.run) if not kernel.permutes else mock.Mock(side_effect=AssertionError(name))
+        monkeypatch.setitem(torch_impl.KERNELS, name, kernel._replace(run=run))
+    concat = torch_impl.KERNELS["concat"].run
     rng = np.random.default_rng(0)
     outs = []
     for part in parts:
@@ -360,8 +355,7 @@ def test_partitions_already_in_order_are_one_concatenation(monkeypatch, parts) -
             lengths = rng.integers(0, 100, size=len(part)).tolist()
             mo[f"k{k}"] = jagged(random_tensor(rng, (sum(lengths),), "float32"), lengths)
         outs.append({"model_output": mo})
-    with torch_impl.use_settings(cpu_few_rows=0):  # the NumPy host path (the few-rows path copies each row)
-        got = torch_impl.postprocess_batch_func(outs, parts, None)
+    got = torch_impl.postprocess_batch_func(outs, parts, None)
     assert concat.call_count == 2
     assert_same(got, verl_postprocess_batch_func(outs, parts, None))
 
@@ -381,70 +375,32 @@ def test_partitions_in_order_carry_gradients_and_dense_outputs_through() -> None
     assert torch.equal(torch.cat([v.grad for v in values]), torch.arange(51.0))
 
 
-def test_row_copies_step_aside_where_torch_cannot_share_memory_with_numpy(monkeypatch, force) -> None:
+def test_the_host_kernels_step_aside_where_torch_cannot_share_memory_with_numpy(monkeypatch, force) -> None:
     """A torch built against another NumPy cannot lend its storage (``Tensor.numpy()`` raises): the
-    torch element-index path then moves the rows (and torch checks the offsets), with the same result."""
-    from torch_impl import _host
-
-    force("row_copies")
+    torch element-index kernel then moves the rows (and torch checks the offsets), with the same result."""
+    force("host_scatter")
     outs, parts = _outputs(32, 4, mean_len=50)
     want = torch_impl.postprocess_batch(outs, parts)
-    monkeypatch.setattr(_host, "numpy_bridge", lambda: False)
+    for module in (torch_impl._hostcopy, torch_impl._parts, torch_impl._plan, torch_impl._permutation):
+        monkeypatch.setattr(module, "numpy_bridge", lambda: False)
     with CountOps() as counter:
         got = torch_impl.postprocess_batch(outs, parts)
     assert "aten.index_copy_.default" in counter.ops
     assert_same(got, want)
 
 
-def _path_taken(lengths: list[int], trailing: tuple[int, ...], min_elements: float) -> str:
-    """The kernel that moved a two-micro-batch batch of rows of ``lengths`` (values ``[n, *trailing]``)."""
-    rng = np.random.default_rng(11)
-    half = len(lengths) // 2
-    parts = [list(range(half, len(lengths))), list(range(half))]  # the halves swapped: a real permutation
-    outs = [
-        {"model_output": {"x": jagged(random_tensor(rng, (sum(ls), *trailing), "float32"), ls)}}
-        for ls in (lengths[half:], lengths[:half])
-    ]
-    real = torch_impl._assemble.permute_by_rows
-    taken: list[str] = []
-
-    def row_copies(*args: Any) -> torch.Tensor:
-        taken.append("row_copies")
-        return real(*args)
-
-    with (
-        torch_impl.use_settings(row_copy_min_elements=min_elements, cpu_few_rows=0),
-        mock.patch.object(torch_impl._assemble, "permute_by_rows", row_copies),
-    ):
-        torch_impl.postprocess_batch(outs, parts)
-    return taken[0] if taken else "element_indices"
-
-
-@pytest.mark.parametrize("trailing", [(), (4,)])
-def test_the_row_copy_threshold_counts_elements_per_row(trailing) -> None:
-    """Row copies from ``row_copy_min_elements`` elements per row on average (values per row times the
-    trailing size), element indices below: the choice is exact at the boundary."""
-    rows, inner = 10, math.prod(trailing)
-    at = [2 * 64 // inner] * (rows // 2) + [0] * (rows // 2)  # 64 elements per row on average
-    below = [*at[: -rows // 2 - 1], at[0] - 1, *at[rows // 2 :]]  # one value fewer
-    assert sum(at) * inner == 64 * rows
-    assert sum(below) * inner == 64 * rows - inner
-    assert _path_taken(at, trailing, 64) == "row_copies"
-    assert _path_taken(below, trailing, 64) == "element_indices"
-
-
 def test_a_torch_without_numpy_is_detected(monkeypatch) -> None:
     """``Tensor.numpy()`` raising (torch built against another NumPy: "Numpy is not available") means no
     NumPy bridge; the check itself, uncached."""
-    from torch_impl import _host
+    from torch_impl import _bridge
 
-    assert _host.numpy_bridge.__wrapped__() is True
+    assert _bridge.numpy_bridge.__wrapped__() is True
 
     def unavailable(self):
         raise RuntimeError("Numpy is not available")
 
     monkeypatch.setattr(torch.Tensor, "numpy", unavailable)
-    assert _host.numpy_bridge.__wrapped__() is False
+    assert _bridge.numpy_bridge.__wrapped__() is False
 
 
 @pytest.mark.parametrize("feature", [(), (4,), (2, 3)])
@@ -598,154 +554,14 @@ def test_concat_key_is_keyword_only() -> None:
     assert_same(torch_impl.concat([x], key="lp"), torch_impl.concat([x]))
 
 
-@pytest.mark.parametrize("field", ["cpu_prefault_min_bytes", "cpu_hugepage_min_bytes"])
-def test_the_page_knobs_refuse_a_negative_size(field) -> None:
-    with pytest.raises(ValueError, match=field):
-        torch_impl.Settings(**{field: -1})
-
-
-def test_a_large_fresh_output_is_advised_only_inside_its_own_pages(monkeypatch) -> None:
-    """From ``cpu_hugepage_min_bytes`` the whole 2 MiB pages inside the output are advised
-    ``MADV_HUGEPAGE`` (14), then its whole 4 KiB pages ``MADV_POPULATE_WRITE`` (23); below it only the
-    latter; never a byte outside the buffer. Results are the same with and without the advice."""
-    calls: list[tuple[int, int, int]] = []
-    monkeypatch.setattr(
-        torch_impl._host, "_madvise", lambda: lambda start, size, advice: calls.append((start, size, advice))
-    )
-    monkeypatch.setattr(torch_impl._host, "huge_pages_without_stalls", lambda: True)
-    like = torch.zeros(1, dtype=torch.float32)
-    n = 3 * 2**19 + 123  # 6 MiB and a bit: one or two whole 2 MiB pages, wherever it starts
-    with torch_impl.use_settings(cpu_prefault_min_bytes=2**20, cpu_hugepage_min_bytes=4 * 2**20):
-        out = torch_impl._host.fresh_output(like, (n,))
-        small = torch_impl._host.fresh_output(like, (2**19,))
-    ptr, end = out.data_ptr(), out.data_ptr() + 4 * n
-    (h_start, h_size, h_adv), (p_start, p_size, p_adv), (s_start, s_size, s_adv) = calls
-    assert (h_adv, p_adv, s_adv) == (14, 23, 23)
-    assert h_start % 2**21 == 0
-    assert h_size % 2**21 == 0
-    assert h_size >= 2**21
-    assert ptr <= h_start
-    assert h_start - ptr < 2**21
-    assert end - 2**21 < h_start + h_size <= end
-    assert p_start % 4096 == 0
-    assert ptr <= p_start < ptr + 4096
-    assert end - 4096 < p_start + p_size <= end
-    assert small.data_ptr() <= s_start
-    assert s_start + s_size <= small.data_ptr() + 4 * 2**19
-
-    monkeypatch.undo()
-    outs, parts = _outputs(256, 4, mean_len=300)
-    with torch_impl.use_settings(cpu_prefault_min_bytes=math.inf, cpu_hugepage_min_bytes=math.inf):
-        plain = torch_impl.postprocess_batch(outs, parts)
-    with torch_impl.use_settings(cpu_prefault_min_bytes=0, cpu_hugepage_min_bytes=0):
-        advised = torch_impl.postprocess_batch(outs, parts)
-    assert_same(advised, plain)
-
-
-@pytest.mark.parametrize("floor", [0, math.inf])
-@pytest.mark.parametrize("chunk", [4096, 3 * 4096 + 5, 2**16, 2**30])
-@pytest.mark.parametrize("seed", range(4))
-def test_the_row_copies_fault_each_page_in_once_before_the_rows_that_write_it(monkeypatch, chunk, seed, floor) -> None:
-    """`fault_plan`: its groups cover every row once, in order; every whole page inside the output is
-    advised exactly once (``MADV_POPULATE_WRITE``, nothing outside the buffer), before any row writes
-    it and just before the first one that does (faulted in as the copies reach them; below
-    ``cpu_fault_chunks_min_bytes``, all at once before the first row); long rows, empty rows and a
-    single row among them."""
-    calls: list[tuple[int, int, int]] = []
-    monkeypatch.setattr(
-        torch_impl._host, "_madvise", lambda: lambda start, size, advice: calls.append((start, size, advice))
-    )
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(0, 3 * 4096, size=int(rng.integers(1, 300)))
-    lengths[rng.random(lengths.shape[0]) < 0.05] *= 40  # a few rows many pages long
-    lengths[0] += 3 * 4096  # whole pages inside the output, wherever it starts
-    ends = np.cumsum(lengths)
-    out = torch.empty(int(ends[-1]) + 1, dtype=torch.uint8)[1:]  # starts inside a page
-    with torch_impl.use_settings(
-        cpu_prefault_min_bytes=0, cpu_fault_chunk_bytes=chunk, cpu_fault_chunks_min_bytes=floor
-    ):
-        plan = torch_impl._host.fault_plan(out, ends)
-        for _, start, size in plan:
-            torch_impl._host.fault_in(start, size)
-    assert sum(rows for rows, _, _ in plan) == lengths.shape[0]
-    assert all(advice == 23 for _, _, advice in calls)
-    ptr, nbytes = out.data_ptr(), int(ends[-1])
-    first, last = -(-ptr // 4096) * 4096, (ptr + nbytes) // 4096 * 4096
-    spans = [(start, start + size) for _, start, size in plan if size]
-    assert [(s, s + n) for s, n, _ in calls] == spans
-    assert spans[0][0] == first
-    assert spans[-1][1] == last
-    assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))  # each page once, in order
-    assert all(s % 4096 == 0 and e % 4096 == 0 and e > s for s, e in spans)
-    assert (len(spans) == 1) is (floor == math.inf or chunk >= nbytes)
-    faulted, row = first, 0
-    for rows, start, size in plan:
-        if size:  # just in time: the group's first row writes its first page, the row before does not
-            faulted = start + size
-            assert ptr + int(ends[row]) > start
-            assert row == 0 or ptr + int(ends[row - 1]) <= start
-        for r in range(row, row + rows):
-            assert min(ptr + int(ends[r]), last) <= faulted  # every whole page the row writes is in
-        row += rows
-
-
-@pytest.mark.parametrize("chunk", [1, 4096, 3 * 4096 + 5, 2**30])
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int64"])
-def test_concatenation_by_copies_is_cat_bit_for_bit(chunk, dtype) -> None:
-    """`concat_by_copies`: the values ``torch.cat`` gives (NaN payloads, dtype and shape), in pieces of
-    any size (rounded to whole pages), empty parts and a part smaller than a piece among them, faulted
-    in by chunks or whole."""
-    from torch_impl._parts import JaggedPart
-    from torch_impl._rowcopy import concat_by_copies
-
-    rng = np.random.default_rng(chunk)
-    values = [random_tensor(rng, (n, 3), dtype) for n in (0, 5000, 1, 0, 7001)]
-    parts = [JaggedPart(v, torch.tensor([0, v.shape[0]]), 1) for v in values]
-    total = sum(v.shape[0] for v in values)
-    for floor in (0, math.inf):  # faulted in by chunks, then whole
-        with torch_impl.use_settings(
-            cpu_prefault_min_bytes=0, cpu_fault_chunks_min_bytes=floor, cpu_fault_chunk_bytes=chunk
-        ):
-            got = concat_by_copies(parts, total)
-        want = torch.cat(values)
-        assert got.dtype == want.dtype
-        assert got.shape == want.shape
-        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
-
-
-@pytest.mark.parametrize("floor", [0, math.inf])
-def test_a_large_concatenation_is_one_cat_and_a_smaller_one_copies(monkeypatch, floor) -> None:
-    """From ``cpu_parallel_concat_min_bytes`` a host concatenation is ``torch.cat`` (torch's threads),
-    below it `concat_by_copies` (the calling thread); the same values either way."""
-    outs, parts = _outputs(64, 1, mean_len=50)
-    parts = [sorted(parts[0])]
-    concat = mock.Mock(wraps=torch_impl._rowcopy.concat_by_copies)
-    monkeypatch.setattr(torch_impl._rowcopy, "concat_by_copies", concat)
-    with torch_impl.use_settings(cpu_parallel_concat_min_bytes=floor, cpu_few_rows=0), CountOps() as counter:
-        got = torch_impl.postprocess_batch(outs, parts)
-    assert concat.called is (floor != 0)
-    assert ("aten.cat.default" in counter.ops) is (floor == 0)
-    assert_same(got, verl_postprocess_batch_func(outs, parts, None))
-
-
-def test_a_fault_group_is_whole_pages_and_a_whole_huge_page_where_huge_pages_are_advised(monkeypatch) -> None:
-    with torch_impl.use_settings(cpu_fault_chunk_bytes=3 * 4096 + 5, cpu_hugepage_min_bytes=2**25):
-        assert torch_impl._host.fault_step(2**30) == 3 * 4096
-        with torch_impl.use_settings(cpu_fault_chunk_bytes=1):
-            assert torch_impl._host.fault_step(2**30) == 4096
-        monkeypatch.setattr(torch_impl._host, "huge_pages_without_stalls", lambda: True)
-        assert torch_impl._host.fault_step(2**30) == 2**21
-        assert torch_impl._host.fault_step(2**24) == 3 * 4096  # below the huge-page floor
-
-
 @pytest.mark.parametrize("trailing", [(), (3,), (2, 5), (0,)])
 @pytest.mark.parametrize("dtype", [*DTYPES, "complex64"])
 def test_dense_outputs_on_the_host_move_whole_rows_bit_for_bit(monkeypatch, dtype, trailing) -> None:
     """Dense CPU parts NumPy may move: under a permutation, whole rows scattered with NumPy
-    (`scatter_rows`), in order by copies; the values of ``cat`` and ``index_copy_`` (torch's dense
+    (the ``host_rows`` kernel), in order by ``cat``; the values of ``cat`` and ``index_copy_`` (torch's dense
     path), NaN payloads, dtype and shape included, for rows of any width (none included)."""
-    scatter = mock.Mock(wraps=torch_impl._assemble.scatter_rows)
-    monkeypatch.setattr(torch_impl._assemble, "scatter_rows", scatter)
+    scatter = mock.Mock(wraps=torch_impl.KERNELS["host_rows"].run)
+    monkeypatch.setitem(torch_impl.KERNELS, "host_rows", torch_impl.KERNELS["host_rows"]._replace(run=scatter))
     rng = np.random.default_rng(len(trailing))
     perm = rng.permutation(40).tolist()
     for parts in ([perm[:7], [], perm[7:30], perm[30:]], [list(range(25)), list(range(25, 40))]):
@@ -761,169 +577,6 @@ def test_dense_outputs_on_the_host_move_whole_rows_bit_for_bit(monkeypatch, dtyp
     assert scatter.call_count == 1  # the first partition on the host; the second is in order
 
 
-def _pieces_of(rows: np.ndarray, partitions: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The row copies' pieces (`torch_impl._rowcopy._copy_pieces`' ``dest``, ``part_of_piece``,
-    ``begin``) of rows of ``rows[i]`` bytes (by original index) in these partitions, in output order."""
-    part = np.empty(rows.shape[0], dtype=np.int64)
-    begin = np.empty(rows.shape[0], dtype=np.int64)
-    for m, p in enumerate(partitions):
-        part[p] = m
-        begin[p] = np.cumsum(rows[p]) - rows[p]  # each row's first byte inside its part
-    return np.concatenate(([0], np.cumsum(rows))), part, begin
-
-
-def _byte_sources(dest: np.ndarray, part: np.ndarray, begin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each output byte's part and byte there, as pieces copy them."""
-    sizes = np.diff(dest)
-    return np.repeat(part, sizes), np.repeat(begin - dest[:-1], sizes) + np.arange(dest[-1])
-
-
-def _joined_one_by_one(
-    dest: np.ndarray, part: np.ndarray, begin: np.ndarray, step: int, origin: int = 0
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`join_runs`' meaning, a piece at a time: a piece joins the run before it where it has the run's
-    part, its source starts where the run's last piece's ends, and it starts in the fault group
-    (``step`` bytes from byte ``origin``) where the run's first starts."""
-    first = [0]
-    for k in range(1, part.shape[0]):
-        run = first[-1]
-        if not (
-            part[k] == part[k - 1]
-            and begin[k] == begin[k - 1] + dest[k] - dest[k - 1]
-            and (dest[k] - origin) // step == (dest[run] - origin) // step
-        ):
-            first.append(k)
-    return np.append(dest[first], dest[-1]), part[first], begin[first]
-
-
-@pytest.mark.parametrize("step", [1, 7, 64, 2**40])
-@pytest.mark.parametrize("seed", range(8))
-def test_joined_runs_copy_each_byte_from_where_its_row_does(seed, step) -> None:
-    """`join_runs`: the pieces a one-by-one join gives (`_joined_one_by_one`), which write every output
-    byte from the byte the rows' own copies take it from; with fewer pieces continuing the one before
-    than ``cpu_join_min_neighbours``, the pieces as they are (and from exactly that many, joined).
-    Partitions in ascending order (as verl's) or not, empty rows and empty partitions among them, fault
-    groups from the output's first byte or a later one."""
-    from torch_impl._rowcopy import join_runs
-
-    rng = np.random.default_rng(seed)
-    b = int(rng.integers(2, 300))
-    perm = rng.permutation(b)
-    partitions = np.split(perm, np.sort(rng.integers(0, b + 1, size=int(rng.integers(0, 6)))))
-    partitions = [np.sort(p) if rng.random() < 0.75 else p for p in partitions]
-    rows = rng.integers(0, 40, size=b) * (rng.random(b) > 0.1)
-    dest, part, begin = _pieces_of(rows, partitions)
-    origin = int(rng.integers(0, step)) if step < 2**40 else 0
-    continuing = int(np.count_nonzero((np.diff(part) == 0) & (np.diff(begin) == np.diff(dest[:-1]))))
-    want = _joined_one_by_one(dest, part, begin, step, origin)
-    if step == 2**40:  # every continuing piece joins
-        assert want[1].shape[0] == b - continuing
-    for least in (0, continuing):
-        with torch_impl.use_settings(cpu_join_min_neighbours=least):
-            got = join_runs(dest, part, begin, step, origin)
-        for a, w in zip(got, want, strict=True):
-            assert np.array_equal(a, w)
-        for a, w in zip(_byte_sources(*got), _byte_sources(dest, part, begin), strict=True):
-            assert np.array_equal(a, w)
-    with torch_impl.use_settings(cpu_join_min_neighbours=continuing + 1):
-        got = join_runs(dest, part, begin, step, origin)
-    assert got[0] is dest
-    assert got[1] is part
-    assert got[2] is begin
-
-
-@pytest.mark.parametrize(("dtype", "trailing"), [("float32", ()), ("bfloat16", (5,)), ("int8", (2,)), ("int64", (0,))])
-@pytest.mark.parametrize("ascending", [True, False])
-def test_row_copies_with_runs_joined_are_the_rows_copied_one_by_one(monkeypatch, dtype, trailing, ascending) -> None:
-    """Row copies with runs joined: the values of the copies one a row and of verl's function, bit for
-    bit; the pieces copied are the rows' own joined one by one (`_joined_one_by_one`) within the fault
-    groups `fault_plan` makes (one page each, counted from the output's first whole page; and the
-    default 256 KiB), and one a row when joining is off. Partitions ascending (as verl's) or not."""
-    rng = np.random.default_rng(len(trailing))
-    perm = rng.permutation(600)
-    partitions = [perm[a:b].tolist() for a, b in ((0, 150), (150, 300), (300, 301), (301, 600))]
-    partitions = [sorted(p) if ascending else p for p in partitions]
-    outs, lengths = [], np.zeros(600, dtype=np.int64)
-    for p in partitions:
-        rows = rng.integers(0, 300, size=len(p))
-        lengths[p] = rows
-        values = random_tensor(rng, (int(rows.sum()), *trailing), dtype)
-        outs.append({"model_output": {"k": jagged(values, rows.tolist())}})
-    row_bytes = torch.empty((), dtype=getattr(torch, dtype)).element_size() * math.prod(trailing)
-    rows_pieces = _pieces_of(lengths * row_bytes, [np.asarray(p) for p in partitions])
-    pieces = mock.Mock(wraps=torch_impl._rowcopy._copy_pieces)
-    monkeypatch.setattr(torch_impl._rowcopy, "_copy_pieces", pieces)
-    with torch_impl.use_settings(row_copy_min_elements=0, cpu_few_rows=0, cpu_join_min_neighbours=sys.maxsize):
-        apart = torch_impl.postprocess_batch(outs, partitions)
-    assert pieces.call_args.args[3].shape[0] == 600  # one piece a row
-    assert_same(apart, verl_postprocess_batch_func(outs, partitions, None))
-    for chunks, step in (({"cpu_fault_chunk_bytes": 4096, "cpu_fault_chunks_min_bytes": 0}, 4096), ({}, 2**18)):
-        with torch_impl.use_settings(
-            row_copy_min_elements=0, cpu_few_rows=0, cpu_join_min_neighbours=0, cpu_prefault_min_bytes=0, **chunks
-        ):
-            assert_same(torch_impl.postprocess_batch(outs, partitions), apart)
-        out, _, dest, part, begin, _ = pieces.call_args.args
-        want = _joined_one_by_one(*rows_pieces, step, -out.data_ptr() % 4096)
-        for got, w in zip((dest, part, begin), want, strict=True):
-            assert np.array_equal(got, w)
-        if ascending and row_bytes:
-            assert part.shape[0] < 600
-
-
-def test_faulting_in_by_chunks_changes_no_byte() -> None:
-    outs, parts = _outputs(256, 4, mean_len=3000, keys=2)
-    with torch_impl.use_settings(cpu_prefault_min_bytes=math.inf):
-        plain = torch_impl.postprocess_batch(outs, parts)
-    with torch_impl.use_settings(cpu_prefault_min_bytes=0, cpu_fault_chunk_bytes=4096, cpu_fault_chunks_min_bytes=0):
-        chunked = torch_impl.postprocess_batch(outs, parts)
-    assert_same(chunked, plain)
-
-
-@pytest.mark.parametrize(
-    ("enabled", "defrag", "advised"),
-    [
-        ("always [madvise] never", "always defer [defer+madvise] madvise never", False),
-        ("always [madvise] never", "always defer defer+madvise [madvise] never", False),
-        ("always [madvise] never", "always [defer] defer+madvise madvise never", True),
-        ("always [madvise] never", "always defer defer+madvise madvise [never]", True),
-        ("[always] madvise never", "always [defer] defer+madvise madvise never", False),
-        ("always madvise [never]", "always [defer] defer+madvise madvise never", False),
-        (None, None, False),
-    ],
-)
-def test_huge_pages_only_where_the_kernel_never_stalls_for_them(tmp_path, monkeypatch, enabled, defrag, advised):
-    """``MADV_HUGEPAGE`` only under THP ``enabled=madvise`` with ``defrag=defer`` or ``never``: the other
-    defrag modes compact memory in the faulting thread (seconds, measured), and without the sysfs
-    files (not Linux, or no THP) nothing is advised."""
-    if enabled is not None:
-        (tmp_path / "enabled").write_text(enabled + "\n")
-        (tmp_path / "defrag").write_text(defrag + "\n")
-    monkeypatch.setattr(torch_impl._host, "_THP", tmp_path)
-    torch_impl._host.huge_pages_without_stalls.cache_clear()
-    try:
-        assert torch_impl._host.huge_pages_without_stalls() is advised
-        calls: list[int] = []
-        monkeypatch.setattr(torch_impl._host, "_madvise", lambda: lambda start, size, advice: calls.append(advice))
-        with torch_impl.use_settings(cpu_prefault_min_bytes=0, cpu_hugepage_min_bytes=0):
-            torch_impl._host.fresh_output(torch.zeros(1), (2**21,))
-        assert (14 in calls) is advised
-        assert calls[-1] == 23
-    finally:
-        torch_impl._host.huge_pages_without_stalls.cache_clear()
-
-
-def test_the_address_space_view_reads_and_writes_a_tensor_at_its_address() -> None:
-    """`address_space`: bytes ``a`` to ``b`` of it are the memory at those addresses (one view, made once)."""
-    from torch_impl._host import address_space
-
-    x = torch.arange(16, dtype=torch.int32)
-    memory, ptr = address_space(), x.data_ptr()
-    assert address_space() is memory
-    assert bytes(memory[ptr : ptr + 64]) == x.numpy().tobytes()
-    memory[ptr : ptr + 4] = memory[ptr + 60 : ptr + 64]
-    assert x[0].item() == 15
-
-
 def _ranges() -> tuple[torch.Tensor, list[torch.Tensor], dict[str, np.ndarray]]:
     """Two sources of 40 and 0 bytes and an output of 48: four pieces, each inside its tensors."""
     sources = [torch.zeros(10, dtype=torch.int32), torch.zeros(0, dtype=torch.int32)]
@@ -934,228 +587,6 @@ def _ranges() -> tuple[torch.Tensor, list[torch.Tensor], dict[str, np.ndarray]]:
         "begin": np.array([32, 0, 0, 12]),
     }
     return torch.zeros(12, dtype=torch.int32), sources, pieces
-
-
-@pytest.mark.parametrize(
-    ("field", "k", "value"),
-    [
-        ("begin", 0, 33),  # past the source's end by one byte
-        ("begin", 1, -1),
-        ("nbytes", 1, -4),
-        ("nbytes", 3, 29),
-        ("dest_begin", 3, 21),  # past the output's end by one byte
-        ("dest_begin", 0, -8),
-        ("source_of_piece", 0, 1),  # a piece of the empty source
-    ],
-)
-def test_host_copies_refuse_a_piece_outside_its_tensors(field, k, value) -> None:
-    """`check_ranges`, the guard of the copies by address: every piece inside its source and the
-    output, to the byte (each bound met exactly passes); one byte outside raises."""
-    from torch_impl._rowcopy import check_ranges
-
-    out, sources, pieces = _ranges()
-    check_ranges(out, sources, *pieces.values())  # each piece ends exactly at its tensor's end, or is empty
-    pieces[field] = pieces[field].copy()
-    pieces[field][k] = value
-    with pytest.raises(RuntimeError, match="byte ranges fall outside its tensors"):
-        check_ranges(out, sources, *pieces.values())
-
-
-@pytest.mark.parametrize("few_rows", [0, 128], ids=["row_copies", "few_rows"])
-def test_planned_copies_are_made_when_run_and_hold_their_tensors(few_rows: int) -> None:
-    """With a ``moves`` list, `assemble` returns outputs whose values come only when the moves run, and
-    the moves keep the parts they read alive: the caller may drop every input first (the row copies
-    and the few-rows path)."""
-    import gc
-    import weakref
-
-    from torch_impl._assemble import assemble
-    from torch_impl._parts import check_parts
-    from torch_impl._permutation import check_permutation
-
-    outs, parts = _outputs(64, 4, keys=2, mean_len=50)
-    want = torch_impl.postprocess_batch(outs, parts)["model_output"]
-    perm = check_permutation(parts, 64)
-    moves: list[Any] = []
-    with torch_impl.use_settings(row_copy_min_elements=0, cpu_few_rows=few_rows):
-        got = {k: assemble(check_parts([o["model_output"][k] for o in outs], k), perm, k, None, moves) for k in want}
-    assert len(moves) == 2
-    watch = [weakref.ref(o["model_output"]["k0"]._values) for o in outs]
-    del outs
-    gc.collect()
-    assert all(w() is not None for w in watch)  # held by the moves
-    for k in want:
-        got[k].values().fill_(0)  # what the moves overwrite
-    for move in moves:
-        move()
-    for k, v in want.items():  # bit for bit (NaN payloads among the values)
-        assert torch.equal(got[k].values().view(torch.uint8), v.values().view(torch.uint8))
-        assert torch.equal(got[k].offsets(), v.offsets())
-    del moves
-    gc.collect()
-    assert all(w() is None for w in watch)
-
-
-def _count_few_rows(monkeypatch) -> mock.Mock:
-    """A spy on the few-rows assembly, where a call taken whole (`torch_impl._fewrows.few_rows_call`) and
-    the general pipeline's `assemble` each call it."""
-    few = mock.Mock(wraps=torch_impl._fewrows.assemble_few_rows)
-    monkeypatch.setattr(torch_impl._assemble, "assemble_few_rows", few)
-    monkeypatch.setattr(torch_impl._fewrows, "assemble_few_rows", few)
-    return few
-
-
-def _few_rows_outputs(rng: np.random.Generator, parts: list[list[int]], dtype: str, trailing: tuple[int, ...]):
-    """One jagged key ``x`` per micro-batch of ``parts``: rows of 0 to 6 values (empty rows included)."""
-    outs = []
-    for part in parts:
-        lengths = rng.integers(0, 7, size=len(part)).tolist()
-        outs.append({"model_output": {"x": jagged(random_tensor(rng, (sum(lengths), *trailing), dtype), lengths)}})
-    return outs
-
-
-@pytest.mark.parametrize("trailing", [(), (3,), (2, 5), (0,)])
-@pytest.mark.parametrize("dtype", [*DTYPES, "complex64"])
-def test_the_few_rows_path_gives_the_numpy_paths_result_bit_for_bit(monkeypatch, dtype, trailing) -> None:
-    """Below ``cpu_few_rows`` rows a CPU jagged key is assembled with Python-int bookkeeping and a copy
-    a row (`torch_impl._fewrows`); its result is the NumPy host path's and verl's, NaN payloads, dtype
-    and shape included: permuted, with an empty micro-batch, in order (the identity), one micro-batch."""
-    few = _count_few_rows(monkeypatch)
-    rng = np.random.default_rng(len(trailing))
-    perm = rng.permutation(40).tolist()
-    cases = [[perm[:7], [], perm[7:30], perm[30:]], [list(range(25)), list(range(25, 40))], [perm], [[0]]]
-    for parts in cases:
-        outs = _few_rows_outputs(rng, parts, dtype, trailing)
-        with torch_impl.use_settings(cpu_few_rows=0):
-            want = torch_impl.postprocess_batch(outs, parts)["model_output"]["x"]
-        assert few.call_count == 0
-        got = torch_impl.postprocess_batch_func(outs, parts, None)["model_output"]["x"]
-        assert few.call_count == 1
-        few.reset_mock()
-        assert_same(got, want)
-        assert_same(got, verl_postprocess_batch_func(outs, parts, None)["model_output"]["x"])
-
-
-def test_the_few_rows_path_stops_at_its_rows_and_at_the_prefault_floor(monkeypatch) -> None:
-    """``cpu_few_rows`` rows take it, one more does not; nor does an output of ``cpu_prefault_min_bytes``
-    (its pages are faulted in by the NumPy path), nor values that require grad."""
-    few = _count_few_rows(monkeypatch)
-    rng = np.random.default_rng(5)
-    for rows, taken in ((12, True), (13, False)):
-        parts = [rng.permutation(rows).tolist()]
-        outs = _few_rows_outputs(rng, parts, "float32", ())
-        with torch_impl.use_settings(cpu_few_rows=12):
-            got = torch_impl.postprocess_batch(outs, parts)
-        assert few.call_count == taken
-        few.reset_mock()
-        assert_same(got["model_output"], verl_postprocess_batch_func(outs, parts, None)["model_output"])
-    outs = [{"model_output": {"x": jagged(torch.zeros(64, 4), [10, 20, 30, 4])}}]  # 1024 bytes
-    for floor, taken in ((1025, True), (1024, False), (1023, False), (0, False)):  # under the floor only
-        with torch_impl.use_settings(cpu_prefault_min_bytes=floor):
-            torch_impl.postprocess_batch(outs, [[3, 1, 0, 2]])
-        assert few.call_count == taken, floor
-        few.reset_mock()
-    values = torch.zeros(64, 4, requires_grad=True)
-    torch_impl.postprocess_batch([{"model_output": {"x": jagged(values, [10, 20, 30, 4])}}], [[3, 1, 0, 2]])
-    assert few.call_count == 0
-
-
-@pytest.mark.parametrize(
-    ("offsets", "message"),
-    [
-        ([1, 2, 3], r"micro-batch 1: offsets\[0\] must be 0, got 1"),
-        ([0, 2, 1, 3], r"micro-batch 1: offsets must be non-decreasing, got offsets\[1\] = 2 > offsets\[2\] = 1"),
-        ([0, 1, 2], r"micro-batch 1: offsets\[-1\] must equal len\(values\) = 3, got 2"),
-    ],
-)
-def test_the_few_rows_path_rejects_bad_offsets_as_the_numpy_path_does(offsets, message) -> None:
-    """The same checks and messages on both host paths (`check_few_offsets`, `host_lengths`), the defect
-    in the second micro-batch after a valid first."""
-    good = jagged(torch.arange(4.0), [1, 3])
-    bad = torch_impl._jagged.njt(torch.arange(3.0), torch.tensor(offsets, dtype=torch.int64))
-    outs = [{"model_output": {"lp": good}}, {"model_output": {"lp": bad}}]
-    rows = 2 + len(offsets) - 1
-    parts = [[0, rows - 1], list(range(1, rows - 1))]
-    for few_rows in (0, 128):
-        with torch_impl.use_settings(cpu_few_rows=few_rows), pytest.raises(errors.InvalidJaggedError, match=message):
-            torch_impl.postprocess_batch(outs, parts)
-
-
-def test_a_few_rows_copy_past_its_output_is_refused(monkeypatch) -> None:
-    """The few-rows path's guard: a defect that left the rows' lengths (which size the output) out of
-    step with their spans raises before any byte is written past the output."""
-    from torch_impl import _fewrows
-    from torch_impl._parts import check_parts
-
-    x = jagged(torch.arange(6.0), [2, 4])
-    parts = check_parts([x], "lp")
-    real = _fewrows.check_few_offsets
-
-    def short(parts: Any, key: Any) -> Any:
-        lengths, offsets = real(parts, key)
-        return [n - 1 for n in lengths], offsets  # two value rows fewer than the spans hold
-
-    monkeypatch.setattr(_fewrows, "check_few_offsets", short)
-    with pytest.raises(RuntimeError, match="a defect of rebatch"):
-        _fewrows.assemble_few_rows(parts, "lp", [1, 0])
-    moves: list[Any] = []
-    _fewrows.assemble_few_rows(parts, "lp", [1, 0], moves)  # planned: refused when it runs
-    with pytest.raises(RuntimeError, match="a defect of rebatch"):
-        moves[0]()
-
-
-def test_touch_pages_writes_one_line_of_zeros_at_each_whole_page_and_nothing_else() -> None:
-    """`touch_pages`: the first 64 bytes of every whole page inside the tensor become zeros; every other
-    byte, inside the tensor or around it (partial pages at either end included), is left as it was."""
-    from torch_impl._host import touch_pages
-
-    base = torch.full((7 * 4096 + 300,), 0xAB, dtype=torch.uint8)
-    for begin, end in ((37, 6 * 4096 + 200), (4096 - base.data_ptr() % 4096, 7 * 4096), (5, 4000)):
-        base.fill_(0xAB)
-        x = base[begin:end]
-        touch_pages(x.view(torch.float32) if (end - begin) % 4 == 0 else x)
-        want = np.full(base.shape[0], 0xAB, dtype=np.uint8)
-        ptr = base.data_ptr()
-        first = -(-(ptr + begin) // 4096) * 4096 - ptr
-        for page in range(first, end - 4096 + 1, 4096):
-            want[page : page + 64] = 0
-        assert np.array_equal(base.numpy(), want), (begin, end)
-
-
-@pytest.mark.parametrize("threads", [2, 1])
-def test_large_outputs_fault_in_on_torchs_threads(monkeypatch, threads: int) -> None:
-    """From ``cpu_parallel_fault_min_bytes``, where torch has more than one thread, a fresh host output is
-    faulted in by `touch_pages` (no ``MADV_POPULATE_WRITE``, no fault plan); with one thread, by the
-    advice as below it. The same values on every host path (row copies, NumPy scatters, dense rows)."""
-    advice: list[int] = []
-    real_madvise = torch_impl._host._madvise()
-
-    def madvise(start: int, size: int, adv: int) -> int:
-        advice.append(adv)
-        return real_madvise(start, size, adv) if real_madvise is not None else 0
-
-    monkeypatch.setattr(torch_impl._host, "_madvise", lambda: madvise)
-    touch = mock.Mock(wraps=torch_impl._host.touch_pages)
-    monkeypatch.setattr(torch_impl._host, "touch_pages", touch)
-    monkeypatch.setattr(torch_impl._host.torch, "get_num_threads", lambda: threads)
-    outs, parts = _outputs(256, 4, mean_len=300)
-    for o in outs:
-        o["model_output"]["d"] = torch.arange(o["model_output"]["k0"].size(0) * 40.0).reshape(-1, 40)
-    plain = torch_impl.postprocess_batch(outs, parts)  # 300 KiB a key: below every floor
-    assert touch.call_count == 0
-    for path in ("row_copies", "element_indices"):
-        with (
-            forced(path),
-            torch_impl.use_settings(
-                cpu_prefault_min_bytes=0, cpu_parallel_fault_min_bytes=0, cpu_dense_host_min_elements=0
-            ),
-        ):
-            got = torch_impl.postprocess_batch(outs, parts)
-        assert_same(got, plain)
-        assert touch.call_count == (2 if threads > 1 else 0), path  # the jagged key and the dense one
-        assert (23 in advice) is (threads == 1)  # MADV_POPULATE_WRITE
-        touch.reset_mock()
-        advice.clear()
 
 
 @pytest.mark.parametrize("name", [b[0] for b in torch_impl._settings._BOUNDS])
@@ -1176,7 +607,62 @@ def test_every_knob_refuses_a_value_below_its_bound_and_a_non_integer_where_it_c
         torch_impl.Settings(**{name: math.inf})
 
 
-def test_the_bounds_table_names_every_knob_in_the_fields_order() -> None:
+def test_the_bounds_table_names_every_numeric_knob_in_the_fields_order() -> None:
     from torch_impl._settings import _BOUNDS
 
-    assert [b[0] for b in _BOUNDS] == [f.name for f in dataclasses.fields(torch_impl.Settings)]
+    assert [b[0] for b in _BOUNDS] == [f.name for f in dataclasses.fields(torch_impl.Settings)][1:]
+
+
+def test_the_kernel_knob_takes_a_name_and_refuses_an_unknown_one() -> None:
+    """``Settings.kernel``: a kernel's name (or None); a name no kernel has is refused at the first key."""
+    with pytest.raises(ValueError, match=r"^kernel must be a kernel's name or None, got 3$"):
+        torch_impl.Settings(kernel=3)  # type: ignore[arg-type]
+    outs, parts = _outputs(8, 2)
+    with (
+        torch_impl.use_settings(kernel="row_copies"),
+        pytest.raises(errors.UnsupportedSettingError, match="row_copies"),
+    ):
+        torch_impl.postprocess_batch(outs, parts)
+
+
+def _chosen(outs: list[dict[str, Any]], parts: Any) -> list[str]:
+    """The kernels `torch_impl.postprocess_batch` ran for ``outs``, by key."""
+    taken: list[str] = []
+    real = torch_impl._kernels.choose
+
+    def spy(plan: Any) -> Any:
+        kernel = real(plan)
+        taken.append(kernel.name)
+        return kernel
+
+    with mock.patch.object(torch_impl._kernels, "choose", spy):
+        torch_impl.postprocess_batch(outs, parts)
+    return taken
+
+
+def test_the_registry_chooses_by_device_autograd_layout_and_size() -> None:
+    """By default: a CPU jagged key with nothing to differentiate by NumPy (``host_scatter``), one to
+    differentiate by torch's indices; a dense key by NumPy from ``cpu_dense_host_min_elements``
+    elements, by torch below; keys already in order by one ``cat``; off the CPU torch only."""
+    rng = np.random.default_rng(3)
+    parts = [[2, 0], [1, 3]]
+    lengths = [[3, 1], [2, 0]]
+
+    def outs(grad: bool = False, dense: int = 4, device: str = "cpu") -> list[dict[str, Any]]:
+        return [
+            {
+                "model_output": {
+                    "j": jagged(random_tensor(rng, (sum(n),), "float32").requires_grad_(grad), n).to(device),
+                    "d": torch.zeros(len(n), dense, device=device),
+                }
+            }
+            for n in lengths
+        ]
+
+    assert _chosen(outs(), parts) == ["host_scatter", "index_rows"]
+    assert _chosen(outs(dense=2**13), parts) == ["host_scatter", "host_rows"]
+    assert _chosen(outs(grad=True), parts) == ["element_indices", "index_rows"]
+    assert _chosen(outs(device="meta"), parts) == ["element_indices", "index_rows"]
+    assert _chosen(outs(), [[0, 1], [2, 3]]) == ["concat", "concat"]
+    with torch.no_grad():
+        assert _chosen(outs(grad=True), parts)[0] == "host_scatter"

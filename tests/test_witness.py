@@ -21,7 +21,7 @@ import torch_impl
 from property_tests.baseline import verl_postprocess_batch_func
 from property_tests.compare import first_difference
 from property_tests.convert import outputs_to_ref
-from property_tests.kernels import forced
+from property_tests.kernels import KERNELS, forced
 from property_tests.strategies import PER_TOKEN_KEYS, VerlStep, verl_step, verl_steps
 from ref.errors import InvalidJaggedError, MisalignmentError, UnsupportedSettingError
 from torch_impl import _witness
@@ -97,7 +97,7 @@ def test_ref_passes_the_same_steps_with_their_witness(step: VerlStep) -> None:
     )
 
 
-@pytest.mark.parametrize("path", ["few_rows", "row_copies", "element_indices"])
+@pytest.mark.parametrize("path", sorted(KERNELS))
 @FEW
 @given(step=STEPS, kind=st.sampled_from(KINDS), seed=st.integers(0, 2**16))
 def test_each_misalignment_raises_naming_a_per_token_key(path: str, step: VerlStep, kind: str, seed: int) -> None:
@@ -209,7 +209,7 @@ def test_many_rows_misaligned_raise_the_same_error_as_ref() -> None:
     ):
         outs, indices, _, _ = _misaligned(step, "rows_swapped", rng)
     got = []
-    for path in ("row_copies", "element_indices"):
+    for path in ("host_scatter", "element_indices"):
         with forced(path), pytest.raises(MisalignmentError) as info:
             torch_impl.postprocess_batch_func(outs, indices, step.data)
         got.append(str(info.value))

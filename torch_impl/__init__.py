@@ -24,6 +24,7 @@ from ._distributed import (
     prepare_micro_batches_dp as prepare_micro_batches_dp,
     sync_micro_batch_count as sync_micro_batch_count,
 )
+from ._kernels import KERNELS as KERNELS, Kernel as Kernel
 from ._layouts import (
     from_packed as from_packed,
     from_padded as from_padded,
@@ -53,6 +54,8 @@ from ._witness import (
 )
 
 __all__ = [
+    "KERNELS",
+    "Kernel",
     "PADDING",
     "Settings",
     "append_to_dict",

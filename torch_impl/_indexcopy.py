@@ -22,10 +22,10 @@ from ._jagged import Runs, zero_prefixed_cumsum
 from ._parts import JaggedPart
 from ._settings import get_settings
 
-__all__ = ["index_chunk", "permute_by_indices"]
+__all__ = ["permute_by_indices"]
 
 
-def index_chunk(values: torch.Tensor) -> int:
+def _index_chunk(values: torch.Tensor) -> int:
     """Value rows per destination buffer. On the CPU ``Settings.cpu_index_chunk``; elsewhere as many
     as cover ``Settings.index_chunk_bytes`` of output (rows of ``values[0]``'s size), rounded up; at
     least 1."""
@@ -50,7 +50,7 @@ def permute_by_indices(
     """
     first = parts[0].values
     total = sum(p.values.shape[0] for p in parts)
-    chunk = index_chunk(first)
+    chunk = _index_chunk(first)
     dest_starts = out_offsets.index_select(0, perm)
     out = as_bits(first).new_empty((total, *first.shape[1:]))
     if first.device.type != "cpu" or total <= chunk:

@@ -8,12 +8,11 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
-from torch.nested._internal.nested_tensor import NestedTensor as _NJT
 
 from ._bits import as_bits, from_bits
-from ._parts import JaggedPart, check_offsets
+from ._parts import JaggedPart, NestedTensor, check_offsets
 
-__all__ = ["Runs", "fresh_njt", "gather_jagged", "njt", "zero_prefixed_cumsum"]
+__all__ = ["Runs", "gather_jagged", "njt", "result_njt", "zero_prefixed_cumsum"]
 
 
 def _internal_nested_view() -> Callable[..., torch.Tensor] | None:
@@ -45,7 +44,7 @@ def njt(values: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor | Non
     return _nested_view(values, offsets, lengths)
 
 
-def fresh_njt(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+def result_njt(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """`njt` over ``values`` that were just made (a result's own storage), built directly where no
     gradient can flow: a plain ``values`` tensor that does not require grad, or grad mode off. The
     view `njt` makes goes through torch's dispatch of ``_nested_view_from_jagged`` (about 90 µs on a
@@ -53,7 +52,7 @@ def fresh_njt(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     values, offsets, sizes and strides, only not recorded as a view of ``values``, which only autograd
     reads. With a gradient to carry, or a tensor subclass, it is `njt` itself."""
     if type(values) is torch.Tensor and not (values.requires_grad and torch.is_grad_enabled()):
-        return _NJT(values, offsets)
+        return NestedTensor(values, offsets)
     return njt(values, offsets)
 
 

@@ -14,10 +14,10 @@ from tensordict import TensorDictBase
 
 from ref.errors import RowIndexError, UnsupportedSettingError
 
-from ._assemble import assemble
 from ._bits import as_bits, from_bits
 from ._entry import entry
 from ._jagged import gather_jagged, njt
+from ._kernels import assemble
 from ._parts import DensePart, Part, check_parts, unpack
 from ._permutation import check_permutation
 

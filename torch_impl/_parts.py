@@ -12,11 +12,12 @@ from collections.abc import Sequence
 from operator import attrgetter
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 # The jagged nested tensor class (torch >= 2.2; this package needs >= 2.6): the attributes read
 # below (``_values``, ``_offsets``, ``_lengths``, ``_ragged_idx``) are its own.
-from torch.nested._internal.nested_tensor import NestedTensor as _NJT
+from torch.nested._internal.nested_tensor import NestedTensor
 
 from ref.errors import (
     DeviceMismatchError,
@@ -27,7 +28,19 @@ from ref.errors import (
     where,
 )
 
-__all__ = ["DensePart", "JaggedPart", "Part", "check_offsets", "check_parts", "row_steps", "unpack"]
+from ._bridge import numpy_bridge
+
+__all__ = [
+    "DensePart",
+    "JaggedPart",
+    "NestedTensor",
+    "Part",
+    "check_offsets",
+    "check_parts",
+    "explain_bad_offsets",
+    "row_steps",
+    "unpack",
+]
 
 
 class JaggedPart(NamedTuple):
@@ -39,28 +52,12 @@ class JaggedPart(NamedTuple):
     offsets: torch.Tensor
     rows: int
 
-    @property
-    def jagged(self) -> bool:
-        return True
-
-    @property
-    def trailing(self) -> tuple[int, ...]:
-        return tuple(self.values.shape[1:])
-
 
 class DensePart(NamedTuple):
     """One micro-batch's dense output for one key: ``values`` ``[b, *F]`` itself, ``rows`` ``b``."""
 
     values: torch.Tensor
     rows: int
-
-    @property
-    def jagged(self) -> bool:
-        return False
-
-    @property
-    def trailing(self) -> tuple[int, ...]:
-        return tuple(self.values.shape[1:])
 
 
 #: One micro-batch's output for one key; ``isinstance(p, JaggedPart)`` narrows it.
@@ -79,7 +76,7 @@ def _unpack(x: Any, key: Any, micro_batch: int | None, allow_jagged: bool) -> Pa
     """`unpack`, with torch's ``__torch_function__`` handling of subclasses already switched off."""
     if not isinstance(x, torch.Tensor):
         raise ShapeMismatchError(f"{where(key, micro_batch)}an output must be a tensor, got {type(x).__name__}")
-    if isinstance(x, _NJT):
+    if isinstance(x, NestedTensor):
         if x._ragged_idx != 1:
             raise InvalidJaggedError(f"{where(key, micro_batch)}the ragged dimension must be 1, got {x._ragged_idx}")
         if not allow_jagged:
@@ -189,8 +186,8 @@ def _check_unpacked(parts: Sequence[Any], key: Any, allow_jagged: bool) -> list[
             or (ndim > 1 and v.shape[1:] != trailing)
         ):
             at = where(key, m)
-            if p.jagged != first.jagged:
-                kind, kind0 = ("jagged" if q.jagged else "dense" for q in (p, first))
+            if type(p) is not type(first):
+                kind, kind0 = ("jagged" if isinstance(q, JaggedPart) else "dense" for q in (p, first))
                 raise ShapeMismatchError(f"{at}layout {kind} differs from micro-batch 0's {kind0}")
             if p.values.dtype != first.values.dtype:
                 raise DtypeMismatchError(
@@ -200,14 +197,13 @@ def _check_unpacked(parts: Sequence[Any], key: Any, allow_jagged: bool) -> list[
                 raise DeviceMismatchError(
                     f"{at}device {p.values.device} differs from micro-batch 0's {first.values.device}"
                 )
-            raise ShapeMismatchError(f"{at}trailing shape {p.trailing} differs from micro-batch 0's {first.trailing}")
+            got, want = (tuple(q.values.shape[1:]) for q in (p, first))
+            raise ShapeMismatchError(f"{at}trailing shape {got} differs from micro-batch 0's {want}")
         out.append(p)
     return out
 
 
-#: Parts from which `_plain_jagged` goes first (measured, 2 cores, torch 2.13, paired, the loop's
-#: time over its own: 0.60x at 1 part, 0.78x at 2, 0.95x at 4; 1.11-1.16x at 8, 1.26-1.33x at 16,
-#: 1.38-1.8x at 64, in two runs).
+#: Parts from which `_plain_jagged` goes first (docs/kernels.md, "Host bookkeeping").
 _MAPPED_MIN_PARTS = 8
 #: What `_plain_jagged` reads of each part (one C-level call a part for each group)
 _AS_IS, _BUFFERS = attrgetter("_ragged_idx", "_lengths", "requires_grad"), attrgetter("_values", "_offsets")
@@ -221,7 +217,9 @@ def _plain_jagged(parts: Sequence[Any]) -> list[Part] | None:
     lazy conjugate or negative bit) and agreeing with the first (dtype, dimensions, device, trailing
     shape). Their `JaggedPart`s, the loop's result; None where any of this does not hold (the loop
     then raises for the first defect, or converts)."""
-    if set(map(type, parts)) != {_NJT} or set(map(_AS_IS, parts)) != {(1, None, False)}:  # none: {} != {_NJT}
+    if set(map(type, parts)) != {NestedTensor} or set(map(_AS_IS, parts)) != {
+        (1, None, False)
+    }:  # none: {} != {NestedTensor}
         return None
     values, offsets = zip(*map(_BUFFERS, parts), strict=True)
     kinds = set(map(_KIND, values))
@@ -244,17 +242,20 @@ def check_offsets(parts: Sequence[JaggedPart], key: Any = None, steps: torch.Ten
 
     ``offsets[0] == 0``, non-decreasing, ``offsets[-1] == len(values)`` (`InvalidJaggedError`; 1-D
     integer offsets are checked by `unpack`). Reading offsets costs a host-device synchronisation on
-    an accelerator, so they are checked where they live on the CPU; on an accelerator they are trusted
-    (torch builds them). A constant number of operations, whatever the numbers of rows and parts: all
-    offsets are laid end to end (``[B + M]``) and differenced once; the steps that cross from one part
-    to the next are left out by one ``index_select`` with ``steps`` (`row_steps` of the parts' row
-    counts, on their device; built here when not given: a call shares it between keys).
+    an accelerator, so they are checked where they live on the CPU (there with NumPy on the tensors'
+    own memory, a fraction of torch's dispatch cost); on an accelerator they are trusted (torch builds
+    them). A constant number of operations, whatever the numbers of rows and parts: all offsets are
+    laid end to end (``[B + M]``) and differenced once; the steps that cross from one part to the next
+    are left out (on the device by one ``index_select`` with ``steps``, `row_steps` of the parts' row
+    counts, built here when not given: a call shares it between keys).
     """
     if not parts:
         return torch.zeros(0, dtype=torch.int64)
     device = parts[0].offsets.device
-    rows = [p.rows for p in parts]
     flat = torch.cat([p.offsets for p in parts]) if len(parts) > 1 else parts[0].offsets
+    if device.type == "cpu" and type(flat) is torch.Tensor and numpy_bridge():
+        return torch.from_numpy(_host_lengths(parts, key, flat.numpy()))
+    rows = [p.rows for p in parts]
     lengths = flat.diff()
     if len(parts) > 1:
         lengths = lengths.index_select(0, row_steps(rows, device) if steps is None else steps)
@@ -263,7 +264,24 @@ def check_offsets(parts: Sequence[JaggedPart], key: Any = None, steps: torch.Ten
         ends = torch.tensor([f + r for f, r in zip(firsts, rows, strict=True)] + firsts)
         want = torch.tensor([p.values.shape[0] for p in parts] + [0] * len(parts))
         if bool((flat.index_select(0, ends) != want).any()) or bool((lengths < 0).any()):
-            _explain_bad_offsets(parts, key)
+            explain_bad_offsets(parts, key)
+    return lengths
+
+
+def _host_lengths(parts: Sequence[JaggedPart], key: Any, flat: np.ndarray) -> np.ndarray:
+    """`check_offsets` of CPU parts on their offsets laid end to end (``flat``, a NumPy view)."""
+    rows = [p.rows for p in parts]
+    ends = list(itertools.accumulate(r + 1 for r in rows))  # past each part's last offset in ``flat``
+    bounds = np.array([e - r - 1 for e, r in zip(ends, rows, strict=True)] + [e - 1 for e in ends])
+    lengths = flat[1:] - flat[:-1]
+    if len(parts) > 1:  # the steps from one part's last offset to the next part's first left out
+        keep = np.ones(lengths.shape[0], dtype=bool)
+        keep[bounds[len(parts) : -1]] = False
+        lengths = lengths[keep]
+    probe = flat[bounds]  # each part's first offset (0), then its last (its number of value rows)
+    probe[len(parts) :] -= np.array([p.values.shape[0] for p in parts])
+    if probe.any() or (lengths < 0).any():
+        explain_bad_offsets(parts, key)
     return lengths
 
 
@@ -278,7 +296,7 @@ def row_steps(rows: Sequence[int], device: torch.device) -> torch.Tensor:
     return step_of_row.cumsum_(0)[:-1]
 
 
-def _explain_bad_offsets(parts: Sequence[JaggedPart], key: Any) -> None:
+def explain_bad_offsets(parts: Sequence[JaggedPart], key: Any) -> None:
     """Raise `InvalidJaggedError` for the first part whose offsets break an invariant (error path only)."""
     for m, p in enumerate(parts):
         at, o, n = where(key, m), p.offsets, p.values.shape[0]

@@ -42,9 +42,8 @@ def _flat_indices(
     (named with its micro-batch and position, never wrapped: a uint64 ``2**64 - 1`` is not ``-1``).
     """
     if type(partitions) is list and partitions and all(type(p) is list for p in partitions):
-        # the common case (verl's lists of ints), without a loop over the partitions in Python: the
-        # loop below takes each as a sequence (measured, 2 cores, paired: B=1024 in 64 partitions
-        # 133 µs against 175 for the loop, in 16 118 against 129; B=8 in 4 16.5 against 18.5)
+        # the common case (verl's lists of ints), without a loop over the partitions in Python
+        # (docs/kernels.md, "Host bookkeeping")
         return _from_lists(dict(enumerate(partitions)), num_rows, at), list(map(len, partitions))
     sizes: list[int] = []
     pieces: dict[int, torch.Tensor] = {}
@@ -157,8 +156,7 @@ def check_permutation(partitions: Sequence[Any], num_rows: int, *, at: Locator =
     return perm
 
 
-#: Up to this many indices `_valid` sorts them as Python ints (measured, 2 cores: 1.1 us at 8, 4.1 at 64,
-#: 7.8 at 128, where the NumPy checks take 9-10 us at any of these sizes and 11 us at 1024).
+#: Up to this many indices `_valid` sorts them as Python ints (docs/kernels.md, "Host bookkeeping").
 _SORT_MAX = 64
 
 

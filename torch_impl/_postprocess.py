@@ -8,23 +8,21 @@ from typing import Any
 
 import torch
 from tensordict import NonTensorData, TensorDictBase
-from torch.nested._internal.nested_tensor import NestedTensor as _NJT
 
 from ref.dtypes import check_dtype
 from ref.errors import PartitionMismatchError, ShapeMismatchError, UnsupportedSettingError, where
 from ref.metrics import fold_metrics
 from ref.structure import check_metrics, check_partition_count, check_settings, drop_padding, model_outputs
 
-from ._assemble import assemble
 from ._bits import check_bits_grad
 from ._entry import entry
-from ._fewrows import few_rows_call
 from ._jagged import njt
-from ._parts import JaggedPart, check_offsets, check_parts
+from ._kernels import move
+from ._parts import NestedTensor, check_parts
 from ._permutation import check_permutation
-from ._rowcopy import Moves
+from ._plan import KeyPlan, plan_key
 from ._rows import CallRows
-from ._witness import Witness, witness_config, witness_input
+from ._witness import Witness, read_witness, witness_config
 
 __all__ = ["check_batch_func", "postprocess_batch", "postprocess_batch_func", "read_setting"]
 
@@ -55,37 +53,56 @@ def postprocess_batch(
 
 
 def _postprocess_batch(
+    output_lst: Sequence[Mapping[str, Any]], indices: Sequence[Sequence[int]] | None, *settings: Any
+) -> dict[str, Any]:
+    """`postprocess_batch` itself (its public name adds the entry checks, which verl's drop-in has made),
+    one pipeline for every call: check and plan every key (`_checked_plans`, whose ``settings`` these
+    are), then move each key's data
+    with the kernel the registry chooses (`torch_impl._kernels.move`), then fold the losses and metrics."""
+    output_lst, plans = _checked_plans(output_lst, indices, *settings)
+    model_output = {plan.key: move(plan) for plan in plans}
+    losses = [o["loss"] for o in output_lst if "loss" in o]
+    metrics = fold_metrics(o["metrics"] for o in output_lst if "metrics" in o)
+    return {"model_output": model_output, "loss": losses, "metrics": metrics}
+
+
+def _checked_plans(
     output_lst: Sequence[Mapping[str, Any]],
     indices: Sequence[Sequence[int]] | None,
     use_dynamic_bsz: Any,
     pad_mode: Any,
     witness: Any = None,
     unbound: Collection[Any] = (),
-) -> dict[str, Any]:
-    """`postprocess_batch` itself (its public name adds the entry checks, which verl's drop-in has made);
-    a plain call of a few rows as a whole (`few_rows_call`), any other through the pipeline below:
-    every check, then each key assembled (its restored lengths handed to the witness), the witness's
-    verdict (one read on an accelerator, after every launch), then the host copies."""
+) -> tuple[Sequence[Mapping[str, Any]], list[KeyPlan]]:
+    """Every check of a call, in ``docs/spec.md``'s order, and every key's plan, no data moved: the
+    settings (step 1), the outputs without padding micro-batches, the permutation, each key's parts
+    (`_check_keys`), each key's offsets as it is planned (`plan_key`), and the alignment witness's
+    verdict on every key's restored lengths, computed once from the plans. Returns the outputs
+    without padding micro-batches and the plans, in the keys' order."""
     pad_mode, dynamic = _settings(use_dynamic_bsz, pad_mode, indices)
-    few = dynamic and pad_mode == "no_padding"
-    model_output = few_rows_call(output_lst, indices, witness, unbound) if few else None
-    if model_output is None:
-        output_lst, perm, checked, seen = _check(output_lst, indices, dynamic, pad_mode, witness, unbound)
-        model_output = {}
-        rows: CallRows | None = None
-        moves: Moves = []  # every key's outputs and plans first, then every host copy (`Moves`)
-        for key, parts in checked.items():
-            if rows is None:
-                rows = CallRows([p.rows for p in parts], perm)
-            model_output[key] = assemble(parts, perm, key, rows, moves, seen)
-        if seen is not None:
-            seen.verdict()
-        for move in moves:
-            move()
-
-    losses = [o["loss"] for o in output_lst if "loss" in o]
-    metrics = fold_metrics(o["metrics"] for o in output_lst if "metrics" in o)
-    return {"model_output": model_output, "loss": losses, "metrics": metrics}
+    output_lst, indices = drop_padding(output_lst, indices)
+    outs = model_outputs(output_lst)
+    check_metrics(output_lst)
+    perm = None
+    if dynamic:
+        check_partition_count(indices, len(outs))
+        perm = check_permutation(indices, sum(len(p) for p in indices))
+    keys = list(outs[0]) if outs else []
+    sizes = [len(p) for p in indices] if perm is not None and indices is not None else None
+    checked = _check_keys(outs, keys, sizes, pad_mode)
+    if not checked:
+        return output_lst, []
+    rows = CallRows([p.rows for p in checked[keys[0]]], perm)
+    judge = Witness(witness, sum(rows.rows), rows.perm, rows.rows, unbound) if witness is not None else None
+    plans = []
+    for key, parts in checked.items():
+        plan = plan_key(parts, key, rows)
+        if judge is not None:
+            judge.observe(key, parts, plan.restored)
+        plans.append(plan)
+    if judge is not None:
+        judge.verdict()
+    return output_lst, plans
 
 
 def _settings(use_dynamic_bsz: Any, pad_mode: Any, indices: Sequence[Sequence[int]] | None) -> tuple[str, bool]:
@@ -94,35 +111,6 @@ def _settings(use_dynamic_bsz: Any, pad_mode: Any, indices: Sequence[Sequence[in
     if isinstance(pad_mode, Enum):
         pad_mode = pad_mode.value
     return pad_mode, check_settings(use_dynamic_bsz, pad_mode, indices)
-
-
-def _check(
-    output_lst: Sequence[Mapping[str, Any]],
-    indices: Sequence[Sequence[int]] | None,
-    use_dynamic_bsz: bool,
-    pad_mode: str,
-    witness: Any = None,
-    unbound: Collection[Any] = (),
-) -> tuple[Sequence[Mapping[str, Any]], torch.Tensor | None, dict[Any, list[Any]], Witness | None]:
-    """Every check of a call after its settings' (`_settings`, whose results these are), no data
-    moved: the outputs without padding micro-batches, the permutation (None without dynamic batch
-    size), each key's checked parts, in the keys' order, and the call's `Witness` (its form checked;
-    None without a witness or without outputs), to which the assembly hands each key's lengths."""
-    output_lst, indices = drop_padding(output_lst, indices)
-    outs = model_outputs(output_lst)
-    check_metrics(output_lst)
-    perm = None
-    if use_dynamic_bsz:
-        check_partition_count(indices, len(outs))
-        perm = check_permutation(indices, sum(len(p) for p in indices))
-    keys = list(outs[0]) if outs else []
-    sizes = [len(p) for p in indices] if perm is not None and indices is not None else None
-    checked = _check_keys(outs, keys, sizes, pad_mode)
-    seen = None
-    if witness is not None and checked:
-        rows = [p.rows for p in checked[keys[0]]]
-        seen = Witness(witness, sum(rows), perm, rows, unbound)
-    return output_lst, perm, checked, seen
 
 
 def _check_keys(
@@ -184,12 +172,8 @@ def postprocess_batch_func(
     outputs in the wrong order, raise `ref.errors.MisalignmentError` for every per-token key
     (``docs/spec.md``, "The alignment witness"; off for the process with `torch_impl.set_witness`).
     """
-    use_dynamic_bsz = read_setting(data, "use_dynamic_bsz", True)
-    pad_mode = read_setting(data, "pad_mode", "no_padding")
-    output_lst = [_plain_model_output(o) for o in output_lst] if isinstance(output_lst, list | tuple) else output_lst
-    witness = witness_input(data)
-    unbound = witness_config()[1] if witness is not None else ()
-    result = _postprocess_batch(output_lst, indices, use_dynamic_bsz, pad_mode, witness, unbound)
+    output_lst, settings = _verl_call(output_lst, data)
+    result = _postprocess_batch(output_lst, indices, *settings)
     result["model_output"] = {k: _nested_like_verl(v) for k, v in result["model_output"].items()}
     return result
 
@@ -200,33 +184,19 @@ def check_batch_func(
 ) -> None:
     """Every check `postprocess_batch_func` makes of this call, without moving data: returns None or
     raises the same `ref.errors.RebatchError` (verl's shadow mode runs it on unsampled calls)."""
+    output_lst, settings = _verl_call(output_lst, data)
+    _checked_plans(output_lst, indices, *settings)
+
+
+def _verl_call(output_lst: Any, data: Any) -> tuple[Any, tuple[Any, Any, Any, Collection[Any]]]:
+    """verl's ``(output_lst, data)`` as `_postprocess_batch`'s: the outputs with plain ``model_output``
+    dicts, and ``(use_dynamic_bsz, pad_mode, witness, unbound)`` read from ``data``."""
     use_dynamic_bsz = read_setting(data, "use_dynamic_bsz", True)
     pad_mode = read_setting(data, "pad_mode", "no_padding")
     output_lst = [_plain_model_output(o) for o in output_lst] if isinstance(output_lst, list | tuple) else output_lst
-    pad_mode, dynamic = _settings(use_dynamic_bsz, pad_mode, indices)
-    witness = witness_input(data)
+    witness = read_witness(data)
     unbound = witness_config()[1] if witness is not None else ()
-    _, perm, checked, seen = _check(output_lst, indices, dynamic, pad_mode, witness, unbound)
-    if seen is not None:
-        _witness_only(checked, perm, seen)
-
-
-def _witness_only(checked: dict[Any, list[Any]], perm: torch.Tensor | None, seen: Witness) -> None:
-    """The witness's verdict without assembling: each key's restored lengths from its offsets
-    (`check_offsets`, which checks them where they live on the CPU), handed to ``seen``."""
-    rows: CallRows | None = None
-    for key, parts in checked.items():
-        if not parts or not isinstance(parts[0], JaggedPart) or not seen.binds(key, parts):
-            seen.left_key()
-            continue
-        if rows is None:
-            rows = CallRows([p.rows for p in parts], perm)
-        device = parts[0].values.device
-        lengths = check_offsets(parts, key, rows.steps(device))
-        if perm is not None and not rows.in_order():
-            lengths = lengths.index_select(0, rows.inverse(device))
-        seen.observe(key, parts, lengths, binds=True)
-    seen.verdict()
+    return output_lst, (use_dynamic_bsz, pad_mode, witness, unbound)
 
 
 def _plain_model_output(o: Any) -> Any:
@@ -242,7 +212,7 @@ def _plain_model_output(o: Any) -> Any:
 def _nested_like_verl(x: torch.Tensor) -> torch.Tensor:
     """A dense ``[B, S, *F]`` result as the jagged ``[B, (S), *F]`` verl returns (every row of length
     ``S``; a view of the result's own fresh storage); jagged and ``[B]`` results as they are."""
-    if isinstance(x, _NJT) or x.is_nested or x.dim() < 2:  # the class first: no __torch_function__ for it
+    if isinstance(x, NestedTensor) or x.is_nested or x.dim() < 2:  # the class first: no __torch_function__ for it
         return x
     b, s = int(x.shape[0]), int(x.shape[1])
     offsets = (

@@ -1,14 +1,14 @@
-"""`CallRows`: what every key of one call shares, built once per call and device.
+"""`CallRows`: what every key of one call shares, built once per call (and device).
 
-Every key of a call has the same micro-batches' row counts (checked) and the same permutation, so the
-tensors derived from them alone (the permutation on the keys' device, its inverse, `row_steps`) are
-built on first use and kept for the other keys: a call's operations grow by a constant per key.
+Every key of a call has the same micro-batches' row counts (checked) and the same permutation, so what
+derives from them alone is built on first use and kept for the other keys: the inverse permutation
+(computed once, on the host, where the checked permutation lives), their copies on the keys' device,
+and `row_steps`. A call's operations grow by a constant per key.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -16,69 +16,30 @@ import torch
 from ._parts import row_steps
 from ._permutation import invert, is_identity
 
-__all__ = ["CallRows", "HostRows"]
-
-
-class HostRows(NamedTuple):
-    """The host (NumPy) side of a call's rows, for CPU parts: ``part_of_row`` (``[B]``: each row's
-    micro-batch, rows in concatenation order), ``steps`` (``[B]``: row ``r`` of part ``m`` is step
-    ``r + m`` of the parts' offsets laid end to end, `row_steps`), ``bounds`` (``[2M]``: where each
-    part's offsets begin there, then where each ends), ``perm``/``inv`` (``[B]``, or None without a
-    permutation)."""
-
-    part_of_row: np.ndarray
-    steps: np.ndarray
-    bounds: np.ndarray
-    perm: np.ndarray | None
-    inv: np.ndarray | None
+__all__ = ["CallRows"]
 
 
 class CallRows:
-    """``rows``: each micro-batch's row count; ``perm``: the checked permutation ``[B]`` (CPU), or None."""
+    """``rows``: each micro-batch's row count; ``perm``: the checked permutation ``[B]`` (CPU int64), or
+    None (the parts' rows are already in order: no dynamic batch size, or the identity)."""
 
     def __init__(self, rows: Sequence[int], perm: torch.Tensor | None) -> None:
         self.rows = list(rows)
-        self._perm = perm
+        self.perm: torch.Tensor | None = None if perm is None or is_identity(perm) else perm
         self._made: dict[tuple[str, torch.device], torch.Tensor] = {}
-        self._host: HostRows | None = None
-        self._in_order: bool | None = None
-        self._inverse_list: list[int] | None = None
+        self._inverse: torch.Tensor | None = None
 
-    def in_order(self) -> bool:
-        """Whether the permutation is the identity, so the parts laid end to end already are in original
-        order (one micro-batch of sorted indices, or sorted contiguous micro-batches); checked once."""
-        if self._in_order is None:
-            self._in_order = self._perm is not None and is_identity(self._perm)
-        return self._in_order
+    def inverse(self) -> torch.Tensor:
+        """``inv[perm[k]] == k`` (CPU int64 ``[B]``): the one inverse of the call."""
+        if self._inverse is None:
+            assert self.perm is not None, "rebatch internal error: an inverse asked of rows in order"
+            self._inverse = invert(self.perm)
+        return self._inverse
 
-    def host(self) -> HostRows:
-        """The `HostRows` of this call (built on first use): a few NumPy operations, whatever B and M."""
-        if self._host is None:
-            rows = np.asarray(self.rows, dtype=np.int64)
-            part_of_row = np.arange(len(rows), dtype=np.int64).repeat(rows)
-            bounds = np.zeros(2 * len(rows), dtype=np.int64)
-            firsts, ends = bounds[: len(rows)], bounds[len(rows) :]
-            (rows[:-1] + 1).cumsum(out=firsts[1:])
-            np.add(firsts, rows, out=ends)
-            perm = inv = None
-            if self._perm is not None:
-                perm = self._perm.numpy()
-                inv = np.empty_like(perm)
-                inv[perm] = np.arange(perm.shape[0], dtype=perm.dtype)
-            steps = np.arange(part_of_row.shape[0], dtype=np.int64) + part_of_row
-            self._host = HostRows(part_of_row, steps, bounds, perm, inv)
-        return self._host
-
-    def inverse_list(self) -> list[int]:
-        """``inv[perm[k]] == k`` as Python ints (built on first use; the few-rows path, `torch_impl._fewrows`)."""
-        if self._inverse_list is None:
-            assert self._perm is not None
-            perm = self._perm.tolist()
-            inv = [0] * len(perm)
-            for k, i in enumerate(perm):
-                inv[i] = k
-            self._inverse_list = inv
-        return self._inverse_list
+    def host(self) -> tuple[np.ndarray, np.ndarray]:
+        """The permutation and its inverse as NumPy arrays (views, no copy) for the host kernels."""
+        assert self.perm is not None, "rebatch internal error: no permutation on the host"
+        return self.perm.numpy(), self.inverse().numpy()
 
     def _once(self, what: str, device: torch.device, make: Callable[[], torch.Tensor]) -> torch.Tensor:
         key = (what, device)
@@ -86,15 +47,16 @@ class CallRows:
             self._made[key] = make()
         return self._made[key]
 
-    def perm(self, device: torch.device) -> torch.Tensor:
-        """The permutation on ``device`` (a copy from the host, not a read of the device)."""
-        assert self._perm is not None
-        perm = self._perm
-        return self._once("perm", device, lambda: perm.to(device, non_blocking=True))
+    def perm_on(self, device: torch.device) -> torch.Tensor:
+        """The permutation on ``device`` (a copy from the host, never a read of the device)."""
+        perm = self.perm
+        assert perm is not None, "rebatch internal error: a permutation asked of rows in order"
+        return perm if device.type == "cpu" else self._once("perm", device, lambda: perm.to(device, non_blocking=True))
 
-    def inverse(self, device: torch.device) -> torch.Tensor:
-        """``inv[perm[k]] == k``, on ``device``."""
-        return self._once("inverse", device, lambda: invert(self.perm(device)))
+    def inverse_on(self, device: torch.device) -> torch.Tensor:
+        """The inverse on ``device`` (copied from the host's)."""
+        inv = self.inverse()
+        return inv if device.type == "cpu" else self._once("inverse", device, lambda: inv.to(device, non_blocking=True))
 
     def steps(self, device: torch.device) -> torch.Tensor | None:
         """`row_steps` of the row counts on ``device``; None for one micro-batch (nothing to leave out)."""

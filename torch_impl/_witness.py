@@ -2,9 +2,9 @@
 
 Step 6 of the order of checks (``docs/spec.md``, "The alignment witness"); the binding rule and the
 error's words are `ref.structure`'s (`witness_binds`, `misalignment`), shared with ``ref``. A call
-builds one `Witness` after its other checks (6a: the witness's form); each key's assembly hands it the
-restored row lengths it computed anyway (`Witness.observe`), and the call asks for the `Witness.verdict`
-after every key is assembled and before its host copies run. On the CPU the lengths are host data and
+builds one `Witness` after its other checks (6a: the witness's form); each key's plan hands it the
+restored row lengths (`Witness.observe`, one form: a tensor), and the call asks for the
+`Witness.verdict` once every key is planned, before any data moves. On the CPU the lengths are host data and
 the comparison is immediate; on an accelerator each distinct offsets group is compared on the device
 (two operations) and `verdict` reads every group's flag in one small read: one host-device
 synchronisation a call, after all of the call's launches. Keys whose parts share their offsets tensors
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import operator
 import os
 import threading
 from collections.abc import Collection, Iterable, Sequence
@@ -33,7 +32,7 @@ from rebatch_startup import WITNESS_ENV, WITNESS_UNBOUND_ENV
 from ref.errors import RebatchError, UnsupportedSettingError, where
 from ref.structure import WITNESS, check_lengths, misalignment, witness_binds, witness_form
 
-from ._parts import _NJT, JaggedPart
+from ._parts import JaggedPart, NestedTensor
 
 __all__ = [
     "ENV",
@@ -43,7 +42,6 @@ __all__ = [
     "read_witness",
     "set_witness",
     "witness_config",
-    "witness_input",
     "witness_stats",
 ]
 
@@ -67,9 +65,6 @@ if hasattr(os, "register_at_fork"):
 _config: tuple[bool, frozenset[Any]] | None = None
 _COUNTERS = ("calls", "calls_without_witness", "calls_binding_nothing", "keys_witnessed", "keys_unbound")
 _stats = dict.fromkeys(_COUNTERS, 0)
-#: Rows up to which a witness's values are checked as Python ints (a few-rows call's: cheaper than
-#: two NumPy reductions, about 2.5 µs each, below some tens of rows).
-_FEW = 64
 
 
 def _from_env() -> tuple[bool, frozenset[Any]]:
@@ -147,22 +142,12 @@ def _count_call(bound: int, left: int) -> None:
             _stats["calls_binding_nothing"] += 1
 
 
-def read_witness(data: Any) -> list[int] | np.ndarray | torch.Tensor | None:
+def read_witness(data: Any) -> np.ndarray | torch.Tensor | None:
     """verl's witness: the row lengths ``[B]`` of ``data["input_ids"]`` when it is a jagged nested
     tensor (its ``lengths()`` where it has holes, else its offsets' differences; on the CPU, as verl
-    leaves ``data``, a NumPy array, or for up to 64 rows a list of Python ints), or None (no ``data``,
-    no ``input_ids``, a dense one, or the switch off; counted as a call without a witness). Read without
-    torch's nested-tensor dispatch (tens of microseconds an attribute otherwise)."""
-    found = witness_input(data)
-    if isinstance(found, _HostOffsets):
-        return found.offsets[1:] - found.offsets[:-1]
-    return found
-
-
-def witness_input(data: Any) -> Any:
-    """`read_witness` in the form `Witness` takes fastest: for many rows on the CPU without holes,
-    ``data["input_ids"]``' offsets themselves (`_HostOffsets`: no lengths computed; each bound key's
-    restored offsets are compared with them)."""
+    leaves ``data``, a NumPy array), or None (no ``data``, no ``input_ids``, a dense one, or the switch
+    off; counted as a call without a witness). Read without torch's nested-tensor dispatch (tens of
+    microseconds an attribute otherwise)."""
     if not witness_config()[0]:
         return None
     ids = None
@@ -171,65 +156,34 @@ def witness_input(data: Any) -> Any:
             ids = data.get("input_ids", None)
         except (AttributeError, TypeError, KeyError):
             ids = None
-    if not isinstance(ids, _NJT) or ids._ragged_idx != 1:
+    if not isinstance(ids, NestedTensor) or ids._ragged_idx != 1:
         _count(calls_without_witness=1)
         return None
     lengths, offsets = ids._lengths, ids._offsets  # plain attributes: no nested-tensor dispatch
     if lengths is not None:
-        if lengths.is_cpu and lengths.dtype == torch.int64 and lengths.dim() == 1 and lengths.shape[0] <= _FEW:
-            return _HostLengths(lengths.tolist())
         return lengths.numpy() if lengths.is_cpu else lengths
     if offsets.is_cpu:
-        if offsets.dtype == torch.int64 and offsets.dim() == 1:
-            if offsets.shape[0] <= _FEW + 1:
-                few = offsets.tolist()  # a few rows: Python ints, no NumPy array made (see `_HostLengths`)
-                return _HostLengths(map(operator.sub, few[1:], few))
-            return _HostOffsets(offsets.numpy())
         o = offsets.numpy()
         return o[1:] - o[:-1]
     return offsets.diff()
 
 
-class _HostLengths(list[int]):
-    """`witness_input`'s form for a few rows on the CPU: the lengths as Python ints, read from an int64
-    tensor (so ints by construction; their signs are still checked by `Witness`). Making NumPy arrays
-    costs about 10 µs a call where the C heap's free pages have been returned (measured with
-    ``rebatch.bench.memory.release_free_memory`` before each call, B = 8), a list under 1 µs."""
-
-
-class _HostOffsets:
-    """`witness_input`'s form for many rows on the CPU: ``offsets`` ``[B + 1]`` (int64, 1-D), the
-    witness being their differences. `Witness` compares a bound key's restored offsets with them (one
-    comparison, no lengths array made: inside a call that has just moved its values, each NumPy
-    operation costs 10 µs or more at B = 1024)."""
-
-    __slots__ = ("offsets",)
-
-    def __init__(self, offsets: np.ndarray) -> None:
-        self.offsets = offsets
-
-
 class Witness:
-    """One call's witness: ``witness`` ``[rows]`` (a list, a NumPy array, a tensor or `witness_input`'s
-    forms), ``perm`` (the call's checked permutation as a CPU tensor or a list, or None: in order),
-    ``sizes`` (each micro-batch's row count), ``unbound`` (keys left out).
+    """One call's witness: ``witness`` ``[rows]`` (a list, a NumPy array or a tensor), ``perm`` (the
+    call's checked permutation as a CPU tensor, or None: in order), ``sizes`` (each micro-batch's row
+    count), ``unbound`` (keys left out).
 
     Its form is checked here but a defect of it (step 6a) is raised by `verdict`, after every key's
-    structural checks (step 5, which the assembly makes key by key), as ``docs/spec.md`` orders them;
-    the signs of a many-row witness are checked there too, unless a bound key's restored rows (valid by
-    step 5) matched it, which proves them."""
+    structural checks (step 5, which the plan makes key by key), as ``docs/spec.md`` orders them."""
 
     __slots__ = (
+        "_compared",
         "_entries",
         "_error",
         "_flags",
-        "_list",
-        "_offsets",
         "_on",
         "_perm",
-        "_seen",
         "_sizes",
-        "_unchecked",
         "bound",
         "device",
         "host",
@@ -240,12 +194,7 @@ class Witness:
     )
 
     def __init__(
-        self,
-        witness: Any,
-        rows: int,
-        perm: torch.Tensor | Sequence[int] | None,
-        sizes: Sequence[int],
-        unbound: Collection[Any],
+        self, witness: Any, rows: int, perm: torch.Tensor | None, sizes: Sequence[int], unbound: Collection[Any]
     ) -> None:
         self.rows = rows
         self.unbound = unbound
@@ -253,14 +202,11 @@ class Witness:
         self._sizes = sizes  # read on the error path only
         self.device: torch.Tensor | None = None  # the witness where it lives off the CPU (values unread)
         self.host: np.ndarray | None = None
-        self._list: list[int] | None = None
-        self._offsets: np.ndarray | None = None  # the witness as offsets from 0 (`_HostOffsets`)
-        self._unchecked = False  # signs not checked yet (`verdict` does, unless a key's match proved them)
         self._error: RebatchError | None = None  # a defect of the witness's form: raised by `verdict`
         self._on: dict[torch.device, torch.Tensor] = {}
-        self._seen: set[tuple[int, ...]] = set()
+        self._compared: set[tuple[int, ...]] = set()  # the offsets tensors of the keys compared
         #: each compared key in order: (key, lengths, host failure row or -1, device flag or None)
-        self._entries: list[tuple[Any, Any, int, torch.Tensor | None]] = []
+        self._entries: list[tuple[Any, torch.Tensor, int, torch.Tensor | None]] = []
         self._flags = 0  # entries compared on a device (their flag read by `verdict`)
         self.bound = 0
         self.left = 0
@@ -271,85 +217,52 @@ class Witness:
             self.total = None
 
     def _take(self, witness: Any, rows: int) -> int | None:
-        """Keep ``witness`` in the form it is compared in; its total (None on a device: unread)."""
-        if type(witness) is _HostOffsets:
-            o = witness.offsets
-            if len(o) == rows + 1 and rows and int(o[0]) == 0:
-                self._offsets = o
-                self._unchecked = True
-                return int(o[-1])
-            witness = o[1:] - o[:-1]  # another start or count: as lengths (their form checked below)
-        if type(witness) is _HostLengths and len(witness) == rows:
-            self._list = witness  # ints from an int64 tensor (`witness_input`); the array made if asked
-            if min(witness, default=0) < 0:
-                check_lengths(witness, rows=rows, name=WITNESS)  # raises, naming the first negative one
-            return sum(witness)
-        if isinstance(witness, np.ndarray) and witness.ndim == 1 and witness.dtype == np.int64 and len(witness) == rows:
-            self.host = witness
-            if rows <= _FEW:  # its values checked in Python ints for a few rows, else in NumPy
-                self._list = witness.tolist()
-                if min(self._list, default=0) < 0:
-                    check_lengths(witness, rows=rows, name=WITNESS)  # raises, naming the first negative one
-                return sum(self._list)
-            self._unchecked = True
-            return int(witness.sum())
+        """Keep ``witness`` where it lives (an int64 NumPy array on the host, or a tensor off the CPU,
+        values unread); its total (None off the CPU)."""
         if isinstance(witness, torch.Tensor) and witness.device.type != "cpu":
             witness_form(witness, rows)
             self.device = witness.to(torch.int64)
             return None
-        if isinstance(witness, torch.Tensor | np.ndarray):
+        if isinstance(witness, np.ndarray) and witness.ndim == 1 and witness.dtype == np.int64 and len(witness) == rows:
+            host = witness
+        elif isinstance(witness, torch.Tensor | np.ndarray):
             witness_form(witness, rows)
             host = witness.detach().numpy() if isinstance(witness, torch.Tensor) else witness
-            if host.size and int(host.min()) < 0:
-                check_lengths(host, rows=rows, name=WITNESS)  # raises, naming the first negative one
-            self.host = host.astype(np.int64, copy=False)
         else:
-            self.host = np.asarray(check_lengths(witness, rows=rows, name=WITNESS), dtype=np.int64)
+            host = np.asarray(check_lengths(witness, rows=rows, name=WITNESS), dtype=np.int64)
+        if host.size and int(host.min()) < 0:
+            check_lengths(host, rows=rows, name=WITNESS)  # raises, naming the first negative one
+        self.host = host.astype(np.int64, copy=False)
         return int(self.host.sum())
 
     def binds(self, key: Any, parts: Sequence[Any]) -> bool:
         """Whether the witness binds ``key`` (jagged parts, not unbound, the witness's total of values;
         a witness on an accelerator: every jagged key not unbound, its total compared on the device)."""
-        jagged = bool(parts)
-        values = 0
-        for p in parts:
-            if not isinstance(p, JaggedPart):
-                jagged = False
-                break
-            values += p.values.shape[0]
+        jagged = bool(parts) and all(isinstance(p, JaggedPart) for p in parts)
         if self.total is None:
             return jagged and key not in self.unbound
+        values = sum(p.values.shape[0] for p in parts) if jagged else 0
         return witness_binds(key, jagged, values, self.total, self.unbound)
 
-    def observe(
-        self,
-        key: Any,
-        parts: Sequence[JaggedPart],
-        lengths: Any,
-        *,
-        binds: bool | None = None,
-        offsets: np.ndarray | None = None,
-    ) -> None:
-        """Key ``key``'s restored row lengths ``[B]`` (original order: a NumPy array, a list or a tensor)
-        against the witness, where it binds the key (``binds``: the caller's `binds` answer, not asked
-        again); keys whose parts share offsets tensors once. ``offsets``: the restored offsets ``[B + 1]``
-        from 0 (NumPy), where the caller has them: compared with a witness kept as offsets."""
+    def observe(self, key: Any, parts: Sequence[Any], restored: torch.Tensor | None) -> None:
+        """Key ``key``'s restored row lengths ``[B]`` (original order; None for a dense key) against the
+        witness, where it binds the key; keys whose parts share offsets tensors once."""
         if self._error is not None:  # the call raises the witness's defect at its verdict
             return
-        if not (self.binds(key, parts) if binds is None else binds):
+        if restored is None or not self.binds(key, parts):
             self.left += 1
             return
         self.bound += 1
-        seen = tuple([id(p.offsets) for p in parts])
-        if seen in self._seen:
+        offsets_ids = tuple([id(p.offsets) for p in parts])
+        if offsets_ids in self._compared:
             return
-        self._seen.add(seen)
-        if isinstance(lengths, torch.Tensor) and lengths.device.type != "cpu":
-            want = self._on_device(lengths.device)
-            flag = lengths.ne(want).any()
+        self._compared.add(offsets_ids)
+        if restored.device.type != "cpu":
+            want = self._on_device(restored.device)
+            flag = restored.ne(want).any()
             if self.total is None:  # the binding rule's total, on the device too
                 flag = flag & want.sum().eq(sum(int(p.values.shape[0]) for p in parts))
-            self._entries.append((key, lengths, -1, flag))
+            self._entries.append((key, restored, -1, flag))
             self._flags += 1
             return
         if self.device is not None and self.device.device.type == "meta":  # host lengths, no values to compare
@@ -358,27 +271,13 @@ class Witness:
                 "key's row lengths on the CPU"
             )
             return
-        if isinstance(lengths, list):
-            want_list = self._host_list()
-            bad = (
-                -1
-                if lengths == want_list
-                else next(i for i, (a, b) in enumerate(zip(lengths, want_list, strict=True)) if a != b)
-            )
-        elif offsets is not None and self._offsets is not None:
-            diff = np.flatnonzero(offsets != self._offsets)  # both from 0: the first differing end's row
-            bad = int(diff[0]) - 1 if diff.size else -1
-        else:
-            got = lengths.numpy() if isinstance(lengths, torch.Tensor) else lengths
-            diff = np.flatnonzero(got != self._host_array())
-            bad = int(diff[0]) if diff.size else -1
-        if bad < 0:
-            self._unchecked = False  # equal to a key's restored lengths, valid by step 5: no sign negative
-        self._entries.append((key, lengths, bad, None))
-
-    def left_key(self) -> None:
-        """A key assembled without lengths to compare (a dense one): counted as unbound."""
-        self.left += 1
+        try:
+            host = self._host_array()
+        except RebatchError as err:  # a negative length of a witness read from a device: step 6a, at the verdict
+            self._error = err
+            return
+        diff = np.flatnonzero(restored.numpy() != host)
+        self._entries.append((key, restored, int(diff[0]) if diff.size else -1, None))
 
     def verdict(self) -> None:
         """Raise `MisalignmentError` for the first compared key (in order) with a mismatch: every device
@@ -386,22 +285,11 @@ class Witness:
         the witness itself (step 6a): its form, or a negative length."""
         if self._error is not None:
             raise self._error
-        if self._unchecked:
-            host = self._host_array()
-            if host.size and int(host.min()) < 0:
-                check_lengths(host, rows=self.rows, name=WITNESS)  # raises, naming the first negative one
-            self._unchecked = False
         _count_call(self.bound, self.left)
-        if not self._flags:  # every comparison made on the host: its first difference already known
-            for key, lengths, bad, _ in self._entries:
-                if bad >= 0:
-                    self._raise(key, lengths, bad)
-            return
-        flags = [f for _, _, _, f in self._entries if f is not None]
         read: list[bool] = []
+        flags = [f for _, _, _, f in self._entries if f is not None]
         if flags:
-            by_device = {f.device for f in flags}
-            if len(by_device) == 1:
+            if len({f.device for f in flags}) == 1:
                 stacked = torch.stack(flags)
                 # on ``meta`` nothing can be read: the comparison is launched (counted), never judged
                 read = [False] * len(flags) if stacked.device.type == "meta" else [bool(v) for v in stacked.tolist()]
@@ -412,54 +300,36 @@ class Witness:
             if flag is not None:
                 if not next(it):
                     continue
-                bad = self._first_difference(lengths)
+                got, want = lengths.tolist(), self._want().tolist()  # the error path: reads the device
+                bad = next(i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b)
             if bad >= 0:
                 self._raise(key, lengths, bad)
 
-    def _first_difference(self, lengths: torch.Tensor) -> int:
-        """The first original row whose length differs (error path: reads the device)."""
-        got = lengths.tolist()
-        want = self.device.tolist() if self.device is not None else self._host_list()
-        return next(i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b)
-
-    def _raise(self, key: Any, lengths: Any, i: int) -> None:
-        got = int(lengths[i])
-        want = int(self.device[i]) if self.device is not None else self._host_list()[i]
-        perm = self._perm
-        if perm is None:
-            n = i
-        else:
-            flat = perm.tolist() if isinstance(perm, torch.Tensor) else list(perm)
-            n = flat.index(i)
+    def _raise(self, key: Any, lengths: torch.Tensor, i: int) -> None:
+        got, want = int(lengths[i]), int(self._want()[i])
+        n = i if self._perm is None else self._perm.tolist().index(i)
         starts = list(itertools.accumulate(self._sizes, initial=0))
         m = bisect.bisect_right(starts, n) - 1
         raise misalignment(key, m, n - starts[m], i, got, want)
 
-    def _host_array(self) -> np.ndarray:
-        """The witness on the host as an int64 array (made from its list or offsets where it came so)."""
-        if self.host is None:
-            if self._offsets is not None:
-                self.host = self._offsets[1:] - self._offsets[:-1]
-            elif self._list is not None:
-                self.host = np.asarray(self._list, dtype=np.int64)
-            elif self.device is not None:  # off the CPU, against lengths the host computed: read once
-                self.host = self.device.cpu().numpy()
-                self._unchecked = True  # its signs, at the verdict
-            else:  # `__init__` keeps one of the four forms, or an error (then nothing compares): a bug
-                raise RuntimeError("rebatch internal error: the witness kept no values")
-        return self.host
+    def _want(self) -> Any:
+        return self.device if self.device is not None else self._host_array()
 
-    def _host_list(self) -> list[int]:
-        if self._list is None:
-            self._list = self._host_array().tolist()
-        return self._list
+    def _host_array(self) -> np.ndarray:
+        """The witness on the host as an int64 array (read once from the device where it came so)."""
+        if self.host is None:
+            if self.device is None:  # `__init__` keeps one of the two forms, or an error: a bug here
+                raise RuntimeError("rebatch internal error: the witness kept no values")
+            host = self.device.cpu().numpy()
+            if host.size and int(host.min()) < 0:
+                check_lengths(host, rows=self.rows, name=WITNESS)  # raises, naming the first negative one
+            self.host = host
+        return self.host
 
     def _on_device(self, device: torch.device) -> torch.Tensor:
         want = self._on.get(device)
         if want is None:
-            if self.device is not None:
-                want = self.device.to(device, non_blocking=True)
-            else:
-                want = torch.from_numpy(self._host_array()).to(device, non_blocking=True)
+            source = self.device if self.device is not None else torch.from_numpy(self._host_array())
+            want = source.to(device, non_blocking=True)
             self._on[device] = want
         return want

@@ -94,6 +94,8 @@ def grid(name: str) -> list[Case]:
     Cases whose output would exceed ``MAX_BYTES`` are left out."""
     if name == "smoke":  # for the test suite: the harness end to end in seconds
         cases = [Case(8, 16, 2, 1, "float32", 2), Case(64, 16, 4, 2, "bfloat16", 3)]
+    elif name == "targets":  # the speed targets against verl's own function (docs/benchmarks.md)
+        cases = list(TARGET_CASES)
     elif name == "quick":
         cases = [*_product((8, 512), (16, 512), (1, 4)), Case(1024, 512, 16, 1, "float32", 2)]
     elif name == "standard":
@@ -118,4 +120,15 @@ def grid(name: str) -> list[Case]:
     return out
 
 
-GRIDS = ("smoke", "quick", "standard", "large", "full")
+GRIDS = ("smoke", "targets", "quick", "standard", "large", "full")
+
+#: The cases of the speed targets against verl 0.9.1's own function: (case, the least speed-up).
+TARGETS_VS_VERL: dict[Case, float] = {
+    Case(8, 16, 4, 1, "float32", 2): 3.0,  # a call of 8 rows
+    Case(1024, 512, 16, 1, "float32", 2): 5.0,
+    Case(1024, 512, 16, 5, "float32", 2): 5.0,
+    Case(16384, 16, 16, 1, "float32", 2): 50.0,
+}
+TARGET_CASES = tuple(TARGETS_VS_VERL)
+#: The small call's (B=8) time target on the CPU.
+SMALL_CALL_SECONDS = 0.2e-3

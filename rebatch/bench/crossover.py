@@ -1,23 +1,20 @@
-"""Where one CPU path overtakes another: the measurements behind ``Settings.row_copy_min_elements``,
-``Settings.cpu_few_rows`` and ``Settings.cpu_join_min_neighbours``.
+"""The measurements behind `torch_impl.Settings`: each registered kernel forced, timed side by side.
 
-Times `torch_impl.postprocess_batch_func` on the calling thread with each path forced, alternating (one
-float32 key, the benchmark grid's long-tailed lengths), and prints the ratios: row copies against
-element indices for a few mean row lengths at one B and M; with ``--few-rows``, the few-rows path
-against the NumPy host paths for a few B at one mean length and M; with ``--join``, row copies with
-runs of rows joined (`torch_impl._rowcopy.join_runs`) against one copy a row, for a few B and M.
+For each case (B, mean length, M, trailing shape, dense or jagged), `torch_impl.postprocess_batch` runs
+with every kernel of the registry that serves the case forced (`property_tests.kernels.forced`), in
+alternation on the same inputs (`rebatch.bench.run._median_times`), and the median times are printed
+with each kernel's time over the registry's default choice. ``--chunks`` times the CPU chunk sizes of the
+chunked kernels instead (``Settings.cpu_index_chunk``). ``docs/kernels.md``, "Settings", cites these.
 
-    python -m rebatch.bench.crossover [--rows 1024] [--micro-batches 16] [--lengths 32 64 128 256 512 1024]
-    python -m rebatch.bench.crossover --few-rows [--batches 8 16 32 64 128 256] [--micro-batches 4] [--lengths 16]
-    python -m rebatch.bench.crossover --join [--batches 1024 4096 16384] [--counts 2 4 8 16] [--lengths 512 ...]
+    python -m rebatch.bench.crossover [--cases jagged dense] [--min-time 0.3] [--json]
+    python -m rebatch.bench.crossover --chunks [--values 1024 4096 16384 65536]
 
-Figures taken on a busy machine are contended: rerun on a quiet one before changing the setting.
+Figures taken on a busy machine are contended: rerun on a quiet one before changing a default.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import sys
 from collections.abc import Callable
@@ -31,159 +28,93 @@ from property_tests.kernels import forced
 from .cases import Case, make_inputs
 from .run import _median_times
 
-__all__ = ["crossover", "few_rows_crossover", "join_crossover", "main"]
+__all__ = ["chunk_sizes", "kernels_side_by_side", "main"]
+
+#: (name, case, dense trailing size or None): the jagged keys of the targets, and dense keys about
+#: ``Settings.cpu_dense_host_min_elements``.
+CASES: dict[str, list[tuple[str, Case, int | None]]] = {
+    "jagged": [
+        ("B=8 L=16 M=4", Case(8, 16, 4, 1, "float32", 2), None),
+        ("B=1024 L=512 M=16", Case(1024, 512, 16, 1, "float32", 2), None),
+        ("B=16384 L=16 M=16", Case(16384, 16, 16, 1, "float32", 2), None),
+    ],
+    "dense": [
+        (f"dense B=1024 [{width}] M=16", Case(1024, 1, 16, 1, "float32", 2), width) for width in (4, 16, 32, 64, 512)
+    ],
+}
 
 
-def crossover(rows: int, micro_batches: int, lengths: list[int], *, min_time: float = 0.3) -> list[dict[str, Any]]:
-    """One row per mean length: seconds of each path and ``indices / rows`` (above 1: row copies faster)."""
+def _case_inputs(case: Case, dense: int | None) -> tuple[list[dict[str, Any]], list[list[int]]]:
+    inputs = make_inputs(case)
+    outs = inputs.output_lst
+    if dense is not None:  # each micro-batch's rows as one dense [b, dense] key
+        outs = [{"model_output": {"d": torch.ones(len(p), dense)}} for p in inputs.indices]
+    return outs, inputs.indices
+
+
+def _default(outs: list[dict[str, Any]], indices: list[list[int]]) -> Callable[[], Any]:
+    return lambda: torch_impl.postprocess_batch(outs, indices)
+
+
+def kernels_side_by_side(names: list[str], *, min_time: float = 0.3) -> list[dict[str, Any]]:
+    """One row per case: seconds of the default choice and of each kernel that serves the case."""
     out = []
-    for length in lengths:
-        inputs = make_inputs(Case(rows, length, micro_batches, 1, "float32", 2))
-        calls: dict[str, Callable[[], Any]] = {}
-        for path in ("row_copies", "element_indices"):
+    for name, case, dense in (c for group in names for c in CASES[group]):
+        outs, indices = _case_inputs(case, dense)
+        layout = "dense" if dense is not None else "jagged"
+        calls: dict[str, Callable[[], Any]] = {"default": _default(outs, indices)}
+        for kernel in torch_impl.KERNELS.values():
+            if kernel.permutes and layout in kernel.layouts:
 
-            def call(path: str = path, inputs: Any = inputs) -> Any:
-                with forced(path):
-                    return torch_impl.postprocess_batch_func(inputs.output_lst, inputs.indices, None)
+                def call(k: str = kernel.name, o: Any = outs, i: Any = indices) -> Any:
+                    with forced(k):
+                        return torch_impl.postprocess_batch(o, i)
 
-            calls[path] = call
+                calls[kernel.name] = call
         seconds = _median_times(calls, "cpu", min_time=min_time)
-        elements = inputs.output_elements / rows
         out.append(
-            {
-                "mean_length": length,
-                "elements_per_row": elements,
-                "seconds": seconds,
-                "indices_over_rows": seconds["element_indices"] / seconds["row_copies"],
-            }
+            {"case": name, "seconds": seconds, "over_default": {k: s / seconds["default"] for k, s in seconds.items()}}
         )
     return out
 
 
-def few_rows_crossover(
-    batches: list[int], micro_batches: int, length: int, *, min_time: float = 0.3
-) -> list[dict[str, Any]]:
-    """One row per B: seconds of the few-rows path and of the NumPy host paths (``cpu_few_rows`` 0), and
-    ``numpy / few_rows`` (above 1: the few-rows path faster)."""
-    out = []
-    for rows in batches:
-        inputs = make_inputs(Case(rows, length, min(micro_batches, rows), 1, "float32", 2))
-        calls: dict[str, Callable[[], Any]] = {}
-        for path, few in (("few_rows", rows), ("numpy", 0)):
+def chunk_sizes(values: list[int], *, min_time: float = 0.3) -> list[dict[str, Any]]:
+    """One row per chunk size (value rows): seconds of the chunked kernels at B=1024 L=512 M=16."""
+    outs, indices = _case_inputs(Case(1024, 512, 16, 1, "float32", 2), None)
+    calls: dict[str, Callable[[], Any]] = {}
+    for chunk in values:
+        for kernel in (k for k in torch_impl.KERNELS.values() if k.chunked):
 
-            def call(few: int = few, inputs: Any = inputs) -> Any:
-                with torch_impl.use_settings(cpu_few_rows=few):
-                    return torch_impl.postprocess_batch_func(inputs.output_lst, inputs.indices, None)
+            def call(k: str = kernel.name, c: int = chunk) -> Any:
+                with torch_impl.use_settings(kernel=k, cpu_index_chunk=c):
+                    return torch_impl.postprocess_batch(outs, indices)
 
-            calls[path] = call
-        seconds = _median_times(calls, "cpu", min_time=min_time)
-        out.append({"rows": rows, "seconds": seconds, "numpy_over_few_rows": seconds["numpy"] / seconds["few_rows"]})
-    return out
-
-
-def join_crossover(
-    batches: list[int], counts: list[int], lengths: list[int], *, min_time: float = 1.0
-) -> list[dict[str, Any]]:
-    """One row per (mean length, B, M): seconds of the row copies with runs joined
-    (``cpu_join_min_neighbours`` 0) and without (``sys.maxsize``), and ``apart / joined`` (above 1:
-    joining faster); ``neighbours``: the output rows whose micro-batch is the row before's (the grid's
-    micro-batches list their indices in ascending order, so each continues that row in its values:
-    what ``cpu_join_min_neighbours`` counts)."""
-    out = []
-    for length, rows, count in itertools.product(lengths, batches, counts):
-        m = min(count, rows)
-        inputs = make_inputs(Case(rows, length, m, 1, "float32", 2))
-        calls: dict[str, Callable[[], Any]] = {}
-        for name, least in (("joined", 0), ("apart", sys.maxsize)):
-
-            def call(least: int = least, inputs: Any = inputs) -> Any:
-                with forced("row_copies"), torch_impl.use_settings(cpu_join_min_neighbours=least):
-                    return torch_impl.postprocess_batch_func(inputs.output_lst, inputs.indices, None)
-
-            calls[name] = call
-        seconds = _median_times(calls, "cpu", min_time=min_time, max_rounds=41)
-        part = [k for k, p in enumerate(inputs.indices) for _ in p]  # each flat position's micro-batch
-        order = sorted(range(rows), key=[i for p in inputs.indices for i in p].__getitem__)  # output order
-        out.append(
-            {
-                "mean_length": length,
-                "rows": rows,
-                "micro_batches": m,
-                "neighbours": sum(part[a] == part[b] for a, b in itertools.pairwise(order)),
-                "seconds": seconds,
-                "apart_over_joined": seconds["apart"] / seconds["joined"],
-            }
-        )
-    return out
-
-
-def _print_few_rows(results: list[dict[str, Any]], micro_batches: int, length: int) -> None:
-    print(f"mean length {length}, M={micro_batches}, float32, torch {torch.__version__}")
-    print("B | few rows ms | NumPy paths ms | NumPy / few rows")
-    for r in results:
-        s = r["seconds"]
-        print(f"{r['rows']} | {s['few_rows'] * 1e3:.3g} | {s['numpy'] * 1e3:.3g} | {r['numpy_over_few_rows']:.2f}")
-    print(f"Settings.cpu_few_rows = {torch_impl.get_settings().cpu_few_rows}")
+            calls[f"{kernel.name} {chunk}"] = call
+    seconds = _median_times(calls, "cpu", min_time=min_time)
+    return [{"case": name, "seconds": {name: s}} for name, s in seconds.items()]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rebatch.bench.crossover", description=__doc__)
-    parser.add_argument("--rows", type=int, default=1024)
-    parser.add_argument("--micro-batches", type=int, default=16)
-    parser.add_argument("--lengths", type=int, nargs="+", default=None)
+    parser.add_argument("--cases", nargs="+", choices=sorted(CASES), default=sorted(CASES))
+    parser.add_argument("--chunks", action="store_true", help="the chunked kernels' CPU chunk sizes")
+    parser.add_argument("--values", type=int, nargs="+", default=[1024, 4096, 16384, 65536])
     parser.add_argument("--min-time", type=float, default=0.3)
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--few-rows", action="store_true", help="the few-rows path against the NumPy host paths")
-    parser.add_argument("--batches", type=int, nargs="+", help="B: 8 to 256 (--few-rows), 1024 4096 16384 (--join)")
-    parser.add_argument("--join", action="store_true", help="row copies with runs joined against one a row")
-    parser.add_argument("--counts", type=int, nargs="+", default=[2, 4, 8, 16], help="micro-batch counts (--join)")
     args = parser.parse_args(argv)
-    if args.join:
-        joined = join_crossover(
-            args.batches or [1024, 4096, 16384], args.counts, args.lengths or [512], min_time=args.min_time
-        )
-        if args.json:
-            print(json.dumps(joined, indent=1))
-            return 0
-        print(f"float32, row copies, torch {torch.__version__}")
-        print("mean length | B | M | neighbours | joined ms | apart ms | apart / joined")
-        for r in joined:
-            s = r["seconds"]
-            print(
-                f"{r['mean_length']} | {r['rows']} | {r['micro_batches']} | {r['neighbours']} | "
-                f"{s['joined'] * 1e3:.3g} | {s['apart'] * 1e3:.3g} | {r['apart_over_joined']:.2f}"
-            )
-        print(f"Settings.cpu_join_min_neighbours = {torch_impl.get_settings().cpu_join_min_neighbours}")
-        return 0
-    if args.few_rows:
-        args.batches = args.batches or [8, 16, 32, 64, 128, 256]
-        found: list[dict[str, Any]] = []
-        for length in args.lengths or [16]:
-            found += few_rows_crossover(args.batches, args.micro_batches, length, min_time=args.min_time)
-            if not args.json:
-                _print_few_rows(found[-len(args.batches) :], args.micro_batches, length)
-        if args.json:
-            print(json.dumps(found, indent=1))
-        return 0
-    args.lengths = args.lengths or [32, 64, 128, 256, 512, 1024]
-    results = crossover(args.rows, args.micro_batches, args.lengths, min_time=args.min_time)
-    if args.json:
-        print(json.dumps(results, indent=1))
-        return 0
-    print(
-        f"B={args.rows}, M={args.micro_batches}, float32, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    rows = (
+        chunk_sizes(args.values, min_time=args.min_time)
+        if args.chunks
+        else kernels_side_by_side(args.cases, min_time=args.min_time)
     )
-    print("mean elements/row | row copies ms | element indices ms | indices / rows")
-    for r in results:
-        s = r["seconds"]
-        print(
-            f"{r['elements_per_row']:17.0f} | {s['row_copies'] * 1e3:13.3g} | {s['element_indices'] * 1e3:18.3g} | "
-            f"{r['indices_over_rows']:.2f}"
-        )
-    wins = [r["elements_per_row"] for r in results if r["indices_over_rows"] > 1]
-    first = f"{wins[0]:.0f}" if wins else "none of these"
-    setting = torch_impl.get_settings().row_copy_min_elements
-    print(f"row copies faster from: {first} elements per row (Settings.row_copy_min_elements = {setting})")
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(f"float32, {torch.get_num_threads()} threads, torch {torch.__version__}, {torch_impl.get_settings()}")
+    for r in rows:
+        times = ", ".join(f"{k} {s * 1e3:.3g} ms" for k, s in r["seconds"].items())
+        ratios = ", ".join(f"{k} {v:.2f}x" for k, v in r.get("over_default", {}).items() if k != "default")
+        print(f"{r['case']}: {times}" + (f" (over the default: {ratios})" if ratios else ""))
     return 0
 
 

@@ -48,8 +48,8 @@ CASES = [
 ]
 DRY_CASES = [Case(64, 16, 4, 2, "float32", 2), Case(32, 8, 4, 1, "bfloat16", 3)]
 VARIANTS: dict[str, dict[str, Any]] = {
-    "element_indices": {"row_copy_min_elements": float("inf")},
-    "element_indices_small_chunks": {"row_copy_min_elements": float("inf"), "index_chunk_bytes": 2**16},
+    "element_indices": {"kernel": "element_indices"},
+    "element_indices_small_chunks": {"kernel": "element_indices", "index_chunk_bytes": 2**16},
 }
 
 

@@ -30,7 +30,7 @@ import torch_impl
 from property_tests.baseline import verl_postprocess_batch_func
 
 from . import launches, versus
-from .cases import GRIDS, LARGE_ELEMENTS, Case, grid, make_inputs
+from .cases import GRIDS, LARGE_ELEMENTS, SMALL_CALL_SECONDS, TARGETS_VS_VERL, Case, grid, make_inputs
 from .contention import busy_processes, core_count
 from .memory import peak_rss_bytes, peak_tensor_bytes, release_free_memory
 
@@ -248,6 +248,8 @@ def measure(case: Case, device: str = "cpu", *, with_jax: bool = True, contended
         "torch_impl": peak_tensor_bytes(impl, device),
         "per_row_baseline": peak_tensor_bytes(base, device),
     }
+    if "verl" in fns:
+        row["peak_extra_bytes"]["verl"] = peak_tensor_bytes(fns["verl"], device)
     row["peak_extra_over_output"] = row["peak_extra_bytes"]["torch_impl"] / max(inputs.output_bytes, 1)
     row["peak_rss_bytes"] = {  # what the operating system sees (None on an accelerator)
         "torch_impl": peak_rss_bytes(impl, device),
@@ -283,7 +285,7 @@ def targets(results: dict[str, Any]) -> list[str]:
     def pick(**case: Any) -> list[dict[str, Any]]:
         return [r for r in rows if all(r["case"][k] == v for k, v in case.items())]
 
-    out = []
+    out = verl_targets(rows)
     mid = pick(rows=1024, mean_length=512, micro_batches=16, keys=1, dtype="float32", ndim=2)
     if mid:
         x = mid[0]["speedup_vs_baseline"]
@@ -342,6 +344,39 @@ def targets(results: dict[str, Any]) -> list[str]:
         f"plus {CONSTANT_BYTES // 2**20} MiB) in all {len(rows)} cases: largest ratio {x:.2f}x the output "
         f"(outputs of at least 1 MiB), {verdict(not over)}" + (f" (over: {detail})." if over else ".")
     )
+    return out
+
+
+def verl_targets(rows: list[dict[str, Any]]) -> list[str]:
+    """The targets against verl's own function (`cases.TARGETS_VS_VERL`), its peak memory and the
+    small call's time, for the cases of ``rows`` that hold them."""
+    out = []
+    for case, least in TARGETS_VS_VERL.items():
+        row = next((r for r in rows if r["case"] == case._asdict()), None)
+        if row is None:
+            continue
+        x = row.get("speedup_vs_verl")
+        what = f"B={case.rows} L={case.mean_length} M={case.micro_batches} keys={case.keys}"
+        if x is None:
+            out.append(f"- At least {least:g}x faster than verl's own function at {what}: verl absent in this run.")
+            continue
+        out.append(
+            f"- At least {least:g}x faster than verl's own function at {what}: {x:.1f}x, "
+            f"{'**met**' if x >= least else '**missed**'}."
+        )
+        peak = row["peak_extra_bytes"]
+        if "verl" in peak:
+            ok = peak["torch_impl"] <= peak["verl"]
+            out.append(
+                f"  Peak memory: {_fmt_mib(peak['torch_impl'])} MiB against verl's {_fmt_mib(peak['verl'])} "
+                f"MiB, {'**met**' if ok else '**missed**'} (no more than verl's)."
+            )
+        if case.rows == 8:
+            s = row["seconds"]["torch_impl"]
+            out.append(
+                f"  The small call: {s * 1e3:.3f} ms, {'**met**' if s < SMALL_CALL_SECONDS else '**missed**'} "
+                f"(under {SMALL_CALL_SECONDS * 1e3:g} ms)."
+            )
     return out
 
 

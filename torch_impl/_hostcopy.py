@@ -1,0 +1,134 @@
+"""The host kernels: a CPU key's rows written to their places by NumPy fancy assignments, on the calling thread.
+
+On the CPU a NumPy operation on the tensors' own memory (``Tensor.numpy()`` shares the storage) costs a
+fraction of a torch operation's dispatch, and it never opens a parallel region (torch's CPU kernels
+split their work among its threads from 32768 elements and then wait for a descheduled one on a busy
+machine). Values move as unsigned integers or raw bytes of a value row's width, so every dtype comes
+out bit for bit (NaN payloads included). Only for plain contiguous CPU tensors with no gradient to
+carry (`host_movable`); the kernels validate nothing (their plan is checked).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from ._bridge import numpy_bridge
+from ._parts import Part
+from ._plan import KeyPlan
+from ._settings import get_settings
+
+__all__ = ["host_movable", "scatter_rows", "scatter_values"]
+
+#: torch dtypes whose ``Tensor.numpy()`` works (the others, bfloat16 and float8 among them, are read
+#: through a ``uint8`` view first).
+_NUMPY_DTYPES = frozenset(
+    {
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.float32,
+        torch.float64,
+        torch.complex64,
+        torch.complex128,
+    }
+)
+
+
+def host_movable(parts: Sequence[Part]) -> bool:
+    """Values NumPy may move: CPU plain tensors, contiguous, and no gradient to carry."""
+    grad = torch.is_grad_enabled()
+    return numpy_bridge() and all(
+        type(p.values) is torch.Tensor
+        and p.values.is_cpu
+        and not (grad and p.values.requires_grad)
+        and p.values.is_contiguous()
+        for p in parts
+    )
+
+
+def _value_rows(x: torch.Tensor) -> np.ndarray:
+    """A contiguous CPU tensor ``[N, *F]`` as a 1-D NumPy array of ``N`` elements, each one value row's
+    bytes (an unsigned integer of its width, or raw bytes), shared."""
+    if not x.requires_grad and x.dtype in _NUMPY_DTYPES:
+        raw = x.numpy().reshape(-1).view(np.uint8)
+    else:
+        raw = x.detach().reshape(-1).view(torch.uint8).numpy()
+    row_bytes = x.element_size() * math.prod(x.shape[1:])
+    kind = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}.get(row_bytes)
+    return raw.view(kind if kind is not None else np.dtype((np.void, row_bytes)))
+
+
+def scatter_values(plan: KeyPlan) -> torch.Tensor:
+    """A jagged key's result values ``[N, *F]``: row ``k`` of its parts' rows end to end written at
+    output row ``perm[k]`` (which starts at ``offsets[perm[k]]``). A key of at most
+    ``Settings.cpu_index_chunk`` value rows is laid end to end first and gathered at once (a constant
+    number of operations whatever M); a larger one is scattered part by part, that many value rows
+    at a time (the index buffer stays that small: int64 per value row)."""
+    parts, total = plan.parts, plan.total
+    first = parts[0].values
+    out = first.new_empty((total, *first.shape[1:]))
+    if total == 0 or out.numel() == 0:
+        return out
+    assert plan.lengths is not None
+    assert plan.offsets is not None
+    assert plan.restored is not None
+    dest = _value_rows(out)
+    perm, inv = plan.rows.host()
+    lengths, offsets = plan.lengths.numpy(), plan.offsets.numpy()
+    chunk = get_settings().cpu_index_chunk
+    if total <= chunk:
+        src = _value_rows(torch.cat([p.values for p in parts]) if len(parts) > 1 else first)
+        starts = np.zeros(lengths.shape[0], dtype=np.int64)
+        lengths[:-1].cumsum(out=starts[1:])
+        where = (starts[inv] - offsets[:-1]).repeat(plan.restored.numpy())
+        where += np.arange(total, dtype=np.int64)
+        np.take(src, where, out=dest)
+        return out
+    dest_starts = offsets[perm]
+    row = 0
+    for p in parts:
+        n, r = p.values.shape[0], p.rows
+        if n:
+            local = p.offsets.numpy()  # type: ignore[union-attr]  # jagged parts
+            shift = dest_starts[row : row + r] - local[:-1]
+            src = _value_rows(p.values)
+            for a in range(0, n, chunk):
+                b = min(n, a + chunk)
+                r0 = int(np.searchsorted(local, a, "right")) - 1
+                r1 = int(np.searchsorted(local, b, "left"))
+                counts = np.minimum(local[r0 + 1 : r1 + 1], b) - np.maximum(local[r0:r1], a)
+                where = shift[r0:r1].repeat(counts)
+                where += np.arange(a, b, dtype=np.int64)
+                _scatter(dest, where, src[a:b])
+        row += r
+    return out
+
+
+def scatter_rows(plan: KeyPlan) -> torch.Tensor:
+    """A dense key's result ``[B, *F]``: row ``k`` of its parts' values laid end to end written at row
+    ``perm[k]``, one NumPy fancy assignment of whole rows per part."""
+    first = plan.parts[0].values
+    out = first.new_empty((plan.total, *first.shape[1:]))
+    if plan.total == 0 or out.numel() == 0:
+        return out
+    dest, row = _value_rows(out), 0
+    perm = plan.rows.host()[0]
+    for p in plan.parts:
+        n = p.values.shape[0]
+        if n:
+            dest[perm[row : row + n]] = _value_rows(p.values)
+        row += n
+    return out
+
+
+def _scatter(dest: np.ndarray, where: np.ndarray, src: np.ndarray) -> None:
+    """``dest[where] = src``: one chunk of `scatter_values`."""
+    dest[where] = src

@@ -1,0 +1,125 @@
+"""The kernel registry: every way ``torch_impl`` moves a planned key's data, and the choice between them.
+
+A `Kernel` takes a `KeyPlan` (checked and planned: it validates nothing) and returns the result's
+values: ``[N, *F]`` for a jagged key (the caller wraps them with the plan's offsets), ``[B, *F]`` for
+a dense one, always a fresh tensor. Each kernel says which keys it serves (`Kernel.layouts`, and
+whether it permutes or concatenates), where it can run (`Kernel.applies`) and where the registry
+picks it by default (`Kernel.preferred`); `choose` takes the first kernel in the registry's order
+that serves the key, applies and is preferred, or the one `Settings.kernel` names where it serves
+and applies. The tests iterate `KERNELS`: a kernel is tested by being registered
+(``property_tests/kernels.py``). ``docs/kernels.md`` describes each one and the measurements.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import torch
+
+from ref.errors import UnsupportedSettingError
+
+from ._bits import as_bits, from_bits
+from ._hostcopy import host_movable, scatter_rows, scatter_values
+from ._indexcopy import permute_by_indices
+from ._jagged import result_njt
+from ._parts import Part
+from ._plan import KeyPlan, plan_key
+from ._rows import CallRows
+from ._settings import get_settings
+
+__all__ = ["KERNELS", "Kernel", "assemble", "choose", "move"]
+
+
+class Kernel(NamedTuple):
+    """One way to move a key: ``layouts`` (``"jagged"``, ``"dense"``), ``permutes`` (True: rows put in
+    original order; False: parts laid end to end, for keys already in order), ``applies`` (where it
+    can run), ``preferred`` (where the registry picks it), ``run`` (the move itself), ``chunked``
+    (its work split by the `Settings` chunk sizes, which the tests force small)."""
+
+    name: str
+    layouts: frozenset[str]
+    permutes: bool
+    applies: Callable[[KeyPlan], bool]
+    preferred: Callable[[KeyPlan], bool]
+    run: Callable[[KeyPlan], torch.Tensor]
+    chunked: bool = False
+
+
+def _always(plan: KeyPlan) -> bool:
+    return True
+
+
+def _concat(plan: KeyPlan) -> torch.Tensor:
+    """``torch.cat`` of the parts' values: one operation, any device, differentiable."""
+    return torch.cat([p.values for p in plan.parts])
+
+
+def _element_indices(plan: KeyPlan) -> torch.Tensor:
+    """Every value's destination computed on the parts' device, written by ``index_copy_``
+    (`torch_impl._indexcopy`): any device, no synchronisation, differentiable."""
+    assert plan.lengths is not None
+    assert plan.offsets is not None
+    return permute_by_indices(plan.parts, plan.lengths, plan.rows.perm_on(plan.device), plan.offsets)  # type: ignore[arg-type]
+
+
+def _index_rows(plan: KeyPlan) -> torch.Tensor:
+    """Whole rows of a dense key: one ``cat`` of two or more parts, then one ``index_copy_`` with the
+    permutation (its backward gives each part exactly its rows' gradient). A dtype torch cannot index
+    moves as its bits (`torch_impl._bits`)."""
+    values = plan.parts[0].values if len(plan.parts) == 1 else _concat(plan)
+    bits = as_bits(values)
+    return from_bits(bits.new_empty(bits.shape).index_copy_(0, plan.rows.perm_on(plan.device), bits), values.dtype)
+
+
+def _on_host(plan: KeyPlan) -> bool:
+    return plan.device.type == "cpu" and host_movable(plan.parts) and (plan.lengths is None or plan.lengths.is_cpu)
+
+
+def _many_elements(plan: KeyPlan) -> bool:
+    return sum(p.values.numel() for p in plan.parts) >= get_settings().cpu_dense_host_min_elements
+
+
+_JAGGED, _DENSE, _BOTH = frozenset({"jagged"}), frozenset({"dense"}), frozenset({"jagged", "dense"})
+
+#: Every kernel, in the order `choose` prefers them (the last of each kind applies everywhere).
+KERNELS: dict[str, Kernel] = {
+    k.name: k
+    for k in (
+        Kernel("concat", _BOTH, False, _always, _always, _concat),
+        Kernel("host_scatter", _JAGGED, True, _on_host, _always, scatter_values, chunked=True),
+        Kernel("element_indices", _JAGGED, True, _always, _always, _element_indices, chunked=True),
+        Kernel("host_rows", _DENSE, True, _on_host, _many_elements, scatter_rows),
+        Kernel("index_rows", _DENSE, True, _always, _always, _index_rows),
+    )
+}
+
+
+def _serves(kernel: Kernel, plan: KeyPlan) -> bool:
+    return ("jagged" if plan.jagged else "dense") in kernel.layouts and kernel.permutes == (plan.rows.perm is not None)
+
+
+def choose(plan: KeyPlan) -> Kernel:
+    """The kernel that moves ``plan``'s key: the one ``Settings.kernel`` names where it serves the key
+    and applies, otherwise the first of the registry that serves it, applies and is preferred."""
+    forced = get_settings().kernel
+    if forced is not None:
+        kernel = KERNELS.get(forced)
+        if kernel is None:
+            raise UnsupportedSettingError(f"Settings.kernel: no kernel named {forced!r} (known: {sorted(KERNELS)})")
+        if _serves(kernel, plan) and kernel.applies(plan):
+            return kernel
+    return next(k for k in KERNELS.values() if _serves(k, plan) and k.applies(plan) and k.preferred(plan))
+
+
+def move(plan: KeyPlan) -> torch.Tensor:
+    """``plan``'s key put together: ``[B, (j), *F]`` (a nested tensor over the kernel's fresh values and
+    the plan's offsets) or ``[B, *F]``."""
+    values = choose(plan).run(plan)
+    return values if plan.offsets is None else result_njt(values, plan.offsets)
+
+
+def assemble(parts: Sequence[Part], perm: torch.Tensor | None, key: Any = None) -> torch.Tensor:
+    """One key's checked ``parts`` planned and moved (no witness): the concatenation, with row ``k`` put
+    at row ``perm[k]`` where ``perm`` (a checked permutation of ``range(B)``, CPU) is given."""
+    return move(plan_key(parts, key, CallRows([p.rows for p in parts], perm)))

@@ -1,0 +1,66 @@
+"""`KeyPlan`: one checked key's plan, everything its kernel needs, computed once and before any data moves.
+
+A call's pipeline is check, plan, move (`torch_impl._postprocess`). The plan of a jagged key is its row
+lengths in concatenation order (from its offsets, checked by `check_offsets`: the spec's step 5), the
+same lengths in original order (through the call's one inverse permutation, `CallRows.inverse`), the
+result's offsets and its number of value rows; the witness compares the restored lengths (step 6).
+On the CPU the bookkeeping is NumPy on the tensors' own memory; elsewhere torch operations on the
+device, never a read of device data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from ._bridge import numpy_bridge
+from ._jagged import zero_prefixed_cumsum
+from ._parts import DensePart, Part, check_offsets
+from ._rows import CallRows
+
+__all__ = ["KeyPlan", "plan_key"]
+
+
+class KeyPlan(NamedTuple):
+    """One key of a call, planned: ``parts`` (checked), ``rows`` (the call's `CallRows`; ``rows.perm``
+    None: the result is the concatenation), and for a jagged key ``lengths`` (``[B]``, concatenation
+    order), ``restored`` (``[B]``, original order) and ``offsets`` (``[B + 1]``, the result's), all
+    int64 on the parts' device (None for a dense key); ``total``: the result's leading size (value
+    rows ``N`` of a jagged key, rows ``B`` of a dense one)."""
+
+    key: Any
+    parts: Sequence[Part]
+    rows: CallRows
+    lengths: torch.Tensor | None
+    restored: torch.Tensor | None
+    offsets: torch.Tensor | None
+    total: int
+
+    @property
+    def jagged(self) -> bool:
+        return self.lengths is not None
+
+    @property
+    def device(self) -> torch.device:
+        return self.parts[0].values.device
+
+
+def plan_key(parts: Sequence[Part], key: Any, rows: CallRows) -> KeyPlan:
+    """The plan of one key's checked ``parts`` (at least one), its offsets checked here."""
+    if isinstance(parts[0], DensePart):
+        return KeyPlan(key, parts, rows, None, None, None, sum(rows.rows))
+    device = parts[0].values.device
+    steps = rows.steps(device) if device.type != "cpu" else None  # the CPU's are checked with NumPy
+    lengths = check_offsets(parts, key, steps)  # type: ignore[arg-type]  # jagged parts
+    total = sum(p.values.shape[0] for p in parts)
+    if lengths.is_cpu and numpy_bridge():
+        host = lengths.numpy()
+        restored = host if rows.perm is None else host[rows.host()[1]]
+        offsets = np.zeros(host.shape[0] + 1, dtype=np.int64)
+        restored.cumsum(out=offsets[1:])
+        return KeyPlan(key, parts, rows, lengths, torch.from_numpy(restored), torch.from_numpy(offsets), total)
+    restored_t = lengths if rows.perm is None else lengths.index_select(0, rows.inverse_on(device))
+    return KeyPlan(key, parts, rows, lengths, restored_t, zero_prefixed_cumsum(restored_t), total)
