@@ -17,10 +17,10 @@ import torch_impl
 
 __all__ = ["KERNELS", "forced"]
 
-#: A chunk of one value row: 1 row on the CPU, elsewhere 1 byte (one value row whatever its size).
-_ONE = {"index_chunk_bytes": 1, "cpu_index_chunk": 1}
-#: 3 value rows a chunk on the CPU; elsewhere 12 bytes: 3 float32 values, 6 bfloat16, 1 of a [b, (j), 3] float32 key.
-_FEW = {"index_chunk_bytes": 12, "cpu_index_chunk": 3}
+#: A chunk of one value row (1 byte: one value row whatever its size).
+_ONE = {"index_chunk_bytes": 1}
+#: 12 bytes a chunk: 3 float32 value rows, 6 bfloat16, 1 of a [b, (j), 3] float32 key.
+_FEW = {"index_chunk_bytes": 12}
 
 
 def _table() -> dict[str, dict[str, Any]]:

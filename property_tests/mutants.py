@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -124,11 +125,15 @@ def _metrics_appended() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _in_concatenation_order(name: str) -> Iterator[None]:
-    """Kernel ``name`` moves the rows in micro-batch order (the permutation ignored); the offsets are
-    still right, so only the values are misplaced."""
+    """Kernel ``name`` moves the rows in micro-batch order (the permutation ignored), and is forced
+    wherever it applies (so every property exercises it); the offsets are still right, so only the
+    values are misplaced."""
     kernel = torch_impl.KERNELS[name]
     concat = torch_impl.KERNELS["concat"].run
-    with mock.patch.dict(kernels_mod.KERNELS, {name: kernel._replace(run=concat)}):
+    with (
+        mock.patch.dict(kernels_mod.KERNELS, {name: kernel._replace(run=concat)}),
+        torch_impl.use_settings(kernel=name),
+    ):
         yield
 
 
@@ -141,7 +146,7 @@ MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "metrics_appended_not_extended": _metrics_appended,
     # every permuting kernel of the registry, ignoring the permutation
     **{
-        f"{name}_in_concatenation_order": (lambda name=name: _in_concatenation_order(name))
+        f"{name}_in_concatenation_order": functools.partial(_in_concatenation_order, name)
         for name, kernel in torch_impl.KERNELS.items()
         if kernel.permutes
     },

@@ -18,6 +18,7 @@ from tensordict import NonTensorData, TensorDict
 
 import torch_impl
 import torch_impl._hostcopy
+import torch_impl._indexcopy
 import torch_impl._kernels
 import torch_impl._parts
 import torch_impl._permutation
@@ -256,8 +257,8 @@ class _LargestIndex(torch.utils._python_dispatch.TorchDispatchMode):
 @pytest.mark.parametrize("trailing", [(), (3,)])
 def test_index_buffer_covers_one_chunk_at_a_time(micro_batches, trailing, device) -> None:
     """Peak memory on the index path: destinations for one chunk at a time, however few micro-batches
-    hold the rows: ``Settings.cpu_index_chunk`` value rows on the CPU; elsewhere
-    ``Settings.index_chunk_bytes`` of output, rounded up to whole value rows (a value row's bytes
+    hold the rows: ``Settings.index_chunk_bytes`` of output (on the CPU at most
+    ``CPU_CHUNK_ROWS`` value rows), rounded up to whole value rows (a value row's bytes
     include its trailing size). Chunks as large as that allows, not needlessly many (on the CPU, a
     key larger than a chunk is moved part by part)."""
     outs, parts = _outputs(256, micro_batches, mean_len=40)
@@ -270,7 +271,7 @@ def test_index_buffer_covers_one_chunk_at_a_time(micro_batches, trailing, device
     row_bytes = 4 * math.prod(trailing)
     chunk_bytes = total * row_bytes // 16 + 2  # about 16 chunks; not a multiple of a row's bytes
     chunk = -(-chunk_bytes // row_bytes) if device == "meta" else total // 16 + 1
-    settings = {"index_chunk_bytes": chunk_bytes} if device == "meta" else {"cpu_index_chunk": chunk}
+    settings = {"index_chunk_bytes": chunk_bytes if device == "meta" else chunk * row_bytes}
     real_scatter = torch_impl._hostcopy._scatter
 
     def scatter(dest: np.ndarray, where: np.ndarray, src: np.ndarray) -> None:  # the CPU's NumPy index path
@@ -290,7 +291,7 @@ def test_index_buffer_covers_one_chunk_at_a_time(micro_batches, trailing, device
     sizes = [o["model_output"]["k0"].values().shape[0] for o in outs] if device == "cpu" else [total]
     assert seen.calls == sum(-(-n // chunk) for n in sizes)  # on the CPU part by part
     defaults = torch_impl.get_settings()
-    assert (defaults.index_chunk_bytes, defaults.cpu_index_chunk) == (16 * 2**20, 2**14)
+    assert (defaults.index_chunk_bytes, torch_impl._indexcopy.CPU_CHUNK_ROWS) == (16 * 2**20, 2**14)
 
 
 def test_the_host_kernel_under_inference_mode(force) -> None:

@@ -10,18 +10,22 @@ carry (`host_movable`); the kernels validate nothing (their plan is checked).
 
 from __future__ import annotations
 
+import collections
+import itertools
 import math
+import operator
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from ._bridge import numpy_bridge
+from ._indexcopy import index_chunk
 from ._parts import Part
 from ._plan import KeyPlan
-from ._settings import get_settings
 
-__all__ = ["host_movable", "scatter_rows", "scatter_values"]
+__all__ = ["copy_rows", "host_movable", "scatter_rows", "scatter_values"]
 
 #: torch dtypes whose ``Tensor.numpy()`` works (the others, bfloat16 and float8 among them, are read
 #: through a ``uint8`` view first).
@@ -54,13 +58,17 @@ def host_movable(parts: Sequence[Part]) -> bool:
     )
 
 
+def _bytes(x: torch.Tensor) -> np.ndarray:
+    """A contiguous CPU tensor's elements as a 1-D NumPy array of bytes (shared, not copied)."""
+    if not x.requires_grad and x.dtype in _NUMPY_DTYPES:
+        return x.numpy().reshape(-1).view(np.uint8)
+    return x.detach().reshape(-1).view(torch.uint8).numpy()
+
+
 def _value_rows(x: torch.Tensor) -> np.ndarray:
     """A contiguous CPU tensor ``[N, *F]`` as a 1-D NumPy array of ``N`` elements, each one value row's
     bytes (an unsigned integer of its width, or raw bytes), shared."""
-    if not x.requires_grad and x.dtype in _NUMPY_DTYPES:
-        raw = x.numpy().reshape(-1).view(np.uint8)
-    else:
-        raw = x.detach().reshape(-1).view(torch.uint8).numpy()
+    raw = _bytes(x)
     row_bytes = x.element_size() * math.prod(x.shape[1:])
     kind = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}.get(row_bytes)
     return raw.view(kind if kind is not None else np.dtype((np.void, row_bytes)))
@@ -69,7 +77,7 @@ def _value_rows(x: torch.Tensor) -> np.ndarray:
 def scatter_values(plan: KeyPlan) -> torch.Tensor:
     """A jagged key's result values ``[N, *F]``: row ``k`` of its parts' rows end to end written at
     output row ``perm[k]`` (which starts at ``offsets[perm[k]]``). A key of at most
-    ``Settings.cpu_index_chunk`` value rows is laid end to end first and gathered at once (a constant
+    one chunk (`torch_impl._indexcopy.index_chunk`) is laid end to end first and gathered at once (a constant
     number of operations whatever M); a larger one is scattered part by part, that many value rows
     at a time (the index buffer stays that small: int64 per value row)."""
     parts, total = plan.parts, plan.total
@@ -83,9 +91,9 @@ def scatter_values(plan: KeyPlan) -> torch.Tensor:
     dest = _value_rows(out)
     perm, inv = plan.rows.host()
     lengths, offsets = plan.lengths.numpy(), plan.offsets.numpy()
-    chunk = get_settings().cpu_index_chunk
+    chunk = index_chunk(first)
     if total <= chunk:
-        src = _value_rows(torch.cat([p.values for p in parts]) if len(parts) > 1 else first)
+        src = np.concatenate([_value_rows(p.values) for p in parts]) if len(parts) > 1 else _value_rows(first)
         starts = np.zeros(lengths.shape[0], dtype=np.int64)
         lengths[:-1].cumsum(out=starts[1:])
         where = (starts[inv] - offsets[:-1]).repeat(plan.restored.numpy())
@@ -109,6 +117,35 @@ def scatter_values(plan: KeyPlan) -> torch.Tensor:
                 where += np.arange(a, b, dtype=np.int64)
                 _scatter(dest, where, src[a:b])
         row += r
+    return out
+
+
+def copy_rows(plan: KeyPlan) -> torch.Tensor:
+    """A jagged key's result values ``[N, *F]``, each row one NumPy slice assignment of its bytes (the
+    loops over rows run in C: ``map``), for rows long enough that a copy a row beats a destination a
+    value row. NumPy checks every slice against its array: a wrong plan raises, it cannot write
+    outside the output."""
+    parts = plan.parts
+    first = parts[0].values
+    out = first.new_empty((plan.total, *first.shape[1:]))
+    width = first.element_size() * math.prod(first.shape[1:])
+    if out.numel() == 0 or width == 0:
+        return out
+    assert plan.lengths is not None
+    assert plan.offsets is not None
+    perm = plan.rows.host()[0]
+    starts = [p.offsets.numpy()[:-1] for p in parts]  # type: ignore[union-attr]  # jagged parts
+    sources = (np.concatenate(starts) if len(starts) > 1 else starts[0]) * width  # in concatenation order
+    targets = plan.offsets.numpy()[:-1][perm] * width  # row k of the concatenation goes to output row perm[k]
+    sizes = plan.lengths.numpy() * width
+    part_of_row = np.arange(len(parts)).repeat([p.rows for p in parts]).tolist()
+    src, dst, n = sources.tolist(), targets.tolist(), sizes.tolist()
+    whole = [_bytes(p.values) for p in parts]
+    get: Any = operator.getitem  # typed Any: NumPy's overloads of ``ndarray[slice]`` defeat ``map``'s inference
+    put: Any = operator.setitem
+    pieces = map(get, map(whole.__getitem__, part_of_row), map(slice, src, map(operator.add, src, n)))
+    into = map(slice, dst, map(operator.add, dst, n))
+    collections.deque(map(put, itertools.repeat(_bytes(out)), into, pieces), maxlen=0)
     return out
 
 

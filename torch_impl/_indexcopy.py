@@ -5,7 +5,7 @@ differentiable (``index_copy_``'s backward is a gather: each value receives exac
 Off the CPU all micro-batches are moved together: their values concatenated (one ``cat``), then
 one ``index_copy_`` per chunk of ``Settings.index_chunk_bytes`` (16 MiB) of output, so the number of
 operations is a constant per key, whatever the numbers of rows and micro-batches. On the CPU a chunk
-is ``Settings.cpu_index_chunk`` value rows (each kernel below torch's OpenMP grain size, on the
+is at most ``CPU_CHUNK_ROWS`` value rows (each kernel below torch's OpenMP grain size, on the
 calling thread); a key of one chunk is moved the same way, a larger one part by part. A chunk may
 start or end inside a row.
 """
@@ -22,18 +22,20 @@ from ._jagged import Runs, zero_prefixed_cumsum
 from ._parts import JaggedPart
 from ._settings import get_settings
 
-__all__ = ["permute_by_indices"]
+__all__ = ["CPU_CHUNK_ROWS", "index_chunk", "permute_by_indices"]
+
+#: On the CPU, the most value rows a chunk covers: each chunk's torch kernels then stay below torch's
+#: OpenMP grain size (32768 elements for a 1-D key) and run on the calling thread, and the index
+#: buffer (128 KiB) stays in cache (``docs/kernels.md``, "Settings").
+CPU_CHUNK_ROWS = 2**14
 
 
-def _index_chunk(values: torch.Tensor) -> int:
-    """Value rows per destination buffer. On the CPU ``Settings.cpu_index_chunk``; elsewhere as many
-    as cover ``Settings.index_chunk_bytes`` of output (rows of ``values[0]``'s size), rounded up; at
-    least 1."""
-    s = get_settings()
-    if values.device.type == "cpu":
-        return s.cpu_index_chunk
+def index_chunk(values: torch.Tensor) -> int:
+    """Value rows per destination buffer: as many as cover ``Settings.index_chunk_bytes`` of output
+    (rows of ``values[0]``'s size), rounded up, at least 1; on the CPU at most `CPU_CHUNK_ROWS`."""
     row_bytes = values.element_size() * math.prod(values.shape[1:])
-    return max(1, -(-s.index_chunk_bytes // max(1, row_bytes)))
+    rows = max(1, -(-get_settings().index_chunk_bytes // max(1, row_bytes)))
+    return min(rows, CPU_CHUNK_ROWS) if values.device.type == "cpu" else rows
 
 
 def permute_by_indices(
@@ -50,7 +52,7 @@ def permute_by_indices(
     """
     first = parts[0].values
     total = sum(p.values.shape[0] for p in parts)
-    chunk = _index_chunk(first)
+    chunk = index_chunk(first)
     dest_starts = out_offsets.index_select(0, perm)
     out = as_bits(first).new_empty((total, *first.shape[1:]))
     if first.device.type != "cpu" or total <= chunk:

@@ -20,7 +20,7 @@ import torch
 from ref.errors import UnsupportedSettingError
 
 from ._bits import as_bits, from_bits
-from ._hostcopy import host_movable, scatter_rows, scatter_values
+from ._hostcopy import copy_rows, host_movable, scatter_rows, scatter_values
 from ._indexcopy import permute_by_indices
 from ._jagged import result_njt
 from ._parts import Part
@@ -80,6 +80,12 @@ def _many_elements(plan: KeyPlan) -> bool:
     return sum(p.values.numel() for p in plan.parts) >= get_settings().cpu_dense_host_min_elements
 
 
+def _long_rows(plan: KeyPlan) -> bool:
+    """At least ``Settings.cpu_row_copy_min_elements`` elements a row on average."""
+    elements = sum(p.values.numel() for p in plan.parts)
+    return elements >= get_settings().cpu_row_copy_min_elements * max(1, sum(plan.rows.rows))
+
+
 _JAGGED, _DENSE, _BOTH = frozenset({"jagged"}), frozenset({"dense"}), frozenset({"jagged", "dense"})
 
 #: Every kernel, in the order `choose` prefers them (the last of each kind applies everywhere).
@@ -87,6 +93,7 @@ KERNELS: dict[str, Kernel] = {
     k.name: k
     for k in (
         Kernel("concat", _BOTH, False, _always, _always, _concat),
+        Kernel("host_rows_copy", _JAGGED, True, _on_host, _long_rows, copy_rows),
         Kernel("host_scatter", _JAGGED, True, _on_host, _always, scatter_values, chunked=True),
         Kernel("element_indices", _JAGGED, True, _always, _always, _element_indices, chunked=True),
         Kernel("host_rows", _DENSE, True, _on_host, _many_elements, scatter_rows),

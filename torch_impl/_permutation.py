@@ -210,8 +210,13 @@ def is_identity(perm: torch.Tensor) -> bool:
 
 
 def invert(perm: torch.Tensor) -> torch.Tensor:
-    """The inverse of a checked permutation: one ``scatter_``, not ``inv[perm] = ...``, whose CPU
-    kernel goes parallel from a few thousand rows and leaves torch's OpenMP threads spinning for
-    milliseconds afterwards, on cores the row copies need."""
+    """The inverse of a checked permutation: on the CPU one NumPy assignment on its memory, elsewhere
+    one ``scatter_`` (not ``inv[perm] = ...``, whose CPU kernel goes parallel from a few thousand rows
+    and leaves torch's OpenMP threads spinning for milliseconds afterwards)."""
+    if perm.is_cpu and numpy_bridge():
+        p = perm.numpy()
+        inv = np.empty_like(p)
+        inv[p] = np.arange(p.shape[0], dtype=p.dtype)
+        return torch.from_numpy(inv)
     ar = torch.arange(perm.numel(), dtype=perm.dtype, device=perm.device)
     return torch.empty_like(perm).scatter_(0, perm, ar)

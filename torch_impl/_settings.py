@@ -27,12 +27,13 @@ class Settings:
     #: The kernel of `torch_impl._kernels.KERNELS` every key it applies to takes (by name); None: each
     #: key takes the registry's choice. Tests and the benchmark harness force kernels with it.
     kernel: str | None = None
-    #: Off the CPU, output bytes each chunk of the element-index kernel covers: its int64 destinations
-    #: are built a chunk at a time (``docs/kernels.md``, "Settings": the launch bound and peak memory).
+    #: Output bytes each chunk of the index kernels covers (their int64 destinations are built a chunk
+    #: at a time; on the CPU at most ``CPU_CHUNK_ROWS`` value rows): ``docs/kernels.md``, "Settings".
     index_chunk_bytes: int = 16 * 2**20
-    #: On the CPU, value rows a chunk of the element-index and NumPy-scatter kernels covers
-    #: (``docs/kernels.md``, "Settings": each chunk's kernels below torch's OpenMP grain size).
-    cpu_index_chunk: int = 2**14
+    #: Mean elements per row (values per row times the trailing size) from which a CPU jagged key that
+    #: NumPy may move is copied a row at a time (``host_rows_copy``) rather than scattered by value rows
+    #: (``docs/kernels.md``, "Settings"). ``math.inf``: never.
+    cpu_row_copy_min_elements: float = 256
     #: Output elements from which a CPU dense key that NumPy may move is scattered by NumPy rather than
     #: torch's ``index_copy_`` (``docs/kernels.md``, "Settings"). ``math.inf``: never.
     cpu_dense_host_min_elements: float = 32768
@@ -51,7 +52,7 @@ class Settings:
 #: Each numeric knob's bound, checked by `Settings.__post_init__`: (field, an integer?, least value).
 _BOUNDS: tuple[tuple[str, bool, int], ...] = (
     ("index_chunk_bytes", True, 1),
-    ("cpu_index_chunk", True, 1),
+    ("cpu_row_copy_min_elements", False, 0),
     ("cpu_dense_host_min_elements", False, 0),
 )
 

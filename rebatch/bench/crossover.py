@@ -4,7 +4,7 @@ For each case (B, mean length, M, trailing shape, dense or jagged), `torch_impl.
 with every kernel of the registry that serves the case forced (`property_tests.kernels.forced`), in
 alternation on the same inputs (`rebatch.bench.run._median_times`), and the median times are printed
 with each kernel's time over the registry's default choice. ``--chunks`` times the CPU chunk sizes of the
-chunked kernels instead (``Settings.cpu_index_chunk``). ``docs/kernels.md``, "Settings", cites these.
+chunked kernels instead (``Settings.index_chunk_bytes``, up to ``CPU_CHUNK_ROWS`` value rows on the CPU). ``docs/kernels.md``, "Settings", cites these.
 
     python -m rebatch.bench.crossover [--cases jagged dense] [--min-time 0.3] [--json]
     python -m rebatch.bench.crossover --chunks [--values 1024 4096 16384 65536]
@@ -30,12 +30,12 @@ from .run import _median_times
 
 __all__ = ["chunk_sizes", "kernels_side_by_side", "main"]
 
-#: (name, case, dense trailing size or None): the jagged keys of the targets, and dense keys about
-#: ``Settings.cpu_dense_host_min_elements``.
+#: (name, case, dense trailing size or None): jagged keys about ``Settings.cpu_row_copy_min_elements``
+#: and the targets', and dense keys about ``Settings.cpu_dense_host_min_elements``.
 CASES: dict[str, list[tuple[str, Case, int | None]]] = {
     "jagged": [
         ("B=8 L=16 M=4", Case(8, 16, 4, 1, "float32", 2), None),
-        ("B=1024 L=512 M=16", Case(1024, 512, 16, 1, "float32", 2), None),
+        *((f"B=1024 L={n} M=16", Case(1024, n, 16, 1, "float32", 2), None) for n in (64, 128, 256, 512, 1024)),
         ("B=16384 L=16 M=16", Case(16384, 16, 16, 1, "float32", 2), None),
     ],
     "dense": [
@@ -86,7 +86,7 @@ def chunk_sizes(values: list[int], *, min_time: float = 0.3) -> list[dict[str, A
         for kernel in (k for k in torch_impl.KERNELS.values() if k.chunked):
 
             def call(k: str = kernel.name, c: int = chunk) -> Any:
-                with torch_impl.use_settings(kernel=k, cpu_index_chunk=c):
+                with torch_impl.use_settings(kernel=k, index_chunk_bytes=4 * c):  # float32 value rows
                     return torch_impl.postprocess_batch(outs, indices)
 
             calls[f"{kernel.name} {chunk}"] = call

@@ -135,6 +135,16 @@ def _worker() -> int:
     from .memory import release_free_memory
 
     torch.zeros(2**20).fill_(1)  # torch's thread pool started now, on every core, before any turn pins
+    call, data_of = torch_impl.postprocess_batch_func, lambda case: None
+    if os.environ.get(IMPL_ENV) == "verl":  # verl's own function (importable in verl's pins environment)
+        import warnings
+
+        from tensordict import TensorDict
+
+        with warnings.catch_warnings():  # verl warns of every optional engine it cannot import
+            warnings.simplefilter("ignore")
+            from verl.workers.engine.utils import postprocess_batch_func as call
+        data_of = lambda case: TensorDict({}, batch_size=[])  # noqa: E731  (verl's defaults, as ours)
 
     fns: dict[str, Callable[[], Any]] = {}
     out = sys.stdout
@@ -146,7 +156,7 @@ def _worker() -> int:
             fns.clear()
             case = Case(*msg["case"])
             outs, indices, wholes = _inputs(case)
-            fns["impl"] = functools.partial(torch_impl.postprocess_batch_func, outs, indices, None)
+            fns["impl"] = functools.partial(call, outs, indices, data_of(case))
             fns["witnessed"] = functools.partial(torch_impl.postprocess_batch_func, outs, indices, _witness_data(case))
             fns["unwitnessed"] = functools.partial(
                 torch_impl.postprocess_batch_func, outs, indices, _witness_data(case, witness=False)
@@ -186,11 +196,19 @@ def _worker() -> int:
 # The harness.
 
 
-class Worker:
-    """One worker process with ``ref``/``torch_impl`` from ``root``."""
+#: The worker's implementation: unset, ``torch_impl``'s drop-in; ``verl``, verl's own function.
+IMPL_ENV = "REBATCH_VERSUS_IMPL"
 
-    def __init__(self, root: Path) -> None:
+
+class Worker:
+    """One worker process with ``ref``/``torch_impl`` from ``root``; ``verl``: its ``impl`` is verl's own
+    ``postprocess_batch_func`` instead of rebatch's drop-in."""
+
+    def __init__(self, root: Path, *, verl: bool = False) -> None:
         env = dict(os.environ)
+        env.pop(IMPL_ENV, None)
+        if verl:
+            env[IMPL_ENV] = "verl"
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([str(root), str(ROOT)]))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rebatch.bench.versus", "--worker"],
@@ -398,14 +416,17 @@ def targets_grid() -> list[Any]:
 
 TARGETS = "targets"
 ACCEPTANCE = "acceptance"
+#: ``--commit verl``: verl's own function as the baseline.
+VERL = "verl"
 
 
 def versus(
     cases: list[Any], commit: str, *, contended: bool, rounds: int = 7, min_time: float = 0.5, log: Any = None
 ) -> dict[str, Any]:
+    """``commit``: a commit of this repository, or ``verl`` (verl's own function, in this environment)."""
     from .contention import busy_processes, core_count, cores
 
-    base = Worker(baseline_root(commit))
+    base = Worker(ROOT, verl=True) if commit == VERL else Worker(baseline_root(commit))
     today = Worker(ROOT)
     rows = []
     try:
@@ -432,6 +453,10 @@ def versus(
     finally:
         base.close()
         today.close()
+    if commit == VERL:
+        import importlib.metadata
+
+        commit = f"verl {importlib.metadata.version('verl')}"
     return {
         "commit": commit,
         "today": _describe(),
@@ -523,6 +548,8 @@ def targets(results: dict[str, Any]) -> list[str]:
         vals = [fig(r[k]) for k in ("quiet", "contended") if k in r]
         return min(vals) if low else max(vals)
 
+    if results["commit"].startswith("verl"):
+        return verl_targets(results, pick, verdict)
     out = []
     small = pick(8, 16, 4, 1)
     if small:
@@ -566,6 +593,32 @@ def targets(results: dict[str, Any]) -> list[str]:
             f"- Within 1.5x of a same-bytes clone at >= 64M output elements ({len(large)} cases; "
             f"worst {far['name']}): {both(far, clone, '{:.2f}x')}, {verdict(x <= 1.5)}."
         )
+    return out
+
+
+def verl_targets(results: dict[str, Any], pick: Callable[..., Any], verdict: Callable[[bool], str]) -> list[str]:
+    """The speed targets against verl's own function (`rebatch.bench.cases.TARGETS_VS_VERL`) and the
+    small call's time, each with its figure from ``results``."""
+    from .cases import SMALL_CALL_SECONDS, TARGETS_VS_VERL
+
+    out = []
+    for case, least in TARGETS_VS_VERL.items():
+        r = pick(case.rows, case.mean_length, case.micro_batches, case.keys)
+        if r is None:
+            continue
+        x = min(_ratios(r[k])[0] for k in ("quiet", "contended") if k in r)
+        out.append(
+            f"- At least {least:g}x faster than {results['commit']}'s own function at B={case.rows}, "
+            f"L={case.mean_length}, M={case.micro_batches}, {case.keys} key{'s' if case.keys > 1 else ''}: "
+            + ", ".join(f"{k} {_ratios(r[k])[0]:.2f}x" for k in ("quiet", "contended") if k in r)
+            + f", {verdict(x >= least)}."
+        )
+        if case.rows == 8:
+            ms = r["quiet"]["today"]
+            out.append(
+                f"- The small call under {SMALL_CALL_SECONDS * 1e3:g} ms quiet: {ms * 1e3:.3f} ms, "
+                f"{verdict(ms < SMALL_CALL_SECONDS)}."
+            )
     return out
 
 
@@ -629,7 +682,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m rebatch.bench.versus", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--commit", default=DEFAULT_COMMIT)
+    parser.add_argument("--commit", default=DEFAULT_COMMIT, help="a commit, or verl: verl's own function (pins env)")
     parser.add_argument(
         "--grid",
         default=TARGETS,
@@ -654,7 +707,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from .cases import grid
 
-    if args.grid == TARGETS:
+    if args.grid == TARGETS and args.commit == VERL:
+        from .cases import TARGET_CASES
+
+        cases = list(TARGET_CASES)
+    elif args.grid == TARGETS:
         cases = targets_grid()
     elif args.grid == ACCEPTANCE:  # the standard grid and the targets it lacks
         cases = grid("standard")
