@@ -135,7 +135,8 @@ def _worker() -> int:
     from .memory import release_free_memory
 
     torch.zeros(2**20).fill_(1)  # torch's thread pool started now, on every core, before any turn pins
-    call, data_of = torch_impl.postprocess_batch_func, lambda case: None
+    call: Callable[..., Any] = torch_impl.postprocess_batch_func
+    data_of: Callable[[Any], Any] = lambda case: None  # noqa: E731
     if os.environ.get(IMPL_ENV) == "verl":  # verl's own function (importable in verl's pins environment)
         import warnings
 
@@ -143,7 +144,9 @@ def _worker() -> int:
 
         with warnings.catch_warnings():  # verl warns of every optional engine it cannot import
             warnings.simplefilter("ignore")
-            from verl.workers.engine.utils import postprocess_batch_func as call
+            from verl.workers.engine.utils import postprocess_batch_func
+
+        call = postprocess_batch_func
         data_of = lambda case: TensorDict({}, batch_size=[])  # noqa: E731  (verl's defaults, as ours)
 
     fns: dict[str, Callable[[], Any]] = {}
