@@ -115,7 +115,7 @@ class Patcher:
     def __init__(self, package: str, table: Callable[..., Table]) -> None:
         self.package = package
         self._table = table
-        self._lock = ForkSafeLock()  # a forked child finds it free (held across imports)
+        self.lock = ForkSafeLock()  # a forked child finds it free (held across imports)
         #: (owner: a module name or a class, attribute, original) for every replacement made, to undo them.
         self._replaced: list[tuple[str | type, str, Any]] = []
         #: id(replacement) -> (replacement, original) of every module-level replacement, to find the
@@ -131,13 +131,13 @@ class Patcher:
 
     def places(self) -> list[str]:
         """Every place replaced now, as ``"module.name"`` or ``"module.Class.attr"``."""
-        with self._lock:
+        with self.lock:
             return [_place(owner, attr) for owner, attr, _ in self._replaced]
 
     def install(self, *args: Any, **kwargs: Any) -> list[str]:
         """Replace every name of the table (built with these arguments); returns the places replaced.
         Idempotent: a second call changes nothing and returns the places of the first."""
-        with self._lock:
+        with self.lock:
             if not self.installed():
                 table = self._table(*args, **kwargs)
                 for module_name, _ in table:
@@ -149,7 +149,7 @@ class Patcher:
         """`install` without importing the trainer: the names of loaded modules are replaced now, each
         other one as soon as its module has executed. Returns the places replaced now; `installed` is
         True from this call on. Idempotent (with `install` too)."""
-        with self._lock:
+        with self.lock:
             if not self.installed():
                 table = self._table(*args, **kwargs)
                 now: dict[tuple[str, str], Any] = {}
@@ -166,7 +166,7 @@ class Patcher:
 
     def _imported(self, module_name: str) -> None:
         """The hook: ``module_name`` has just executed; replace its names."""
-        with self._lock:
+        with self.lock:
             entries = self._pending.pop(module_name, None)
             if entries:
                 self._swap(entries)
@@ -214,7 +214,7 @@ class Patcher:
     def uninstall(self) -> None:
         """Put every original back wherever `install` replaced it, and in every module of the package
         imported since that bound a replacement. Idempotent."""
-        with self._lock:
+        with self.lock:
             self._pending.clear()
             self._drop_finder()
             for _, namespace in self._namespaces():

@@ -33,14 +33,12 @@ function, the call, the place (key), the row and both values. A normal call logs
 ``report=``: a JSON file of `Shadow.stats` (with the trainer, its release, the mode and the process:
 pid, host, run id, command line), rewritten at each sampled call and each defect, difference or error,
 and at exit, each time whole through a private temporary file (`_files.write_private`); a forked child
-counts its own calls and writes its own file (`_files.ProcessFile`); ``rebatch report`` reads many of
+counts its own calls and writes its own file (`_files.Counters`); ``rebatch report`` reads many of
 them.
 """
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import copy
 import functools
 import json
@@ -62,7 +60,7 @@ from ref.errors import (
 
 from .._compare import first_difference
 from .._witness import witness_stats
-from ._files import ProcessFile, forget_at_fork, process_facts, write_private
+from ._files import Counters, process_facts, write_private
 
 __all__ = ["DEFECTS", "Shadow"]
 
@@ -102,7 +100,7 @@ class _Site(NamedTuple):
     first: threading.Event
 
 
-class Shadow:
+class Shadow(Counters):
     """Counters, sampling and reports shared by the wrappers of one shadow install."""
 
     def __init__(
@@ -121,34 +119,21 @@ class Shadow:
         #: every ``every``-th call of a name is sampled (0: only its first).
         self.every = round(1 / sample) if sample > 0 else 0
         self.on_defect = on_defect
-        self.report = report
         self.trainer = trainer
         self.version = version
         self.sample = float(sample)
-        #: where this process writes its report (a forked child: its own file, `_files.ProcessFile`)
-        self._file = None if report is None else ProcessFile(report)
-        self._lock = threading.Lock()
-        self._by_name: dict[str, dict[str, float]] = {}
-        self._messages: list[str] = []
-        forget_at_fork(self)
-        if report is not None:
-            atexit.register(self._final_report)
+        super().__init__(report)
 
-    def _forked(self) -> None:
-        """In a forked child: counters of its own (its report counts its calls), and a fresh lock."""
-        self._lock = threading.Lock()
-        self._by_name = {}
-        self._messages = []
-
-    def _final_report(self) -> None:
-        with contextlib.suppress(Exception):  # at exit: a report that cannot be written is not worth a traceback
-            self._rewrite_report()
+    def renew_in_child(self) -> None:
+        """Fresh counters, messages and lock (in a forked child: its report counts its own calls)."""
+        super().renew_in_child()
+        self.messages: list[str] = []
 
     def stats(self, json_path: str | None = None) -> dict[str, Any]:
         """Totals over every name, and ``"by_name"``; also written to ``json_path`` when given."""
-        with self._lock:
-            by_name = {name: dict(c) for name, c in self._by_name.items()}
-            messages = list(self._messages)
+        with self.lock:
+            by_name = {name: dict(c) for name, c in self.by_name.items()}
+            messages = list(self.messages)
         total: dict[str, Any] = {f: sum(c[f] for c in by_name.values()) for f in _FIELDS}
         alias = f"{self.trainer}_seconds"
         for c in [total, *by_name.values()]:
@@ -169,16 +154,16 @@ class Shadow:
         return total
 
     def _count(self, name: str, **add: float) -> None:
-        with self._lock:
-            c = self._by_name.setdefault(name, dict.fromkeys(_FIELDS, 0.0))
+        with self.lock:
+            c = self.by_name.setdefault(name, dict.fromkeys(_FIELDS, 0.0))
             for k, v in add.items():
                 c[k] += v
 
     def _say(self, level: int, message: str, *args: Any) -> None:
         text = message % args if args else message
-        with self._lock:
-            if len(self._messages) < 100:
-                self._messages.append(text)
+        with self.lock:
+            if len(self.messages) < 100:
+                self.messages.append(text)
         log.log(level, "%s", text)
 
     def _first_bad(self, site: _Site, args: Any, kwargs: Any) -> None:
@@ -186,10 +171,6 @@ class Shadow:
         if site.on_first_difference is not None and not site.first.is_set():
             site.first.set()
             site.on_first_difference(*args, **kwargs)
-
-    def _rewrite_report(self) -> None:
-        if self._file is not None:
-            self.stats(json_path=self._file.now())
 
     def _before(self, site: _Site, n: int, failure: Exception, args: Any, kwargs: Any) -> None:
         """rebatch refused call ``n`` (before the trainer's function runs): a defect or another error,
@@ -221,7 +202,7 @@ class Shadow:
                 failure,
                 self.trainer,
             )
-        self._rewrite_report()
+        self.write_report()
 
     def _after(self, site: _Site, n: int, mine: Any, result: Any, args: Any, kwargs: Any) -> None:
         """Compare sampled call ``n`` after the trainer's function returned ``result``, and report."""
@@ -239,7 +220,7 @@ class Shadow:
                 why,
             )
             self._first_bad(site, args, kwargs)
-        self._rewrite_report()
+        self.write_report()
 
     def _guarded(self, name: str, n: int, step: Callable[..., None], *args: Any) -> None:
         try:

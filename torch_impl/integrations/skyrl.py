@@ -4,8 +4,10 @@ SkyRL's token-budget micro-batching, ``skyrl.backends.skyrl_train.workers.worker
 puts the micro-batches' outputs back in order with its methods ``reorder_and_combine_batches(batches)``
 (per key, a Python loop copying row by row into a ``[B, *S]`` tensor) and ``reorder_and_combine_items(batches)``
 (per-sample dicts). `install` replaces both methods on the class, so every iterator, made before or
-after, uses rebatch's; `uninstall` puts SkyRL's back (the shared `torch_impl.integrations._patch.Patcher`).
-SkyRL is imported only when `install` runs. Its workers are Ray actors: call `install()` in each worker
+after, uses rebatch's; `uninstall` puts SkyRL's back (`INTEGRATION`: the one trainer contract,
+`torch_impl.integrations._integration`, whose functions these are). SkyRL is imported only when
+`install` runs; a lazy install (``REBATCH``) also wraps ``prepare_runtime_environment`` so that a
+driver passes rebatch's variables on to its actors. Its workers are Ray actors: call `install()` in each worker
 process (Ray's ``worker_process_setup_hook``, see the README).
 
 Same result as SkyRL on every input it handles correctly (padding micro-batches left out from the end,
@@ -23,7 +25,7 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -38,15 +40,16 @@ from .._postprocess import check_batch_func, postprocess_batch
 from .._witness import witness_config
 from ._counts import rows_of_partitions
 from ._files import save_dump
-from ._integration import Integration, shadowing
-from ._patch import Versions, Wrap
-from ._shadow import Shadow
+from ._integration import Installed, Integration, Replaced
+from ._patch import Versions
 
 __all__ = [
+    "INTEGRATION",
     "ITERATOR",
     "TRAIN_UTILS",
     "VERSIONS",
     "WORKER_UTILS",
+    "Installed",
     "check_reorder_and_combine_batches",
     "check_reorder_and_combine_items",
     "install",
@@ -251,122 +254,32 @@ def _save(method: str, path: str, self: Any, batches: Any) -> None:
     save_dump(
         path,
         trainer="skyrl",
-        version=_integration.versions.installed(),
+        version=INTEGRATION.versions.installed(),
         function=f"{WORKER_UTILS}.{ITERATOR}.{method}",
         inputs=inputs,
     )
 
 
-def _carrying(prepare: Callable[..., dict[str, str]]) -> Callable[..., dict[str, str]]:
-    """SkyRL's ``prepare_runtime_environment`` (the Ray actors' environment variables; a plain driver
-    export does not reach them), plus rebatch's variables set here (`rebatch_startup.carried`)."""
-    import rebatch_startup
-
-    @functools.wraps(prepare)
-    def prepare_runtime_environment(*args: Any, **kwargs: Any) -> dict[str, str]:
-        env_vars = prepare(*args, **kwargs)
-        return {**env_vars, **{k: v for k, v in rebatch_startup.carried().items() if k not in env_vars}}
-
-    return prepare_runtime_environment
-
-
-def replacements(
-    dump: str | None = None, shadow: Shadow | None = None, row: str | None = None, carry: bool = False
-) -> dict[tuple[str, str], Any]:
-    """``(SkyRL module, "Class.method") -> rebatch's function`` that `install` puts in SkyRL's place (one
-    row: ``row`` is unused); with ``shadow`` a `Wrap` building the shadowing wrapper around SkyRL's own;
-    with ``carry`` (an install activated by the environment) also ``prepare_runtime_environment``, wrapped
-    to pass rebatch's variables on to the Ray actors."""
-    ours = {
-        "reorder_and_combine_batches": (reorder_and_combine_batches, check_reorder_and_combine_batches),
-        "reorder_and_combine_items": (reorder_and_combine_items, check_reorder_and_combine_items),
-    }
-    table: dict[tuple[str, str], Any] = {
-        (WORKER_UTILS, f"{ITERATOR}.{name}"): fn
-        if shadow is None
-        else shadowing(shadow, name, fn, check=check, save=_saver(name), dump=dump, keys_of=_keys)
-        for name, (fn, check) in ours.items()
-    }
-    if carry:
-        table[TRAIN_UTILS, "prepare_runtime_environment"] = Wrap(_carrying)
-    return table
+def _rows(self: Any, batches: Any) -> int:
+    """The rows of a call (for ``on`` mode's counters): the partitions' indices."""
+    return rows_of_partitions(self._microbatches)
 
 
 #: The SkyRL releases `install` supports (checked against SkyRL itself in CI: .ci/peers.sh).
 VERSIONS = ("0.4.0",)
-_integration = Integration(
+#: SkyRL's integration (`_integration.Integration`): its public functions are this object's.
+INTEGRATION = Integration(
     "skyrl",
-    replacements,
     Versions("skyrl", dict.fromkeys(VERSIONS), fallback=VERSIONS[-1]),
-    lambda version, row, how: (
-        f"rebatch: skyrl {version}: rebatch {how} SkyRL's {WORKER_UTILS}.{ITERATOR}.reorder_and_combine_batches "
-        "and _items"
-    ),
-    dict.fromkeys(
-        ("reorder_and_combine_batches", "reorder_and_combine_items"),
-        lambda self, batches: rows_of_partitions(self._microbatches),
-    ),
+    lambda row: [
+        Replaced(WORKER_UTILS, f"{ITERATOR}.{name}", fn, check, _saver(name), _keys, _rows)
+        for name, fn, check in (
+            ("reorder_and_combine_batches", reorder_and_combine_batches, check_reorder_and_combine_batches),
+            ("reorder_and_combine_items", reorder_and_combine_items, check_reorder_and_combine_items),
+        )
+    ],
+    label="SkyRL",
+    carry=(TRAIN_UTILS, "prepare_runtime_environment"),
 )
-_patcher, _versions = _integration.patcher, _integration.versions
-
-
-def install(
-    dump: str | None = None,
-    *,
-    mode: str = "on",
-    sample: float = 0.05,
-    on_defect: str = "log",
-    report: str | None = None,
-    lazy: bool = False,
-    force: bool = False,
-    witness: bool | None = None,
-    unbound: Iterable[str] | None = None,
-) -> list[str]:
-    """Replace the iterator's two methods with rebatch's; returns the places replaced. Idempotent;
-    `uninstall` undoes it.
-
-    The installed SkyRL must be a release of `VERSIONS` (read from its metadata, SkyRL not imported):
-    another raises `ref.errors.UnsupportedSettingError`, replacing nothing, unless ``force=True`` (then
-    the same replacements, with a warning logged).
-
-    ``mode="shadow"``: SkyRL's methods stay in charge and rebatch's shadow them
-    (`torch_impl.integrations._shadow`: ``sample``, ``on_defect``, ``report``; ``dump`` the first step that
-    differs or is misaligned), counted by `stats`. ``lazy=True`` (the form `rebatch_startup` uses, from
-    ``REBATCH``): nothing of SkyRL imported; each module patched as it finishes importing, and
-    ``prepare_runtime_environment`` wrapped so that a driver passes rebatch's variables on to its actors.
-
-    ``witness=False``: switch the alignment witness off for the process (`torch_impl.set_witness`;
-    default: as ``REBATCH_WITNESS`` says, on); ``unbound``: keys it leaves unbound. Both only on a fresh
-    install, and put back by `uninstall` (`_integration.Integration`, one copy for every trainer)."""
-    return _integration.install(
-        dump,
-        mode=mode,
-        sample=sample,
-        on_defect=on_defect,
-        report=report,
-        lazy=lazy,
-        force=force,
-        witness=witness,
-        unbound=unbound,
-    )
-
-
-def stats(json_path: str | None = None) -> dict[str, Any]:
-    """Shadow mode's counters since its `install` (`torch_impl.integrations._shadow.Shadow.stats`);
-    written as JSON to ``json_path`` when given. All zero without a shadow install."""
-    return _integration.stats(json_path)
-
-
-def mode() -> str | None:
-    """``"on"`` or ``"shadow"`` while installed, else None."""
-    return _integration.mode()
-
-
-def uninstall() -> None:
-    """Put SkyRL's methods back, and the witness's switch as `install` found it. Idempotent."""
-    _integration.uninstall()
-
-
-def installed() -> bool:
-    """True between `install` and `uninstall`."""
-    return _integration.installed()
+install, uninstall, stats = INTEGRATION.install, INTEGRATION.uninstall, INTEGRATION.stats
+mode, installed, replacements = INTEGRATION.mode, INTEGRATION.installed, INTEGRATION.replacements
