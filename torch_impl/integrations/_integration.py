@@ -23,13 +23,13 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from rebatch_startup import ForkSafeLock
 
 from ._counts import Counts, Rows
-from ._files import ProcessFile
+from ._files import ProcessFile, save_dump
 from ._patch import Patcher, Versions, Wrap
 from ._shadow import Shadow
 
@@ -48,8 +48,8 @@ class Replaced(NamedTuple):
     ours: Callable[..., Any]
     #: The checks of ``ours`` without moving data (shadow mode, unsampled calls); None: nothing runs there.
     check: Callable[..., Any] | None = None
-    #: ``save(path, *args, **kwargs)``: the call's inputs in rebatch's dump format (`_files.save_dump`).
-    save: Callable[..., None] | None = None
+    #: The call's inputs by name, as rebatch's dump format holds them (`_files.save_dump`); None: no dump.
+    dumped: Callable[..., Mapping[str, Any]] | None = None
     #: The keys a misaligned call misaligns (named by shadow mode's log line).
     keys_of: Callable[..., Any] | None = None
     #: The rows of a call (host-side facts only), counted by an ``on`` install.
@@ -131,8 +131,21 @@ class Integration:
 
     def row(self, name: str, version: str | None = None) -> Replaced:
         """The table's row of ``name`` (its last part: ``"method"`` for ``"Class.method"``) on release
-        ``version`` (as `replacements`): its function and adapters (``row(name).save``: the dump saver)."""
+        ``version`` (as `replacements`): its function and adapters."""
         return next(r for r in self.table(self._row_of(version)) if name in (r.name, r.short))
+
+    def dump(self, name: str, path: str, *args: Any, **kwargs: Any) -> None:
+        """Save a call of ``name`` (its arguments ``args``, ``kwargs``) to ``path`` in rebatch's one dump
+        format (`_files.save_dump`), read by ``rebatch check --dump``."""
+        r = self.row(name)
+        if r.dumped is None:
+            raise ValueError(f"{self.trainer}'s {r.name} has no dump")
+        inputs = r.dumped(*args, **kwargs)
+        version = self.versions.installed()
+        save_dump(path, trainer=self.trainer, version=version, function=f"{r.module}.{r.name}", inputs=inputs)
+
+    def _dump_to(self, name: str, where: ProcessFile, *args: Any, **kwargs: Any) -> None:
+        self.dump(name, where.now(), *args, **kwargs)
 
     def _patch_table(
         self, dump: str | None, shadow: Shadow | None, counts: Counts | None, row: str, carry: bool
@@ -142,11 +155,12 @@ class Integration:
         table: dict[tuple[str, str], Any] = {}
         saved = threading.Event()  # on mode: the first call of any name with a saver is dumped
         for r in self.table(row):
-            where = ProcessFile(dump) if dump and r.save is not None else None  # a forked child: its own file
+            where = ProcessFile(dump) if dump and r.dumped is not None else None  # a forked child: its own file
+            save = None if where is None else functools.partial(self._dump_to, r.name, where)
             if shadow is not None:
-                table[r.module, r.name] = _shadowed(shadow, r, where)
+                table[r.module, r.name] = _shadowed(shadow, r, save)
             else:
-                ours = r.ours if where is None else _saving_first(r.ours, r.save, where, saved)
+                ours = r.ours if save is None else _saving_first(r.ours, save, saved)
                 table[r.module, r.name] = ours if counts is None else counts.wrap(r.short, ours, r.rows)
         if carry and self.carry is not None:
             table[self.carry] = Wrap(carrying)
@@ -265,32 +279,25 @@ class Integration:
         return kept.stats(json_path)
 
 
-def _shadowed(shadow: Shadow, r: Replaced, where: ProcessFile | None) -> Wrap:
+def _shadowed(shadow: Shadow, r: Replaced, save: Callable[..., None] | None) -> Wrap:
     """The table value of a shadow install: the trainer's own function (found at install) wrapped by
-    ``shadow`` with ``r``'s function and check in its shadow, saving the first differing or misaligned
-    step to ``where``."""
-    first = None if where is None or r.save is None else functools.partial(_save_to, r.save, where)
+    ``shadow`` with ``r``'s function and check in its shadow, ``save`` (a call's arguments) the first
+    differing or misaligned step."""
     return Wrap(
         lambda theirs: shadow.wrap(
-            r.short, theirs, r.ours, check=r.check, on_first_difference=first, keys_of=r.keys_of, mutates=r.mutates
+            r.short, theirs, r.ours, check=r.check, on_first_difference=save, keys_of=r.keys_of, mutates=r.mutates
         )
     )
 
 
-def _save_to(save: Callable[..., Any], where: ProcessFile, *args: Any, **kwargs: Any) -> None:
-    save(where.now(), *args, **kwargs)
-
-
-def _saving_first(
-    ours: Callable[..., Any], save: Callable[..., Any] | None, where: ProcessFile, saved: threading.Event
-) -> Callable[..., Any]:
-    """``ours``, saving the first call's inputs (of the install: ``saved``) with ``save`` to ``where``."""
+def _saving_first(ours: Callable[..., Any], save: Callable[..., None], saved: threading.Event) -> Callable[..., Any]:
+    """``ours``, saving the first call's arguments (of the install: ``saved``) with ``save``."""
 
     @functools.wraps(ours)
     def saving(*args: Any, **kwargs: Any) -> Any:
-        if save is not None and not saved.is_set():
+        if not saved.is_set():
             saved.set()
-            _save_to(save, where, *args, **kwargs)
+            save(*args, **kwargs)
         return ours(*args, **kwargs)
 
     return saving

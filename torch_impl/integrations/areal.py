@@ -38,7 +38,6 @@ from .._layouts import scatter_padded
 from .._parts import DensePart, check_parts
 from .._permutation import check_permutation, invert
 from .._witness import witness_config
-from ._files import save_dump
 from ._integration import Installed, Integration, Replaced
 from ._patch import Versions
 
@@ -243,12 +242,12 @@ def _keys(outputs: Any, output_seqlens: Any, mb_list: Any, aggregate_fn: Any = N
     return ["outputs"]
 
 
-def _save(path: str, outputs: Any, output_seqlens: Any, mb_list: Any, aggregate_fn: Any = None) -> None:
-    """The first differing or misaligned step in rebatch's dump format (`_files.save_dump`): inputs
+def _dumped(outputs: Any, output_seqlens: Any, mb_list: Any, aggregate_fn: Any = None) -> dict[str, Any]:
+    """A call's inputs as rebatch's dump holds them (`_files.save_dump`):
     ``outputs``, ``output_seqlens``, ``mb_list`` (``forward_indices``, ``backward_indices`` and each
     micro-batch's ``cu_seqlens``, a plain dict) and ``aggregate_fn`` (None: ``torch.cat``; else its name)."""
     mbs = getattr(mb_list, "mbs", None) or []
-    inputs = {
+    return {
         "outputs": list(outputs),
         "output_seqlens": list(output_seqlens),
         "mb_list": {
@@ -258,13 +257,6 @@ def _save(path: str, outputs: Any, output_seqlens: Any, mb_list: Any, aggregate_
         },
         "aggregate_fn": None if aggregate_fn in (None, torch.cat) else getattr(aggregate_fn, "__qualname__", "?"),
     }
-    save_dump(
-        path,
-        trainer="areal",
-        version=INTEGRATION.versions.installed(),
-        function=f"{TRAIN_ENGINE}.reorder_and_pad_outputs",
-        inputs=inputs,
-    )
 
 
 #: The AReaL releases `install` supports (checked against AReaL itself in CI: .ci/peers.sh).
@@ -279,7 +271,7 @@ INTEGRATION = Integration(
             "reorder_and_pad_outputs",
             reorder_and_pad_outputs,
             check_reorder_and_pad_outputs,
-            _save,
+            _dumped,
             _keys,
             lambda outputs, output_seqlens, *args, **kwargs: len(output_seqlens),
         )

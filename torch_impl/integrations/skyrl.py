@@ -23,9 +23,8 @@ restored as the wrong rows raise `ref.errors.MisalignmentError`; the padded outp
 from __future__ import annotations
 
 import bisect
-import functools
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -39,7 +38,6 @@ from .._permutation import check_permutation, invert
 from .._postprocess import check_batch_func, postprocess_batch
 from .._witness import witness_config
 from ._counts import rows_of_partitions
-from ._files import save_dump
 from ._integration import Installed, Integration, Replaced
 from ._patch import Versions
 
@@ -231,16 +229,11 @@ def _keys(self: Any, batches: Any) -> list[Any]:
     return list(first.keys()) if first is not None and hasattr(first, "keys") else ["items"]
 
 
-def _saver(method: str) -> Callable[..., None]:
-    """`_save` for the iterator's ``method``."""
-    return functools.partial(_save, method)
-
-
-def _save(method: str, path: str, self: Any, batches: Any) -> None:
-    """The first differing or misaligned step in rebatch's dump format (`_files.save_dump`): inputs
+def _dumped(self: Any, batches: Any) -> dict[str, Any]:
+    """A call's inputs as rebatch's dump holds them (`_files.save_dump`):
     ``self`` (the iterator's ``_microbatches``, ``_num_padding_microbatches``, ``batch_size``, a plain
     dict) and ``batches`` (each a dict of its keys and ``metadata``, or a list of items)."""
-    inputs = {
+    return {
         "self": {
             "_microbatches": [list(p) for p in self._microbatches],
             "_num_padding_microbatches": self._num_padding_microbatches,
@@ -251,13 +244,6 @@ def _save(method: str, path: str, self: Any, batches: Any) -> None:
             for b in batches
         ],
     }
-    save_dump(
-        path,
-        trainer="skyrl",
-        version=INTEGRATION.versions.installed(),
-        function=f"{WORKER_UTILS}.{ITERATOR}.{method}",
-        inputs=inputs,
-    )
 
 
 def _rows(self: Any, batches: Any) -> int:
@@ -272,7 +258,7 @@ INTEGRATION = Integration(
     "skyrl",
     Versions("skyrl", dict.fromkeys(VERSIONS), fallback=VERSIONS[-1]),
     lambda row: [
-        Replaced(WORKER_UTILS, f"{ITERATOR}.{name}", fn, check, _saver(name), _keys, _rows)
+        Replaced(WORKER_UTILS, f"{ITERATOR}.{name}", fn, check, _dumped, _keys, _rows)
         for name, fn, check in (
             ("reorder_and_combine_batches", reorder_and_combine_batches, check_reorder_and_combine_batches),
             ("reorder_and_combine_items", reorder_and_combine_items, check_reorder_and_combine_items),

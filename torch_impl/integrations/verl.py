@@ -49,7 +49,6 @@ import functools
 from typing import Any, NamedTuple
 
 from ._counts import Rows, rows_of_partitions
-from ._files import save_dump
 from ._integration import Installed, Integration, Replaced
 from ._patch import Versions
 
@@ -210,15 +209,9 @@ def _portable(data: Any) -> Any:
     return copied
 
 
-def _save(path: str, output_lst: Any, indices: Any, data: Any) -> None:
-    """The step in rebatch's dump format (`_files.save_dump`): inputs ``output_lst``, ``indices``, ``data``."""
-    save_dump(
-        path,
-        trainer="verl",
-        version=INTEGRATION.versions.installed(),
-        function=f"{ENGINE_UTILS}.postprocess_batch_func",
-        inputs={"output_lst": list(output_lst), "indices": indices, "data": _portable(data)},
-    )
+def _dumped(output_lst: Any, indices: Any, data: Any) -> dict[str, Any]:
+    """A call's inputs as rebatch's dump holds them (`_files.save_dump`)."""
+    return {"output_lst": list(output_lst), "indices": indices, "data": _portable(data)}
 
 
 def _keys(output_lst: Any, indices: Any, data: Any) -> list[Any]:
@@ -238,7 +231,7 @@ def _table(row: str) -> list[Replaced]:
     return [
         Replaced(NAMES[name], name, ours, rows=ROWS.get(name), mutates=name == "append_to_dict")
         if name != post
-        else Replaced(NAMES[name], name, ours, check_batch_func, _save, _keys, ROWS[name])
+        else Replaced(NAMES[name], name, ours, check_batch_func, _dumped, _keys, ROWS[name])
         for name, ours in _functions(row).items()
     ]
 
