@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import logging
 from collections.abc import Callable
 from typing import Any
 
 from ref.errors import RebatchError
 
-from .._witness import keys_witnessed_here, witness_stats
-from ._files import Counters, process_facts, write_private
+from .._witness import keys_witnessed_here
+from ._files import Counters
 
 __all__ = ["FIELDS", "Counts", "Rows", "rows_of_partitions"]
 
@@ -46,10 +45,8 @@ class Counts(Counters):
     """The counters of one ``on`` install of ``trainer`` (release ``version``); ``report``: a JSON file."""
 
     def __init__(self, trainer: str, version: str | None, report: str | None = None) -> None:
-        self.trainer = trainer
-        self.version = version
         self._warned = False
-        super().__init__(report)
+        super().__init__(trainer, version, report)
 
     def wrap(self, name: str, fn: Callable[..., Any], rows: Rows | None = None) -> Callable[..., Any]:
         """``fn``, counted under ``name``; ``rows(*args, **kwargs)`` the rows of a call."""
@@ -88,12 +85,9 @@ class Counts(Counters):
         except Exception as err:  # a report that cannot be written never breaks the run: said once
             if not self._warned:
                 self._warned = True
+                why = f"{type(err).__name__}: {err}"
                 logging.getLogger("rebatch").warning(
-                    "rebatch: %s: cannot write the on-mode report %s: %s: %s",
-                    self.trainer,
-                    self.report,
-                    type(err).__name__,
-                    err,
+                    f"rebatch: {self.trainer}: cannot write the on-mode report {self.report}: {why}"
                 )
 
     def stats(self, json_path: str | None = None) -> dict[str, Any]:
@@ -106,11 +100,4 @@ class Counts(Counters):
             }
         total: dict[str, Any] = {f: sum(c[f] for c in by_name.values()) for f in (*FIELDS, *_SHADOW_ONLY)}
         total["by_name"] = by_name
-        total["witness"] = witness_stats()
-        total["trainer"] = self.trainer
-        total["version"] = self.version
-        total["mode"] = "on"
-        total["process"] = process_facts()
-        if json_path is not None:
-            write_private(json_path, json.dumps(total, indent=1).encode())
-        return total
+        return self.finished(total, json_path, mode="on")

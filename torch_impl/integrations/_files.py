@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import io
+import json
 import os
 import secrets
 import threading
@@ -94,11 +95,14 @@ class ProcessFile:
 
 
 class Counters:
-    """Per-name counters of one install in this process (``by_name``, under ``lock``), and its report:
-    ``report`` (a JSON file, or None) rewritten by `write_report` and a last time at exit. A forked child
-    starts with counters and a lock of its own (`renew_in_child`) and writes its own file."""
+    """Per-name counters of one install of ``trainer`` (release ``version``) in this process (``by_name``,
+    under ``lock``), and its report: ``report`` (a JSON file, or None) rewritten by `write_report` and a
+    last time at exit. A forked child starts with counters and a lock of its own (`renew_in_child`) and
+    writes its own file."""
 
-    def __init__(self, report: str | None) -> None:
+    def __init__(self, trainer: str, version: str | None, report: str | None) -> None:
+        self.trainer = trainer
+        self.version = version
         self.report = report
         self.file = None if report is None else ProcessFile(report)
         self.renew_in_child()
@@ -114,6 +118,18 @@ class Counters:
     def stats(self, json_path: str | None = None) -> dict[str, Any]:
         """The counters, written as JSON to ``json_path`` when given."""
         raise NotImplementedError
+
+    def finished(self, total: dict[str, Any], json_path: str | None, **fields: Any) -> dict[str, Any]:
+        """``total`` with what every report holds: ``witness`` (the alignment witness's counters of this
+        process), ``trainer``, ``version``, ``fields`` (``mode``, ...) and ``process``; written whole to
+        ``json_path`` when given (`write_private`: a reader never sees half a report)."""
+        from .._witness import witness_stats
+
+        total.update(witness=witness_stats(), trainer=self.trainer, version=self.version, **fields)
+        total["process"] = process_facts()
+        if json_path is not None:
+            write_private(json_path, json.dumps(total, indent=1).encode())
+        return total
 
     def write_report(self) -> None:
         """Rewrite the report (when there is one) with `stats`, where this process writes it."""

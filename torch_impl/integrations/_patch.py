@@ -17,10 +17,9 @@ while it is itself half-imported (verl's ``verl.plugins`` entry points).
 A table value may be a `Wrap`: ``Wrap(factory)`` puts ``factory(original)`` in the original's place
 (a wrapper around the trainer's own function, built when the original is found).
 
-Each trainer's module (`torch_impl.integrations.verl`, ``.areal``, ``.skyrl``) is that table plus its
-adapter functions. A trainer whose functions change between its releases keeps one row of its table per
-supported version: `Versions` reads the installed version (from the distribution's metadata, without
-importing the trainer) and gives that version's row, or refuses another version unless forced.
+`Versions` reads a trainer's installed release from its metadata (the trainer not imported) and gives
+the row of that release, or refuses another release unless forced. `_integration.Integration` builds
+the table from a trainer's declaration.
 """
 
 from __future__ import annotations

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import json
 import logging
 import threading
 import time
@@ -59,8 +58,7 @@ from ref.errors import (
 )
 
 from .._compare import first_difference
-from .._witness import witness_stats
-from ._files import Counters, process_facts, write_private
+from ._files import Counters
 
 __all__ = ["DEFECTS", "Shadow"]
 
@@ -119,10 +117,8 @@ class Shadow(Counters):
         #: every ``every``-th call of a name is sampled (0: only its first).
         self.every = round(1 / sample) if sample > 0 else 0
         self.on_defect = on_defect
-        self.trainer = trainer
-        self.version = version
         self.sample = float(sample)
-        super().__init__(report)
+        super().__init__(trainer, version, report)
 
     def renew_in_child(self) -> None:
         """Fresh counters, messages and lock (in a forked child: its report counts its own calls)."""
@@ -142,16 +138,7 @@ class Shadow(Counters):
             c[alias] = c["trainer_seconds"]
         total["by_name"] = by_name
         total["messages"] = messages
-        total["witness"] = witness_stats()  # the alignment witness's counters of this process
-        total["trainer"] = self.trainer
-        total["version"] = self.version
-        total["mode"] = "shadow"
-        total["sample"] = self.sample
-        total["on_defect"] = self.on_defect
-        total["process"] = process_facts()
-        if json_path is not None:
-            write_private(json_path, json.dumps(total, indent=1).encode())  # a reader never sees half a report
-        return total
+        return self.finished(total, json_path, mode="shadow", sample=self.sample, on_defect=self.on_defect)
 
     def _count(self, name: str, **add: float) -> None:
         with self.lock:
@@ -159,8 +146,10 @@ class Shadow(Counters):
             for k, v in add.items():
                 c[k] += v
 
-    def _say(self, level: int, message: str, *args: Any) -> None:
-        text = message % args if args else message
+    def _say(self, level: int, name: str, n: int, message: str) -> None:
+        """One line on the ``rebatch.shadow`` logger, naming the trainer, the function and the call (the
+        first 100 kept for `stats`)."""
+        text = f"{self.trainer} {name}, call {n}: {message}"
         with self.lock:
             if len(self.messages) < 100:
                 self.messages.append(text)
@@ -175,33 +164,16 @@ class Shadow(Counters):
     def _before(self, site: _Site, n: int, failure: Exception, args: Any, kwargs: Any) -> None:
         """rebatch refused call ``n`` (before the trainer's function runs): a defect or another error,
         counted, logged, dumped (a defect) and reported now."""
-        name = site.name
+        name, why, trainer = site.name, f"{type(failure).__name__}: {failure}", self.trainer
         if isinstance(failure, DEFECTS):
             self._count(name, defects=1)
-            self._say(
-                logging.ERROR,
-                "%s %s, call %d: %s's result of this step is misaligned%s (rebatch refuses its input, %s: %s)",
-                self.trainer,
-                name,
-                n,
-                self.trainer,
-                _keys(site.keys_of, args, kwargs),
-                type(failure).__name__,
-                failure,
-            )
+            keys = _keys(site.keys_of, args, kwargs)
+            misaligned = f"{trainer}'s result of this step is misaligned{keys} (rebatch refuses its input, {why})"
+            self._say(logging.ERROR, name, n, misaligned)
             self._first_bad(site, args, kwargs)
         else:
             self._count(name, errors=1)
-            self._say(
-                logging.WARNING,
-                "%s %s, call %d: rebatch raised %s: %s (recorded; %s's result returned)",
-                self.trainer,
-                name,
-                n,
-                type(failure).__name__,
-                failure,
-                self.trainer,
-            )
+            self._say(logging.WARNING, name, n, f"rebatch raised {why} (recorded; {trainer}'s result returned)")
         self.write_report()
 
     def _after(self, site: _Site, n: int, mine: Any, result: Any, args: Any, kwargs: Any) -> None:
@@ -210,14 +182,7 @@ class Shadow(Counters):
         if why is not None:
             self._count(site.name, differences=1)
             self._say(
-                logging.ERROR,
-                "%s %s, call %d: rebatch and %s differ (rebatch vs %s): %s",
-                self.trainer,
-                site.name,
-                n,
-                self.trainer,
-                self.trainer,
-                why,
+                logging.ERROR, site.name, n, f"rebatch and {self.trainer} differ (rebatch vs {self.trainer}): {why}"
             )
             self._first_bad(site, args, kwargs)
         self.write_report()
@@ -227,15 +192,7 @@ class Shadow(Counters):
             step(*args)
         except Exception as err:  # a comparison, a dump or a report that fails never breaks the run
             self._count(name, errors=1)
-            self._say(
-                logging.WARNING,
-                "%s %s, call %d: shadow mode failed: %s: %s",
-                self.trainer,
-                name,
-                n,
-                type(err).__name__,
-                err,
-            )
+            self._say(logging.WARNING, name, n, f"shadow mode failed: {type(err).__name__}: {err}")
 
     def wrap(
         self,

@@ -19,18 +19,11 @@ release: `plan(version)` gives it for any release without installing), and retur
 unless ``install(force=True)``. ``install``, ``uninstall``, ``stats``, ``mode``, ``installed`` and
 ``replacements`` are `INTEGRATION`'s (`torch_impl.integrations._integration`, the one trainer contract).
 
-``install(mode="shadow")`` adopts rebatch safely: verl's functions stay in charge (the trainer gets
-verl's results, the same objects); each call's input goes through rebatch's checks, a sampled fraction
-of calls (``sample``: the first, then every ``round(1 / sample)``-th) is also run through rebatch's
-function and compared with verl's bit for bit, and `stats` counts and times both (see
-`torch_impl.integrations._shadow`). Measured (``python -m rebatch.bench.shadow``, CPU, one thread,
-torch 2.9.1, 3 keys): on unsampled calls, where only rebatch's checks run, 16.1 ms against verl's
-15.9 ms for 256 rows in 8 micro-batches (+1%), 6.5 against 5.9 ms for 64 rows in 4 (+0.6 ms), within
-noise for 1024 rows in 16; a sampled call (rebatch's function and the comparison too) 1.4-2x verl's.
-The other names run nothing of rebatch's on unsampled calls (their inputs are verl's own
-computation; rebatch's checks of them are part of their function, run on sampled calls). Sampling is
-a per-process counter per name, so every rank samples the same calls: ``prepare_micro_batches`` with a
-``dp_group`` runs rebatch's collectives, then verl's, on every rank alike.
+``install(mode="shadow")``: verl's functions stay in charge, rebatch's shadow them (`_shadow`; its cost:
+``docs/shadow.md``). Only ``postprocess_batch_func`` has a check of its own on unsampled calls: the other
+names' inputs are verl's own computation, checked by rebatch's function on sampled calls. Sampling is a
+per-process counter per name, so every rank samples the same calls (``prepare_micro_batches`` with a
+``dp_group`` runs rebatch's collectives, then verl's, on every rank alike).
 
 verl is imported only when `install` is called. In Ray worker processes (verl's workers are Ray
 actors), run it in every worker with Ray's setup hook::
