@@ -32,7 +32,7 @@ or ``off`` the ``.pth`` line imports nothing at all. Set, `startup` puts a small
 package (``verl``, ``areal``, ``skyrl``) executes, right before its code runs, `activate` imports
 that trainer's integration and calls its ``install(lazy=True, ...)``, which reads the trainer's release
 from its metadata and patches each of its modules as it finishes importing
-(`torch_impl.integrations._patch.Patcher.install_as_imported`). What runs the code decides, not what
+(``torch_impl.integrations._patch.Patcher.install(lazy=True)``). What runs the code decides, not what
 finds it: a probe first (``importlib.util.find_spec("areal")``, common for an optional dependency) leaves
 the trainer waiting, and a probe's spec executed later (``module_from_spec``, ``spec.loader.exec_module``)
 activates as an import does. Its lock (`ForkSafeLock`) is renewed in a forked child, so a fork while

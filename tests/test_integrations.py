@@ -121,7 +121,7 @@ def test_the_table_is_built_only_when_install_runs(fake_package) -> None:
     patcher.uninstall()
 
 
-def test_install_as_imported_patches_each_module_as_it_finishes_importing(tmp_path, monkeypatch) -> None:
+def test_a_lazy_install_patches_each_module_as_it_finishes_importing(tmp_path, monkeypatch) -> None:
     """A package on disk, not imported yet: nothing is imported by the install; its defining module is
     patched right after it executes, so a module importing it binds the replacement; `Wrap` builds the
     replacement from the original; the hook leaves ``sys.meta_path`` once done, and uninstall restores."""
@@ -135,7 +135,7 @@ def test_install_as_imported_patches_each_module_as_it_finishes_importing(tmp_pa
     patcher = _patch.Patcher("lazypkg", lambda: table)
     before = list(sys.meta_path)
     try:
-        assert patcher.install_as_imported() == []
+        assert patcher.install(lazy=True) == []
         assert patcher.installed()
         assert "lazypkg.core" not in sys.modules
         import lazypkg.engine as engine  # type: ignore[import-not-found]
@@ -157,7 +157,7 @@ def test_install_as_imported_patches_each_module_as_it_finishes_importing(tmp_pa
 def test_uninstall_drops_a_pending_import_hook() -> None:
     patcher = _patch.Patcher("nopkg", lambda: {("nopkg.never", "fn"): _ours})
     before = list(sys.meta_path)
-    patcher.install_as_imported()
+    patcher.install(lazy=True)
     assert patcher.installed()
     assert len(sys.meta_path) == len(before) + 1
     patcher.uninstall()
@@ -388,7 +388,7 @@ def test_areal_and_skyrl_refuse_another_release_unless_forced(monkeypatch, name:
     integration = importlib.import_module(f"torch_impl.integrations.{name}")
     assert (release,) == integration.VERSIONS
     calls: list[int] = []
-    monkeypatch.setattr(integration.INTEGRATION.patcher, "install", lambda *args: calls.append(1) or ["place"])
+    monkeypatch.setattr(integration.INTEGRATION.patcher, "install", lambda *a, **k: calls.append(1) or ["place"])
     for version in ("9.9.9", None):
         monkeypatch.setattr(integration.INTEGRATION.versions, "installed", lambda version=version: version)
         with pytest.raises(errors.UnsupportedSettingError) as err:

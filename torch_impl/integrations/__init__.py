@@ -18,11 +18,8 @@ TRAINERS = ("verl", "areal", "skyrl")
 
 
 def stats() -> dict[str, dict[str, Any]]:
-    """``{trainer: its stats()}`` for each integration that is installed or kept counters in this process
-    (an integration never imported is left out, and not imported): shadow mode's counters (calls,
-    sampled, differences, defects, errors, trainer_seconds, rebatch_seconds, by_name, messages, trainer,
-    version, mode, process) with ``mode`` ``"shadow"``, or ``on`` mode's (calls, rows, keys_witnessed,
-    errors per name: `_counts.Counts`) with ``mode`` ``"on"``."""
+    """``{trainer: its stats()}`` for each integration installed or with counters kept in this process
+    (one never imported is left out, and not imported); ``mode`` says whose: ``"shadow"`` or ``"on"``."""
     out: dict[str, dict[str, Any]] = {}
     for trainer in TRAINERS:
         module = sys.modules.get(f"{__name__}.{trainer}")

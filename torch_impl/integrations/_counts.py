@@ -1,15 +1,11 @@
 """``on`` mode's counters: what rebatch did in a trainer where it is in charge (no data moved, no sync).
 
-`Counts.wrap` wraps each of rebatch's functions that an ``on`` install puts in a trainer's place
-(`_integration.Integration`, once for every trainer) and counts, per name: ``calls``, ``rows`` (the
-call's rows, read from host-side facts only: an index list's length, a tensor's shape; a name without a
-row rule counts 0), ``keys_witnessed`` (keys the alignment witness checked in that call,
-`torch_impl._witness.keys_witnessed_here`: this thread's count, so threads do not mix) and ``errors``
-(`ref.errors.RebatchError` raised, re-raised unchanged). `Counts.stats` gives them with the shape of a
-shadow report (``mode`` ``"on"``; ``sampled``, ``differences`` and ``defects`` 0), written with
-`_files.write_private` when ``report`` is set: at each name's first call, at each error, at the
-1st, 2nd, 4th, 8th, ... call of a name, and at exit. A forked child counts its own calls and writes
-its own file (`_files.Counters`).
+`Counts.wrap` wraps each of rebatch's functions an ``on`` install puts in place and counts, per name:
+``calls``, ``rows`` (host-side facts only: an index list's length, a tensor's shape; 0 without a rule),
+``keys_witnessed`` (this thread's count of the alignment witness, `torch_impl._witness.keys_witnessed_here`)
+and ``errors`` (`ref.errors.RebatchError`, re-raised unchanged). `Counts.stats` has a shadow report's
+shape (``mode`` ``"on"``; ``sampled``, ``differences``, ``defects`` 0), written when ``report`` is set at a
+name's 1st, 2nd, 4th, 8th, ... call, at each error and at exit (`_files.Counters`).
 """
 
 from __future__ import annotations

@@ -1,22 +1,16 @@
 """How rebatch writes a file (a shadow report, a dump): privately, whole, and never through a symlink.
 
-`write_private` writes the bytes to a new temporary file in the target's directory (``os.open`` with
-``O_CREAT | O_EXCL | O_NOFOLLOW``, mode ``0o600``, a random name: one temporary file a write, so many
-threads writing the same report never share one), then renames it onto the final name
-(``os.replace``): a reader sees the old file or the new one, never half of one, and a killed process
-leaves at most a stray temporary file, never a truncated report or dump. A symlink planted at the
-temporary name is refused (``O_EXCL``); one planted at the final name is replaced itself (a rename does
-not follow it), its target untouched.
+`write_private` writes to a new temporary file in the target's directory (``O_CREAT | O_EXCL |
+O_NOFOLLOW``, mode ``0o600``, a random name: one a write, never shared by threads), then renames it onto
+the final name: a reader sees the old file or the new one, never half of one; a killed process leaves at
+most a stray temporary file. A symlink planted at the temporary name is refused (``O_EXCL``); one at the
+final name is replaced itself (a rename does not follow it), its target untouched.
 
-`ProcessFile` is a file of this process (a report): its path in the process that made it, the same name
-with the child's own run id and pid in a forked child (`rebatch_startup._names.for_this_process`), so a
-child never writes its parent's file. `Counters` is what every report shares (`_shadow.Shadow`,
-`_counts.Counts`): per-name counters under a lock, renewed in a forked child
-(`rebatch_startup.renew_at_fork`: the child's report counts the child's calls only and never waits on a
-lock a parent's thread held), written to its `ProcessFile` on demand and a last time at exit.
-
-`save_dump` writes a step in the one dump format of every trainer (`DUMP_FORMAT`), read by
-``rebatch check --dump`` (`rebatch.check`).
+`ProcessFile` is a file of this process: in a forked child, the same name with the child's run id and pid
+(`rebatch_startup._names.for_this_process`). `Counters` is what every report shares (`_shadow.Shadow`,
+`_counts.Counts`): per-name counters under a lock, renewed in a forked child (`rebatch_startup.renew_at_fork`:
+the child counts its own calls, never waits on a parent thread's lock), written to its `ProcessFile`.
+`save_dump` writes a step in the one dump format (`DUMP_FORMAT`) read by ``rebatch check --dump``.
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """The trainer contract: what an integration (`verl`, `areal`, `skyrl`) declares, and the one
-``install``/``uninstall``/``stats``/``mode``/``installed``/``replacements`` every trainer shares.
+``install``/``uninstall``/``stats``/``mode``/``installed``/``replacements`` of every trainer.
 
-A trainer's module declares one `Integration`: the trainer's name, its supported releases
-(`_patch.Versions`), its table (``table(release) -> [Replaced, ...]``: for each name rebatch puts in the
-trainer's place, the trainer's module and name, rebatch's function and its adapters: the check shadow
-mode runs on unsampled calls, the saver of a step in rebatch's dump format, the keys a misaligned call
-misaligns, the rows of a call), and where the trainer starts its workers (``carry``: a function giving
-their environment, wrapped by a lazy install to pass rebatch's variables on). The module's public
-functions are that object's bound methods (``install = INTEGRATION.install``), so every trainer has the
-same signature and the same result, `Installed`.
-
-An install builds the `_patch.Patcher`'s table from the rows for its mode: ``on``, rebatch's function
-counted (`_counts.Counts`: calls, rows, keys witnessed, errors per name, ``report=`` written as a file),
-saving its first call's inputs (``dump=``) where its row has a saver; ``shadow``, a `_patch.Wrap` that
-puts the trainer's own function in charge with rebatch's in its shadow (`_shadow.Shadow.wrap`). The
-counters of the last install are kept after `uninstall` (``kept``) for `stats`. One lock (a
-`rebatch_startup.ForkSafeLock`: a forked child finds it free) guards the state.
+A trainer's module declares one `Integration`: its supported releases (`_patch.Versions`), its table
+(``table(release) -> [Replaced, ...]``: the trainer's module and name, rebatch's function and its
+adapters), and ``carry``, the function giving the environment of the processes the trainer starts. Its
+public functions are that object's bound methods (``install = INTEGRATION.install``): one signature and
+one result, `Installed`, for every trainer. An install builds the `_patch.Patcher`'s table for its mode:
+``on``, rebatch's function counted (`_counts.Counts`) and its first call dumped (``dump=``); ``shadow``,
+the trainer's own function in charge with rebatch's in its shadow (`_shadow.Shadow.wrap`).
 """
 
 from __future__ import annotations
@@ -25,8 +17,6 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
-
-from rebatch_startup import ForkSafeLock
 
 from ._counts import Counts, Rows
 from ._files import ProcessFile, save_dump
@@ -40,21 +30,20 @@ MODES = ("on", "shadow")
 
 
 class Replaced(NamedTuple):
-    """One row of a trainer's table: rebatch's ``ours`` in place of ``module.name`` (``"Class.method"``:
-    a method, replaced on the class), with its adapters (each called with the call's arguments)."""
+    """One row of a trainer's table: rebatch's ``ours`` in place of ``module.name`` (``"Class.method"``: on
+    the class), with its adapters, each called with a call's arguments: ``check`` (``ours``'s checks
+    without moving data: shadow mode's unsampled calls), ``dumped`` (the call's inputs by name, as the dump
+    format holds them), ``keys_of`` (the keys a misaligned call misaligns), ``rows`` (the call's rows, host
+    facts only: ``on`` mode's counters); ``mutates``: ``ours`` fills its arguments (verl's
+    ``append_to_dict``), which shadow mode compares too."""
 
     module: str
     name: str
     ours: Callable[..., Any]
-    #: The checks of ``ours`` without moving data (shadow mode, unsampled calls); None: nothing runs there.
     check: Callable[..., Any] | None = None
-    #: The call's inputs by name, as rebatch's dump format holds them (`_files.save_dump`); None: no dump.
     dumped: Callable[..., Mapping[str, Any]] | None = None
-    #: The keys a misaligned call misaligns (named by shadow mode's log line).
     keys_of: Callable[..., Any] | None = None
-    #: The rows of a call (host-side facts only), counted by an ``on`` install.
     rows: Rows | None = None
-    #: The function fills its arguments (verl's ``append_to_dict``): shadow mode compares them too.
     mutates: bool = False
 
     @property
@@ -64,29 +53,23 @@ class Replaced(NamedTuple):
 
 
 class Installed(NamedTuple):
-    """What `Integration.install` did (the same for every trainer)."""
+    """What `Integration.install` did, for every trainer: the ``trainer``, its ``version`` read from its
+    metadata (None: none), the supported release whose table applies (``row``: the newest for another
+    version with ``force``), the ``mode`` and every place replaced now (``places``: ``"module.name"`` or
+    ``"module.Class.attr"``; a lazy install replaces the others as their modules are imported)."""
 
-    #: ``"verl"``, ``"areal"`` or ``"skyrl"``.
     trainer: str
-    #: The trainer's version read from its metadata (None: no metadata).
     version: str | None
-    #: The supported release whose table applies (the newest one for another version with ``force``).
     row: str
-    #: ``"on"`` or ``"shadow"``.
     mode: str
-    #: Every place replaced now, as ``"module.name"`` or ``"module.Class.attr"`` (a lazy install adds
-    #: the others as their modules are imported).
     places: tuple[str, ...]
 
 
 class Integration:
-    """The install state of ``trainer`` (the distribution and top package name), declared once per trainer.
-
-    ``table(release)`` is the trainer's table for a release of ``versions``; ``label`` the trainer's name in
-    log lines (``"AReaL"``); ``carry`` the ``(module, name)`` of the function giving the environment of the
-    processes the trainer starts (wrapped by a lazy install); ``describe(version, row, how)``, when given,
-    the INFO line `install` logs (``how``: ``"replaces"`` or ``"shadows"``), else one naming the table.
-    """
+    """The declaration and install state of ``trainer`` (its distribution and top package): ``table(release)``
+    its table for a release of ``versions``; ``label`` its name in log lines (``"AReaL"``); ``carry`` the
+    ``(module, name)`` of its workers' environment function; ``describe(version, row, how)`` the INFO line
+    `install` logs (``how``: ``"replaces"`` or ``"shadows"``; default: one naming the table)."""
 
     def __init__(
         self,
@@ -105,7 +88,7 @@ class Integration:
         self.carry = carry
         self.describe = describe or self._describe
         self.patcher = Patcher(trainer, self._patch_table)
-        self.lock = ForkSafeLock()
+        self.lock = self.patcher.lock  # one lock (a forked child finds it free: `rebatch_startup.ForkSafeLock`)
         #: The counters of the last install (`Shadow` or `Counts`; kept after `uninstall`, for `stats`).
         self.kept: Shadow | Counts | None = None
         #: ``(version read, row used, mode)`` of the install in force, else None.
@@ -140,28 +123,27 @@ class Integration:
         r = self.row(name)
         if r.dumped is None:
             raise ValueError(f"{self.trainer}'s {r.name} has no dump")
-        inputs = r.dumped(*args, **kwargs)
-        version = self.versions.installed()
+        inputs, version = r.dumped(*args, **kwargs), self.versions.installed()
         save_dump(path, trainer=self.trainer, version=version, function=f"{r.module}.{r.name}", inputs=inputs)
 
     def _dump_to(self, name: str, where: ProcessFile, *args: Any, **kwargs: Any) -> None:
         self.dump(name, where.now(), *args, **kwargs)
 
     def _patch_table(
-        self, dump: str | None, shadow: Shadow | None, counts: Counts | None, row: str, carry: bool
+        self, dump: str | None, kept: Shadow | Counts, row: str, carry: bool
     ) -> dict[tuple[str, str], Any]:
-        """The patcher's table for an install: shadowed (``shadow``) or counted (``counts``), saving the
-        first call (``dump``); with ``carry`` also the trainer's environment function, wrapped."""
+        """The patcher's table for an install: shadowed or counted (``kept``), saving the first call
+        (``dump``); with ``carry`` also the trainer's environment function, wrapped."""
         table: dict[tuple[str, str], Any] = {}
         saved = threading.Event()  # on mode: the first call of any name with a saver is dumped
         for r in self.table(row):
             where = ProcessFile(dump) if dump and r.dumped is not None else None  # a forked child: its own file
             save = None if where is None else functools.partial(self._dump_to, r.name, where)
-            if shadow is not None:
-                table[r.module, r.name] = _shadowed(shadow, r, save)
+            if isinstance(kept, Shadow):
+                table[r.module, r.name] = _shadowed(kept, r, save)
             else:
                 ours = r.ours if save is None else _saving_first(r.ours, save, saved)
-                table[r.module, r.name] = ours if counts is None else counts.wrap(r.short, ours, r.rows)
+                table[r.module, r.name] = kept.wrap(r.short, ours, r.rows)
         if carry and self.carry is not None:
             table[self.carry] = Wrap(carrying)
         return table
@@ -179,35 +161,28 @@ class Integration:
         witness: bool | None = None,
         unbound: Iterable[str] | None = None,
     ) -> Installed:
-        """Replace the trainer's names (the table of its module) with rebatch's, in their modules and in
-        every loaded module of the trainer that bound them; returns `Installed` (also logged as one INFO
-        line on the ``"rebatch"`` logger). Idempotent: a second call, whatever its arguments, changes
-        nothing (the witness's switch included) and returns the install in force; `uninstall` undoes it.
+        """Replace the trainer's names (its module's table) with rebatch's, in their modules and in every
+        loaded module of the trainer that bound them; returns `Installed` (and logs one INFO line on the
+        ``"rebatch"`` logger). Idempotent: a second call, whatever its arguments, changes nothing (the
+        witness's switch included) and returns the install in force; `uninstall` undoes it. The trainer's
+        release (read from its metadata) must be one of its module's `VERSIONS`: another raises
+        `ref.errors.UnsupportedSettingError`, replacing nothing, unless ``force=True`` (the newest
+        release's table, with a warning logged).
 
-        The installed trainer must be a release of its module's `VERSIONS` (read from its metadata, the
-        trainer not imported): another raises `ref.errors.UnsupportedSettingError`, replacing nothing,
-        unless ``force=True`` (then the newest release's table, with a warning logged).
+        ``dump``: a file for ``rebatch check --dump FILE``, in rebatch's dump format: the first call's
+        inputs (``on``), or the first step where rebatch and the trainer differ or rebatch finds a defect
+        (``shadow``); a forked child writes its own. ``mode="shadow"``: the trainer's functions stay in
+        charge, rebatch's shadow them (`_shadow`): ``sample`` the fraction of calls compared (the first,
+        then every ``round(1 / sample)``-th), ``on_defect`` ``"log"`` (an ERROR on ``rebatch.shadow``) or
+        ``"raise"`` (rebatch's `ref.errors.RebatchError` stops the run), ``report`` a JSON file of `stats`.
+        ``on`` mode: ``report`` the file of its counters (`_counts`); ``sample`` and ``on_defect`` unused.
 
-        ``dump``: a file to save a step to in rebatch's dump format, for ``rebatch check --dump FILE``:
-        the first call's inputs (``on``; a forked child writes its own file), or the first step where
-        rebatch and the trainer differ or rebatch finds a defect (``shadow``).
-
-        ``mode="shadow"``: the trainer's functions stay in charge, rebatch's shadow them
-        (`torch_impl.integrations._shadow`): ``sample`` the fraction of calls compared (the first, then
-        every ``round(1 / sample)``-th), ``on_defect`` ``"log"`` (an ERROR on the ``rebatch.shadow``
-        logger) or ``"raise"`` (rebatch's `ref.errors.RebatchError`, stopping the run), ``report`` a JSON
-        file of `stats` rewritten at each sampled call. In ``on`` mode ``report`` is the file of its
-        counters (`torch_impl.integrations._counts`: calls, rows, keys witnessed, errors); ``sample`` and
-        ``on_defect`` are shadow mode's only.
-
-        ``lazy=True`` (the form `rebatch_startup` uses, from ``REBATCH``): nothing of the trainer is
-        imported; names of modules already loaded are replaced now, the others as their modules finish
-        importing, and the function giving the trainer's workers their environment (``carry``) is
-        wrapped to pass rebatch's variables on.
-
-        ``witness=False``: switch the alignment witness off for the process (`torch_impl.set_witness`;
-        default: as ``REBATCH_WITNESS`` says, on); ``unbound``: keys it leaves unbound (a custom loss
-        whose rows are not the batch's rows). Both only on a fresh install, and put back by `uninstall`.
+        ``lazy=True`` (`rebatch_startup`'s form, from ``REBATCH``): nothing of the trainer imported; loaded
+        modules patched now, the others as they finish importing; the function giving the trainer's
+        workers their environment (``carry``) wrapped to pass rebatch's variables on. ``witness=False``:
+        the alignment witness off for the process (`torch_impl.set_witness`; default: as
+        ``REBATCH_WITNESS`` says, on); ``unbound``: keys it leaves unbound (a custom loss whose rows are
+        not the batch's). Both only on a fresh install, put back by `uninstall`.
         """
         if mode not in MODES:
             from ref.errors import UnsupportedSettingError
@@ -218,29 +193,28 @@ class Integration:
                 return Installed(self.trainer, *self.release, tuple(self.patcher.places()))
             version = self.versions.installed()
             row, _ = self.versions.pick(version, force=force)
-            shadow = None
-            counts = None
+            kept: Shadow | Counts
             if mode == "shadow":
-                shadow = Shadow(sample, on_defect, report, trainer=self.trainer, version=version)
+                kept = Shadow(sample, on_defect, report, trainer=self.trainer, version=version)
             else:
-                counts = Counts(self.trainer, version, report)
+                kept = Counts(self.trainer, version, report)
             witness_before = None
             if witness is not None or unbound is not None:
                 from .._witness import set_witness
 
                 witness_before = set_witness(witness, unbound=unbound)  # checks ``witness`` first
             try:
-                put = self.patcher.install_as_imported if lazy else self.patcher.install
-                places = put(dump, shadow, counts, row, lazy)
+                places = self.patcher.install(dump, kept, row, lazy, lazy=lazy)
             except BaseException:
                 if witness_before is not None:
                     set_witness(witness_before[0], unbound=witness_before[1])  # nothing installed: as it was
                 raise
             self.witness_before = witness_before
-            self.kept = shadow or counts
+            self.kept = kept
             self.release = (version, row, mode)
-            how = "shadows" if shadow is not None else "replaces"
-            logging.getLogger("rebatch").info(self.describe(version, row, how))
+            logging.getLogger("rebatch").info(
+                self.describe(version, row, "shadows" if mode == "shadow" else "replaces")
+            )
             return Installed(self.trainer, version, row, mode, tuple(places))
 
     def uninstall(self) -> None:
@@ -265,14 +239,10 @@ class Integration:
         return release[2] if release is not None and self.patcher.installed() else None
 
     def stats(self, json_path: str | None = None) -> dict[str, Any]:
-        """The counters of the last install (kept after `uninstall`), written as JSON to ``json_path`` when
-        given; all zero without an install. Shadow mode's: ``calls``, ``sampled``, ``differences``,
-        ``defects``, ``errors`` (rebatch's other exceptions), ``trainer_seconds`` (also as
-        ``<trainer>_seconds``, e.g. ``verl_seconds``), ``rebatch_seconds`` (totals over every name),
-        ``by_name`` (the same per replaced name), ``messages`` (the first 100 logged lines), ``witness``,
-        ``trainer``, ``version``, ``mode``, ``sample``, ``on_defect`` and ``process``. An ``on``
-        install's (``mode`` ``"on"``): ``calls``, ``rows``, ``keys_witnessed`` and ``errors`` per name
-        (`_counts.Counts`)."""
+        """The counters of the last install (kept after `uninstall`; all zero without one), written as
+        JSON to ``json_path`` when given: shadow mode's (`_shadow.Shadow.stats`: calls, sampled,
+        differences, defects, errors, trainer_seconds or ``<trainer>_seconds``, rebatch_seconds, by_name,
+        messages, witness, trainer, version, mode, process) or an ``on`` install's (`_counts.Counts`)."""
         kept = self.kept
         if kept is None:
             kept = Shadow(0.0, "log", None, trainer=self.trainer, version=self.versions.installed())

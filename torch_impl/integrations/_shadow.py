@@ -1,40 +1,28 @@
 """Shadow mode: the trainer's own function stays in charge, rebatch's runs beside it (GitHub's Scientist).
 
-One `Shadow` for every trainer (verl, AReaL, SkyRL: ``install(mode="shadow")`` of each integration);
-its messages and counters name the trainer it was made for (``trainer=``).
-
+One `Shadow` a shadow install, for every trainer (its lines and counters name it: ``trainer=``).
 `Shadow.wrap` builds, for one replaced name, a wrapper that returns the trainer's result (the same
-objects) and, on the side:
-
-* on every call, runs rebatch's checks of the input (``check``; where a name has none, nothing of
-  rebatch's runs on unsampled calls);
-* on sampled calls (the first, then every ``k``-th call of that name, ``k = round(1 / sample)``; no
-  random number generator is touched), runs rebatch's own function and compares the two results bit
-  for bit (`torch_impl._compare`: values as integers of their bits, offsets, dtypes, devices, the order
-  of losses, metrics and micro-batches);
-* counts calls, sampled calls, differences, defects and rebatch's other errors, and times both
-  functions (wall clock: on a GPU, the time to launch, not to finish, asynchronous work).
+objects) and, on the side: on every call, runs rebatch's checks of the input (``check``; none: nothing
+of rebatch's on unsampled calls); on sampled calls (the first, then every ``round(1 / sample)``-th of
+that name; no random number generator touched), runs rebatch's own function and compares the results
+bit for bit (`torch_impl._compare`); counts calls, sampled calls, differences, defects and rebatch's
+other errors, and times both functions (wall clock: on a GPU, the launch).
 
 A *defect* is an input rebatch refuses as misaligned (`DEFECTS`: an index that is not a permutation, a
-micro-batch that does not match its partition, outputs that disagree, and the well-formed misalignments
-of `ref.errors.MisalignmentError`, which rebatch's alignment-witness check finds where the trainer gives
-one): the trainer's function would misalign that step silently. The order within a call is fixed:
-rebatch's check (or, on a sampled call, rebatch's function, which runs the same checks, the witness
-check included, before it moves any data) runs first; a defect is then counted and logged as an ERROR
-on ``logging.getLogger("rebatch.shadow")`` saying that the trainer's result of that step is misaligned
-(naming the trainer, the function, the keys and rebatch's message: micro-batch, index or row), and the
+micro-batch that does not match its partition, outputs that disagree, a `ref.errors.MisalignmentError`
+of the alignment witness): the trainer's function would misalign that step silently. rebatch's check
+(or, sampled, its function, whose checks run before any data moves) runs first; a defect is counted,
+logged as an ERROR on ``rebatch.shadow`` (the trainer, the function, the keys, rebatch's message) and the
 first one dumped, all BEFORE the trainer's function runs, so a trainer function that then fails (AReaL's
-raises an ``AssertionError`` on a plain duplicate index) still leaves the defect in the counters and
-the report. With ``on_defect="raise"`` the `ref.errors.RebatchError` is raised instead of running the
-trainer's function. rebatch's other exceptions are recorded (counted, logged as a WARNING), never raised
-into the run (unless ``on_defect="raise"``). Each difference is one ERROR line naming the trainer, the
-function, the call, the place (key), the row and both values. A normal call logs nothing.
+raises an ``AssertionError`` on a duplicate index) still leaves it in the counters and the report.
+``on_defect="raise"`` raises the `ref.errors.RebatchError` instead of running the trainer's function.
+rebatch's other exceptions are recorded (counted, a WARNING), never raised into the run. Each
+difference is one ERROR line naming the trainer, the function, the call, the key, the row and both
+values. A normal call logs nothing.
 
-``report=``: a JSON file of `Shadow.stats` (with the trainer, its release, the mode and the process:
-pid, host, run id, command line), rewritten at each sampled call and each defect, difference or error,
-and at exit, each time whole through a private temporary file (`_files.write_private`); a forked child
-counts its own calls and writes its own file (`_files.Counters`); ``rebatch report`` reads many of
-them.
+``report=``: a JSON file of `Shadow.stats` (trainer, release, mode, process), rewritten at each sampled
+call, defect, difference or error and at exit, whole (`_files.Counters`: a forked child writes its own);
+``rebatch report`` reads many of them.
 """
 
 from __future__ import annotations

@@ -1,18 +1,16 @@
-"""Turn rebatch on in AReaL 1.0.4 with one call: `install()` (and `uninstall()`).
+"""AReaL 1.0.4's table for the trainer contract (`_integration.Integration`): `install()` turns rebatch on.
 
-AReaL's engines (FSDP, Megatron, Archon) put their forward outputs back in order with
-``areal.engine.core.train_engine.reorder_and_pad_outputs(outputs, output_seqlens, mb_list,
-aggregate_fn=torch.cat)``, bound at import (``from areal.engine.core import reorder_and_pad_outputs``).
-`install` replaces it there and in every loaded ``areal`` module bound to it; `uninstall` puts AReaL's
-back (`INTEGRATION`: the one trainer contract, `torch_impl.integrations._integration`, whose functions
-these are). AReaL is imported only when `install` runs; a lazy install (``REBATCH``) also wraps AReaL's
-``get_env_vars`` to pass rebatch's variables on to the RPC workers its schedulers start. Its engines run in each training process: call `install()` in every one (before or
-after the engine is imported), e.g. at the top of the training script that every rank runs.
+AReaL's engines (FSDP, Megatron, Archon) restore order with ``areal.engine.core.train_engine.
+reorder_and_pad_outputs(outputs, output_seqlens, mb_list, aggregate_fn=torch.cat)``, bound at import
+(``from areal.engine.core import reorder_and_pad_outputs``). `install` replaces it there and in every
+loaded ``areal`` module bound to it; call it in every training process (e.g. at the top of the script
+every rank runs), or set ``REBATCH``: a lazy install also wraps AReaL's ``get_env_vars`` to pass rebatch's
+variables on to the RPC workers its schedulers start.
 
 rebatch's `reorder_and_pad_outputs` gives AReaL's result on every input AReaL handles correctly, and
 raises a `ref.errors.RebatchError` where AReaL silently misaligns: ``backward_indices`` that is not the
 inverse of ``forward_indices``, a negative, duplicate or out-of-range index in either, seqlens that do
-not match the outputs (see ``docs/spec.md``, "The peers' reorder steps").
+not match the outputs (``docs/spec.md``, "The peers' reorder steps").
 """
 
 from __future__ import annotations

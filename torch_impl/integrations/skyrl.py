@@ -1,23 +1,18 @@
-"""Turn rebatch on in SkyRL 0.4.0 with one call: `install()` (and `uninstall()`).
+"""SkyRL 0.4.0's table for the trainer contract (`_integration.Integration`): `install()` turns rebatch on.
 
-SkyRL's token-budget micro-batching, ``skyrl.backends.skyrl_train.workers.worker_utils.TokenBasedBatchIterator``,
-puts the micro-batches' outputs back in order with its methods ``reorder_and_combine_batches(batches)``
-(per key, a Python loop copying row by row into a ``[B, *S]`` tensor) and ``reorder_and_combine_items(batches)``
-(per-sample dicts). `install` replaces both methods on the class, so every iterator, made before or
-after, uses rebatch's; `uninstall` puts SkyRL's back (`INTEGRATION`: the one trainer contract,
-`torch_impl.integrations._integration`, whose functions these are). SkyRL is imported only when
-`install` runs; a lazy install (``REBATCH``) also wraps ``prepare_runtime_environment`` so that a
-driver passes rebatch's variables on to its actors. Its workers are Ray actors: call `install()` in each worker
-process (Ray's ``worker_process_setup_hook``, see the README).
+SkyRL's token-budget micro-batching (``TokenBasedBatchIterator`` of ``skyrl.backends.skyrl_train.workers.
+worker_utils``) restores order with its methods ``reorder_and_combine_batches(batches)`` (per key, a
+Python loop copying row by row into ``[B, *S]``) and ``reorder_and_combine_items(batches)`` (per-sample
+dicts). `install` replaces both on the class (every iterator, made before or after, uses rebatch's); a
+lazy install (``REBATCH``) also wraps ``prepare_runtime_environment`` so that a driver passes rebatch's
+variables on to its Ray actors (else call `install()` in each worker: Ray's ``worker_process_setup_hook``).
 
 Same result as SkyRL on every input it handles correctly (padding micro-batches left out from the end,
-``None`` entries kept as ``None``, the first batch's type and ``metadata``); a `ref.errors.RebatchError`
-where SkyRL silently accepts a duplicate (its rows still all covered), extra or negative index, or a
-micro-batch output with more rows than its indices. The per-sample items carry each sample's valid
-length (the log-probs SkyRL's workers keep per row): rebatch's ``reorder_and_combine_items`` checks
-them against the batch's own (`item_witness`, the alignment witness of ``docs/witness.md``), so items
-restored as the wrong rows raise `ref.errors.MisalignmentError`; the padded outputs of
-``reorder_and_combine_batches`` keep no row lengths.
+``None`` entries kept, the first batch's type and ``metadata``); a `ref.errors.RebatchError` where SkyRL
+silently accepts a duplicate (its rows still all covered), extra or negative index, or a micro-batch
+output with more rows than its indices. ``reorder_and_combine_items`` checks each item's valid length
+against the batch's own (`item_witness`, ``docs/witness.md``): items restored as the wrong rows raise
+`ref.errors.MisalignmentError` (the padded outputs of ``reorder_and_combine_batches`` keep no lengths).
 """
 
 from __future__ import annotations

@@ -1,39 +1,24 @@
-"""Turn rebatch on in verl with one call: `install()` (and `uninstall()`).
+"""verl's table for the trainer contract (`_integration.Integration`): `install()` turns rebatch on in verl.
 
-verl's engines bind ``postprocess_batch_func`` and ``prepare_micro_batches`` at import
-(``from ..utils import postprocess_batch_func, prepare_micro_batches`` in the fsdp, megatron, automodel,
-torchtitan and veomni engines), so replacing them in ``verl.workers.engine.utils`` alone changes none
-of the engines already imported. `install` replaces them there (so every engine imported later binds
-rebatch's) and in every loaded ``verl`` module that bound verl's originals; the same for verl's
-partitioner functions (``rearrange_micro_batches``, ``restore_dynamic_batch``,
-``get_seqlen_balanced_partitions``, ``get_group_balanced_partitions`` in ``verl.utils.seqlen_balancing``)
-and ``append_to_dict`` (``verl.utils.py_functional``); it is idempotent, and
-`uninstall` puts verl's originals back wherever `install` replaced them.
+verl's engines bind ``postprocess_batch_func`` and ``prepare_micro_batches`` at import (``from ..utils
+import ...`` in the fsdp, megatron, automodel, torchtitan and veomni engines): `install` replaces them in
+``verl.workers.engine.utils`` and in every loaded ``verl`` module that bound them, with verl's partitioner
+functions (``rearrange_micro_batches``, ``restore_dynamic_batch``, ``get_seqlen_balanced_partitions``,
+``get_group_balanced_partitions`` in ``verl.utils.seqlen_balancing``) and ``append_to_dict``
+(``verl.utils.py_functional``); `uninstall` puts verl's back.
 
-Each verl release gets its own result: `VERSIONS` (the one table) says, for verl 0.8.0, 0.9.0 and
-0.9.1, which names rebatch replaces there and with which rule (0.8.0 and 0.9.0 partition in one pass,
-0.9.1 until every micro-batch fits the budget); `install` reads the installed release from verl's
-metadata, logs one INFO line saying what it replaces and what it leaves as verl's (the `Plan` of that
-release: `plan(version)` gives it for any release without installing), and returns what it did
-(`Installed`, as every trainer's). Another release is refused (`ref.errors.UnsupportedSettingError`)
-unless ``install(force=True)``. ``install``, ``uninstall``, ``stats``, ``mode``, ``installed`` and
-``replacements`` are `INTEGRATION`'s (`torch_impl.integrations._integration`, the one trainer contract).
-
-``install(mode="shadow")``: verl's functions stay in charge, rebatch's shadow them (`_shadow`; its cost:
-``docs/shadow.md``). Only ``postprocess_batch_func`` has a check of its own on unsampled calls: the other
-names' inputs are verl's own computation, checked by rebatch's function on sampled calls. Sampling is a
-per-process counter per name, so every rank samples the same calls (``prepare_micro_batches`` with a
+`VERSIONS` says, for verl 0.8.0, 0.9.0 and 0.9.1, which names rebatch replaces and with which rule (0.8.0
+and 0.9.0 partition in one pass, 0.9.1 until every micro-batch fits the budget); the INFO line `install`
+logs is that release's `Plan` (`plan(version)` gives it without installing). In shadow mode only
+``postprocess_batch_func`` has a check of its own on unsampled calls: the other names' inputs are verl's
+own computation, checked by rebatch's function on sampled calls (the cost: ``docs/shadow.md``). Sampling
+counts per process and name, so every rank samples the same calls (``prepare_micro_batches`` with a
 ``dp_group`` runs rebatch's collectives, then verl's, on every rank alike).
 
-verl is imported only when `install` is called. In Ray worker processes (verl's workers are Ray
-actors), run it in every worker with Ray's setup hook::
-
-    ray.init(runtime_env={"worker_process_setup_hook": "torch_impl.integrations.verl.install"})
-
-(verl's trainer passes ``ray_kwargs.ray_init`` to ``ray.init``: see the README for the command-line form),
-or set ``REBATCH=on`` (or ``shadow``; ``REBATCH_VERL``, verl's alias, wins when both are set) in their
-environment: `rebatch_startup.verl`, a ``verl.plugins`` entry point, installs then in every process that
-imports verl.
+verl is imported only when `install` runs. In verl's Ray workers: Ray's setup hook
+(``ray.init(runtime_env={"worker_process_setup_hook": "torch_impl.integrations.verl.install"})``), or
+``REBATCH=on`` (or ``shadow``; ``REBATCH_VERL`` wins when set) in their environment (`rebatch_startup.verl`,
+a ``verl.plugins`` entry point, installs then in every process that imports verl).
 """
 
 from __future__ import annotations
