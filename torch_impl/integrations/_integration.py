@@ -18,6 +18,8 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from ref.errors import UnsupportedSettingError
+
 from ._counts import Counts, Rows
 from ._files import ProcessFile, save_dump
 from ._patch import Patcher, Versions, Wrap
@@ -122,7 +124,7 @@ class Integration:
         format (`_files.save_dump`), read by ``rebatch check --dump``."""
         r = self.row(name)
         if r.dumped is None:
-            raise ValueError(f"{self.trainer}'s {r.name} has no dump")
+            raise UnsupportedSettingError(f"{self.trainer}'s {r.name} has no dump format")
         inputs, version = r.dumped(*args, **kwargs), self.versions.installed()
         save_dump(path, trainer=self.trainer, version=version, function=f"{r.module}.{r.name}", inputs=inputs)
 
@@ -185,8 +187,6 @@ class Integration:
         not the batch's). Both only on a fresh install, put back by `uninstall`.
         """
         if mode not in MODES:
-            from ref.errors import UnsupportedSettingError
-
             raise UnsupportedSettingError(f"mode must be 'on' or 'shadow', got {mode!r}")
         with self.lock:
             if self.patcher.installed() and self.release is not None:
