@@ -18,7 +18,6 @@ REQUIRED = {
     "torch_impl/integrations/verl.py",
     "torch_impl/integrations/areal.py",
     "torch_impl/integrations/skyrl.py",
-    "torch_impl/integrations/verl_plugin.py",
     "rebatch_startup/__init__.py",
     "rebatch_startup/_hooks.py",
     "rebatch_startup/verl.py",

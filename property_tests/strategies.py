@@ -20,7 +20,6 @@ from ref import errors
 
 from .data import DTYPES, from_rows, jagged, random_tensor, rows_of
 from .defects import (
-    DEFECT_ALIASES,
     Defect,
     LyingPartition,
     apply,
@@ -291,11 +290,9 @@ class Drawing:
 
 
 def _defect_names(defects: Sequence[str]) -> list[str]:
-    if isinstance(defects, str) or not defects or any(DEFECT_ALIASES.get(d, d) not in DEFECTS for d in defects):
-        raise InvalidArgument(
-            f"defects must be a non-empty sequence of names of {tuple(DEFECTS)} (or {tuple(DEFECT_ALIASES)}), got {defects!r}"
-        )
-    return list(dict.fromkeys(DEFECT_ALIASES.get(d, d) for d in defects))
+    if isinstance(defects, str) or not defects or any(d not in DEFECTS for d in defects):
+        raise InvalidArgument(f"defects must be a non-empty sequence of names of {tuple(DEFECTS)}, got {defects!r}")
+    return list(dict.fromkeys(defects))
 
 
 @st.composite

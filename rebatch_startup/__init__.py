@@ -32,7 +32,7 @@ or ``off`` the ``.pth`` line imports nothing at all. Set, `startup` puts a small
 package (``verl``, ``areal``, ``skyrl``) executes, right before its code runs, `activate` imports
 that trainer's integration and calls its ``install(lazy=True, ...)``, which reads the trainer's release
 from its metadata and patches each of its modules as it finishes importing
-(`torch_impl.integrations._patch.Patcher.install_as_imported`). What runs the code decides, not what
+(``torch_impl.integrations._patch.Patcher.install(lazy=True)``). What runs the code decides, not what
 finds it: a probe first (``importlib.util.find_spec("areal")``, common for an optional dependency) leaves
 the trainer waiting, and a probe's spec executed later (``module_from_spec``, ``spec.loader.exec_module``)
 activates as an import does. Its lock (`ForkSafeLock`) is renewed in a forked child, so a fork while
@@ -63,6 +63,11 @@ from _weakrefset import WeakSet
 TYPE_CHECKING = False  # typing itself is not imported at start
 if TYPE_CHECKING:
     from collections.abc import Mapping
+    from typing import Protocol
+
+    class _Renews(Protocol):
+        def renew_in_child(self) -> None: ...
+
 
 __all__ = [
     "CARRIED",
@@ -81,6 +86,7 @@ __all__ = [
     "install_kwargs",
     "parse",
     "process_file",
+    "renew_at_fork",
     "setting_for",
     "startup",
 ]
@@ -112,10 +118,10 @@ class ForkSafeLock:
     """A re-entrant lock (``with lock:``) that a forked child finds free.
 
     A thread holding a plain lock when another thread forks does not exist in the child, where the lock
-    stays held for ever: the child's first ``with lock:`` would wait for ever. Right after a fork
-    (``os.register_at_fork``) the child renews every `ForkSafeLock` but one its forking thread holds
-    itself (that thread goes on in the child and releases it). For the locks held across imports and
-    installs (`activate`'s, `torch_impl.integrations`' patcher's and install state's)."""
+    stays held for ever: the child's first ``with lock:`` would wait for ever. Right after a fork the
+    child renews every `ForkSafeLock` (`renew_at_fork`) but one its forking thread holds itself (that
+    thread goes on in the child and releases it). For the locks held across imports and installs
+    (`activate`'s, `torch_impl.integrations`' patcher's and install state's)."""
 
     __slots__ = ("__weakref__", "_depth", "_lock", "_owner")
 
@@ -123,7 +129,7 @@ class ForkSafeLock:
         self._lock = threading.RLock()
         self._owner: int | None = None  # the holder's thread id (set and cleared by the holder only)
         self._depth = 0
-        _fork_safe.add(self)
+        renew_at_fork(self)
 
     def __enter__(self) -> None:
         self._lock.acquire()
@@ -136,18 +142,26 @@ class ForkSafeLock:
             self._owner = None
         self._lock.release()
 
-    def _renew(self) -> None:
+    def renew_in_child(self) -> None:
+        """In a forked child: free, unless the forking thread (going on here) holds it."""
         if self._owner != threading.get_ident():  # another thread's (gone here), or free
             self._lock, self._owner, self._depth = threading.RLock(), None, 0
 
 
 # weakref.WeakSet itself (threading imported it: no module more at interpreter start)
-_fork_safe: WeakSet[ForkSafeLock] = WeakSet()
+_renewed: WeakSet[_Renews] = WeakSet()
+
+
+def renew_at_fork(obj: _Renews) -> None:
+    """Call ``obj.renew_in_child()`` in every child forked from this process, right after the fork (while
+    ``obj`` lives): the one fork-reset mechanism of rebatch (`ForkSafeLock`; the counters of a report,
+    `torch_impl.integrations._files.Counters`, which count the child's own calls)."""
+    _renewed.add(obj)
 
 
 def _renew_after_fork() -> None:
-    for lock in list(_fork_safe):
-        lock._renew()
+    for obj in list(_renewed):
+        obj.renew_in_child()
 
 
 if hasattr(os, "register_at_fork"):

@@ -340,14 +340,14 @@ HOLDS = {
     "install state": (
         "from torch_impl.integrations import areal as ia\n"
         "def hold():\n"
-        "    with ia._integration.lock:\n"
+        "    with ia.INTEGRATION.lock:\n"
         "        held.set()\n"
         "        go.wait()\n"
     ),
     "patcher": (
         "from torch_impl.integrations import areal as ia\n"
         "def hold():\n"
-        "    with ia._patcher._lock:\n"
+        "    with ia.INTEGRATION.patcher.lock:\n"
         "        held.set()\n"
         "        go.wait()\n"
     ),
@@ -407,9 +407,13 @@ def test_every_rebatch_variable_rebatch_reads_is_carried() -> None:
 
 
 def test_areals_and_skyrls_wrappers_carry_every_setting(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """The wrappers of AReaL's ``get_env_vars`` and SkyRL's ``prepare_runtime_environment`` (around stand-ins
-    for the trainers' functions) add every variable of `CARRIED` set here, the witness's included."""
+    """The wrapper of AReaL's ``get_env_vars`` and SkyRL's ``prepare_runtime_environment`` (around stand-ins
+    for the trainers' functions) adds every variable of `CARRIED` set here, the witness's included."""
     from torch_impl.integrations import areal, skyrl
+    from torch_impl.integrations._integration import carrying
+
+    assert areal.INTEGRATION.carry == (areal.LAUNCHER, "get_env_vars")
+    assert skyrl.INTEGRATION.carry == (skyrl.TRAIN_UTILS, "prepare_runtime_environment")
 
     values = {
         "REBATCH": "shadow:0.5",
@@ -423,9 +427,9 @@ def test_areals_and_skyrls_wrappers_carry_every_setting(monkeypatch: pytest.Monk
     assert set(values) == set(VARIABLES)
     for name, value in values.items():
         monkeypatch.setenv(name, value)
-    get_env_vars = areal._carrying(lambda *args, **kwargs: {"PYTHONPATH": "x", "REBATCH_ON_DEFECT": "log"})
+    get_env_vars = carrying(lambda *args, **kwargs: {"PYTHONPATH": "x", "REBATCH_ON_DEFECT": "log"})
     assert get_env_vars("A=1") == {**values, "PYTHONPATH": "x", "REBATCH_ON_DEFECT": "log"}  # AReaL's own wins
-    prepare = skyrl._carrying(lambda cfg: {"NCCL_DEBUG": "WARN", "REBATCH_WITNESS": "on"})
+    prepare = carrying(lambda cfg: {"NCCL_DEBUG": "WARN", "REBATCH_WITNESS": "on"})
     assert prepare(object()) == {**values, "NCCL_DEBUG": "WARN", "REBATCH_WITNESS": "on"}  # SkyRL's own wins
 
 
@@ -465,16 +469,15 @@ def test_stats_of_every_integration_installed(monkeypatch: pytest.MonkeyPatch) -
     from torch_impl.integrations import areal
 
     assert not areal.installed()
-    monkeypatch.setattr(areal._integration, "counts", None)  # an earlier on install's counters (kept for stats)
-    monkeypatch.setattr(areal._integration, "_last", None)
+    monkeypatch.setattr(areal.INTEGRATION, "kept", None)  # an earlier install's counters (kept for stats)
     before = integrations.stats()
     assert "areal" not in before
-    areal._integration.shadow = Shadow(1.0, "log", None, trainer="areal")
+    areal.INTEGRATION.kept = Shadow(1.0, "log", None, trainer="areal")
     try:
         got = integrations.stats()["areal"]
         assert (got["mode"], got["trainer"], got["calls"]) == ("shadow", "areal", 0)
     finally:
-        areal._integration.shadow = None
+        areal.INTEGRATION.kept = None
 
 
 # -- rebatch report ----------------------------------------------------------------------------------

@@ -121,7 +121,7 @@ def test_the_table_is_built_only_when_install_runs(fake_package) -> None:
     patcher.uninstall()
 
 
-def test_install_as_imported_patches_each_module_as_it_finishes_importing(tmp_path, monkeypatch) -> None:
+def test_a_lazy_install_patches_each_module_as_it_finishes_importing(tmp_path, monkeypatch) -> None:
     """A package on disk, not imported yet: nothing is imported by the install; its defining module is
     patched right after it executes, so a module importing it binds the replacement; `Wrap` builds the
     replacement from the original; the hook leaves ``sys.meta_path`` once done, and uninstall restores."""
@@ -135,7 +135,7 @@ def test_install_as_imported_patches_each_module_as_it_finishes_importing(tmp_pa
     patcher = _patch.Patcher("lazypkg", lambda: table)
     before = list(sys.meta_path)
     try:
-        assert patcher.install_as_imported() == []
+        assert patcher.install(lazy=True) == []
         assert patcher.installed()
         assert "lazypkg.core" not in sys.modules
         import lazypkg.engine as engine  # type: ignore[import-not-found]
@@ -157,7 +157,7 @@ def test_install_as_imported_patches_each_module_as_it_finishes_importing(tmp_pa
 def test_uninstall_drops_a_pending_import_hook() -> None:
     patcher = _patch.Patcher("nopkg", lambda: {("nopkg.never", "fn"): _ours})
     before = list(sys.meta_path)
-    patcher.install_as_imported()
+    patcher.install(lazy=True)
     assert patcher.installed()
     assert len(sys.meta_path) == len(before) + 1
     patcher.uninstall()
@@ -388,9 +388,9 @@ def test_areal_and_skyrl_refuse_another_release_unless_forced(monkeypatch, name:
     integration = importlib.import_module(f"torch_impl.integrations.{name}")
     assert (release,) == integration.VERSIONS
     calls: list[int] = []
-    monkeypatch.setattr(integration._patcher, "install", lambda *args: calls.append(1) or ["place"])
+    monkeypatch.setattr(integration.INTEGRATION.patcher, "install", lambda *a, **k: calls.append(1) or ["place"])
     for version in ("9.9.9", None):
-        monkeypatch.setattr(integration._versions, "installed", lambda version=version: version)
+        monkeypatch.setattr(integration.INTEGRATION.versions, "installed", lambda version=version: version)
         with pytest.raises(errors.UnsupportedSettingError) as err:
             integration.install()
         assert f"supported: {release}" in str(err.value)
@@ -405,12 +405,12 @@ def test_areal_and_skyrl_refuse_another_release_unless_forced(monkeypatch, name:
     logger = logging.getLogger("rebatch")
     logger.addHandler(handler)
     try:
-        assert integration.install(force=True) == ["place"]
+        assert integration.install(force=True) == (name, None, release, "on", ("place",))  # `Installed`
     finally:
         logger.removeHandler(handler)
     assert any("not supported" in r.getMessage() for r in records)
-    monkeypatch.setattr(integration._versions, "installed", lambda: release)
-    assert integration.install() == ["place"]
+    monkeypatch.setattr(integration.INTEGRATION.versions, "installed", lambda: release)
+    assert integration.install() == (name, release, release, "on", ("place",))
 
 
 @pytest.mark.parametrize(("name", "release"), [("verl", "0.9.1"), ("areal", "1.0.4"), ("skyrl", "0.4.0")])
@@ -422,7 +422,7 @@ def test_every_trainers_install_sets_the_witness_and_uninstall_puts_it_back(
     import torch_impl
 
     integration = importlib.import_module(f"torch_impl.integrations.{name}")
-    monkeypatch.setattr(integration._integration.versions, "installed", lambda: release)
+    monkeypatch.setattr(integration.INTEGRATION.versions, "installed", lambda: release)
     before = torch_impl.witness_config()
     try:
         with pytest.raises(errors.UnsupportedSettingError, match="on must be a bool"):
@@ -443,3 +443,65 @@ def test_every_trainers_install_sets_the_witness_and_uninstall_puts_it_back(
         integration.uninstall()
         torch_impl.set_witness(before[0], unbound=before[1])
     assert torch_impl.witness_config() == before
+
+
+def test_every_trainer_declares_one_integration_whose_functions_it_exports() -> None:
+    """The one trainer contract: each trainer's ``install``, ``uninstall``, ``stats``, ``mode``,
+    ``installed`` and ``replacements`` are its `INTEGRATION`'s (one signature, one return type)."""
+    import inspect
+
+    from torch_impl import integrations
+    from torch_impl.integrations import _integration
+
+    keywords = {"dump", "mode", "sample", "on_defect", "report", "lazy", "force", "witness", "unbound"}
+    for trainer in integrations.TRAINERS:
+        module = importlib.import_module(f"torch_impl.integrations.{trainer}")
+        assert isinstance(module.INTEGRATION, _integration.Integration)
+        assert module.INTEGRATION.trainer == trainer
+        for name in ("install", "uninstall", "stats", "mode", "installed", "replacements"):
+            function = getattr(module, name)
+            assert function.__self__ is module.INTEGRATION, (trainer, name)
+            assert function.__func__ is getattr(_integration.Integration, name), (trainer, name)
+        assert set(inspect.signature(module.install).parameters) == keywords
+        assert inspect.signature(module.install).return_annotation in ("Installed", _integration.Installed)
+        assert module.Installed is _integration.Installed
+
+
+def test_an_on_install_of_areal_dumps_its_first_call(monkeypatch, tmp_path) -> None:
+    """``install(dump=...)`` in ``on`` mode saves the first call's inputs in rebatch's dump format, for
+    every trainer (AReaL and SkyRL ignored it before): a fake AReaL module, so no AReaL needed."""
+    from types import SimpleNamespace
+
+    from rebatch import check
+    from torch_impl.integrations import _files
+
+    def theirs(outputs: Any, output_seqlens: Any, mb_list: Any, aggregate_fn: Any = torch.cat) -> Any:
+        raise AssertionError("AReaL's own function: replaced")
+
+    names = ["areal", "areal.engine", "areal.engine.core", areal.TRAIN_ENGINE]
+    for name in names:
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    sys.modules[areal.TRAIN_ENGINE].reorder_and_pad_outputs = theirs  # type: ignore[attr-defined]
+    monkeypatch.setattr(areal.INTEGRATION.versions, "installed", lambda: "1.0.4")
+    dump = tmp_path / "first.pt"
+    try:
+        installed = areal.install(str(dump))
+        assert installed == ("areal", "1.0.4", "1.0.4", "on", (f"{areal.TRAIN_ENGINE}.reorder_and_pad_outputs",))
+        assert areal.mode() == "on"
+        mb_list = SimpleNamespace(forward_indices=[1, 0], backward_indices=[1, 0])
+        got = sys.modules[areal.TRAIN_ENGINE].reorder_and_pad_outputs([torch.arange(3.0)], [1, 2], mb_list)
+        assert got.tolist() == [[2.0, 0.0], [0.0, 1.0]]
+        saved = check._safe_load(str(dump))
+        assert (saved["format"], saved["trainer"], saved["inputs"]["output_seqlens"]) == (
+            _files.DUMP_FORMAT,
+            "areal",
+            [1, 2],
+        )
+        dump.unlink()
+        sys.modules[areal.TRAIN_ENGINE].reorder_and_pad_outputs([torch.arange(3.0)], [1, 2], mb_list)
+        assert not dump.exists()  # the first call only
+        assert areal.stats()["calls"] == 2
+    finally:
+        areal.uninstall()
+    assert sys.modules[areal.TRAIN_ENGINE].reorder_and_pad_outputs is theirs
+    assert areal.mode() is None

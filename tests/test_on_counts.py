@@ -54,12 +54,13 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Any:
     module.append_to_dict = _append  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, FAKE, module)
 
-    def replacements(dump: Any = None, shadow: Any = None, row: Any = None, carry: bool = False) -> Any:
-        return {(FAKE, "postprocess_batch_func"): torch_impl.postprocess_batch_func, (FAKE, "append_to_dict"): _append}
+    def table(row: str) -> list[_integration.Replaced]:
+        post = verl.INTEGRATION.row("postprocess_batch_func")  # verl's adapters: its rows rule
+        return [post._replace(module=FAKE), _integration.Replaced(FAKE, "append_to_dict", _append)]
 
     versions = _patch.Versions(FAKE, {"1.0": None}, fallback="1.0")
     monkeypatch.setattr(versions, "installed", lambda: "1.0")
-    integration = _integration.Integration(FAKE, replacements, versions, lambda v, r, how: f"{how}", verl.ROWS)
+    integration = _integration.Integration(FAKE, versions, table, label="fake")
     yield module, integration
     integration.uninstall()
 
@@ -144,14 +145,14 @@ def test_stats_of_an_on_install_says_on_and_counts() -> None:
     counted = counts.wrap(
         "reorder_and_combine_items",
         skyrl.reorder_and_combine_items,
-        skyrl._integration.rows.get("reorder_and_combine_items"),
+        skyrl.INTEGRATION.row("reorder_and_combine_items").rows,
     )
     assert counted(it, [["b"], ["a"]]) == ["a", "b"]
-    state = skyrl._integration
-    before = (state.counts, state._last)
-    state.counts, state._last = counts, "on"
+    state = skyrl.INTEGRATION
+    before = state.kept
+    state.kept = counts
     try:
         got = integrations.stats()["skyrl"]
         assert (got["mode"], got["calls"], got["rows"]) == ("on", 1, 2)
     finally:
-        state.counts, state._last = before
+        state.kept = before

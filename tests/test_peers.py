@@ -91,11 +91,13 @@ def test_areal_install_replaces_every_loaded_binding() -> None:
     engine = importlib.import_module("areal.engine.core.train_engine")
     theirs = engine.reorder_and_pad_outputs
     try:
-        places = areal.install()
+        installed = areal.install()
+        places = installed.places
+        assert (installed.trainer, installed.row, installed.mode) == ("areal", "1.0.4", "on")
         assert core.reorder_and_pad_outputs.__wrapped__ is areal.reorder_and_pad_outputs  # counted (on mode)
         assert engine.reorder_and_pad_outputs is core.reorder_and_pad_outputs
         assert "areal.engine.core.reorder_and_pad_outputs" in places
-        assert areal.install() == places
+        assert areal.install() == installed
     finally:
         areal.uninstall()
     assert core.reorder_and_pad_outputs is theirs
@@ -125,8 +127,8 @@ def test_skyrl_install_replaces_the_iterator_methods_and_a_real_iterator_agrees(
     ]
     want = theirs["reorder_and_combine_batches"](it, outputs)
     try:
-        places = skyrl.install()
-        assert places == [f"{skyrl.WORKER_UTILS}.TokenBasedBatchIterator.{n}" for n in SKYRL_METHODS]
+        places = skyrl.install().places
+        assert places == tuple(f"{skyrl.WORKER_UTILS}.TokenBasedBatchIterator.{n}" for n in SKYRL_METHODS)
         got = it.reorder_and_combine_batches(outputs)
         assert_same(dict(got), dict(want))
         assert got.metadata == want.metadata

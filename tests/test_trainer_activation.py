@@ -390,7 +390,7 @@ def shadowed(request: pytest.FixtureRequest):
         yield integration, own
     finally:
         integration.uninstall()
-        integration._integration.shadow = None
+        integration.INTEGRATION.kept = None
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -465,7 +465,7 @@ def test_shadow_on_300_random_valid_calls_finds_nothing_and_logs_nothing(shadowe
     s = integration.stats()
     assert (s["differences"], s["defects"], s["errors"]) == (0, 0, 0), s["messages"]
     assert s["calls"] >= 300
-    assert s["sampled"] == (s["calls"] if integration._integration.shadow.every else len(s["by_name"]))
+    assert s["sampled"] == (s["calls"] if integration.INTEGRATION.kept.every else len(s["by_name"]))
     assert [r.getMessage() for r in records] == []
 
 

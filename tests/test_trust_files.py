@@ -132,12 +132,12 @@ def test_the_allowlist_is_exactly_what_real_steps_of_every_trainer_hold(tmp_path
     torch._dynamo.mark_dynamic(marked, 0, min=2, max=64)  # as verl's engine marks its inputs
     data["marked"] = marked
     named: set[str] = set()
-    verl._save(str(tmp_path / "v.pt"), outs, indices, data)
+    verl.INTEGRATION.dump("postprocess_batch_func", str(tmp_path / "v.pt"), outs, indices, data)
     mb = _mb_list(FORWARD)
     mb.mbs = [{"cu_seqlens": torch.tensor([0, 2, 3], dtype=torch.int32)}, {"cu_seqlens": torch.tensor([0, 0, 3, 5])}]
-    areal._save(str(tmp_path / "a.pt"), _areal_outputs(), SEQLENS, mb)
-    skyrl._saver("reorder_and_combine_batches")(
-        str(tmp_path / "s.pt"), _Iterator([[1], [0]]), _skyrl_batches([[1], [0]])
+    areal.INTEGRATION.dump("reorder_and_pad_outputs", str(tmp_path / "a.pt"), _areal_outputs(), SEQLENS, mb)
+    skyrl.INTEGRATION.dump(
+        "reorder_and_combine_batches", str(tmp_path / "s.pt"), _Iterator([[1], [0]]), _skyrl_batches([[1], [0]])
     )
     for name in ("v.pt", "a.pt", "s.pt"):
         named |= {g for g in check._globals_named(str(tmp_path / name)) if not check._STORAGE.fullmatch(g)}
@@ -147,18 +147,18 @@ def test_the_allowlist_is_exactly_what_real_steps_of_every_trainer_hold(tmp_path
 
 def test_every_trainers_dump_has_one_format_and_is_checked(tmp_path: Path, capsys) -> None:
     outs, indices, data = _verl_step()
-    verl._save(str(tmp_path / "v.pt"), outs, indices, data)
+    verl.INTEGRATION.dump("postprocess_batch_func", str(tmp_path / "v.pt"), outs, indices, data)
     mb = _mb_list(FORWARD)
-    areal._save(str(tmp_path / "a.pt"), _areal_outputs(), SEQLENS, mb)
+    areal.INTEGRATION.dump("reorder_and_pad_outputs", str(tmp_path / "a.pt"), _areal_outputs(), SEQLENS, mb)
     bad = _mb_list(FORWARD)
     bad.forward_indices = [4, 0, 3, 3, 1]  # a duplicate: AReaL misaligns it silently
-    areal._save(str(tmp_path / "a-bad.pt"), _areal_outputs(), SEQLENS, bad)
+    areal.INTEGRATION.dump("reorder_and_pad_outputs", str(tmp_path / "a-bad.pt"), _areal_outputs(), SEQLENS, bad)
     it = _Iterator([[3, 0], [2], [1, 4]])
-    skyrl._saver("reorder_and_combine_batches")(str(tmp_path / "s.pt"), it, _skyrl_batches(it._microbatches))
+    skyrl.INTEGRATION.dump("reorder_and_combine_batches", str(tmp_path / "s.pt"), it, _skyrl_batches(it._microbatches))
     bad_it = _Iterator([[3, 0], [2], [1, 3]])  # a duplicate, row 4 missing
     bad_it._token_counts = [1] * 5
-    skyrl._saver("reorder_and_combine_batches")(
-        str(tmp_path / "s-bad.pt"), bad_it, _skyrl_batches([[3, 0], [2], [1, 3]])
+    skyrl.INTEGRATION.dump(
+        "reorder_and_combine_batches", str(tmp_path / "s-bad.pt"), bad_it, _skyrl_batches([[3, 0], [2], [1, 3]])
     )
     for name, trainer in (("v.pt", "verl"), ("a.pt", "areal"), ("s.pt", "skyrl")):
         saved = check._safe_load(str(tmp_path / name))
@@ -188,7 +188,7 @@ def test_verls_enum_pad_mode_is_saved_as_its_value(tmp_path: Path) -> None:
 
     outs, indices, data = _verl_step()
     data["pad_mode"] = NonTensorData(PadMode.NO_PADDING)
-    verl._save(str(tmp_path / "v.pt"), outs, indices, data)
+    verl.INTEGRATION.dump("postprocess_batch_func", str(tmp_path / "v.pt"), outs, indices, data)
     assert main(["check", "--dump", str(tmp_path / "v.pt")]) == 0
     assert isinstance(data["pad_mode"], PadMode)  # the caller's data untouched
 
@@ -202,7 +202,7 @@ def test_a_dump_is_private_whole_and_replaces_a_symlink_at_its_name_not_its_targ
     link = tmp_path / "d.pt"
     link.symlink_to(target)
     outs, indices, data = _verl_step()
-    verl._save(str(link), outs, indices, data)
+    verl.INTEGRATION.dump("postprocess_batch_func", str(link), outs, indices, data)
     assert target.read_text() == "precious"
     assert not link.is_symlink()
     assert link.is_file()
@@ -217,7 +217,7 @@ def test_a_symlink_planted_at_the_temporary_name_is_refused(tmp_path: Path, monk
     (tmp_path / f".d.pt.{'f' * 16}.tmp").symlink_to(target)
     outs, indices, data = _verl_step()
     with pytest.raises(FileExistsError):
-        verl._save(str(tmp_path / "d.pt"), outs, indices, data)
+        verl.INTEGRATION.dump("postprocess_batch_func", str(tmp_path / "d.pt"), outs, indices, data)
     assert target.read_text() == "precious"
     assert not (tmp_path / "d.pt").exists()
 

@@ -39,7 +39,8 @@ def test_install_replaces_every_binding_and_uninstall_restores_them() -> None:
     assert theirs_post is not torch_impl.postprocess_batch_func
     chosen = integration.install()
     assert integration.installed()
-    assert (chosen.verl, chosen.row, chosen.left) == (VERL.version, VERL.version, ())
+    assert (chosen.trainer, chosen.version, chosen.row, chosen.mode) == ("verl", VERL.version, VERL.version, "on")
+    assert integration.plan().left == ()
     ours = integration.replacements()  # this release's (VERSIONS)
     rearrange = ours[integration.SEQLEN_BALANCING, "rearrange_micro_batches"]
     # each place holds rebatch's function, counted (on mode's counters: ``__wrapped__`` is rebatch's)
@@ -49,7 +50,7 @@ def test_install_replaces_every_binding_and_uninstall_restores_them() -> None:
     assert VERL.seqlen_balancing.rearrange_micro_batches.__wrapped__ is rearrange
     assert VERL.engine_utils.rearrange_micro_batches is VERL.seqlen_balancing.rearrange_micro_batches
     assert VERL.py_functional.append_to_dict.__wrapped__ is torch_impl.append_to_dict
-    assert integration.install() is chosen  # idempotent: nothing recorded twice, the same plan
+    assert integration.install() == chosen  # idempotent: nothing recorded twice, the same places
     integration.uninstall()
     assert not integration.installed()
     assert engine.postprocess_batch_func is theirs_post

@@ -1,4 +1,4 @@
-"""``REBATCH_VERL``: `torch_impl.integrations.verl_plugin` loaded by verl itself, mid-import, as a
+"""``REBATCH_VERL``: verl's plugin, `rebatch_startup.verl`, loaded by verl itself, mid-import, as a
 ``verl.plugins`` entry point (made visible through a throwaway ``*.dist-info`` on ``PYTHONPATH``:
 exactly how ``importlib.metadata`` discovers entry points) or through ``VERL_USE_EXTERNAL_MODULES``,
 in a fresh interpreter and in a Ray worker, on the installed verl release: 0.9.0 and 0.9.1 load the
@@ -15,15 +15,16 @@ from pathlib import Path
 
 import pytest
 
+import rebatch_startup
 from property_tests import verl_oracle as vo
 from ref.errors import UnsupportedSettingError
-from torch_impl.integrations import verl as integration, verl_plugin
+from torch_impl.integrations import verl as integration
 
 VERL = vo.verl_or_skip()
 ROOT = str(Path(__file__).resolve().parents[1])
 #: Whether each release's ``verl/__init__.py`` loads the ``verl.plugins`` entry points.
 PLUGIN_GROUP = {"0.8.0": False, "0.9.0": True, "0.9.1": True}
-EXTERNAL = {"VERL_USE_EXTERNAL_MODULES": "torch_impl.integrations.verl_plugin"}
+EXTERNAL = {"VERL_USE_EXTERNAL_MODULES": "rebatch_startup.verl"}
 
 PROBE = (
     "import warnings; warnings.simplefilter('ignore')\n"
@@ -42,7 +43,7 @@ def entry_point(tmp_path_factory: pytest.TempPathFactory) -> str:
     info = root / "rebatch_plugin_probe-0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: rebatch-plugin-probe\nVersion: 0\n")
-    (info / "entry_points.txt").write_text("[verl.plugins]\nrebatch = torch_impl.integrations.verl_plugin:activate\n")
+    (info / "entry_points.txt").write_text("[verl.plugins]\nrebatch = rebatch_startup.verl:activate\n")
     return str(root)
 
 
@@ -137,7 +138,7 @@ def test_on_fails_loudly_on_a_release_rebatch_does_not_support() -> None:
 
 def test_activation_logs_one_info_line_naming_what_it_replaced(entry_point: str) -> None:
     code = "import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout)\n" + PROBE
-    code += "from torch_impl.integrations import verl_plugin; verl_plugin.activate()\n"  # idempotent: no 2nd line
+    code += "import rebatch_startup; rebatch_startup.activate('verl', again=True)\n"  # idempotent: no 2nd line
     done = _run(code, entry_point, REBATCH_VERL="on", **({} if PLUGIN_GROUP[VERL.version] else EXTERNAL))
     lines = [line for line in done.stdout.splitlines() if line.startswith("INFO:rebatch:")]
     assert len(lines) == 1, done.stdout
@@ -200,8 +201,7 @@ def test_a_ray_worker_of_plain_ray_init_sees_what_the_driver_variable_says(
 
 
 @pytest.fixture
-def _fresh(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(verl_plugin, "_active", False)
+def _fresh():
     yield
     integration.uninstall()
 
@@ -219,12 +219,12 @@ def test_a_broken_activation_under_on_is_logged_and_raised(monkeypatch, caplog) 
             UnsupportedSettingError, match=r"REBATCH_VERL=.on.: could not install rebatch in verl.*no verl here"
         ),
     ):
-        verl_plugin.activate()
+        rebatch_startup.activate("verl", again=True)
     assert any("could not install rebatch in verl" in r.getMessage() for r in caplog.records)
     caplog.clear()
     monkeypatch.setenv("REBATCH_VERL", "shadow")  # shadow never stops the run: logged only
     with caplog.at_level(logging.ERROR, logger="rebatch"):
-        verl_plugin.activate()
+        rebatch_startup.activate("verl", again=True)
     assert any("RuntimeError: no verl here" in r.getMessage() for r in caplog.records)
 
 
@@ -232,7 +232,7 @@ def test_a_broken_activation_under_on_is_logged_and_raised(monkeypatch, caplog) 
 def test_a_bad_value_is_refused(monkeypatch, caplog) -> None:
     monkeypatch.setenv("REBATCH_VERL", "yes please")
     with caplog.at_level(logging.ERROR, logger="rebatch"), pytest.raises(UnsupportedSettingError):
-        verl_plugin.activate()
+        rebatch_startup.activate("verl", again=True)
     assert not integration.installed()
-    assert verl_plugin.parse("shadow:0.05") == {"mode": "shadow", "sample": 0.05}
-    assert verl_plugin.parse(" OFF ") is None
+    assert rebatch_startup.parse("shadow:0.05", rebatch_startup.VERL_ENV).sample == 0.05
+    assert rebatch_startup.parse(" OFF ", rebatch_startup.VERL_ENV) is None

@@ -16,11 +16,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from tensordict import TensorDict
 
+import rebatch_startup
 import torch_impl
 from property_tests import verl_oracle as vo
 from property_tests.data import jagged
 from rebatch.check import _safe_load
-from torch_impl.integrations import verl as integration, verl_plugin
+from torch_impl.integrations import verl as integration
 from torch_impl.integrations._shadow import Shadow
 
 VERL = vo.verl_or_skip()
@@ -51,8 +52,7 @@ def _duplicate_step():
 def _activate(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     """What verl does in every process that imports it: load the plugin, which reads ``REBATCH_VERL``."""
     monkeypatch.setenv("REBATCH_VERL", value)
-    monkeypatch.setattr(verl_plugin, "_active", False)
-    verl_plugin.activate()
+    rebatch_startup.activate("verl", again=True)
 
 
 def test_500_engine_steps_agree_and_the_trainer_gets_verls_results(caplog, monkeypatch) -> None:

@@ -1,6 +1,6 @@
 """Which verl releases `torch_impl.integrations.verl.install` supports and what it does on each: the one
 table (`VERSIONS`), the gate (another release refused, naming it and the supported ones, unless
-``force=True``), the plan it returns and logs, and the plugin's path through the same gate. The installed
+``force=True``), the plan it logs, what it returns (`Installed`), and the plugin's path through the same gate. The installed
 version is monkeypatched, so these run without verl (``lazy=True`` installs import nothing of it); what
 each row does against verl itself is the differential's (tests/test_verl_differential.py), on every
 release CI installs."""
@@ -12,9 +12,10 @@ import logging
 
 import pytest
 
+import rebatch_startup
 import torch_impl
 from ref.errors import RebatchError, UnsupportedSettingError
-from torch_impl.integrations import verl as integration, verl_plugin
+from torch_impl.integrations import verl as integration
 from torch_impl.integrations._patch import Versions
 
 SUPPORTED = ["0.8.0", "0.9.0", "0.9.1"]
@@ -23,15 +24,14 @@ ONE_PASS = {"prepare_micro_batches", "rearrange_micro_batches"}
 
 @pytest.fixture(autouse=True)
 def _restored(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(verl_plugin, "_active", False)
-    monkeypatch.delenv(verl_plugin.ENV, raising=False)
+    monkeypatch.delenv(rebatch_startup.VERL_ENV, raising=False)
     yield
     integration.uninstall()
 
 
 def _release(monkeypatch: pytest.MonkeyPatch, version: str | None) -> None:
     """Make `install` read ``version`` as verl's installed version (None: no metadata)."""
-    monkeypatch.setattr(integration._versions, "installed", lambda: version)
+    monkeypatch.setattr(integration.INTEGRATION.versions, "installed", lambda: version)
 
 
 def test_the_table_names_every_supported_release_and_what_it_replaces() -> None:
@@ -100,12 +100,12 @@ def test_force_installs_0_9_1s_replacements_with_a_warning(monkeypatch, caplog) 
     with caplog.at_level(logging.INFO, logger="rebatch"):
         chosen = integration.install(lazy=True, force=True)
     assert integration.installed()
-    assert (chosen.verl, chosen.row, chosen.left) == ("0.9.2", "0.9.1", ())
-    assert chosen.replaced == integration.plan("0.9.1").replaced
+    assert (chosen.trainer, chosen.version, chosen.row, chosen.mode) == ("verl", "0.9.2", "0.9.1", "on")
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == "rebatch"]
     assert len(warnings) == 1
     assert "verl 0.9.2 is not supported" in warnings[0]
     assert "0.9.1" in warnings[0]
+    assert integration.plan("0.9.2", force=True) == integration.plan("0.9.1")._replace(verl="0.9.2")
 
 
 @pytest.mark.parametrize("mode", ["on", "shadow"])
@@ -113,9 +113,11 @@ def test_install_logs_one_info_line_saying_what_it_replaces_and_leaves(monkeypat
     _release(monkeypatch, "0.8.0")
     with caplog.at_level(logging.INFO, logger="rebatch"):
         chosen = integration.install(lazy=True, mode=mode)
-        assert integration.install(lazy=True) is chosen  # idempotent: the same plan, no second line
+        assert integration.install(lazy=True, mode="on") == chosen  # idempotent: the same install, no second line
+    assert (chosen.version, chosen.row, chosen.mode) == ("0.8.0", "0.8.0", mode)
+    assert integration.mode() == mode
     lines = [r.getMessage() for r in caplog.records if r.name == "rebatch" and r.levelno == logging.INFO]
-    assert lines == [chosen.describe("shadows" if mode == "shadow" else "replaces")]
+    assert lines == [integration.plan().describe("shadows" if mode == "shadow" else "replaces")]
     how = "shadows" if mode == "shadow" else "replaces"
     assert lines[0].startswith(
         f"rebatch: verl 0.8.0: rebatch {how} verl's verl.workers.engine.utils.postprocess_batch_func"
@@ -129,22 +131,22 @@ def test_install_logs_one_info_line_saying_what_it_replaces_and_leaves(monkeypat
 
 def test_the_plugin_refuses_another_release_loudly_under_on_and_logs_it_under_shadow(monkeypatch, caplog) -> None:
     _release(monkeypatch, "0.7.0")
-    monkeypatch.setenv(verl_plugin.ENV, "on")
+    monkeypatch.setenv(rebatch_startup.VERL_ENV, "on")
     with caplog.at_level(logging.ERROR, logger="rebatch"), pytest.raises(UnsupportedSettingError, match=r"0\.7\.0"):
-        verl_plugin.activate()
+        rebatch_startup.activate("verl", again=True)
     assert any(
         "could not install rebatch in verl" in r.getMessage() and "0.7.0" in r.getMessage() for r in caplog.records
     )
     assert not integration.installed()
     caplog.clear()
-    monkeypatch.setenv(verl_plugin.ENV, "shadow")  # shadow never stops the run: logged only
+    monkeypatch.setenv(rebatch_startup.VERL_ENV, "shadow")  # shadow never stops the run: logged only
     with caplog.at_level(logging.ERROR, logger="rebatch"):
-        verl_plugin.activate()
+        rebatch_startup.activate("verl", again=True)
     assert any("UnsupportedSettingError" in r.getMessage() for r in caplog.records)
     assert not integration.installed()
     _release(monkeypatch, "0.9.0")
-    monkeypatch.setenv(verl_plugin.ENV, "on")
-    verl_plugin.activate()  # a supported release: installed lazily, with 0.9.0's row
+    monkeypatch.setenv(rebatch_startup.VERL_ENV, "on")
+    rebatch_startup.activate("verl", again=True)  # a supported release: installed lazily, with 0.9.0's row
     assert integration.installed()
     assert integration.install().row == "0.9.0"
 

@@ -37,7 +37,6 @@ __all__ = [
     "Call",
     "Chooser",
     "Defect",
-    "DEFECT_ALIASES",
     "LyingPartition",
     "Scripted",
     "TABLE",
@@ -51,9 +50,6 @@ __all__ = [
 
 #: The table: every defect both implementations must reject, in the order of ``docs/spec.md``'s checks.
 TABLE: tuple[Defect, ...] = SETTINGS + STRUCTURE + PERMUTATION + PARTS + OPERATIONS + LAYOUTS + ALIGNMENT
-
-#: Former names of defects, still accepted by ``malformed_inputs(defects=...)``.
-DEFECT_ALIASES = {"extra_partition": "too_many_partitions", "moved_index": "row_count", "missing_index": "dropped_row"}
 
 
 def postprocess_defects() -> dict[str, Defect]:

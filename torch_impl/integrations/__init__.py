@@ -1,7 +1,10 @@
 """Integrations of ``torch_impl`` into trainers; each imports its trainer only when called.
 
-`stats` gives the counters of every integration installed in this process (`verl`, `areal`, `skyrl`),
-however it was installed (``install()`` or the ``REBATCH`` variable, `rebatch_startup`)."""
+Each trainer's module (`verl`, `areal`, `skyrl`) is its table of replacements and their adapters,
+declared as one `_integration.Integration` (``INTEGRATION``) whose bound methods are its ``install``,
+``uninstall``, ``stats``, ``mode``, ``installed`` and ``replacements``. `stats` here gives the counters of
+every integration installed in this process, however it was installed (``install()`` or the ``REBATCH``
+variable, `rebatch_startup`)."""
 
 from __future__ import annotations
 
@@ -15,18 +18,11 @@ TRAINERS = ("verl", "areal", "skyrl")
 
 
 def stats() -> dict[str, dict[str, Any]]:
-    """``{trainer: its stats()}`` for each integration that is installed or has shadow counters in this
-    process (an integration never imported is left out, and not imported): shadow mode's counters
-    (calls, sampled, differences, defects, errors, trainer_seconds, rebatch_seconds, by_name, messages,
-    trainer, version, mode, process) with ``mode`` ``"shadow"``, or ``on`` mode's (calls, rows,
-    keys_witnessed, errors per name: `_counts.Counts`) with ``mode`` ``"on"``."""
+    """``{trainer: its stats()}`` for each integration installed or with counters kept in this process
+    (one never imported is left out, and not imported); ``mode`` says whose: ``"shadow"`` or ``"on"``."""
     out: dict[str, dict[str, Any]] = {}
     for trainer in TRAINERS:
         module = sys.modules.get(f"{__name__}.{trainer}")
-        if module is None:
-            continue
-        state = module._integration  # the shared install state (`_integration.Integration`)
-        if not (module.installed() or state.shadow is not None or state.counts is not None):
-            continue
-        out[trainer] = module.stats()  # its ``mode`` says whose counters they are
+        if module is not None and (module.installed() or module.INTEGRATION.kept is not None):
+            out[trainer] = module.stats()  # its ``mode`` says whose counters they are
     return out

@@ -1,32 +1,25 @@
 """``on`` mode's counters: what rebatch did in a trainer where it is in charge (no data moved, no sync).
 
-`Counts.wrap` wraps each of rebatch's functions that an ``on`` install puts in a trainer's place
-(`_integration.Integration`, once for every trainer) and counts, per name: ``calls``, ``rows`` (the
-call's rows, read from host-side facts only: an index list's length, a tensor's shape; a name without a
-row rule counts 0), ``keys_witnessed`` (keys the alignment witness checked in that call,
-`torch_impl._witness.keys_witnessed_here`: this thread's count, so threads do not mix) and ``errors``
-(`ref.errors.RebatchError` raised, re-raised unchanged). `Counts.stats` gives them with the shape of a
-shadow report (``mode`` ``"on"``; ``sampled``, ``differences`` and ``defects`` 0), written with
-`_files.write_private` when ``report`` is set: at each name's first call, at each error, at the
-1st, 2nd, 4th, 8th, ... call of a name, and at exit. A forked child counts its own calls and writes
-its own file (`_files.ProcessFile`).
+`Counts.wrap` wraps each of rebatch's functions an ``on`` install puts in place and counts, per name:
+``calls``, ``rows`` (host-side facts only: an index list's length, a tensor's shape; 0 without a rule),
+``keys_witnessed`` (this thread's count of the alignment witness, `torch_impl._witness.keys_witnessed_here`)
+and ``errors`` (`ref.errors.RebatchError`, re-raised unchanged). `Counts.stats` has a shadow report's
+shape (``mode`` ``"on"``; ``sampled``, ``differences``, ``defects`` 0), written when ``report`` is set at a
+name's 1st, 2nd, 4th, 8th, ... call, at each error and at exit (`_files.Counters`).
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import functools
-import json
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any
 
 from ref.errors import RebatchError
 
-from .._witness import keys_witnessed_here, witness_stats
-from ._files import ProcessFile, forget_at_fork, process_facts, write_private
+from .._witness import keys_witnessed_here
+from ._files import Counters
 
 __all__ = ["FIELDS", "Counts", "Rows", "rows_of_partitions"]
 
@@ -44,24 +37,12 @@ def rows_of_partitions(partitions: Any) -> int:
     return sum(len(p) for p in partitions)
 
 
-class Counts:
+class Counts(Counters):
     """The counters of one ``on`` install of ``trainer`` (release ``version``); ``report``: a JSON file."""
 
     def __init__(self, trainer: str, version: str | None, report: str | None = None) -> None:
-        self.trainer = trainer
-        self.version = version
-        self._file = None if report is None else ProcessFile(report)
-        self._lock = threading.Lock()
-        self._by_name: dict[str, dict[str, int]] = {}
         self._warned = False
-        forget_at_fork(self)
-        if report is not None:
-            atexit.register(self._final_report)
-
-    def _forked(self) -> None:
-        """In a forked child: counters of its own, and a fresh lock."""
-        self._lock = threading.Lock()
-        self._by_name = {}
+        super().__init__(trainer, version, report)
 
     def wrap(self, name: str, fn: Callable[..., Any], rows: Rows | None = None) -> Callable[..., Any]:
         """``fn``, counted under ``name``; ``rows(*args, **kwargs)`` the rows of a call."""
@@ -84,51 +65,35 @@ class Counts:
         if rows is not None:
             with contextlib.suppress(Exception):  # an input too broken to count: its error says the rest
                 n = int(rows(*args, **kwargs))
-        with self._lock:
-            c = self._by_name.setdefault(name, dict.fromkeys(FIELDS, 0))
+        with self.lock:
+            c = self.by_name.setdefault(name, dict.fromkeys(FIELDS, 0))
             c["calls"] += 1
             c["rows"] += n
             c["keys_witnessed"] += keys_witnessed_here() - before
             c["errors"] += error
             calls = c["calls"]
-        if self._file is not None and (error or calls & (calls - 1) == 0):  # an error, or a power of two
-            self._rewrite_report()
+        if self.file is not None and (error or int(calls) & (int(calls) - 1) == 0):  # an error, or a power of two
+            self.write_report()
 
-    def _rewrite_report(self) -> None:
-        if self._file is None:
-            return
+    def write_report(self) -> None:
         try:
-            self.stats(json_path=self._file.now())
+            super().write_report()
         except Exception as err:  # a report that cannot be written never breaks the run: said once
             if not self._warned:
                 self._warned = True
+                why = f"{type(err).__name__}: {err}"
                 logging.getLogger("rebatch").warning(
-                    "rebatch: %s: cannot write the on-mode report %s: %s: %s",
-                    self.trainer,
-                    self._file.now(),
-                    type(err).__name__,
-                    err,
+                    f"rebatch: {self.trainer}: cannot write the on-mode report {self.report}: {why}"
                 )
-
-    def _final_report(self) -> None:
-        with contextlib.suppress(Exception):  # at exit: a report that cannot be written is not worth a traceback
-            self._rewrite_report()
 
     def stats(self, json_path: str | None = None) -> dict[str, Any]:
         """Totals over every name and ``"by_name"`` (each: `FIELDS`, and shadow's counters at 0), with
         ``trainer``, ``version``, ``mode`` (``"on"``), ``witness`` and ``process``; also written to
         ``json_path`` when given."""
-        with self._lock:
+        with self.lock:
             by_name: dict[str, dict[str, Any]] = {
-                name: {**c, **dict.fromkeys(_SHADOW_ONLY, 0)} for name, c in self._by_name.items()
+                name: {**c, **dict.fromkeys(_SHADOW_ONLY, 0)} for name, c in self.by_name.items()
             }
         total: dict[str, Any] = {f: sum(c[f] for c in by_name.values()) for f in (*FIELDS, *_SHADOW_ONLY)}
         total["by_name"] = by_name
-        total["witness"] = witness_stats()
-        total["trainer"] = self.trainer
-        total["version"] = self.version
-        total["mode"] = "on"
-        total["process"] = process_facts()
-        if json_path is not None:
-            write_private(json_path, json.dumps(total, indent=1).encode())
-        return total
+        return self.finished(total, json_path, mode="on")

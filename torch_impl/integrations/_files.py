@@ -1,36 +1,34 @@
 """How rebatch writes a file (a shadow report, a dump): privately, whole, and never through a symlink.
 
-`write_private` writes the bytes to a new temporary file in the target's directory (``os.open`` with
-``O_CREAT | O_EXCL | O_NOFOLLOW``, mode ``0o600``, a random name: one temporary file a write, so many
-threads writing the same report never share one), then renames it onto the final name
-(``os.replace``): a reader sees the old file or the new one, never half of one, and a killed process
-leaves at most a stray temporary file, never a truncated report or dump. A symlink planted at the
-temporary name is refused (``O_EXCL``); one planted at the final name is replaced itself (a rename does
-not follow it), its target untouched.
+`write_private` writes to a new temporary file in the target's directory (``O_CREAT | O_EXCL |
+O_NOFOLLOW``, mode ``0o600``, a random name: one a write, never shared by threads), then renames it onto
+the final name: a reader sees the old file or the new one, never half of one; a killed process leaves at
+most a stray temporary file. A symlink planted at the temporary name is refused (``O_EXCL``); one at the
+final name is replaced itself (a rename does not follow it), its target untouched.
 
-`ProcessFile` is a file of this process (a report: `_shadow.Shadow`, `_counts.Counts`): its path in the
-process that made it, the same name with the child's own run id and pid in a forked child
-(`rebatch_startup._names.for_this_process`), so a child never writes its parent's file.
-`forget_at_fork` resets an object's counters in a forked child (its ``_forked()``), so that a
-child's report counts the child's calls only and never waits on a lock a parent's thread held.
-
-`save_dump` writes a step in the one dump format of every trainer (`DUMP_FORMAT`), read by
-``rebatch check --dump`` (`rebatch.check`).
+`ProcessFile` is a file of this process: in a forked child, the same name with the child's run id and pid
+(`rebatch_startup._names.for_this_process`). `Counters` is what every report shares (`_shadow.Shadow`,
+`_counts.Counts`): per-name counters under a lock, renewed in a forked child (`rebatch_startup.renew_at_fork`:
+the child counts its own calls, never waits on a parent thread's lock), written to its `ProcessFile`.
+`save_dump` writes a step in the one dump format (`DUMP_FORMAT`) read by ``rebatch check --dump``.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import io
+import json
 import os
 import secrets
-import weakref
+import threading
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
+from rebatch_startup import renew_at_fork
 from rebatch_startup._names import for_this_process, run_id
 
-__all__ = ["DUMP_FORMAT", "ProcessFile", "forget_at_fork", "process_facts", "save_dump", "write_private"]
+__all__ = ["DUMP_FORMAT", "Counters", "ProcessFile", "process_facts", "save_dump", "write_private"]
 
 #: The value of a dump's ``"format"`` key (bumped when the layout changes).
 DUMP_FORMAT = "rebatch-dump/1"
@@ -90,21 +88,48 @@ class ProcessFile:
         return for_this_process(self.path, self.owner)
 
 
-class _Forgets(Protocol):
-    def _forked(self) -> None: ...
+class Counters:
+    """Per-name counters of one install of ``trainer`` (release ``version``) in this process (``by_name``,
+    under ``lock``), and its report: ``report`` (a JSON file, or None) rewritten by `write_report` and a
+    last time at exit. A forked child starts with counters and a lock of its own (`renew_in_child`) and
+    writes its own file."""
 
+    def __init__(self, trainer: str, version: str | None, report: str | None) -> None:
+        self.trainer = trainer
+        self.version = version
+        self.report = report
+        self.file = None if report is None else ProcessFile(report)
+        self.renew_in_child()
+        renew_at_fork(self)
+        if report is not None:
+            atexit.register(self._final_report)
 
-_forgetting: weakref.WeakSet[Any] = weakref.WeakSet()
+    def renew_in_child(self) -> None:
+        """Fresh counters and a fresh lock (in a forked child: `rebatch_startup.renew_at_fork`)."""
+        self.lock = threading.Lock()
+        self.by_name: dict[str, dict[str, float]] = {}
 
+    def stats(self, json_path: str | None = None) -> dict[str, Any]:
+        """The counters, written as JSON to ``json_path`` when given."""
+        raise NotImplementedError
 
-def forget_at_fork(obj: _Forgets) -> None:
-    """Call ``obj._forked()`` in every child forked from this process (while ``obj`` lives)."""
-    _forgetting.add(obj)
+    def finished(self, total: dict[str, Any], json_path: str | None, **fields: Any) -> dict[str, Any]:
+        """``total`` with what every report holds: ``witness`` (the alignment witness's counters of this
+        process), ``trainer``, ``version``, ``fields`` (``mode``, ...) and ``process``; written whole to
+        ``json_path`` when given (`write_private`: a reader never sees half a report)."""
+        from .._witness import witness_stats
 
+        total.update(witness=witness_stats(), trainer=self.trainer, version=self.version, **fields)
+        total["process"] = process_facts()
+        if json_path is not None:
+            write_private(json_path, json.dumps(total, indent=1).encode())
+        return total
 
-def _after_fork_in_child() -> None:
-    for obj in list(_forgetting):
-        obj._forked()
+    def write_report(self) -> None:
+        """Rewrite the report (when there is one) with `stats`, where this process writes it."""
+        if self.file is not None:
+            self.stats(json_path=self.file.now())
 
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+    def _final_report(self) -> None:
+        with contextlib.suppress(Exception):  # at exit: a report that cannot be written is not worth a traceback
+            self.write_report()

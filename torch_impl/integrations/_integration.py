@@ -1,188 +1,232 @@
-"""One trainer's install state, written once for every integration (`verl`, `areal`, `skyrl`).
+"""The trainer contract: what an integration (`verl`, `areal`, `skyrl`) declares, and the one
+``install``/``uninstall``/``stats``/``mode``/``installed``/``replacements`` of every trainer.
 
-An `Integration` holds what ``install()``, ``uninstall()``, ``stats()``, ``mode()`` and ``installed()``
-of a trainer's module share: the mode check, the version gate (`_patch.Versions`), the `Shadow` of the
-last shadow install (kept after `uninstall` for `stats`), the alignment witness's switch an install
-changed (``witness=``, ``unbound=``: put back by `uninstall`), the `_patch.Patcher` and one lock (a
-`rebatch_startup.ForkSafeLock`: a forked child finds it free). Each
-trainer's module keeps only its table (``replacements(dump, shadow, row, carry)``), its adapters, the
-line `install` logs and the rows of a call of each name (``rows``). `shadowing` is the table value every
-trainer's shadow install puts in place of a trainer's function. An ``on`` install counts the calls of
-rebatch's functions it puts in place (`_counts.Counts`: calls, rows, keys witnessed, errors per name,
-``report=`` written as a file), here, for every trainer.
+A trainer's module declares one `Integration`: its supported releases (`_patch.Versions`), its table
+(``table(release) -> [Replaced, ...]``: the trainer's module and name, rebatch's function and its
+adapters), and ``carry``, the function giving the environment of the processes the trainer starts. Its
+public functions are that object's bound methods (``install = INTEGRATION.install``): one signature and
+one result, `Installed`, for every trainer. An install builds the `_patch.Patcher`'s table for its mode:
+``on``, rebatch's function counted (`_counts.Counts`) and its first call dumped (``dump=``); ``shadow``,
+the trainer's own function in charge with rebatch's in its shadow (`_shadow.Shadow.wrap`).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
 
-from rebatch_startup import ForkSafeLock
+from ref.errors import UnsupportedSettingError
 
 from ._counts import Counts, Rows
-from ._files import ProcessFile
-from ._patch import Patcher, Table, Versions, Wrap
+from ._files import ProcessFile, save_dump
+from ._patch import Patcher, Versions, Wrap
 from ._shadow import Shadow
 
-__all__ = ["MODES", "Integration", "shadowing"]
+__all__ = ["MODES", "Installed", "Integration", "Replaced", "carrying"]
 
 #: The values of ``install(mode=...)``.
 MODES = ("on", "shadow")
 
 
-def shadowing(
-    shadow: Shadow,
-    name: str,
-    ours: Callable[..., Any],
-    *,
-    check: Callable[..., Any] | None = None,
-    save: Callable[..., Any] | None = None,
-    dump: str | None = None,
-    keys_of: Callable[..., Any] | None = None,
-    mutates: bool = False,
-) -> Wrap:
-    """The table value of a shadow install: the trainer's own function (found at install) wrapped by
-    ``shadow`` (`Shadow.wrap`) with rebatch's ``ours`` and ``check`` in its shadow; ``save(dump, *args,
-    **kwargs)`` saves the first differing or misaligned step when ``dump`` (a path) is given."""
-    # a forked child dumps to its own file (`_files.ProcessFile`)
-    first = functools.partial(_save_to, save, ProcessFile(dump)) if save is not None and dump else None
-    return Wrap(
-        lambda theirs: shadow.wrap(
-            name, theirs, ours, check=check, on_first_difference=first, keys_of=keys_of, mutates=mutates
-        )
-    )
+class Replaced(NamedTuple):
+    """One row of a trainer's table: rebatch's ``ours`` in place of ``module.name`` (``"Class.method"``: on
+    the class), with its adapters, each called with a call's arguments: ``check`` (``ours``'s checks
+    without moving data: shadow mode's unsampled calls), ``dumped`` (the call's inputs by name, as the dump
+    format holds them), ``keys_of`` (the keys a misaligned call misaligns), ``rows`` (the call's rows, host
+    facts only: ``on`` mode's counters); ``mutates``: ``ours`` fills its arguments (verl's
+    ``append_to_dict``), which shadow mode compares too."""
+
+    module: str
+    name: str
+    ours: Callable[..., Any]
+    check: Callable[..., Any] | None = None
+    dumped: Callable[..., Mapping[str, Any]] | None = None
+    keys_of: Callable[..., Any] | None = None
+    rows: Rows | None = None
+    mutates: bool = False
+
+    @property
+    def short(self) -> str:
+        """The name counters and log lines use (``"Class.method"`` -> ``"method"``)."""
+        return self.name.rsplit(".", 1)[-1]
 
 
-def _save_to(save: Callable[..., Any], where: ProcessFile, *args: Any, **kwargs: Any) -> None:
-    save(where.now(), *args, **kwargs)
+class Installed(NamedTuple):
+    """What `Integration.install` did, for every trainer: the ``trainer``, its ``version`` read from its
+    metadata (None: none), the supported release whose table applies (``row``: the newest for another
+    version with ``force``), the ``mode`` and every place replaced now (``places``: ``"module.name"`` or
+    ``"module.Class.attr"``; a lazy install replaces the others as their modules are imported)."""
+
+    trainer: str
+    version: str | None
+    row: str
+    mode: str
+    places: tuple[str, ...]
 
 
 class Integration:
-    """The install state of ``trainer`` (``"verl"``, the distribution and package name).
-
-    ``replacements(dump, shadow, row, carry)`` builds the trainer's table (`_patch.Table`) for release
-    ``row`` of ``versions``; ``carry`` is True for a lazy install (the one `rebatch_startup` makes from
-    the environment), which also passes rebatch's variables on to the processes the trainer starts.
-    ``describe(version, row, how)`` is the INFO line `install` logs (``how``: "replaces" or "shadows").
-    ``rows``: for a replaced name (its last part: ``"Class.method"`` counts as ``"method"``), the rows
-    of a call from its arguments (host-side facts only), counted by an ``on`` install.
-    """
+    """The declaration and install state of ``trainer`` (its distribution and top package): ``table(release)``
+    its table for a release of ``versions``; ``label`` its name in log lines (``"AReaL"``); ``carry`` the
+    ``(module, name)`` of its workers' environment function; ``describe(version, row, how)`` the INFO line
+    `install` logs (``how``: ``"replaces"`` or ``"shadows"``; default: one naming the table)."""
 
     def __init__(
         self,
         trainer: str,
-        replacements: Callable[..., Table],
         versions: Versions[Any],
-        describe: Callable[[str | None, str, str], str],
-        rows: Mapping[str, Rows] | None = None,
+        table: Callable[[str], Sequence[Replaced]],
+        *,
+        label: str,
+        carry: tuple[str, str] | None = None,
+        describe: Callable[[str | None, str, str], str] | None = None,
     ) -> None:
         self.trainer = trainer
-        self.replacements = replacements
-        self.patcher = Patcher(trainer, self._table)
         self.versions = versions
-        self.describe = describe
-        self.rows = dict(rows or {})
-        #: The last shadow install's counters (kept after `uninstall`, for `stats`).
-        self.shadow: Shadow | None = None
-        #: The last ``on`` install's counters (kept after `uninstall`, for `stats`).
-        self.counts: Counts | None = None
-        #: ``(version read, row used)`` of the install in force, else None.
-        self.release: tuple[str | None, str] | None = None
-        self._mode: str | None = None
+        self.table = table
+        self.label = label
+        self.carry = carry
+        self.describe = describe or self._describe
+        self.patcher = Patcher(trainer, self._patch_table)
+        self.lock = self.patcher.lock  # one lock (a forked child finds it free: `rebatch_startup.ForkSafeLock`)
+        #: The counters of the last install (`Shadow` or `Counts`; kept after `uninstall`, for `stats`).
+        self.kept: Shadow | Counts | None = None
+        #: ``(version read, row used, mode)`` of the install in force, else None.
+        self.release: tuple[str | None, str, str] | None = None
         #: The witness's ``(on, unbound)`` before the install in force changed it (``witness=``/``unbound=``).
-        self._witness_before: tuple[bool, frozenset[Any]] | None = None
-        self._last: str | None = None  # the mode of the last install (whose counters `stats` gives)
-        self._counting: Counts | None = None  # the counters `_table` wraps rebatch's functions with
-        self.lock = ForkSafeLock()
+        self.witness_before: tuple[bool, frozenset[Any]] | None = None
 
-    def _table(self, *args: Any) -> Table:
-        """The trainer's table; in an ``on`` install each of rebatch's functions in it (not a `Wrap`:
-        those wrap the trainer's own) counted (`Counts.wrap`)."""
-        table = self.replacements(*args)
-        counts = self._counting
-        if counts is None:
-            return table
-        out: dict[tuple[str, str], Any] = {}
-        for (module, name), mine in table.items():
-            short = name.rsplit(".", 1)[-1]
-            out[module, name] = mine if isinstance(mine, Wrap) else counts.wrap(short, mine, self.rows.get(short))
-        return out
+    def _describe(self, version: str | None, row: str, how: str) -> str:
+        names = ", ".join(f"{r.module}.{r.name}" for r in self.table(row))
+        return f"rebatch: {self.trainer} {version}: rebatch {how} {self.label}'s {names}"
+
+    def _row_of(self, version: str | None) -> str:
+        """The release whose table applies to ``version`` (default: the installed one; another: the newest)."""
+        if version is None:
+            version = self.versions.installed()
+        return version if version in self.versions.rows else self.versions.fallback
+
+    def replacements(self, version: str | None = None) -> dict[tuple[str, str], Any]:
+        """``(trainer module, name) -> rebatch's function`` that an ``on`` install puts in the trainer's
+        place on release ``version`` (default: the installed one; a release not supported: the newest
+        one's), before counting: the same objects every call."""
+        return {(r.module, r.name): r.ours for r in self.table(self._row_of(version))}
+
+    def row(self, name: str, version: str | None = None) -> Replaced:
+        """The table's row of ``name`` (its last part: ``"method"`` for ``"Class.method"``) on release
+        ``version`` (as `replacements`): its function and adapters."""
+        return next(r for r in self.table(self._row_of(version)) if name in (r.name, r.short))
+
+    def dump(self, name: str, path: str, *args: Any, **kwargs: Any) -> None:
+        """Save a call of ``name`` (its arguments ``args``, ``kwargs``) to ``path`` in rebatch's one dump
+        format (`_files.save_dump`), read by ``rebatch check --dump``."""
+        r = self.row(name)
+        if r.dumped is None:
+            raise UnsupportedSettingError(f"{self.trainer}'s {r.name} has no dump format")
+        inputs, version = r.dumped(*args, **kwargs), self.versions.installed()
+        save_dump(path, trainer=self.trainer, version=version, function=f"{r.module}.{r.name}", inputs=inputs)
+
+    def _dump_to(self, name: str, where: ProcessFile, *args: Any, **kwargs: Any) -> None:
+        self.dump(name, where.now(), *args, **kwargs)
+
+    def _patch_table(
+        self, dump: str | None, kept: Shadow | Counts, row: str, carry: bool
+    ) -> dict[tuple[str, str], Any]:
+        """The patcher's table for an install: shadowed or counted (``kept``), saving the first call
+        (``dump``); with ``carry`` also the trainer's environment function, wrapped."""
+        table: dict[tuple[str, str], Any] = {}
+        saved = threading.Event()  # on mode: the first call of any name with a saver is dumped
+        for r in self.table(row):
+            where = ProcessFile(dump) if dump and r.dumped is not None else None  # a forked child: its own file
+            save = None if where is None else functools.partial(self._dump_to, r.name, where)
+            if isinstance(kept, Shadow):
+                table[r.module, r.name] = _shadowed(kept, r, save)
+            else:
+                ours = r.ours if save is None else _saving_first(r.ours, save, saved)
+                table[r.module, r.name] = kept.wrap(r.short, ours, r.rows)
+        if carry and self.carry is not None:
+            table[self.carry] = Wrap(carrying)
+        return table
 
     def install(
         self,
-        dump: str | None,
+        dump: str | None = None,
         *,
-        mode: str,
-        lazy: bool,
-        force: bool,
+        mode: str = "on",
+        sample: float = 0.05,
+        on_defect: str = "log",
+        report: str | None = None,
+        lazy: bool = False,
+        force: bool = False,
         witness: bool | None = None,
         unbound: Iterable[str] | None = None,
-        **shadow_options: Any,
-    ) -> list[str]:
-        """Replace the trainer's names (the trainer's ``install`` docstring, whose signature holds the
-        defaults); ``shadow_options`` (``sample``, ``on_defect``, ``report``) go to `Shadow` in shadow
-        mode (in ``on`` mode ``report`` goes to its counters, `Counts`); ``witness`` and ``unbound``, when given, set the alignment witness's process-wide switch
-        (`torch_impl.set_witness`) for as long as the install is in force (`uninstall` puts it back).
-        Returns the places replaced. Idempotent: a second call, whatever its arguments, changes nothing
-        (the witness's switch included) and returns them again."""
-        if mode not in MODES:
-            from ref.errors import UnsupportedSettingError
+    ) -> Installed:
+        """Replace the trainer's names (its module's table) with rebatch's, in their modules and in every
+        loaded module of the trainer that bound them; returns `Installed` (and logs one INFO line on the
+        ``"rebatch"`` logger). Idempotent: a second call, whatever its arguments, changes nothing (the
+        witness's switch included) and returns the install in force; `uninstall` undoes it. The trainer's
+        release (read from its metadata) must be one of its module's `VERSIONS`: another raises
+        `ref.errors.UnsupportedSettingError`, replacing nothing, unless ``force=True`` (the newest
+        release's table, with a warning logged).
 
+        ``dump``: a file for ``rebatch check --dump FILE``, in rebatch's dump format: the first call's
+        inputs (``on``), or the first step where rebatch and the trainer differ or rebatch finds a defect
+        (``shadow``); a forked child writes its own. ``mode="shadow"``: the trainer's functions stay in
+        charge, rebatch's shadow them (`_shadow`): ``sample`` the fraction of calls compared (the first,
+        then every ``round(1 / sample)``-th), ``on_defect`` ``"log"`` (an ERROR on ``rebatch.shadow``) or
+        ``"raise"`` (rebatch's `ref.errors.RebatchError` stops the run), ``report`` a JSON file of `stats`.
+        ``on`` mode: ``report`` the file of its counters (`_counts`); ``sample`` and ``on_defect`` unused.
+
+        ``lazy=True`` (`rebatch_startup`'s form, from ``REBATCH``): nothing of the trainer imported; loaded
+        modules patched now, the others as they finish importing; the function giving the trainer's
+        workers their environment (``carry``) wrapped to pass rebatch's variables on. ``witness=False``:
+        the alignment witness off for the process (`torch_impl.set_witness`; default: as
+        ``REBATCH_WITNESS`` says, on); ``unbound``: keys it leaves unbound (a custom loss whose rows are
+        not the batch's). Both only on a fresh install, put back by `uninstall`.
+        """
+        if mode not in MODES:
             raise UnsupportedSettingError(f"mode must be 'on' or 'shadow', got {mode!r}")
         with self.lock:
-            if self.patcher.installed():
-                return self.patcher.places()
+            if self.patcher.installed() and self.release is not None:
+                return Installed(self.trainer, *self.release, tuple(self.patcher.places()))
             version = self.versions.installed()
             row, _ = self.versions.pick(version, force=force)
-            shadow = None
-            counts = None
+            kept: Shadow | Counts
             if mode == "shadow":
-                shadow = Shadow(**shadow_options, trainer=self.trainer, version=version)
+                kept = Shadow(sample, on_defect, report, trainer=self.trainer, version=version)
             else:
-                counts = Counts(self.trainer, version, shadow_options.get("report"))
+                kept = Counts(self.trainer, version, report)
             witness_before = None
             if witness is not None or unbound is not None:
                 from .._witness import set_witness
 
                 witness_before = set_witness(witness, unbound=unbound)  # checks ``witness`` first
-            self._counting = counts
             try:
-                if lazy:
-                    places = self.patcher.install_as_imported(dump, shadow, row, True)
-                else:
-                    places = self.patcher.install(dump, shadow, row, False)
+                places = self.patcher.install(dump, kept, row, lazy, lazy=lazy)
             except BaseException:
                 if witness_before is not None:
                     set_witness(witness_before[0], unbound=witness_before[1])  # nothing installed: as it was
                 raise
-            finally:
-                self._counting = None
-            self._witness_before = witness_before
-            if shadow is not None:
-                self.shadow = shadow
-            else:
-                self.counts = counts
-            self._last = mode
-            self._mode = mode
-            self.release = (version, row)
+            self.witness_before = witness_before
+            self.kept = kept
+            self.release = (version, row, mode)
             logging.getLogger("rebatch").info(
-                self.describe(version, row, "shadows" if shadow is not None else "replaces")
+                self.describe(version, row, "shadows" if mode == "shadow" else "replaces")
             )
-            return places
+            return Installed(self.trainer, version, row, mode, tuple(places))
 
     def uninstall(self) -> None:
-        """Put the trainer's originals back wherever `install` replaced them, and the witness's switch as
-        it was before `install` changed it. Idempotent."""
+        """Put the trainer's originals back wherever `install` replaced them, and the alignment witness's
+        switch as it was before `install` changed it. Idempotent."""
         with self.lock:
             self.patcher.uninstall()
-            if self._witness_before is not None:
+            if self.witness_before is not None:
                 from .._witness import set_witness
 
-                set_witness(self._witness_before[0], unbound=self._witness_before[1])
-                self._witness_before = None
-            self._mode = None
+                set_witness(self.witness_before[0], unbound=self.witness_before[1])
+                self.witness_before = None
             self.release = None
 
     def installed(self) -> bool:
@@ -191,14 +235,54 @@ class Integration:
 
     def mode(self) -> str | None:
         """``"on"`` or ``"shadow"`` while installed, else None."""
-        return self._mode if self.patcher.installed() else None
+        release = self.release
+        return release[2] if release is not None and self.patcher.installed() else None
 
     def stats(self, json_path: str | None = None) -> dict[str, Any]:
-        """The counters of the last install: its shadow's (`Shadow.stats`) or, ``on``, its calls
-        (`Counts.stats`), written as JSON to ``json_path`` when given; all zero without an install."""
-        if self._last == "on" and self.counts is not None:
-            return self.counts.stats(json_path)
-        shadow = self.shadow
-        if shadow is None:
-            shadow = Shadow(0.0, "log", None, trainer=self.trainer, version=self.versions.installed())
-        return shadow.stats(json_path)
+        """The counters of the last install (kept after `uninstall`; all zero without one), written as
+        JSON to ``json_path`` when given: shadow mode's (`_shadow.Shadow.stats`: calls, sampled,
+        differences, defects, errors, trainer_seconds or ``<trainer>_seconds``, rebatch_seconds, by_name,
+        messages, witness, trainer, version, mode, process) or an ``on`` install's (`_counts.Counts`)."""
+        kept = self.kept
+        if kept is None:
+            kept = Shadow(0.0, "log", None, trainer=self.trainer, version=self.versions.installed())
+        return kept.stats(json_path)
+
+
+def _shadowed(shadow: Shadow, r: Replaced, save: Callable[..., None] | None) -> Wrap:
+    """The table value of a shadow install: the trainer's own function (found at install) wrapped by
+    ``shadow`` with ``r``'s function and check in its shadow, ``save`` (a call's arguments) the first
+    differing or misaligned step."""
+    return Wrap(
+        lambda theirs: shadow.wrap(
+            r.short, theirs, r.ours, check=r.check, on_first_difference=save, keys_of=r.keys_of, mutates=r.mutates
+        )
+    )
+
+
+def _saving_first(ours: Callable[..., Any], save: Callable[..., None], saved: threading.Event) -> Callable[..., Any]:
+    """``ours``, saving the first call's arguments (of the install: ``saved``) with ``save``."""
+
+    @functools.wraps(ours)
+    def saving(*args: Any, **kwargs: Any) -> Any:
+        if not saved.is_set():
+            saved.set()
+            save(*args, **kwargs)
+        return ours(*args, **kwargs)
+
+    return saving
+
+
+def carrying(environment: Callable[..., dict[str, str]]) -> Callable[..., dict[str, str]]:
+    """The trainer's function giving its workers' environment (AReaL's ``get_env_vars``, SkyRL's
+    ``prepare_runtime_environment``: a plain driver export does not reach Ray actors), plus rebatch's
+    variables set here (`rebatch_startup.carried`) that it does not set itself, so that every worker
+    activates as this process did."""
+    import rebatch_startup
+
+    @functools.wraps(environment)
+    def carrying(*args: Any, **kwargs: Any) -> dict[str, str]:
+        env = environment(*args, **kwargs)
+        return {**{k: v for k, v in rebatch_startup.carried().items() if k not in env}, **env}
+
+    return carrying

@@ -1,26 +1,15 @@
 """The one way rebatch is put into a trainer: a table of (module, name, replacement), swapped everywhere.
 
-A trainer binds its functions at import (``from ..utils import postprocess_batch_func``), so replacing
-a name in its defining module alone changes none of the modules that already bound it. `Patcher.install`
+A trainer binds its functions at import (``from ..utils import postprocess_batch_func``), so `Patcher.install`
 replaces each name of the table in its defining module (so every module imported later binds rebatch's)
-and, by identity, in every loaded module of the trainer's package that bound the original. A name of
-the form ``"Class.method"`` is replaced on the class itself (every instance and subclass sees it).
-`Patcher.uninstall` puts every original back where it was replaced. Both are idempotent and
-thread-safe (and fork-safe: a forked child finds the lock free); the trainer is imported only when `install` runs.
-
-`Patcher.install_as_imported` does the same without importing anything: the names of modules already
-loaded are replaced at once, each other one right after its module finishes executing (an import hook
-on ``sys.meta_path``, removed once every module of the table has been patched, or by `uninstall`), so a
-module that binds it later binds the replacement. It is the form for a plugin that the trainer loads
-while it is itself half-imported (verl's ``verl.plugins`` entry points).
-
-A table value may be a `Wrap`: ``Wrap(factory)`` puts ``factory(original)`` in the original's place
-(a wrapper around the trainer's own function, built when the original is found).
-
-Each trainer's module (`torch_impl.integrations.verl`, ``.areal``, ``.skyrl``) is that table plus its
-adapter functions. A trainer whose functions change between its releases keeps one row of its table per
-supported version: `Versions` reads the installed version (from the distribution's metadata, without
-importing the trainer) and gives that version's row, or refuses another version unless forced.
+and, by identity, in every loaded module of the trainer's package that bound the original; a name
+``"Class.method"`` is replaced on the class. `Patcher.uninstall` puts every original back. Both are
+idempotent, thread-safe and fork-safe (`rebatch_startup.ForkSafeLock`); the trainer is imported only when
+`install` runs. ``install(lazy=True)`` imports nothing: loaded modules are patched at once, each other one
+right after it executes (an import hook, gone once all are patched or at `uninstall`): the form for a
+plugin loaded while the trainer is half-imported. A table value may be a `Wrap`: ``factory(original)``
+put in the original's place. `Versions` reads a trainer's release from its metadata (the trainer not
+imported) and gives its row, or refuses another release unless forced.
 """
 
 from __future__ import annotations
@@ -54,15 +43,11 @@ class Wrap:
 
 
 class Versions(Generic[R]):
-    """The versions of ``distribution`` (``"verl"``) an integration supports, each with its row ``R``
-    (what the integration does there).
-
-    `installed` reads the installed version from the distribution's metadata (``importlib.metadata``:
-    nothing of the trainer is imported, so it works while the trainer is half-imported); `pick` gives
-    the row of a version, and for another version raises `ref.errors.UnsupportedSettingError` naming it
-    and the supported ones, unless ``force``: then the row of ``fallback`` (the newest), with a warning
-    on the ``"rebatch"`` logger.
-    """
+    """The versions of ``distribution`` (``"verl"``) an integration supports, each with its row ``R``.
+    `installed` reads the installed one from its metadata (nothing of the trainer imported: it works while
+    the trainer is half-imported); `pick` gives a version's row, and for another raises
+    `ref.errors.UnsupportedSettingError` naming it and the supported ones, unless ``force``: then the row
+    of ``fallback`` (the newest), with a warning on the ``"rebatch"`` logger."""
 
     def __init__(self, distribution: str, rows: Mapping[str, R], *, fallback: str) -> None:
         if fallback not in rows:
@@ -91,12 +76,9 @@ class Versions(Generic[R]):
                 f"{found} is not supported by rebatch (supported: {supported}); install(force=True) uses "
                 f"{self.distribution} {self.fallback}'s replacements anyway"
             )
+        using = f"{self.distribution} {self.fallback}'s replacements"
         logging.getLogger("rebatch").warning(
-            "rebatch: %s is not supported (supported: %s); force=True: using %s %s's replacements",
-            found,
-            supported,
-            self.distribution,
-            self.fallback,
+            f"rebatch: {found} is not supported (supported: {supported}); force=True: using {using}"
         )
         return self.fallback, self.rows[self.fallback]
 
@@ -106,67 +88,55 @@ def _built(mine: Any, original: Any) -> Any:
 
 
 class Patcher:
-    """Installs a trainer's `Table` into the loaded modules of ``package`` (``"verl"``, ``"areal"``, ...).
-
-    ``table(*args, **kwargs)`` builds the table when `install` is called with those arguments (so the
-    replacements, and the trainer's modules, are only touched then).
-    """
+    """Installs a trainer's `Table` into the loaded modules of ``package`` (``"verl"``, ``"areal"``, ...);
+    ``table(*args)`` builds it when `install` is called with those arguments (only then)."""
 
     def __init__(self, package: str, table: Callable[..., Table]) -> None:
         self.package = package
         self._table = table
-        self._lock = ForkSafeLock()  # a forked child finds it free (held across imports)
+        self.lock = ForkSafeLock()  # a forked child finds it free (held across imports)
         #: (owner: a module name or a class, attribute, original) for every replacement made, to undo them.
         self._replaced: list[tuple[str | type, str, Any]] = []
         #: id(replacement) -> (replacement, original) of every module-level replacement, to find the
         #: modules imported after the install that bound a replacement.
         self._made: dict[int, tuple[Any, Any]] = {}
-        #: module name -> its table entries, waiting for the module to be imported (`install_as_imported`).
+        #: module name -> its table entries, waiting for the module to be imported (a lazy `install`).
         self._pending: dict[str, dict[tuple[str, str], Any]] = {}
         self._finder: _AfterImport | None = None
 
     def installed(self) -> bool:
-        """True between `install` (or `install_as_imported`) and `uninstall`."""
+        """True between `install` and `uninstall`."""
         return bool(self._replaced or self._pending)
 
     def places(self) -> list[str]:
         """Every place replaced now, as ``"module.name"`` or ``"module.Class.attr"``."""
-        with self._lock:
+        with self.lock:
             return [_place(owner, attr) for owner, attr, _ in self._replaced]
 
-    def install(self, *args: Any, **kwargs: Any) -> list[str]:
-        """Replace every name of the table (built with these arguments); returns the places replaced.
-        Idempotent: a second call changes nothing and returns the places of the first."""
-        with self._lock:
+    def install(self, *args: Any, lazy: bool = False) -> list[str]:
+        """Replace every name of the table (built with these arguments); returns the places replaced now.
+        Idempotent: a second call changes nothing and returns the places of the first. ``lazy``: without
+        importing the trainer, the names of loaded modules now, each other one as soon as its module has
+        executed (`installed` is True from this call on)."""
+        with self.lock:
             if not self.installed():
-                table = self._table(*args, **kwargs)
-                for module_name, _ in table:
-                    importlib.import_module(module_name)
-                self._swap(table)
-            return [_place(owner, attr) for owner, attr, _ in self._replaced]
-
-    def install_as_imported(self, *args: Any, **kwargs: Any) -> list[str]:
-        """`install` without importing the trainer: the names of loaded modules are replaced now, each
-        other one as soon as its module has executed. Returns the places replaced now; `installed` is
-        True from this call on. Idempotent (with `install` too)."""
-        with self._lock:
-            if not self.installed():
-                table = self._table(*args, **kwargs)
                 now: dict[tuple[str, str], Any] = {}
-                for (module_name, name), mine in table.items():
-                    if _loaded(module_name):
-                        now[module_name, name] = mine
-                    else:
+                for (module_name, name), mine in self._table(*args).items():
+                    if lazy and not _loaded(module_name):
                         self._pending.setdefault(module_name, {})[module_name, name] = mine
+                        continue
+                    if not lazy:
+                        importlib.import_module(module_name)
+                    now[module_name, name] = mine
                 self._swap(now)
                 if self._pending:
                     self._finder = _AfterImport(self._pending, self._imported)
                     sys.meta_path.insert(0, self._finder)
-            return [_place(owner, attr) for owner, attr, _ in self._replaced]
+            return self.places()
 
     def _imported(self, module_name: str) -> None:
         """The hook: ``module_name`` has just executed; replace its names."""
-        with self._lock:
+        with self.lock:
             entries = self._pending.pop(module_name, None)
             if entries:
                 self._swap(entries)
@@ -214,7 +184,7 @@ class Patcher:
     def uninstall(self) -> None:
         """Put every original back wherever `install` replaced it, and in every module of the package
         imported since that bound a replacement. Idempotent."""
-        with self._lock:
+        with self.lock:
             self._pending.clear()
             self._drop_finder()
             for _, namespace in self._namespaces():

@@ -1,49 +1,34 @@
 """Shadow mode: the trainer's own function stays in charge, rebatch's runs beside it (GitHub's Scientist).
 
-One `Shadow` for every trainer (verl, AReaL, SkyRL: ``install(mode="shadow")`` of each integration);
-its messages and counters name the trainer it was made for (``trainer=``).
-
+One `Shadow` a shadow install, for every trainer (its lines and counters name it: ``trainer=``).
 `Shadow.wrap` builds, for one replaced name, a wrapper that returns the trainer's result (the same
-objects) and, on the side:
-
-* on every call, runs rebatch's checks of the input (``check``; where a name has none, nothing of
-  rebatch's runs on unsampled calls);
-* on sampled calls (the first, then every ``k``-th call of that name, ``k = round(1 / sample)``; no
-  random number generator is touched), runs rebatch's own function and compares the two results bit
-  for bit (`torch_impl._compare`: values as integers of their bits, offsets, dtypes, devices, the order
-  of losses, metrics and micro-batches);
-* counts calls, sampled calls, differences, defects and rebatch's other errors, and times both
-  functions (wall clock: on a GPU, the time to launch, not to finish, asynchronous work).
+objects) and, on the side: on every call, runs rebatch's checks of the input (``check``; none: nothing
+of rebatch's on unsampled calls); on sampled calls (the first, then every ``round(1 / sample)``-th of
+that name; no random number generator touched), runs rebatch's own function and compares the results
+bit for bit (`torch_impl._compare`); counts calls, sampled calls, differences, defects and rebatch's
+other errors, and times both functions (wall clock: on a GPU, the launch).
 
 A *defect* is an input rebatch refuses as misaligned (`DEFECTS`: an index that is not a permutation, a
-micro-batch that does not match its partition, outputs that disagree, and the well-formed misalignments
-of `ref.errors.MisalignmentError`, which rebatch's alignment-witness check finds where the trainer gives
-one): the trainer's function would misalign that step silently. The order within a call is fixed:
-rebatch's check (or, on a sampled call, rebatch's function, which runs the same checks, the witness
-check included, before it moves any data) runs first; a defect is then counted and logged as an ERROR
-on ``logging.getLogger("rebatch.shadow")`` saying that the trainer's result of that step is misaligned
-(naming the trainer, the function, the keys and rebatch's message: micro-batch, index or row), and the
+micro-batch that does not match its partition, outputs that disagree, a `ref.errors.MisalignmentError`
+of the alignment witness): the trainer's function would misalign that step silently. rebatch's check
+(or, sampled, its function, whose checks run before any data moves) runs first; a defect is counted,
+logged as an ERROR on ``rebatch.shadow`` (the trainer, the function, the keys, rebatch's message) and the
 first one dumped, all BEFORE the trainer's function runs, so a trainer function that then fails (AReaL's
-raises an ``AssertionError`` on a plain duplicate index) still leaves the defect in the counters and
-the report. With ``on_defect="raise"`` the `ref.errors.RebatchError` is raised instead of running the
-trainer's function. rebatch's other exceptions are recorded (counted, logged as a WARNING), never raised
-into the run (unless ``on_defect="raise"``). Each difference is one ERROR line naming the trainer, the
-function, the call, the place (key), the row and both values. A normal call logs nothing.
+raises an ``AssertionError`` on a duplicate index) still leaves it in the counters and the report.
+``on_defect="raise"`` raises the `ref.errors.RebatchError` instead of running the trainer's function.
+rebatch's other exceptions are recorded (counted, a WARNING), never raised into the run. Each
+difference is one ERROR line naming the trainer, the function, the call, the key, the row and both
+values. A normal call logs nothing.
 
-``report=``: a JSON file of `Shadow.stats` (with the trainer, its release, the mode and the process:
-pid, host, run id, command line), rewritten at each sampled call and each defect, difference or error,
-and at exit, each time whole through a private temporary file (`_files.write_private`); a forked child
-counts its own calls and writes its own file (`_files.ProcessFile`); ``rebatch report`` reads many of
-them.
+``report=``: a JSON file of `Shadow.stats` (trainer, release, mode, process), rewritten at each sampled
+call, defect, difference or error and at exit, whole (`_files.Counters`: a forked child writes its own);
+``rebatch report`` reads many of them.
 """
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import copy
 import functools
-import json
 import logging
 import threading
 import time
@@ -61,8 +46,7 @@ from ref.errors import (
 )
 
 from .._compare import first_difference
-from .._witness import witness_stats
-from ._files import ProcessFile, forget_at_fork, process_facts, write_private
+from ._files import Counters
 
 __all__ = ["DEFECTS", "Shadow"]
 
@@ -102,7 +86,7 @@ class _Site(NamedTuple):
     first: threading.Event
 
 
-class Shadow:
+class Shadow(Counters):
     """Counters, sampling and reports shared by the wrappers of one shadow install."""
 
     def __init__(
@@ -121,34 +105,19 @@ class Shadow:
         #: every ``every``-th call of a name is sampled (0: only its first).
         self.every = round(1 / sample) if sample > 0 else 0
         self.on_defect = on_defect
-        self.report = report
-        self.trainer = trainer
-        self.version = version
         self.sample = float(sample)
-        #: where this process writes its report (a forked child: its own file, `_files.ProcessFile`)
-        self._file = None if report is None else ProcessFile(report)
-        self._lock = threading.Lock()
-        self._by_name: dict[str, dict[str, float]] = {}
-        self._messages: list[str] = []
-        forget_at_fork(self)
-        if report is not None:
-            atexit.register(self._final_report)
+        super().__init__(trainer, version, report)
 
-    def _forked(self) -> None:
-        """In a forked child: counters of its own (its report counts its calls), and a fresh lock."""
-        self._lock = threading.Lock()
-        self._by_name = {}
-        self._messages = []
-
-    def _final_report(self) -> None:
-        with contextlib.suppress(Exception):  # at exit: a report that cannot be written is not worth a traceback
-            self._rewrite_report()
+    def renew_in_child(self) -> None:
+        """Fresh counters, messages and lock (in a forked child: its report counts its own calls)."""
+        super().renew_in_child()
+        self.messages: list[str] = []
 
     def stats(self, json_path: str | None = None) -> dict[str, Any]:
         """Totals over every name, and ``"by_name"``; also written to ``json_path`` when given."""
-        with self._lock:
-            by_name = {name: dict(c) for name, c in self._by_name.items()}
-            messages = list(self._messages)
+        with self.lock:
+            by_name = {name: dict(c) for name, c in self.by_name.items()}
+            messages = list(self.messages)
         total: dict[str, Any] = {f: sum(c[f] for c in by_name.values()) for f in _FIELDS}
         alias = f"{self.trainer}_seconds"
         for c in [total, *by_name.values()]:
@@ -157,28 +126,21 @@ class Shadow:
             c[alias] = c["trainer_seconds"]
         total["by_name"] = by_name
         total["messages"] = messages
-        total["witness"] = witness_stats()  # the alignment witness's counters of this process
-        total["trainer"] = self.trainer
-        total["version"] = self.version
-        total["mode"] = "shadow"
-        total["sample"] = self.sample
-        total["on_defect"] = self.on_defect
-        total["process"] = process_facts()
-        if json_path is not None:
-            write_private(json_path, json.dumps(total, indent=1).encode())  # a reader never sees half a report
-        return total
+        return self.finished(total, json_path, mode="shadow", sample=self.sample, on_defect=self.on_defect)
 
     def _count(self, name: str, **add: float) -> None:
-        with self._lock:
-            c = self._by_name.setdefault(name, dict.fromkeys(_FIELDS, 0.0))
+        with self.lock:
+            c = self.by_name.setdefault(name, dict.fromkeys(_FIELDS, 0.0))
             for k, v in add.items():
                 c[k] += v
 
-    def _say(self, level: int, message: str, *args: Any) -> None:
-        text = message % args if args else message
-        with self._lock:
-            if len(self._messages) < 100:
-                self._messages.append(text)
+    def _say(self, level: int, name: str, n: int, message: str) -> None:
+        """One line on the ``rebatch.shadow`` logger, naming the trainer, the function and the call (the
+        first 100 kept for `stats`)."""
+        text = f"{self.trainer} {name}, call {n}: {message}"
+        with self.lock:
+            if len(self.messages) < 100:
+                self.messages.append(text)
         log.log(level, "%s", text)
 
     def _first_bad(self, site: _Site, args: Any, kwargs: Any) -> None:
@@ -187,41 +149,20 @@ class Shadow:
             site.first.set()
             site.on_first_difference(*args, **kwargs)
 
-    def _rewrite_report(self) -> None:
-        if self._file is not None:
-            self.stats(json_path=self._file.now())
-
     def _before(self, site: _Site, n: int, failure: Exception, args: Any, kwargs: Any) -> None:
         """rebatch refused call ``n`` (before the trainer's function runs): a defect or another error,
         counted, logged, dumped (a defect) and reported now."""
-        name = site.name
+        name, why, trainer = site.name, f"{type(failure).__name__}: {failure}", self.trainer
         if isinstance(failure, DEFECTS):
             self._count(name, defects=1)
-            self._say(
-                logging.ERROR,
-                "%s %s, call %d: %s's result of this step is misaligned%s (rebatch refuses its input, %s: %s)",
-                self.trainer,
-                name,
-                n,
-                self.trainer,
-                _keys(site.keys_of, args, kwargs),
-                type(failure).__name__,
-                failure,
-            )
+            keys = _keys(site.keys_of, args, kwargs)
+            misaligned = f"{trainer}'s result of this step is misaligned{keys} (rebatch refuses its input, {why})"
+            self._say(logging.ERROR, name, n, misaligned)
             self._first_bad(site, args, kwargs)
         else:
             self._count(name, errors=1)
-            self._say(
-                logging.WARNING,
-                "%s %s, call %d: rebatch raised %s: %s (recorded; %s's result returned)",
-                self.trainer,
-                name,
-                n,
-                type(failure).__name__,
-                failure,
-                self.trainer,
-            )
-        self._rewrite_report()
+            self._say(logging.WARNING, name, n, f"rebatch raised {why} (recorded; {trainer}'s result returned)")
+        self.write_report()
 
     def _after(self, site: _Site, n: int, mine: Any, result: Any, args: Any, kwargs: Any) -> None:
         """Compare sampled call ``n`` after the trainer's function returned ``result``, and report."""
@@ -229,32 +170,17 @@ class Shadow:
         if why is not None:
             self._count(site.name, differences=1)
             self._say(
-                logging.ERROR,
-                "%s %s, call %d: rebatch and %s differ (rebatch vs %s): %s",
-                self.trainer,
-                site.name,
-                n,
-                self.trainer,
-                self.trainer,
-                why,
+                logging.ERROR, site.name, n, f"rebatch and {self.trainer} differ (rebatch vs {self.trainer}): {why}"
             )
             self._first_bad(site, args, kwargs)
-        self._rewrite_report()
+        self.write_report()
 
     def _guarded(self, name: str, n: int, step: Callable[..., None], *args: Any) -> None:
         try:
             step(*args)
         except Exception as err:  # a comparison, a dump or a report that fails never breaks the run
             self._count(name, errors=1)
-            self._say(
-                logging.WARNING,
-                "%s %s, call %d: shadow mode failed: %s: %s",
-                self.trainer,
-                name,
-                n,
-                type(err).__name__,
-                err,
-            )
+            self._say(logging.WARNING, name, n, f"shadow mode failed: {type(err).__name__}: {err}")
 
     def wrap(
         self,

@@ -1,25 +1,23 @@
-"""Turn rebatch on in AReaL 1.0.4 with one call: `install()` (and `uninstall()`).
+"""AReaL 1.0.4's table for the trainer contract (`_integration.Integration`): `install()` turns rebatch on.
 
-AReaL's engines (FSDP, Megatron, Archon) put their forward outputs back in order with
-``areal.engine.core.train_engine.reorder_and_pad_outputs(outputs, output_seqlens, mb_list,
-aggregate_fn=torch.cat)``, bound at import (``from areal.engine.core import reorder_and_pad_outputs``).
-`install` replaces it there and in every loaded ``areal`` module bound to it (the shared
-`torch_impl.integrations._patch.Patcher`); `uninstall` puts AReaL's back. AReaL is imported only when
-`install` runs. Its engines run in each training process: call `install()` in every one (before or
-after the engine is imported), e.g. at the top of the training script that every rank runs.
+AReaL's engines (FSDP, Megatron, Archon) restore order with ``areal.engine.core.train_engine.
+reorder_and_pad_outputs(outputs, output_seqlens, mb_list, aggregate_fn=torch.cat)``, bound at import
+(``from areal.engine.core import reorder_and_pad_outputs``). `install` replaces it there and in every
+loaded ``areal`` module bound to it; call it in every training process (e.g. at the top of the script
+every rank runs), or set ``REBATCH``: a lazy install also wraps AReaL's ``get_env_vars`` to pass rebatch's
+variables on to the RPC workers its schedulers start.
 
 rebatch's `reorder_and_pad_outputs` gives AReaL's result on every input AReaL handles correctly, and
 raises a `ref.errors.RebatchError` where AReaL silently misaligns: ``backward_indices`` that is not the
 inverse of ``forward_indices``, a negative, duplicate or out-of-range index in either, seqlens that do
-not match the outputs (see ``docs/spec.md``, "The peers' reorder steps").
+not match the outputs (``docs/spec.md``, "The peers' reorder steps").
 """
 
 from __future__ import annotations
 
 import bisect
-import functools
 import itertools
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -38,15 +36,15 @@ from .._layouts import scatter_padded
 from .._parts import DensePart, check_parts
 from .._permutation import check_permutation, invert
 from .._witness import witness_config
-from ._files import save_dump
-from ._integration import Integration, shadowing
-from ._patch import Versions, Wrap
-from ._shadow import Shadow
+from ._integration import Installed, Integration, Replaced
+from ._patch import Versions
 
 __all__ = [
+    "INTEGRATION",
     "LAUNCHER",
     "TRAIN_ENGINE",
     "VERSIONS",
+    "Installed",
     "check_reorder_and_pad_outputs",
     "install",
     "installed",
@@ -242,12 +240,12 @@ def _keys(outputs: Any, output_seqlens: Any, mb_list: Any, aggregate_fn: Any = N
     return ["outputs"]
 
 
-def _save(path: str, outputs: Any, output_seqlens: Any, mb_list: Any, aggregate_fn: Any = None) -> None:
-    """The first differing or misaligned step in rebatch's dump format (`_files.save_dump`): inputs
+def _dumped(outputs: Any, output_seqlens: Any, mb_list: Any, aggregate_fn: Any = None) -> dict[str, Any]:
+    """A call's inputs as rebatch's dump holds them (`_files.save_dump`):
     ``outputs``, ``output_seqlens``, ``mb_list`` (``forward_indices``, ``backward_indices`` and each
     micro-batch's ``cu_seqlens``, a plain dict) and ``aggregate_fn`` (None: ``torch.cat``; else its name)."""
     mbs = getattr(mb_list, "mbs", None) or []
-    inputs = {
+    return {
         "outputs": list(outputs),
         "output_seqlens": list(output_seqlens),
         "mb_list": {
@@ -257,123 +255,27 @@ def _save(path: str, outputs: Any, output_seqlens: Any, mb_list: Any, aggregate_
         },
         "aggregate_fn": None if aggregate_fn in (None, torch.cat) else getattr(aggregate_fn, "__qualname__", "?"),
     }
-    save_dump(
-        path,
-        trainer="areal",
-        version=_integration.versions.installed(),
-        function=f"{TRAIN_ENGINE}.reorder_and_pad_outputs",
-        inputs=inputs,
-    )
-
-
-def _carrying(get_env_vars: Callable[..., dict[str, str]]) -> Callable[..., dict[str, str]]:
-    """AReaL's ``get_env_vars`` (the environment its schedulers give each RPC worker), plus rebatch's
-    variables set here (`rebatch_startup.carried`), so that every worker activates as this process did."""
-    import rebatch_startup
-
-    @functools.wraps(get_env_vars)
-    def carrying(*args: Any, **kwargs: Any) -> dict[str, str]:
-        env = get_env_vars(*args, **kwargs)
-        return {**rebatch_startup.carried(), **env}
-
-    return carrying
-
-
-def replacements(
-    dump: str | None = None, shadow: Shadow | None = None, row: str | None = None, carry: bool = False
-) -> dict[tuple[str, str], Any]:
-    """``(AReaL module, name) -> rebatch's function`` that `install` puts in AReaL's place (one row:
-    ``row`` is unused); with ``shadow`` a `Wrap` building the shadowing wrapper around AReaL's own; with
-    ``carry`` (an install activated by the environment) also AReaL's ``get_env_vars``, wrapped to pass
-    rebatch's variables on."""
-    mine: Any = reorder_and_pad_outputs
-    if shadow is not None:
-        mine = shadowing(
-            shadow,
-            "reorder_and_pad_outputs",
-            reorder_and_pad_outputs,
-            check=check_reorder_and_pad_outputs,
-            save=_save,
-            dump=dump,
-            keys_of=_keys,
-        )
-    table: dict[tuple[str, str], Any] = {(TRAIN_ENGINE, "reorder_and_pad_outputs"): mine}
-    if carry:
-        table[LAUNCHER, "get_env_vars"] = Wrap(_carrying)
-    return table
 
 
 #: The AReaL releases `install` supports (checked against AReaL itself in CI: .ci/peers.sh).
 VERSIONS = ("1.0.4",)
-_integration = Integration(
+#: AReaL's integration (`_integration.Integration`): its public functions are this object's.
+INTEGRATION = Integration(
     "areal",
-    replacements,
     Versions("areal", dict.fromkeys(VERSIONS), fallback=VERSIONS[-1]),
-    lambda version, row, how: f"rebatch: areal {version}: rebatch {how} AReaL's {TRAIN_ENGINE}.reorder_and_pad_outputs",
-    {"reorder_and_pad_outputs": lambda outputs, output_seqlens, *args, **kwargs: len(output_seqlens)},
+    lambda row: [
+        Replaced(
+            TRAIN_ENGINE,
+            "reorder_and_pad_outputs",
+            reorder_and_pad_outputs,
+            check_reorder_and_pad_outputs,
+            _dumped,
+            _keys,
+            lambda outputs, output_seqlens, *args, **kwargs: len(output_seqlens),
+        )
+    ],
+    label="AReaL",
+    carry=(LAUNCHER, "get_env_vars"),
 )
-_patcher, _versions = _integration.patcher, _integration.versions
-
-
-def install(
-    dump: str | None = None,
-    *,
-    mode: str = "on",
-    sample: float = 0.05,
-    on_defect: str = "log",
-    report: str | None = None,
-    lazy: bool = False,
-    force: bool = False,
-    witness: bool | None = None,
-    unbound: Iterable[str] | None = None,
-) -> list[str]:
-    """Replace AReaL's ``reorder_and_pad_outputs`` in its module and in every loaded ``areal`` module bound
-    to it; returns the places replaced. Idempotent; `uninstall` undoes it.
-
-    The installed AReaL must be a release of `VERSIONS` (read from its metadata, AReaL not imported):
-    another raises `ref.errors.UnsupportedSettingError`, replacing nothing, unless ``force=True`` (then
-    the same replacements, with a warning logged).
-
-    ``mode="shadow"``: AReaL's function stays in charge and rebatch's shadows it
-    (`torch_impl.integrations._shadow`: ``sample``, ``on_defect``, ``report``; ``dump`` the first step that
-    differs or is misaligned), counted by `stats`. ``lazy=True`` (the form `rebatch_startup` uses, from
-    ``REBATCH``): nothing of AReaL imported; each module patched as it finishes importing, and AReaL's
-    ``get_env_vars`` wrapped to pass rebatch's variables on to the RPC workers its schedulers start.
-
-    ``witness=False``: switch the alignment witness off for the process (`torch_impl.set_witness`;
-    default: as ``REBATCH_WITNESS`` says, on); ``unbound``: keys it leaves unbound. Both only on a fresh
-    install, and put back by `uninstall` (`_integration.Integration`, one copy for every trainer)."""
-    return _integration.install(
-        dump,
-        mode=mode,
-        sample=sample,
-        on_defect=on_defect,
-        report=report,
-        lazy=lazy,
-        force=force,
-        witness=witness,
-        unbound=unbound,
-    )
-
-
-def stats(json_path: str | None = None) -> dict[str, Any]:
-    """Shadow mode's counters since its `install` (`torch_impl.integrations._shadow.Shadow.stats`: calls,
-    sampled, differences, defects, errors, trainer_seconds, rebatch_seconds, by_name, messages, trainer,
-    version, mode, process); written as JSON to ``json_path`` when given. All zero without a shadow install."""
-    return _integration.stats(json_path)
-
-
-def mode() -> str | None:
-    """``"on"`` or ``"shadow"`` while installed, else None."""
-    return _integration.mode()
-
-
-def uninstall() -> None:
-    """Put AReaL's function back wherever `install` replaced it, and the witness's switch as `install`
-    found it. Idempotent."""
-    _integration.uninstall()
-
-
-def installed() -> bool:
-    """True between `install` and `uninstall`."""
-    return _integration.installed()
+install, uninstall, stats = INTEGRATION.install, INTEGRATION.uninstall, INTEGRATION.stats
+mode, installed, replacements = INTEGRATION.mode, INTEGRATION.installed, INTEGRATION.replacements

@@ -1,29 +1,25 @@
-"""Turn rebatch on in SkyRL 0.4.0 with one call: `install()` (and `uninstall()`).
+"""SkyRL 0.4.0's table for the trainer contract (`_integration.Integration`): `install()` turns rebatch on.
 
-SkyRL's token-budget micro-batching, ``skyrl.backends.skyrl_train.workers.worker_utils.TokenBasedBatchIterator``,
-puts the micro-batches' outputs back in order with its methods ``reorder_and_combine_batches(batches)``
-(per key, a Python loop copying row by row into a ``[B, *S]`` tensor) and ``reorder_and_combine_items(batches)``
-(per-sample dicts). `install` replaces both methods on the class, so every iterator, made before or
-after, uses rebatch's; `uninstall` puts SkyRL's back (the shared `torch_impl.integrations._patch.Patcher`).
-SkyRL is imported only when `install` runs. Its workers are Ray actors: call `install()` in each worker
-process (Ray's ``worker_process_setup_hook``, see the README).
+SkyRL's token-budget micro-batching (``TokenBasedBatchIterator`` of ``skyrl.backends.skyrl_train.workers.
+worker_utils``) restores order with its methods ``reorder_and_combine_batches(batches)`` (per key, a
+Python loop copying row by row into ``[B, *S]``) and ``reorder_and_combine_items(batches)`` (per-sample
+dicts). `install` replaces both on the class (every iterator, made before or after, uses rebatch's); a
+lazy install (``REBATCH``) also wraps ``prepare_runtime_environment`` so that a driver passes rebatch's
+variables on to its Ray actors (else call `install()` in each worker: Ray's ``worker_process_setup_hook``).
 
 Same result as SkyRL on every input it handles correctly (padding micro-batches left out from the end,
-``None`` entries kept as ``None``, the first batch's type and ``metadata``); a `ref.errors.RebatchError`
-where SkyRL silently accepts a duplicate (its rows still all covered), extra or negative index, or a
-micro-batch output with more rows than its indices. The per-sample items carry each sample's valid
-length (the log-probs SkyRL's workers keep per row): rebatch's ``reorder_and_combine_items`` checks
-them against the batch's own (`item_witness`, the alignment witness of ``docs/witness.md``), so items
-restored as the wrong rows raise `ref.errors.MisalignmentError`; the padded outputs of
-``reorder_and_combine_batches`` keep no row lengths.
+``None`` entries kept, the first batch's type and ``metadata``); a `ref.errors.RebatchError` where SkyRL
+silently accepts a duplicate (its rows still all covered), extra or negative index, or a micro-batch
+output with more rows than its indices. ``reorder_and_combine_items`` checks each item's valid length
+against the batch's own (`item_witness`, ``docs/witness.md``): items restored as the wrong rows raise
+`ref.errors.MisalignmentError` (the padded outputs of ``reorder_and_combine_batches`` keep no lengths).
 """
 
 from __future__ import annotations
 
 import bisect
-import functools
 import itertools
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -37,16 +33,16 @@ from .._permutation import check_permutation, invert
 from .._postprocess import check_batch_func, postprocess_batch
 from .._witness import witness_config
 from ._counts import rows_of_partitions
-from ._files import save_dump
-from ._integration import Integration, shadowing
-from ._patch import Versions, Wrap
-from ._shadow import Shadow
+from ._integration import Installed, Integration, Replaced
+from ._patch import Versions
 
 __all__ = [
+    "INTEGRATION",
     "ITERATOR",
     "TRAIN_UTILS",
     "VERSIONS",
     "WORKER_UTILS",
+    "Installed",
     "check_reorder_and_combine_batches",
     "check_reorder_and_combine_items",
     "install",
@@ -228,16 +224,11 @@ def _keys(self: Any, batches: Any) -> list[Any]:
     return list(first.keys()) if first is not None and hasattr(first, "keys") else ["items"]
 
 
-def _saver(method: str) -> Callable[..., None]:
-    """`_save` for the iterator's ``method``."""
-    return functools.partial(_save, method)
-
-
-def _save(method: str, path: str, self: Any, batches: Any) -> None:
-    """The first differing or misaligned step in rebatch's dump format (`_files.save_dump`): inputs
+def _dumped(self: Any, batches: Any) -> dict[str, Any]:
+    """A call's inputs as rebatch's dump holds them (`_files.save_dump`):
     ``self`` (the iterator's ``_microbatches``, ``_num_padding_microbatches``, ``batch_size``, a plain
     dict) and ``batches`` (each a dict of its keys and ``metadata``, or a list of items)."""
-    inputs = {
+    return {
         "self": {
             "_microbatches": [list(p) for p in self._microbatches],
             "_num_padding_microbatches": self._num_padding_microbatches,
@@ -248,125 +239,28 @@ def _save(method: str, path: str, self: Any, batches: Any) -> None:
             for b in batches
         ],
     }
-    save_dump(
-        path,
-        trainer="skyrl",
-        version=_integration.versions.installed(),
-        function=f"{WORKER_UTILS}.{ITERATOR}.{method}",
-        inputs=inputs,
-    )
 
 
-def _carrying(prepare: Callable[..., dict[str, str]]) -> Callable[..., dict[str, str]]:
-    """SkyRL's ``prepare_runtime_environment`` (the Ray actors' environment variables; a plain driver
-    export does not reach them), plus rebatch's variables set here (`rebatch_startup.carried`)."""
-    import rebatch_startup
-
-    @functools.wraps(prepare)
-    def prepare_runtime_environment(*args: Any, **kwargs: Any) -> dict[str, str]:
-        env_vars = prepare(*args, **kwargs)
-        return {**env_vars, **{k: v for k, v in rebatch_startup.carried().items() if k not in env_vars}}
-
-    return prepare_runtime_environment
-
-
-def replacements(
-    dump: str | None = None, shadow: Shadow | None = None, row: str | None = None, carry: bool = False
-) -> dict[tuple[str, str], Any]:
-    """``(SkyRL module, "Class.method") -> rebatch's function`` that `install` puts in SkyRL's place (one
-    row: ``row`` is unused); with ``shadow`` a `Wrap` building the shadowing wrapper around SkyRL's own;
-    with ``carry`` (an install activated by the environment) also ``prepare_runtime_environment``, wrapped
-    to pass rebatch's variables on to the Ray actors."""
-    ours = {
-        "reorder_and_combine_batches": (reorder_and_combine_batches, check_reorder_and_combine_batches),
-        "reorder_and_combine_items": (reorder_and_combine_items, check_reorder_and_combine_items),
-    }
-    table: dict[tuple[str, str], Any] = {
-        (WORKER_UTILS, f"{ITERATOR}.{name}"): fn
-        if shadow is None
-        else shadowing(shadow, name, fn, check=check, save=_saver(name), dump=dump, keys_of=_keys)
-        for name, (fn, check) in ours.items()
-    }
-    if carry:
-        table[TRAIN_UTILS, "prepare_runtime_environment"] = Wrap(_carrying)
-    return table
+def _rows(self: Any, batches: Any) -> int:
+    """The rows of a call (for ``on`` mode's counters): the partitions' indices."""
+    return rows_of_partitions(self._microbatches)
 
 
 #: The SkyRL releases `install` supports (checked against SkyRL itself in CI: .ci/peers.sh).
 VERSIONS = ("0.4.0",)
-_integration = Integration(
+#: SkyRL's integration (`_integration.Integration`): its public functions are this object's.
+INTEGRATION = Integration(
     "skyrl",
-    replacements,
     Versions("skyrl", dict.fromkeys(VERSIONS), fallback=VERSIONS[-1]),
-    lambda version, row, how: (
-        f"rebatch: skyrl {version}: rebatch {how} SkyRL's {WORKER_UTILS}.{ITERATOR}.reorder_and_combine_batches "
-        "and _items"
-    ),
-    dict.fromkeys(
-        ("reorder_and_combine_batches", "reorder_and_combine_items"),
-        lambda self, batches: rows_of_partitions(self._microbatches),
-    ),
+    lambda row: [
+        Replaced(WORKER_UTILS, f"{ITERATOR}.{name}", fn, check, _dumped, _keys, _rows)
+        for name, fn, check in (
+            ("reorder_and_combine_batches", reorder_and_combine_batches, check_reorder_and_combine_batches),
+            ("reorder_and_combine_items", reorder_and_combine_items, check_reorder_and_combine_items),
+        )
+    ],
+    label="SkyRL",
+    carry=(TRAIN_UTILS, "prepare_runtime_environment"),
 )
-_patcher, _versions = _integration.patcher, _integration.versions
-
-
-def install(
-    dump: str | None = None,
-    *,
-    mode: str = "on",
-    sample: float = 0.05,
-    on_defect: str = "log",
-    report: str | None = None,
-    lazy: bool = False,
-    force: bool = False,
-    witness: bool | None = None,
-    unbound: Iterable[str] | None = None,
-) -> list[str]:
-    """Replace the iterator's two methods with rebatch's; returns the places replaced. Idempotent;
-    `uninstall` undoes it.
-
-    The installed SkyRL must be a release of `VERSIONS` (read from its metadata, SkyRL not imported):
-    another raises `ref.errors.UnsupportedSettingError`, replacing nothing, unless ``force=True`` (then
-    the same replacements, with a warning logged).
-
-    ``mode="shadow"``: SkyRL's methods stay in charge and rebatch's shadow them
-    (`torch_impl.integrations._shadow`: ``sample``, ``on_defect``, ``report``; ``dump`` the first step that
-    differs or is misaligned), counted by `stats`. ``lazy=True`` (the form `rebatch_startup` uses, from
-    ``REBATCH``): nothing of SkyRL imported; each module patched as it finishes importing, and
-    ``prepare_runtime_environment`` wrapped so that a driver passes rebatch's variables on to its actors.
-
-    ``witness=False``: switch the alignment witness off for the process (`torch_impl.set_witness`;
-    default: as ``REBATCH_WITNESS`` says, on); ``unbound``: keys it leaves unbound. Both only on a fresh
-    install, and put back by `uninstall` (`_integration.Integration`, one copy for every trainer)."""
-    return _integration.install(
-        dump,
-        mode=mode,
-        sample=sample,
-        on_defect=on_defect,
-        report=report,
-        lazy=lazy,
-        force=force,
-        witness=witness,
-        unbound=unbound,
-    )
-
-
-def stats(json_path: str | None = None) -> dict[str, Any]:
-    """Shadow mode's counters since its `install` (`torch_impl.integrations._shadow.Shadow.stats`);
-    written as JSON to ``json_path`` when given. All zero without a shadow install."""
-    return _integration.stats(json_path)
-
-
-def mode() -> str | None:
-    """``"on"`` or ``"shadow"`` while installed, else None."""
-    return _integration.mode()
-
-
-def uninstall() -> None:
-    """Put SkyRL's methods back, and the witness's switch as `install` found it. Idempotent."""
-    _integration.uninstall()
-
-
-def installed() -> bool:
-    """True between `install` and `uninstall`."""
-    return _integration.installed()
+install, uninstall, stats = INTEGRATION.install, INTEGRATION.uninstall, INTEGRATION.stats
+mode, installed, replacements = INTEGRATION.mode, INTEGRATION.installed, INTEGRATION.replacements
