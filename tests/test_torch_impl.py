@@ -393,7 +393,7 @@ def test_the_host_kernels_step_aside_where_torch_cannot_share_memory_with_numpy(
 def test_a_torch_without_numpy_is_detected(monkeypatch) -> None:
     """``Tensor.numpy()`` raising (torch built against another NumPy: "Numpy is not available") means no
     NumPy bridge; the check itself, uncached."""
-    from torch_impl import _bridge
+    from torch_impl import _parts as _bridge
 
     assert _bridge.numpy_bridge.__wrapped__() is True
 

@@ -1,11 +1,9 @@
 """The host kernels: a CPU key's rows written to their places by NumPy fancy assignments, on the calling thread.
 
-On the CPU a NumPy operation on the tensors' own memory (``Tensor.numpy()`` shares the storage) costs a
-fraction of a torch operation's dispatch, and it never opens a parallel region (torch's CPU kernels
-split their work among its threads from 32768 elements and then wait for a descheduled one on a busy
-machine). Values move as unsigned integers or raw bytes of a value row's width, so every dtype comes
-out bit for bit (NaN payloads included). Only for plain contiguous CPU tensors with no gradient to
-carry (`host_movable`); the kernels validate nothing (their plan is checked).
+NumPy on the tensors' own memory costs a fraction of torch's dispatch and opens no parallel region
+(``docs/kernels.md``, "The host kernels"). Values move as unsigned integers or raw bytes of a value
+row's width: every dtype bit for bit. Only for plain contiguous CPU tensors with no gradient to carry
+(`host_movable`); the kernels validate nothing.
 """
 
 from __future__ import annotations
@@ -20,9 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._bridge import numpy_bridge
 from ._indexcopy import index_chunk
-from ._parts import Part
+from ._parts import Part, numpy_bridge
 from ._plan import KeyPlan
 
 __all__ = ["copy_rows", "host_movable", "scatter_rows", "scatter_values"]
@@ -30,19 +27,20 @@ __all__ = ["copy_rows", "host_movable", "scatter_rows", "scatter_values"]
 #: torch dtypes whose ``Tensor.numpy()`` works (the others, bfloat16 and float8 among them, are read
 #: through a ``uint8`` view first).
 _NUMPY_DTYPES = frozenset(
-    {
-        torch.bool,
-        torch.uint8,
-        torch.int8,
-        torch.int16,
-        torch.int32,
-        torch.int64,
-        torch.float16,
-        torch.float32,
-        torch.float64,
-        torch.complex64,
-        torch.complex128,
-    }
+    getattr(torch, name)
+    for name in [
+        "bool",
+        "uint8",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "float16",
+        "float32",
+        "float64",
+        "complex64",
+        "complex128",
+    ]
 )
 
 

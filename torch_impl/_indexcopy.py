@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from ._bits import as_bits, from_bits
 from ._jagged import Runs, zero_prefixed_cumsum
-from ._parts import JaggedPart
+from ._plan import KeyPlan
 from ._settings import get_settings
 
-__all__ = ["CPU_CHUNK_ROWS", "index_chunk", "permute_by_indices"]
+__all__ = ["CPU_CHUNK_ROWS", "index_chunk", "permute_by_indices", "permute_rows"]
 
 #: On the CPU, the most value rows a chunk covers: each chunk's torch kernels then stay below torch's
 #: OpenMP grain size (32768 elements for a 1-D key) and run on the calling thread, and the index
@@ -38,11 +39,17 @@ def index_chunk(values: torch.Tensor) -> int:
     return min(rows, CPU_CHUNK_ROWS) if values.device.type == "cpu" else rows
 
 
-def permute_by_indices(
-    parts: Sequence[JaggedPart], lengths: torch.Tensor, perm: torch.Tensor, out_offsets: torch.Tensor
-) -> torch.Tensor:
-    """Output values ``[N, *F]``: row ``k`` of the parts' rows end to end (``lengths`` ``[B]``) written
-    at output row ``perm[k]`` ``[B]``, which starts at ``out_offsets[perm[k]]`` (``[B + 1]``).
+def permute_rows(plan: KeyPlan) -> torch.Tensor:
+    """A dense key's result ``[B, *F]``: one ``cat`` of two or more parts, then one ``index_copy_`` with
+    the permutation (its backward gives each part exactly its rows' gradient)."""
+    values = plan.parts[0].values if len(plan.parts) == 1 else torch.cat([p.values for p in plan.parts])
+    bits = as_bits(values)
+    return from_bits(bits.new_empty(bits.shape).index_copy_(0, plan.rows.perm_on(plan.device), bits), values.dtype)
+
+
+def permute_by_indices(plan: KeyPlan) -> torch.Tensor:
+    """A jagged key's result values ``[N, *F]``: row ``k`` of the parts' rows end to end written at
+    output row ``perm[k]``, which starts at ``offsets[perm[k]]`` (the plan's lengths and offsets).
 
     All parts together (one ``cat``) where the key fits in one chunk, and always off the CPU: 15
     operations for one chunk, 26 for two, 9 more per further chunk. On the CPU a larger key is moved
@@ -50,10 +57,12 @@ def permute_by_indices(
     only its part's rows), each part in chunks. A dtype torch cannot index moves as its bits
     (`torch_impl._bits`).
     """
-    first = parts[0].values
-    total = sum(p.values.shape[0] for p in parts)
+    parts: Sequence[Any] = plan.parts
+    first, total, lengths = parts[0].values, plan.total, plan.lengths
+    assert lengths is not None
+    assert plan.offsets is not None
     chunk = index_chunk(first)
-    dest_starts = out_offsets.index_select(0, perm)
+    dest_starts = plan.offsets.index_select(0, plan.rows.perm_on(plan.device))
     out = as_bits(first).new_empty((total, *first.shape[1:]))
     if first.device.type != "cpu" or total <= chunk:
         values = first if len(parts) == 1 else torch.cat([p.values for p in parts])

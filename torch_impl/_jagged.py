@@ -30,27 +30,18 @@ _nested_view = _internal_nested_view()
 
 def njt(values: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
     """A jagged nested tensor ``[B, (j), *F]`` over ``values`` ``[N, *F]`` and ``offsets`` ``[B + 1]``
-    (with ``lengths`` ``[B]``: rows with holes), a view of ``values``.
-
-    ``torch.nested.nested_tensor_from_jagged(values, offsets, lengths)``, without writing to the log:
-    that function first asks ``torch.fx``'s ``is_fx_tracing()`` (to refuse ``fx.symbolic_trace``),
-    which logs a warning ("is_fx_tracing will return true for both ...", torch 2.9.1 and 2.13 alike)
-    the first time anything in the process calls it, through torch's own handler on stderr. This calls
-    what that function calls next, with the same arguments, and falls back to it where torch has no
-    such function; no logger, filter or torch setting of the process is changed.
-    """
+    (with ``lengths`` ``[B]``: rows with holes), a view of ``values``: what
+    ``torch.nested.nested_tensor_from_jagged`` calls after its ``is_fx_tracing()`` probe, which logs a
+    warning on stderr the first time a process calls it (no logger or setting of the process changed)."""
     if _nested_view is None:  # pragma: no cover
         return torch.nested.nested_tensor_from_jagged(values, offsets, lengths)
     return _nested_view(values, offsets, lengths)
 
 
 def result_njt(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """`njt` over ``values`` that were just made (a result's own storage), built directly where no
-    gradient can flow: a plain ``values`` tensor that does not require grad, or grad mode off. The
-    view `njt` makes goes through torch's dispatch of ``_nested_view_from_jagged`` (about 90 µs on a
-    CPU, torch 2.13); the nested tensor it wraps is the one built here (about 20 µs), the same class,
-    values, offsets, sizes and strides, only not recorded as a view of ``values``, which only autograd
-    reads. With a gradient to carry, or a tensor subclass, it is `njt` itself."""
+    """`njt` over ``values`` just made (a result's own storage), built directly where no gradient can
+    flow (the same nested tensor, not recorded as a view, which only autograd reads: about 20 µs
+    instead of 90, ``docs/kernels.md``); with a gradient to carry, or a tensor subclass, `njt` itself."""
     if type(values) is torch.Tensor and not (values.requires_grad and torch.is_grad_enabled()):
         return NestedTensor(values, offsets)
     return njt(values, offsets)

@@ -1,13 +1,9 @@
 """The kernel registry: every way ``torch_impl`` moves a planned key's data, and the choice between them.
 
-A `Kernel` takes a `KeyPlan` (checked and planned: it validates nothing) and returns the result's
-values: ``[N, *F]`` for a jagged key (the caller wraps them with the plan's offsets), ``[B, *F]`` for
-a dense one, always a fresh tensor. Each kernel says which keys it serves (`Kernel.layouts`, and
-whether it permutes or concatenates), where it can run (`Kernel.applies`) and where the registry
-picks it by default (`Kernel.preferred`); `choose` takes the first kernel in the registry's order
-that serves the key, applies and is preferred, or the one `Settings.kernel` names where it serves
-and applies. The tests iterate `KERNELS`: a kernel is tested by being registered
-(``property_tests/kernels.py``). ``docs/kernels.md`` describes each one and the measurements.
+A `Kernel` takes a `KeyPlan` (it validates nothing) and returns the result's fresh values: ``[N, *F]``
+for a jagged key, ``[B, *F]`` for a dense one. `choose` takes the one `Settings.kernel` names where it
+serves the key and applies, else the first of the registry that serves it, applies and is preferred.
+The tests iterate `KERNELS`: a kernel is tested by being registered (``docs/kernels.md``).
 """
 
 from __future__ import annotations
@@ -19,9 +15,8 @@ import torch
 
 from ref.errors import UnsupportedSettingError
 
-from ._bits import as_bits, from_bits
 from ._hostcopy import copy_rows, host_movable, scatter_rows, scatter_values
-from ._indexcopy import permute_by_indices
+from ._indexcopy import permute_by_indices, permute_rows
 from ._jagged import result_njt
 from ._parts import Part
 from ._plan import KeyPlan, plan_key
@@ -55,23 +50,6 @@ def _concat(plan: KeyPlan) -> torch.Tensor:
     return torch.cat([p.values for p in plan.parts])
 
 
-def _element_indices(plan: KeyPlan) -> torch.Tensor:
-    """Every value's destination computed on the parts' device, written by ``index_copy_``
-    (`torch_impl._indexcopy`): any device, no synchronisation, differentiable."""
-    assert plan.lengths is not None
-    assert plan.offsets is not None
-    return permute_by_indices(plan.parts, plan.lengths, plan.rows.perm_on(plan.device), plan.offsets)  # type: ignore[arg-type]
-
-
-def _index_rows(plan: KeyPlan) -> torch.Tensor:
-    """Whole rows of a dense key: one ``cat`` of two or more parts, then one ``index_copy_`` with the
-    permutation (its backward gives each part exactly its rows' gradient). A dtype torch cannot index
-    moves as its bits (`torch_impl._bits`)."""
-    values = plan.parts[0].values if len(plan.parts) == 1 else _concat(plan)
-    bits = as_bits(values)
-    return from_bits(bits.new_empty(bits.shape).index_copy_(0, plan.rows.perm_on(plan.device), bits), values.dtype)
-
-
 def _on_host(plan: KeyPlan) -> bool:
     return plan.device.type == "cpu" and host_movable(plan.parts) and (plan.lengths is None or plan.lengths.is_cpu)
 
@@ -95,15 +73,17 @@ KERNELS: dict[str, Kernel] = {
         Kernel("concat", _BOTH, False, _always, _always, _concat),
         Kernel("host_rows_copy", _JAGGED, True, _on_host, _long_rows, copy_rows),
         Kernel("host_scatter", _JAGGED, True, _on_host, _always, scatter_values, chunked=True),
-        Kernel("element_indices", _JAGGED, True, _always, _always, _element_indices, chunked=True),
+        Kernel("element_indices", _JAGGED, True, _always, _always, permute_by_indices, chunked=True),
         Kernel("host_rows", _DENSE, True, _on_host, _many_elements, scatter_rows),
-        Kernel("index_rows", _DENSE, True, _always, _always, _index_rows),
+        Kernel("index_rows", _DENSE, True, _always, _always, permute_rows),
     )
 }
 
 
 def _serves(kernel: Kernel, plan: KeyPlan) -> bool:
-    return ("jagged" if plan.jagged else "dense") in kernel.layouts and kernel.permutes == (plan.rows.perm is not None)
+    return ("dense" if plan.lengths is None else "jagged") in kernel.layouts and kernel.permutes == (
+        plan.rows.perm is not None
+    )
 
 
 def choose(plan: KeyPlan) -> Kernel:

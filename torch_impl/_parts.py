@@ -7,6 +7,7 @@ reads on a nested tensor otherwise cost tens of microseconds each, which adds up
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Sequence
 from operator import attrgetter
@@ -28,8 +29,6 @@ from ref.errors import (
     where,
 )
 
-from ._bridge import numpy_bridge
-
 __all__ = [
     "DensePart",
     "JaggedPart",
@@ -38,9 +37,21 @@ __all__ = [
     "check_offsets",
     "check_parts",
     "explain_bad_offsets",
+    "numpy_bridge",
     "row_steps",
     "unpack",
 ]
+
+
+@functools.cache
+def numpy_bridge() -> bool:
+    """Whether this torch can share CPU storage with NumPy (it cannot when built against another NumPy
+    ABI: then ``Tensor.numpy()`` raises, and the host paths are not used)."""
+    try:
+        torch.zeros(1).numpy()
+    except (RuntimeError, ImportError, TypeError):  # "Numpy is not available"
+        return False
+    return True
 
 
 class JaggedPart(NamedTuple):

@@ -14,8 +14,8 @@ import torch
 from ref.errors import NotAPermutationError
 from ref.structure import check_partition, check_partitions
 
-from ._bridge import numpy_bridge
 from ._entry import entry
+from ._parts import numpy_bridge
 
 __all__ = ["flatten_partitions", "inverse_permutation", "check_permutation", "is_identity", "Locator"]
 

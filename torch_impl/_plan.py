@@ -1,11 +1,8 @@
 """`KeyPlan`: one checked key's plan, everything its kernel needs, computed once and before any data moves.
 
-A call's pipeline is check, plan, move (`torch_impl._postprocess`). The plan of a jagged key is its row
-lengths in concatenation order (from its offsets, checked by `check_offsets`: the spec's step 5), the
-same lengths in original order (through the call's one inverse permutation, `CallRows.inverse`), the
-result's offsets and its number of value rows; the witness compares the restored lengths (step 6).
-On the CPU the bookkeeping is NumPy on the tensors' own memory; elsewhere torch operations on the
-device, never a read of device data.
+A call is check, plan, move (`torch_impl._postprocess`). A jagged key's plan: its row lengths (its
+offsets checked by `check_offsets`, the spec's step 5), the same in original order (through the call's
+one inverse), the result's offsets and value rows; NumPy on the CPU, torch operations elsewhere.
 """
 
 from __future__ import annotations
@@ -16,9 +13,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from ._bridge import numpy_bridge
 from ._jagged import zero_prefixed_cumsum
-from ._parts import DensePart, Part, check_offsets
+from ._parts import DensePart, Part, check_offsets, numpy_bridge
 from ._rows import CallRows
 
 __all__ = ["KeyPlan", "plan_key"]
@@ -38,10 +34,6 @@ class KeyPlan(NamedTuple):
     restored: torch.Tensor | None
     offsets: torch.Tensor | None
     total: int
-
-    @property
-    def jagged(self) -> bool:
-        return self.lengths is not None
 
     @property
     def device(self) -> torch.device:

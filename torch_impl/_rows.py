@@ -42,21 +42,21 @@ class CallRows:
         return self.perm.numpy(), self.inverse().numpy()
 
     def _once(self, what: str, device: torch.device, make: Callable[[], torch.Tensor]) -> torch.Tensor:
-        key = (what, device)
-        if key not in self._made:
-            self._made[key] = make()
-        return self._made[key]
+        if (what, device) not in self._made:
+            self._made[what, device] = make()
+        return self._made[what, device]
 
     def perm_on(self, device: torch.device) -> torch.Tensor:
         """The permutation on ``device`` (a copy from the host, never a read of the device)."""
-        perm = self.perm
-        assert perm is not None, "rebatch internal error: a permutation asked of rows in order"
-        return perm if device.type == "cpu" else self._once("perm", device, lambda: perm.to(device, non_blocking=True))
+        assert self.perm is not None, "rebatch internal error: a permutation asked of rows in order"
+        return self._on("perm", self.perm, device)
 
     def inverse_on(self, device: torch.device) -> torch.Tensor:
         """The inverse on ``device`` (copied from the host's)."""
-        inv = self.inverse()
-        return inv if device.type == "cpu" else self._once("inverse", device, lambda: inv.to(device, non_blocking=True))
+        return self._on("inverse", self.inverse(), device)
+
+    def _on(self, what: str, host: torch.Tensor, device: torch.device) -> torch.Tensor:
+        return host if device.type == "cpu" else self._once(what, device, lambda: host.to(device, non_blocking=True))
 
     def steps(self, device: torch.device) -> torch.Tensor | None:
         """`row_steps` of the row counts on ``device``; None for one micro-batch (nothing to leave out)."""

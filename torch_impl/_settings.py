@@ -1,11 +1,8 @@
 """The knobs that choose between ``torch_impl``'s kernels, in one immutable object, with a scoped override.
 
-The current `Settings` live in a `contextvars.ContextVar`: `use_settings` changes them for the calling
-thread (or asyncio task) only, inside its ``with`` block, and restores them on exit, even on an
-exception. Nothing process-wide is ever changed; a new thread starts from the defaults.
-
-Every kernel gives the same result (`torch_impl._kernels`); the knobs trade speed and peak memory,
-never correctness. The measurement behind each default is in ``docs/kernels.md``, "Settings".
+`use_settings` changes them for the calling thread (or asyncio task) only (a `contextvars.ContextVar`),
+inside its ``with`` block: nothing process-wide. Every kernel gives the same result; the measurement
+behind each default is in ``docs/kernels.md``, "Settings".
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """The alignment witness in torch: every bound key's restored row lengths against the batch's own.
 
 Step 6 of the order of checks (``docs/spec.md``, "The alignment witness"); the binding rule and the
-error's words are `ref.structure`'s (`witness_binds`, `misalignment`), shared with ``ref``. A call
-builds one `Witness` after its other checks (6a: the witness's form); each key's plan hands it the
-restored row lengths (`Witness.observe`, one form: a tensor), and the call asks for the
-`Witness.verdict` once every key is planned, before any data moves. On the CPU the lengths are host data and
-the comparison is immediate; on an accelerator each distinct offsets group is compared on the device
-(two operations) and `verdict` reads every group's flag in one small read: one host-device
-synchronisation a call, after all of the call's launches. Keys whose parts share their offsets tensors
-(verl's engines build every per-token output on the micro-batch's own ``input_ids.offsets()``) are
-compared once.
+error's words are `ref.structure`'s, shared with ``ref``. A call builds one `Witness` after its other
+checks; each key's plan hands it the restored row lengths (`Witness.observe`), and the call asks for
+its `Witness.verdict` once every key is planned, before any data moves: on an accelerator every key's
+flag in one small read, one host-device synchronisation a call. Keys whose parts share their offsets
+tensors (verl's engines' per-token outputs) are compared once.
 
 Whether the drop-ins read a witness at all is a process-wide switch (`set_witness`, ``REBATCH_WITNESS``),
 never a per-thread `torch_impl.Settings` knob: it decides whether an input is refused, not how fast.
@@ -28,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rebatch_startup import WITNESS_ENV, WITNESS_UNBOUND_ENV
+from rebatch_startup import WITNESS_ENV, WITNESS_UNBOUND_ENV, ForkSafeLock
 from ref.errors import RebatchError, UnsupportedSettingError, where
 from ref.structure import WITNESS, check_lengths, misalignment, witness_binds, witness_form
 
@@ -50,18 +46,7 @@ __all__ = [
 ENV = WITNESS_ENV
 ENV_UNBOUND = WITNESS_UNBOUND_ENV
 
-_lock = threading.Lock()
-
-
-def _new_lock() -> None:
-    """A forked child gets a fresh lock: one held by another thread of the parent at the fork would
-    otherwise stay held in the child, and its first call would wait for ever (as `logging` does)."""
-    global _lock
-    _lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_lock)
+_lock = ForkSafeLock()  # a forked child finds it free (`rebatch_startup.renew_at_fork`)
 _config: tuple[bool, frozenset[Any]] | None = None
 _COUNTERS = ("calls", "calls_without_witness", "calls_binding_nothing", "keys_witnessed", "keys_unbound")
 _stats = dict.fromkeys(_COUNTERS, 0)
@@ -143,11 +128,9 @@ def _count_call(bound: int, left: int) -> None:
 
 
 def read_witness(data: Any) -> np.ndarray | torch.Tensor | None:
-    """verl's witness: the row lengths ``[B]`` of ``data["input_ids"]`` when it is a jagged nested
-    tensor (its ``lengths()`` where it has holes, else its offsets' differences; on the CPU, as verl
-    leaves ``data``, a NumPy array), or None (no ``data``, no ``input_ids``, a dense one, or the switch
-    off; counted as a call without a witness). Read without torch's nested-tensor dispatch (tens of
-    microseconds an attribute otherwise)."""
+    """verl's witness: the row lengths ``[B]`` of ``data["input_ids"]`` if a jagged nested tensor (a
+    NumPy array on the CPU), read without torch's nested-tensor dispatch; None (counted) where there is
+    none: no ``data``, no ``input_ids``, a dense one, or the switch off."""
     if not witness_config()[0]:
         return None
     ids = None
@@ -175,23 +158,6 @@ class Witness:
 
     Its form is checked here but a defect of it (step 6a) is raised by `verdict`, after every key's
     structural checks (step 5, which the plan makes key by key), as ``docs/spec.md`` orders them."""
-
-    __slots__ = (
-        "_compared",
-        "_entries",
-        "_error",
-        "_flags",
-        "_on",
-        "_perm",
-        "_sizes",
-        "bound",
-        "device",
-        "host",
-        "left",
-        "rows",
-        "total",
-        "unbound",
-    )
 
     def __init__(
         self, witness: Any, rows: int, perm: torch.Tensor | None, sizes: Sequence[int], unbound: Collection[Any]
