@@ -53,7 +53,7 @@ def test_unpack_a_jagged_tensor() -> None:
     assert p.rows == 3
     assert p.offsets.tolist() == [0, 2, 2, 5]
     assert p.offsets.dtype == torch.int64
-    assert p.trailing == (2,)
+    assert tuple(p.values.shape[1:]) == (2,)
     assert torch.equal(p.values, torch.arange(10, dtype=torch.float32).reshape(5, 2))
 
 
@@ -89,7 +89,7 @@ def test_unpack_a_dense_tensor() -> None:
     assert isinstance(p, DensePart)
     assert isinstance(p, DensePart)
     assert p.rows == 4
-    assert p.trailing == (3,)
+    assert tuple(p.values.shape[1:]) == (3,)
     assert p.values is x
     assert unpack(torch.zeros(0)).rows == 0
 
