@@ -10,7 +10,7 @@ import torch
 
 from rebatch.bench.cases import LARGE_ELEMENTS, grid
 from rebatch.bench.memory import peak_tensor_bytes
-from rebatch.bench.run import _median_times, memory_allowance, targets
+from rebatch.bench.run import median_times, memory_allowance, targets
 
 
 def test_peak_tensor_bytes_counts_what_was_alive_at_once() -> None:
@@ -31,7 +31,7 @@ def test_alternating_timer_runs_each_function_equally_often() -> None:
     def bump(name: str):
         return lambda: calls.__setitem__(name, calls[name] + 1)
 
-    seconds = _median_times({"a": bump("a"), "b": bump("b")}, "cpu", min_time=0.0)
+    seconds = median_times({"a": bump("a"), "b": bump("b")}, "cpu", min_time=0.0)
     assert set(seconds) == {"a", "b"}
     assert calls["a"] == calls["b"] >= 6  # one warm-up, then at least 5 rounds
 
@@ -41,7 +41,7 @@ def test_alternating_timer_shuffles_the_order_of_each_round() -> None:
     preceded by each of the others."""
     sequence: list[str] = []
     fns = {name: (lambda name=name: sequence.append(name)) for name in "abc"}
-    _median_times(fns, "cpu", min_time=0.0, min_rounds=12, max_rounds=12)
+    median_times(fns, "cpu", min_time=0.0, min_rounds=12, max_rounds=12)
     rounds = [sequence[i : i + 3] for i in range(3, len(sequence), 3)]  # after the warm-up calls
     assert len(rounds) == 12
     assert all(sorted(r) == ["a", "b", "c"] for r in rounds)

@@ -101,7 +101,7 @@ def grid(name: str) -> list[Case]:
     elif name == "standard":
         cases = _product((8, 64, 512, 4096, 16384), (16, 512, 4096), (1, 4, 16, 64))
         cases += _product((8, 64, 512, 4096, 16384), (512,), (16,), (3,), ("float32", "bfloat16"), (2, 3))
-        cases += [Case(1024, 512, 16, 1, "float32", 2), Case(16384, 16, 16, 1, "float32", 2)]
+        cases += [Case(1024, 512, 16, 1, "float32", 2), Case(16384, 16, 16, 1, "float32", 2), *TARGET_CASES]
     elif name == "large":  # every case of the full grid with at least 64M output elements, at M=16
         cases = [c for c in grid("full") if c.elements >= LARGE_ELEMENTS and c.micro_batches == 16]
     elif name == "full":

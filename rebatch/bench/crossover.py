@@ -2,7 +2,7 @@
 
 For each case (B, mean length, M, trailing shape, dense or jagged), `torch_impl.postprocess_batch` runs
 with every kernel of the registry that serves the case forced (`property_tests.kernels.forced`), in
-alternation on the same inputs (`rebatch.bench.run._median_times`), and the median times are printed
+alternation on the same inputs (`rebatch.bench.run.median_times`), and the median times are printed
 with each kernel's time over the registry's default choice. ``--chunks`` times the CPU chunk sizes of the
 chunked kernels instead (``Settings.index_chunk_bytes``, up to ``CPU_CHUNK_ROWS`` value rows on the CPU). ``docs/kernels.md``, "Settings", cites these.
 
@@ -26,7 +26,7 @@ import torch_impl
 from property_tests.kernels import forced
 
 from .cases import Case, make_inputs
-from .run import _median_times
+from .run import median_times
 
 __all__ = ["chunk_sizes", "kernels_side_by_side", "main"]
 
@@ -71,7 +71,7 @@ def kernels_side_by_side(names: list[str], *, min_time: float = 0.3) -> list[dic
                         return torch_impl.postprocess_batch(o, i)
 
                 calls[kernel.name] = call
-        seconds = _median_times(calls, "cpu", min_time=min_time)
+        seconds = median_times(calls, "cpu", min_time=min_time)
         out.append(
             {"case": name, "seconds": seconds, "over_default": {k: s / seconds["default"] for k, s in seconds.items()}}
         )
@@ -90,7 +90,7 @@ def chunk_sizes(values: list[int], *, min_time: float = 0.3) -> list[dict[str, A
                     return torch_impl.postprocess_batch(outs, indices)
 
             calls[f"{kernel.name} {chunk}"] = call
-    seconds = _median_times(calls, "cpu", min_time=min_time)
+    seconds = median_times(calls, "cpu", min_time=min_time)
     return [{"case": name, "seconds": {name: s}} for name, s in seconds.items()]
 
 

@@ -37,7 +37,7 @@ from property_tests.baseline import verl_postprocess_batch_func
 from property_tests.compare import first_difference
 
 from .cases import Case, make_inputs
-from .run import _median_times
+from .run import median_times
 
 __all__ = ["check", "main"]
 
@@ -200,7 +200,7 @@ def check(device: str, cases: list[Case], *, min_time: float = 0.2) -> list[str]
                     diff = first_difference(v.cpu(), expected[k])
                     if diff is not None:
                         failures.append(f"{case.name}, {variant}, key {k}: {diff}")
-                seconds = _median_times(_timed_pair(on_device, indices, whole), device, min_time=min_time)
+                seconds = median_times(_timed_pair(on_device, indices, whole), device, min_time=min_time)
             gib_s = inputs.output_bytes / seconds["torch_impl"] / 2**30
             ok = "ok  " if not any(f.startswith(f"{case.name}, {variant}") for f in failures) else "FAIL"
             print(

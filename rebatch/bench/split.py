@@ -20,7 +20,7 @@ from tensordict import TensorDict
 import torch_impl
 
 from .cases import Case, lengths_for
-from .run import _median_time
+from .run import median_time
 
 __all__ = ["per_partition_baseline", "main"]
 
@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
                 data, lengths = _data(case)
                 budget = max(max(lengths), 8 * length)
                 parts = torch_impl.balanced_partitions(lengths, budget)
-                t_impl = _median_time(lambda: torch_impl.split(data, parts), "cpu")  # noqa: B023
-                t_base = _median_time(lambda: per_partition_baseline(data, parts), "cpu", max_runs=5)  # noqa: B023
+                t_impl = median_time(lambda: torch_impl.split(data, parts), "cpu")  # noqa: B023
+                t_base = median_time(lambda: per_partition_baseline(data, parts), "cpu", max_runs=5)  # noqa: B023
                 rows.append(
                     {
                         "rows": b,

@@ -5,7 +5,7 @@ Both implementations have the same package names (``ref``, ``torch_impl``), so e
 process of its own: the baseline's with ``PYTHONPATH`` at an extract of the commit's ``ref``,
 ``torch_impl`` and ``property_tests`` (``git archive``, cached under ``.cache/``), today's with this
 checkout's. The harness drives the workers alternately, round by round (order shuffled each round, as
-`rebatch.bench.run._median_times`): a worker times its own calls while the other waits on its pipe,
+`rebatch.bench.run.median_times`): a worker times its own calls while the other waits on its pipe,
 so both meet the same state of the machine, and within a round both calling threads run on the same
 core (the rounds take the cores in turn, `_medians`). Each worker builds identical inputs from the same seed
 (plain torch, no code of either implementation), and the results are checked bit-equal (a digest of
@@ -630,14 +630,22 @@ BEGIN, END = "<!-- versus: written by python -m rebatch.bench.versus -->", "<!--
 
 def section(results: dict[str, Any]) -> str:
     """The side-by-side run as a section of ``docs/benchmarks.md`` (between `BEGIN` and `END`)."""
+    verl = results["commit"].startswith("verl")
+    whose = (
+        f"the function of {results['commit']} itself, `postprocess_batch_func` (run in verl's pins environment, "
+        "`bash .ci/pins_env.sh .venv-pins`, with `.venv-pins/bin/python`)"
+        if verl
+        else "The commit's `postprocess_batch_func` (its `ref`, `torch_impl`, `property_tests` extracted with `git archive`)"
+    )
     lines = [
         BEGIN,
-        f"## Against commit {results['commit']}, side by side",
+        f"## Against {results['commit']}'s own function, side by side"
+        if verl
+        else f"## Against commit {results['commit']}, side by side",
         "",
         f"Command: `{results.get('command', 'python -m rebatch.bench.versus')}` ({results['date']}, torch "
-        f"{results['torch']}, CPU; today is {results.get('today', 'this checkout')}). The commit's "
-        "`postprocess_batch_func` and today's run in one worker process "
-        "each (the commit's `ref`, `torch_impl`, `property_tests` extracted with `git archive`), on identical "
+        f"{results['torch']}, CPU; today is {results.get('today', 'this checkout')}). "
+        f"{whose[0].upper()}{whose[1:]} and today's drop-in run in one worker process each, on identical "
         "inputs built from the same seed, results checked bit-equal first; the harness alternates them turn "
         "by turn in a shuffled order (a turn: one call, or as many as last about 20 ms, at most 50, counted "
         "for each function from its own warm cost), each call timed "
