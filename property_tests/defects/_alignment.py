@@ -23,7 +23,7 @@ import torch
 from ref import errors as E
 
 from ..data import jagged
-from ._core import _PP, Breaker, Call, Chooser, Defect
+from ._core import POSTPROCESS, Breaker, Call, Chooser, Defect
 
 __all__ = ["ALIGNMENT"]
 
@@ -140,7 +140,9 @@ def _misaligned(
     """A defect of the family: `MisalignmentError` at micro-batch ``m``, position ``j`` of the named case
     (``got`` values restored as original row ``row``, whose witnessed length is ``want``)."""
     message = _AT.format(m=m, j=j, got=got, row=row, want=want)
-    return Defect(name, _PP, E.MisalignmentError, message, _NEEDS, breaker, base="postprocess_three", script=script)
+    return Defect(
+        name, POSTPROCESS, E.MisalignmentError, message, _NEEDS, breaker, base="postprocess_three", script=script
+    )
 
 
 #: The family: each raises `MisalignmentError` naming the key ``aligned`` (named cases on

@@ -15,7 +15,26 @@ from torch_impl._jagged import njt
 
 from ..data import jagged, offsets_of
 
-__all__ = ["Breaker", "Call", "Chooser", "Defect", "Scripted", "VALID", "apply", "postprocess_call", "strided_nested"]
+__all__ = [
+    "POSTPROCESS",
+    "TWO_MICRO_BATCHES",
+    "VALID",
+    "Breaker",
+    "Call",
+    "Chooser",
+    "Defect",
+    "Scripted",
+    "apply",
+    "keys_of",
+    "made_decreasing",
+    "model_output_of",
+    "one_index",
+    "positions_of",
+    "postprocess_call",
+    "retyped",
+    "row_count",
+    "strided_nested",
+]
 
 T = TypeVar("T")
 
@@ -164,35 +183,35 @@ def strided_nested(rows: list[torch.Tensor]) -> torch.Tensor:
         return torch.nested.nested_tensor(rows)
 
 
-def _mo(call: Call, m: int) -> dict[str, Any]:
+def model_output_of(call: Call, m: int) -> dict[str, Any]:
     return call.args[0][m]["model_output"]
 
 
-def _keys(call: Call) -> list[str]:
-    return list(_mo(call, 0))
+def keys_of(call: Call) -> list[str]:
+    return list(model_output_of(call, 0))
 
 
-def _positions(indices: Sequence[Sequence[Any]]) -> list[tuple[int, int]]:
+def positions_of(indices: Sequence[Sequence[Any]]) -> list[tuple[int, int]]:
     return [(m, j) for m, p in enumerate(indices) if isinstance(p, list) for j in range(len(p))]
 
 
-def _one_index(arg: int, make: Callable[[Call, Chooser, int, int], Any]) -> Breaker:
+def one_index(arg: int, make: Callable[[Call, Chooser, int, int], Any]) -> Breaker:
     """One position ``(m, j)`` of the partitions in ``args[arg]`` replaced by ``make(call, choose, m, j)``."""
 
     def breaker(call: Call, choose: Chooser) -> Call:
         parts = call.args[arg]
-        m, j = choose.choice(_positions(parts))
+        m, j = choose.choice(positions_of(parts))
         parts[m][j] = make(call, choose, m, j)
         return call
 
     return breaker
 
 
-def _rows(x: torch.Tensor) -> int:
+def row_count(x: torch.Tensor) -> int:
     return int(x.size(0))
 
 
-def _retype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def retyped(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if x.is_nested:
         return njt(x.values().to(dtype), offsets_of(x))
     return x.to(dtype)
@@ -202,7 +221,7 @@ def _with_offsets(x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     return njt(x.values(), offsets)
 
 
-def _decreasing(x: torch.Tensor) -> torch.Tensor:
+def made_decreasing(x: torch.Tensor) -> torch.Tensor:
     """Offsets broken so that ``offsets[1] > offsets[2]`` (``offsets[1] = -1`` with a single row)."""
     o = offsets_of(x.contiguous()).clone()
     if o.numel() >= 3:
@@ -212,5 +231,5 @@ def _decreasing(x: torch.Tensor) -> torch.Tensor:
     return _with_offsets(x.contiguous(), o)
 
 
-_PP = "postprocess_batch"
-_TWO = "two micro-batches, a key"
+POSTPROCESS = "postprocess_batch"
+TWO_MICRO_BATCHES = "two micro-batches, a key"

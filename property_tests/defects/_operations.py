@@ -9,14 +9,14 @@ import torch
 
 from ref import errors as E
 
-from ._core import Breaker, Call, Chooser, Defect, _decreasing, _one_index, _positions, _retype, _rows
+from ._core import Breaker, Call, Chooser, Defect, made_decreasing, one_index, positions_of, retyped, row_count
 
 __all__ = ["OPERATIONS"]
 
 
 def _delete_index(call: Call, choose: Chooser) -> Call:
     parts = call.args[0]
-    m, j = choose.choice(_positions(parts))
+    m, j = choose.choice(positions_of(parts))
     del parts[m][j]
     return call
 
@@ -38,7 +38,7 @@ def _first_arg(change: Callable[[torch.Tensor], torch.Tensor]) -> Breaker:
 def _concat_dtype(call: Call, choose: Chooser) -> Call:
     parts = call.args[0]
     m = choose.choice(range(1, len(parts)))
-    parts[m] = _retype(parts[m], torch.int32)
+    parts[m] = retyped(parts[m], torch.int32)
     return call
 
 
@@ -62,7 +62,7 @@ def _take_index(make: Callable[[int, Chooser], int]) -> Breaker:
     def breaker(call: Call, choose: Chooser) -> Call:
         x, idx = call.args
         j = choose.choice(range(len(idx)))
-        idx[j] = make(_rows(x), choose)
+        idx[j] = make(row_count(x), choose)
         return call
 
     return breaker
@@ -91,7 +91,7 @@ OPERATIONS: tuple[Defect, ...] = (
         E.NotAPermutationError,
         r"index -1 is negative",
         "one row",
-        _one_index(1, lambda call, choose, m, j: -choose.integer(1, 3)),
+        one_index(1, lambda call, choose, m, j: -choose.integer(1, 3)),
     ),
     Defect(
         "split_duplicate",
@@ -99,7 +99,7 @@ OPERATIONS: tuple[Defect, ...] = (
         E.NotAPermutationError,
         r"index 1 duplicates",
         "two rows",
-        _one_index(
+        one_index(
             1, lambda call, choose, m, j: choose.choice([i for p in call.args[1] for i in p if i != call.args[1][m][j]])
         ),
         script=(1, 0),
@@ -110,7 +110,7 @@ OPERATIONS: tuple[Defect, ...] = (
         E.InvalidJaggedError,
         r"non-decreasing",
         "two rows",
-        _first_arg(_decreasing),
+        _first_arg(made_decreasing),
     ),
     Defect("concat_dtypes", "concat", E.DtypeMismatchError, r"micro-batch 1: dtype", "two parts", _concat_dtype),
     Defect("concat_nothing", "concat", E.UnsupportedSettingError, r"at least one part", "nothing", _concat_nothing),

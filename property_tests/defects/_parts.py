@@ -12,19 +12,19 @@ from torch_impl._jagged import njt
 
 from ..data import from_rows, jagged, offsets_of, rows_of
 from ._core import (
-    _PP,
-    _TWO,
+    POSTPROCESS,
+    TWO_MICRO_BATCHES,
     Breaker,
     Call,
     Chooser,
     Defect,
-    _decreasing,
-    _keys,
-    _mo,
-    _positions,
-    _retype,
-    _rows,
     _with_offsets,
+    keys_of,
+    made_decreasing,
+    model_output_of,
+    positions_of,
+    retyped,
+    row_count,
     strided_nested,
 )
 
@@ -32,27 +32,27 @@ __all__ = ["PARTS"]
 
 
 def _nonempty(call: Call, key: str) -> list[int]:
-    return [m for m in range(len(call.args[0])) if _rows(_mo(call, m)[key]) > 0]
+    return [m for m in range(len(call.args[0])) if row_count(model_output_of(call, m)[key]) > 0]
 
 
 def _add_key(call: Call, name: str, *, dense: bool) -> str:
     """A new key ``name`` in every micro-batch (one zero entry per row), valid with the rest."""
-    first = _keys(call)[0]
+    first = keys_of(call)[0]
     for m in range(len(call.args[0])):
-        n = _rows(_mo(call, m)[first])
-        _mo(call, m)[name] = torch.zeros(n) if dense else jagged(torch.zeros(n), [1] * n)
+        n = row_count(model_output_of(call, m)[first])
+        model_output_of(call, m)[name] = torch.zeros(n) if dense else jagged(torch.zeros(n), [1] * n)
     return name
 
 
 def _jagged_key(call: Call, choose: Chooser) -> str:
     """A jagged key of the call (one is added, ``tokens``, if it has none)."""
-    keys = [k for k in _keys(call) if _mo(call, 0)[k].is_nested]
+    keys = [k for k in keys_of(call) if model_output_of(call, 0)[k].is_nested]
     return choose.choice(keys) if keys else _add_key(call, "tokens", dense=False)
 
 
 def _later_key(call: Call, choose: Chooser) -> str:
     """A key other than the first (``extra``, dense, is added if the call has one key)."""
-    keys = _keys(call)[1:]
+    keys = keys_of(call)[1:]
     return choose.choice(keys) if keys else _add_key(call, "extra", dense=True)
 
 
@@ -69,9 +69,9 @@ def _in_later_micro_batch(change: Callable[[torch.Tensor], torch.Tensor]) -> Bre
     """``change`` applied to one key's output in one micro-batch ``m >= 1``."""
 
     def breaker(call: Call, choose: Chooser) -> Call:
-        key = choose.choice(_keys(call))
+        key = choose.choice(keys_of(call))
         m = choose.choice(range(1, len(call.args[0])))
-        _mo(call, m)[key] = change(_mo(call, m)[key])
+        model_output_of(call, m)[key] = change(model_output_of(call, m)[key])
         return call
 
     return breaker
@@ -92,9 +92,9 @@ def _relayout(x: torch.Tensor) -> torch.Tensor:
 
 
 def _scalar_output(call: Call, choose: Chooser) -> Call:
-    key = choose.choice(_keys(call))
+    key = choose.choice(keys_of(call))
     m = choose.choice(range(len(call.args[0])))
-    _mo(call, m)[key] = torch.zeros((), dtype=_mo(call, m)[key].dtype)
+    model_output_of(call, m)[key] = torch.zeros((), dtype=model_output_of(call, m)[key].dtype)
     return call
 
 
@@ -104,7 +104,7 @@ def _in_jagged_key(change: Callable[[torch.Tensor], torch.Tensor]) -> Breaker:
     def breaker(call: Call, choose: Chooser) -> Call:
         key = _jagged_key(call, choose)
         m = choose.choice(_nonempty(call, key))
-        _mo(call, m)[key] = change(_mo(call, m)[key])
+        model_output_of(call, m)[key] = change(model_output_of(call, m)[key])
         return call
 
     return breaker
@@ -128,7 +128,7 @@ def _jagged_with_padding(call: Call, choose: Chooser) -> Call:
 
 def _moved_index(call: Call, choose: Chooser) -> Call:
     indices = call.args[1]
-    m, j = choose.choice(_positions(indices))
+    m, j = choose.choice(positions_of(indices))
     target = choose.choice([t for t in range(len(indices)) if t != m])
     indices[target].append(indices[m].pop(j))
     return call
@@ -141,7 +141,7 @@ def _later_key_row_count(*, dynamic: bool) -> Breaker:
     def breaker(call: Call, choose: Chooser) -> Call:
         key = _later_key(call, choose)
         m = choose.choice(_nonempty(call, key))
-        _mo(call, m)[key] = _drop_last_row(_mo(call, m)[key])
+        model_output_of(call, m)[key] = _drop_last_row(model_output_of(call, m)[key])
         if not dynamic:
             call.kwargs["use_dynamic_bsz"] = False
             return call._replace(args=(call.args[0], None))
@@ -157,11 +157,11 @@ def _holed_lengths(make_lengths: Callable[[int], list[int]]) -> Breaker:
     def breaker(call: Call, choose: Chooser) -> Call:
         key = _jagged_key(call, choose)
         m = choose.choice(_nonempty(call, key))
-        x = _mo(call, m)[key]
-        n = _rows(x)
+        x = model_output_of(call, m)[key]
+        n = row_count(x)
         values = torch.arange(4 * n + 2, dtype=x.dtype)
         offsets = torch.arange(0, 4 * n + 1, 4, dtype=torch.int64)
-        _mo(call, m)[key] = njt(values, offsets, torch.tensor(make_lengths(n), dtype=torch.int64))
+        model_output_of(call, m)[key] = njt(values, offsets, torch.tensor(make_lengths(n), dtype=torch.int64))
         return call
 
     return breaker
@@ -176,39 +176,39 @@ def _metrics_not_a_dict(call: Call, choose: Chooser) -> Call:
 PARTS: tuple[Defect, ...] = (
     Defect(
         "layout",
-        _PP,
+        POSTPROCESS,
         E.ShapeMismatchError,
         r"key 'lp', micro-batch 1: layout dense differs from micro-batch 0's jagged",
-        _TWO,
+        TWO_MICRO_BATCHES,
         _in_later_micro_batch(_relayout),
     ),
     Defect(
         "dtype",
-        _PP,
+        POSTPROCESS,
         E.DtypeMismatchError,
         r"key 'lp', micro-batch 1: dtype .*float64 differs from micro-batch 0's .*float32",
-        _TWO,
-        _in_later_micro_batch(lambda x: _retype(x, _other_dtype(x))),
+        TWO_MICRO_BATCHES,
+        _in_later_micro_batch(lambda x: retyped(x, _other_dtype(x))),
     ),
     Defect(
         "device",
-        _PP,
+        POSTPROCESS,
         E.DeviceMismatchError,
         r"key 'lp', micro-batch 1: device .* differs from micro-batch 0's",
-        _TWO,
+        TWO_MICRO_BATCHES,
         _in_later_micro_batch(lambda x: x.to("meta")),
     ),
     Defect(
         "trailing_shape",
-        _PP,
+        POSTPROCESS,
         E.ShapeMismatchError,
         r"key 'lp', micro-batch 1: trailing shape \(2,\) differs from micro-batch 0's \(\)",
-        _TWO,
+        TWO_MICRO_BATCHES,
         _in_later_micro_batch(_reshape_trailing),
     ),
     Defect(
         "scalar_output",
-        _PP,
+        POSTPROCESS,
         E.ShapeMismatchError,
         r"key 'v', micro-batch 0: a dense output needs a leading batch dimension",
         "a key",
@@ -217,7 +217,7 @@ PARTS: tuple[Defect, ...] = (
     ),
     Defect(
         "strided_nested",
-        _PP,
+        POSTPROCESS,
         E.InvalidJaggedError,
         r"jagged layout",
         "a jagged key with a row (added if none)",
@@ -226,7 +226,7 @@ PARTS: tuple[Defect, ...] = (
     ),
     Defect(
         "jagged_with_padding",
-        _PP,
+        POSTPROCESS,
         E.UnsupportedSettingError,
         r"key 'lp', micro-batch 0: jagged outputs need pad_mode 'no_padding'",
         "a jagged key (added if none)",
@@ -234,16 +234,16 @@ PARTS: tuple[Defect, ...] = (
     ),
     Defect(
         "row_count",
-        _PP,
+        POSTPROCESS,
         E.PartitionMismatchError,
         r"key 'lp', micro-batch 0: 2 rows, but its partition has 1 indices",
-        _TWO,
+        TWO_MICRO_BATCHES,
         _moved_index,
         script=(1, 0),
     ),
     Defect(
         "later_key_row_count",
-        _PP,
+        POSTPROCESS,
         E.PartitionMismatchError,
         r"key 'v', micro-batch 0: 1 rows, but its partition has 2 indices",
         "a second key (added if none), a row",
@@ -251,7 +251,7 @@ PARTS: tuple[Defect, ...] = (
     ),
     Defect(
         "later_key_row_count_without_dynamic_bsz",
-        _PP,
+        POSTPROCESS,
         E.ShapeMismatchError,
         r"key 'v', micro-batch 0: 1 rows, but key 'lp' has 2 there",
         "a second key (added if none), a row",
@@ -260,15 +260,15 @@ PARTS: tuple[Defect, ...] = (
     # -- jagged invariants
     Defect(
         "decreasing_offsets",
-        _PP,
+        POSTPROCESS,
         E.InvalidJaggedError,
         r"offsets must be non-decreasing, got offsets\[1\] = 3 > offsets\[2\] = 2",
         "a jagged key with a row (added if none)",
-        _in_jagged_key(_decreasing),
+        _in_jagged_key(made_decreasing),
     ),
     Defect(
         "bad_offsets",
-        _PP,
+        POSTPROCESS,
         E.InvalidJaggedError,
         r"micro-batch 0: offsets\[-1\] must equal len\(values\) = 2, got 3",
         "a jagged key with a row (added if none)",
@@ -276,7 +276,7 @@ PARTS: tuple[Defect, ...] = (
     ),
     Defect(
         "lengths_past_the_values",
-        _PP,
+        POSTPROCESS,
         E.InvalidJaggedError,
         r"key 'lp', micro-batch 0: row 1 runs past the values: offsets\[1\] \+ lengths\[1\] = 4 \+ 7 > len\(values\) = 10",
         "a jagged key with a row (added if none)",
@@ -284,7 +284,7 @@ PARTS: tuple[Defect, ...] = (
     ),
     Defect(
         "negative_lengths",
-        _PP,
+        POSTPROCESS,
         E.InvalidJaggedError,
         r"key 'lp', micro-batch 0: lengths\[0\] = -1 is negative",
         "a jagged key with a row (added if none)",
@@ -293,7 +293,7 @@ PARTS: tuple[Defect, ...] = (
     # -- metrics
     Defect(
         "metrics_not_a_dict",
-        _PP,
+        POSTPROCESS,
         E.UnsupportedSettingError,
         r"key 'metrics', micro-batch 0: metrics must be a dict, got NoneType",
         "nothing",

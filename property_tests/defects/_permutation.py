@@ -10,7 +10,7 @@ from typing import Any
 from ref import errors as E
 
 from ..data import from_rows, rows_of
-from ._core import _PP, Breaker, Call, Chooser, Defect, _keys, _mo, _one_index, _positions
+from ._core import POSTPROCESS, Breaker, Call, Chooser, Defect, keys_of, model_output_of, one_index, positions_of
 
 __all__ = ["PERMUTATION", "LyingPartition"]
 
@@ -48,7 +48,7 @@ def _object_array_partition(call: Call, choose: Chooser) -> Call:
     import numpy as np
 
     indices = call.args[1]
-    m, j = choose.choice(_positions(indices))
+    m, j = choose.choice(positions_of(indices))
     array = np.empty(len(indices[m]), dtype=object)
     for k, i in enumerate(indices[m]):
         array[k] = str(i) if k == j else int(i)
@@ -66,7 +66,7 @@ def _lying_partition(call: Call, choose: Chooser) -> Call:
 
 def _bad_index(make: Callable[[Call, Chooser, int, int], Any]) -> Breaker:
     """One position of ``indices`` replaced by ``make(call, choose, m, j)``."""
-    return _one_index(1, make)
+    return one_index(1, make)
 
 
 def _uint64_partition(call: Call, choose: Chooser) -> Call:
@@ -74,7 +74,7 @@ def _uint64_partition(call: Call, choose: Chooser) -> Call:
     import numpy as np
 
     indices = call.args[1]
-    m, j = choose.choice(_positions(indices))
+    m, j = choose.choice(positions_of(indices))
     row = [int(i) for i in indices[m]]
     row[j] = 2**64 - 1
     indices[m] = np.array(row, dtype=np.uint64)
@@ -86,7 +86,7 @@ def _float_after_an_array(call: Call, choose: Chooser) -> Call:
     import numpy as np
 
     indices = call.args[1]
-    m, j = choose.choice([(m, j) for m, j in _positions(indices) if m > 0])
+    m, j = choose.choice([(m, j) for m, j in positions_of(indices) if m > 0])
     indices[m][j] = float(indices[m][j])
     indices[0] = np.array(indices[0], dtype=np.int64)
     return call
@@ -105,18 +105,18 @@ def _dropped_row(call: Call, choose: Chooser) -> Call:
     """One row (not the last index) left out of its partition and of every key's output."""
     indices = call.args[1]
     b = _num_rows(call)
-    m, j = choose.choice([(m, j) for m, j in _positions(indices) if indices[m][j] != b - 1])
+    m, j = choose.choice([(m, j) for m, j in positions_of(indices) if indices[m][j] != b - 1])
     del indices[m][j]
-    for k in _keys(call):
-        rows = rows_of(_mo(call, m)[k])
-        _mo(call, m)[k] = from_rows([r for n, r in enumerate(rows) if n != j], _mo(call, m)[k])
+    for k in keys_of(call):
+        rows = rows_of(model_output_of(call, m)[k])
+        model_output_of(call, m)[k] = from_rows([r for n, r in enumerate(rows) if n != j], model_output_of(call, m)[k])
     return call
 
 
 PERMUTATION: tuple[Defect, ...] = (
     Defect(
         "duplicate_index",
-        _PP,
+        POSTPROCESS,
         E.NotAPermutationError,
         r"micro-batch 1, position 0: index 1 duplicates micro-batch 0, position 0",
         "two rows",
@@ -125,7 +125,7 @@ PERMUTATION: tuple[Defect, ...] = (
     ),
     Defect(
         "negative_index",
-        _PP,
+        POSTPROCESS,
         E.NotAPermutationError,
         r"micro-batch 1, position 0: index -1 is negative",
         "one row",
@@ -134,7 +134,7 @@ PERMUTATION: tuple[Defect, ...] = (
     ),
     Defect(
         "out_of_range_index",
-        _PP,
+        POSTPROCESS,
         E.NotAPermutationError,
         r"micro-batch 0, position 1: index 3 is out of range for 3 rows",
         "one row",
@@ -143,7 +143,7 @@ PERMUTATION: tuple[Defect, ...] = (
     ),
     Defect(
         "float_index",
-        _PP,
+        POSTPROCESS,
         E.NotAPermutationError,
         r"micro-batch 0, position 0: index 1\.0 is not an integer",
         "one row",
@@ -151,7 +151,7 @@ PERMUTATION: tuple[Defect, ...] = (
     ),
     Defect(
         "nested_index",
-        _PP,
+        POSTPROCESS,
         E.NotAPermutationError,
         r"micro-batch 0, position 0: index \[1\] is not an integer",
         "one row",
@@ -159,7 +159,7 @@ PERMUTATION: tuple[Defect, ...] = (
     ),
     Defect(
         "index_past_int64",
-        _PP,
+        POSTPROCESS,
         E.NotAPermutationError,
         r"micro-batch 0, position 1: index 1180591620717411303424 is out of range for 3 rows",
         "one row",
@@ -168,7 +168,7 @@ PERMUTATION: tuple[Defect, ...] = (
     ),
     Defect(
         "uint64_index_not_wrapped",
-        _PP,
+        POSTPROCESS,
         E.NotAPermutationError,
         r"micro-batch 1, position 0: index 18446744073709551615 is out of range for 3 rows",
         "one row",
@@ -177,7 +177,7 @@ PERMUTATION: tuple[Defect, ...] = (
     ),
     Defect(
         "float_index_after_an_array_partition",
-        _PP,
+        POSTPROCESS,
         E.NotAPermutationError,
         r"micro-batch 1, position 0: index 0\.0 is not an integer",
         "two micro-batches, a row in a later one",
@@ -185,7 +185,7 @@ PERMUTATION: tuple[Defect, ...] = (
     ),
     Defect(
         "meta_device_partition",
-        _PP,
+        POSTPROCESS,
         E.UnsupportedSettingError,
         r"micro-batch 0: the indices are on the meta device, which holds no values to check",
         "a micro-batch",
@@ -193,7 +193,7 @@ PERMUTATION: tuple[Defect, ...] = (
     ),
     Defect(
         "object_array_non_integer_index",
-        _PP,
+        POSTPROCESS,
         E.NotAPermutationError,
         r"micro-batch 0, position 1: index '2' is not an integer",
         "one row",
@@ -202,7 +202,7 @@ PERMUTATION: tuple[Defect, ...] = (
     ),
     Defect(
         "partition_len_lies",
-        _PP,
+        POSTPROCESS,
         E.PartitionMismatchError,
         r"micro-batch 0: a partition's len\(\) is 1000000000, but iterating it gives 2 indices",
         "a micro-batch",
@@ -210,7 +210,7 @@ PERMUTATION: tuple[Defect, ...] = (
     ),
     Defect(
         "dropped_row",
-        _PP,
+        POSTPROCESS,
         E.NotAPermutationError,
         r"micro-batch 0, position 0: index 2 is out of range for 2 rows",
         "two rows",

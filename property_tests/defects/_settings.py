@@ -9,7 +9,7 @@ from typing import Any
 from ref import errors as E
 from ref.structure import PADDING
 
-from ._core import _PP, Breaker, Call, Chooser, Defect
+from ._core import POSTPROCESS, Breaker, Call, Chooser, Defect
 
 __all__ = ["SETTINGS"]
 
@@ -37,7 +37,7 @@ def _padding_without_output(call: Call, choose: Chooser) -> Call:
 SETTINGS: tuple[Defect, ...] = (
     Defect(
         "unknown_pad_mode",
-        _PP,
+        POSTPROCESS,
         E.UnsupportedSettingError,
         r"pad_mode must be one of .* got 'left'",
         "nothing",
@@ -45,7 +45,7 @@ SETTINGS: tuple[Defect, ...] = (
     ),
     Defect(
         "use_dynamic_bsz_not_a_bool",
-        _PP,
+        POSTPROCESS,
         E.UnsupportedSettingError,
         r"use_dynamic_bsz must be a bool.*'False'",
         "nothing",
@@ -53,7 +53,7 @@ SETTINGS: tuple[Defect, ...] = (
     ),
     Defect(
         "indices_none",
-        _PP,
+        POSTPROCESS,
         E.UnsupportedSettingError,
         r"indices is None while use_dynamic_bsz is on",
         "nothing",
@@ -61,7 +61,7 @@ SETTINGS: tuple[Defect, ...] = (
     ),
     Defect(
         "padding_without_its_output",
-        _PP,
+        POSTPROCESS,
         E.PartitionMismatchError,
         r"2 partitions \(padding included\) for 1 micro-batch outputs",
         "two micro-batches",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ref import errors as E
 
-from ._core import _PP, _TWO, Call, Chooser, Defect, _keys, _mo
+from ._core import POSTPROCESS, TWO_MICRO_BATCHES, Call, Chooser, Defect, keys_of, model_output_of
 
 __all__ = ["STRUCTURE"]
 
@@ -23,18 +23,18 @@ def _missing_model_output(call: Call, choose: Chooser) -> Call:
 
 
 def _missing_key(call: Call, choose: Chooser) -> Call:
-    key = choose.choice(_keys(call))
-    del _mo(call, choose.choice(range(1, len(call.args[0]))))[key]
+    key = choose.choice(keys_of(call))
+    del model_output_of(call, choose.choice(range(1, len(call.args[0]))))[key]
     return call
 
 
 def _extra_key(call: Call, choose: Chooser) -> Call:
     """A key present in micro-batch ``m >= 1`` only (left out of every other micro-batch)."""
-    key = choose.choice(_keys(call))
+    key = choose.choice(keys_of(call))
     keep = choose.choice(range(1, len(call.args[0])))
     for m in range(len(call.args[0])):
         if m != keep:
-            del _mo(call, m)[key]
+            del model_output_of(call, m)[key]
     return call
 
 
@@ -46,7 +46,7 @@ def _extra_partition(call: Call, choose: Chooser) -> Call:
 STRUCTURE: tuple[Defect, ...] = (
     Defect(
         "output_not_a_dict",
-        _PP,
+        POSTPROCESS,
         E.UnsupportedSettingError,
         r"micro-batch 0: an output must be a dict",
         "nothing",
@@ -54,18 +54,34 @@ STRUCTURE: tuple[Defect, ...] = (
     ),
     Defect(
         "missing_model_output",
-        _PP,
+        POSTPROCESS,
         E.KeyMismatchError,
         r"key 'model_output', micro-batch 1: missing",
-        _TWO,
+        TWO_MICRO_BATCHES,
         _missing_model_output,
     ),
-    Defect("missing_key", _PP, E.KeyMismatchError, r"key 'v', micro-batch 1: missing", _TWO, _missing_key, script=(1,)),
-    Defect("extra_key", _PP, E.KeyMismatchError, r"key 'v', micro-batch 1: present", _TWO, _extra_key, script=(1,)),
+    Defect(
+        "missing_key",
+        POSTPROCESS,
+        E.KeyMismatchError,
+        r"key 'v', micro-batch 1: missing",
+        TWO_MICRO_BATCHES,
+        _missing_key,
+        script=(1,),
+    ),
+    Defect(
+        "extra_key",
+        POSTPROCESS,
+        E.KeyMismatchError,
+        r"key 'v', micro-batch 1: present",
+        TWO_MICRO_BATCHES,
+        _extra_key,
+        script=(1,),
+    ),
     # -- partition count
     Defect(
         "too_many_partitions",
-        _PP,
+        POSTPROCESS,
         E.PartitionMismatchError,
         r"3 partitions for 2 micro-batches",
         "a key",
