@@ -320,3 +320,19 @@ def test_versus_section_replaces_its_earlier_self(tmp_path) -> None:
     assert "runs on one core" not in text  # a run from before the rounds were pinned says nothing of it
     write_docs({**results, "pinned": [0, 1]}, page)
     assert "the rounds taking the cores [0, 1] in turn" in page.read_text()
+
+
+def test_the_targets_against_verl_are_judged_by_their_least_figure() -> None:
+    """`verl_target_lines`: each target met or missed by the least of its figures, the small call by
+    `SMALL_CALL_SECONDS`, cases not measured left out; nothing timed."""
+    from rebatch.bench.cases import SMALL_CALL_SECONDS, TARGETS_VS_VERL, verl_target_lines
+
+    small, *rest = TARGETS_VS_VERL
+    lines = verl_target_lines(
+        "verl", {small: "quiet 3.20x, contended 2.90x", rest[-1]: "50.0x"}, 0.9 * SMALL_CALL_SECONDS
+    )
+    assert len(lines) == 3
+    assert lines[0].endswith("quiet 3.20x, contended 2.90x, **missed**.")  # 2.9 < 3
+    assert lines[1].endswith("50.0x, **met**.")
+    assert lines[2].endswith("**met**.") and "small call" in lines[2]
+    assert verl_target_lines("verl", {}, SMALL_CALL_SECONDS)[0].endswith("**missed**.")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -10,7 +11,7 @@ import torch
 
 import torch_impl
 
-__all__ = ["Case", "Inputs", "grid", "make_inputs", "micro_batch_indices", "GRIDS"]
+__all__ = ["Case", "Inputs", "grid", "make_inputs", "micro_batch_indices", "verl_target_lines", "GRIDS"]
 
 
 class Case(NamedTuple):
@@ -132,3 +133,22 @@ TARGETS_VS_VERL: dict[Case, float] = {
 TARGET_CASES = tuple(TARGETS_VS_VERL)
 #: The small call's (B=8) time target on the CPU.
 SMALL_CALL_SECONDS = 0.2e-3
+
+
+def verl_target_lines(against: str, speedups: dict[Case, str], small: float | None) -> list[str]:
+    """The lines of the targets against verl's own function (`TARGETS_VS_VERL`): ``speedups[case]``, the
+    figure measured there (``"6.3x"``, or several: the least decides), and ``small``, the small call's
+    seconds (None: not measured); ``against``: who the baseline is."""
+    out = []
+    for case, least in TARGETS_VS_VERL.items():
+        if case in speedups:
+            x = min(float(v) for v in re.findall(r"([0-9.]+)x", speedups[case]))
+            out.append(
+                f"- At least {least:g}x faster than {against} at B={case.rows}, L={case.mean_length}, "
+                f"M={case.micro_batches}, {case.keys} key{'s' if case.keys > 1 else ''}: {speedups[case]}, "
+                f"{'**met**' if x >= least else '**missed**'}."
+            )
+    if small is not None:
+        verdict = "**met**" if small < SMALL_CALL_SECONDS else "**missed**"
+        out.append(f"- The small call under {SMALL_CALL_SECONDS * 1e3:g} ms: {small * 1e3:.3f} ms, {verdict}.")
+    return out

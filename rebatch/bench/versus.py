@@ -552,7 +552,7 @@ def targets(results: dict[str, Any]) -> list[str]:
         return min(vals) if low else max(vals)
 
     if results["commit"].startswith("verl"):
-        return verl_targets(results, pick, verdict)
+        return verl_targets(results, pick)
     out = []
     small = pick(8, 16, 4, 1)
     if small:
@@ -599,30 +599,17 @@ def targets(results: dict[str, Any]) -> list[str]:
     return out
 
 
-def verl_targets(results: dict[str, Any], pick: Callable[..., Any], verdict: Callable[[bool], str]) -> list[str]:
+def verl_targets(results: dict[str, Any], pick: Callable[..., Any]) -> list[str]:
     """The speed targets against verl's own function (`rebatch.bench.cases.TARGETS_VS_VERL`) and the
     small call's time, each with its figure from ``results``."""
-    from .cases import SMALL_CALL_SECONDS, TARGETS_VS_VERL
+    from .cases import TARGETS_VS_VERL, verl_target_lines
 
-    out = []
-    for case, least in TARGETS_VS_VERL.items():
-        r = pick(case.rows, case.mean_length, case.micro_batches, case.keys)
-        if r is None:
-            continue
-        x = min(_ratios(r[k])[0] for k in ("quiet", "contended") if k in r)
-        out.append(
-            f"- At least {least:g}x faster than {results['commit']}'s own function at B={case.rows}, "
-            f"L={case.mean_length}, M={case.micro_batches}, {case.keys} key{'s' if case.keys > 1 else ''}: "
-            + ", ".join(f"{k} {_ratios(r[k])[0]:.2f}x" for k in ("quiet", "contended") if k in r)
-            + f", {verdict(x >= least)}."
-        )
-        if case.rows == 8:
-            ms = r["quiet"]["today"]
-            out.append(
-                f"- The small call under {SMALL_CALL_SECONDS * 1e3:g} ms quiet: {ms * 1e3:.3f} ms, "
-                f"{verdict(ms < SMALL_CALL_SECONDS)}."
-            )
-    return out
+    found = {c: r for c in TARGETS_VS_VERL if (r := pick(c.rows, c.mean_length, c.micro_batches, c.keys))}
+    speedups = {
+        c: ", ".join(f"{k} {_ratios(r[k])[0]:.2f}x" for k in ("quiet", "contended") if k in r) for c, r in found.items()
+    }
+    small = next((r["quiet"]["today"] for c, r in found.items() if c.rows == 8), None)
+    return verl_target_lines(f"{results['commit']}'s own function", speedups, small)
 
 
 BEGIN, END = "<!-- versus: written by python -m rebatch.bench.versus -->", "<!-- /versus -->"
