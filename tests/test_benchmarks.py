@@ -334,5 +334,6 @@ def test_the_targets_against_verl_are_judged_by_their_least_figure() -> None:
     assert len(lines) == 3
     assert lines[0].endswith("quiet 3.20x, contended 2.90x, **missed**.")  # 2.9 < 3
     assert lines[1].endswith("50.0x, **met**.")
-    assert lines[2].endswith("**met**.") and "small call" in lines[2]
+    assert lines[2].endswith("**met**.")
+    assert "small call" in lines[2]
     assert verl_target_lines("verl", {}, SMALL_CALL_SECONDS)[0].endswith("**missed**.")
