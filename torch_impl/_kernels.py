@@ -96,7 +96,7 @@ def choose(plan: KeyPlan) -> Kernel:
             raise UnsupportedSettingError(f"Settings.kernel: no kernel named {forced!r} (known: {sorted(KERNELS)})")
         if _serves(kernel, plan) and kernel.applies(plan):
             return kernel
-    return next(k for k in KERNELS.values() if _serves(k, plan) and k.applies(plan) and k.preferred(plan))
+    return next(k for k in KERNELS.values() if _serves(k, plan) and k.preferred(plan) and k.applies(plan))
 
 
 def move(plan: KeyPlan) -> torch.Tensor:
