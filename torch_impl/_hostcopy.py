@@ -72,16 +72,21 @@ def _value_rows(x: torch.Tensor) -> np.ndarray:
     return raw.view(kind if kind is not None else np.dtype((np.void, row_bytes)))
 
 
+def _output(plan: KeyPlan) -> torch.Tensor:
+    """The fresh result of ``plan``'s key: ``[total, *F]``, the parts' dtype and device."""
+    first = plan.parts[0].values
+    return first.new_empty((plan.total, *first.shape[1:]))
+
+
 def scatter_values(plan: KeyPlan) -> torch.Tensor:
     """A jagged key's result values ``[N, *F]``: row ``k`` of its parts' rows end to end written at
     output row ``perm[k]`` (which starts at ``offsets[perm[k]]``). A key of at most
     one chunk (`torch_impl._indexcopy.index_chunk`) is laid end to end first and gathered at once (a constant
     number of operations whatever M); a larger one is scattered part by part, that many value rows
     at a time (the index buffer stays that small: int64 per value row)."""
-    parts, total = plan.parts, plan.total
-    first = parts[0].values
-    out = first.new_empty((total, *first.shape[1:]))
-    if total == 0 or out.numel() == 0:
+    parts, total, first = plan.parts, plan.total, plan.parts[0].values
+    out = _output(plan)
+    if out.numel() == 0:
         return out
     assert plan.lengths is not None
     assert plan.offsets is not None
@@ -123,12 +128,10 @@ def copy_rows(plan: KeyPlan) -> torch.Tensor:
     loops over rows run in C: ``map``), for rows long enough that a copy a row beats a destination a
     value row. NumPy checks every slice against its array: a wrong plan raises, it cannot write
     outside the output."""
-    parts = plan.parts
-    first = parts[0].values
-    out = first.new_empty((plan.total, *first.shape[1:]))
-    width = first.element_size() * math.prod(first.shape[1:])
-    if out.numel() == 0 or width == 0:
+    parts, out = plan.parts, _output(plan)
+    if out.numel() == 0:
         return out
+    width = out.element_size() * math.prod(out.shape[1:])
     assert plan.lengths is not None
     assert plan.offsets is not None
     perm = plan.rows.host()[0]
@@ -150,9 +153,8 @@ def copy_rows(plan: KeyPlan) -> torch.Tensor:
 def scatter_rows(plan: KeyPlan) -> torch.Tensor:
     """A dense key's result ``[B, *F]``: row ``k`` of its parts' values laid end to end written at row
     ``perm[k]``, one NumPy fancy assignment of whole rows per part."""
-    first = plan.parts[0].values
-    out = first.new_empty((plan.total, *first.shape[1:]))
-    if plan.total == 0 or out.numel() == 0:
+    out = _output(plan)
+    if out.numel() == 0:
         return out
     dest, row = _value_rows(out), 0
     perm = plan.rows.host()[0]

@@ -41,8 +41,7 @@ class Kernel(NamedTuple):
     chunked: bool = False
 
 
-def _always(plan: KeyPlan) -> bool:
-    return True
+_always: Callable[[KeyPlan], bool] = lambda plan: True  # noqa: E731
 
 
 def _concat(plan: KeyPlan) -> torch.Tensor:
@@ -54,14 +53,16 @@ def _on_host(plan: KeyPlan) -> bool:
     return plan.device.type == "cpu" and host_movable(plan.parts) and (plan.lengths is None or plan.lengths.is_cpu)
 
 
+def _elements(plan: KeyPlan) -> int:
+    return sum(p.values.numel() for p in plan.parts)
+
+
 def _many_elements(plan: KeyPlan) -> bool:
-    return sum(p.values.numel() for p in plan.parts) >= get_settings().cpu_dense_host_min_elements
+    return _elements(plan) >= get_settings().cpu_dense_host_min_elements
 
 
-def _long_rows(plan: KeyPlan) -> bool:
-    """At least ``Settings.cpu_row_copy_min_elements`` elements a row on average."""
-    elements = sum(p.values.numel() for p in plan.parts)
-    return elements >= get_settings().cpu_row_copy_min_elements * max(1, sum(plan.rows.rows))
+def _long_rows(plan: KeyPlan) -> bool:  # at least ``Settings.cpu_row_copy_min_elements`` elements a row
+    return _elements(plan) >= get_settings().cpu_row_copy_min_elements * max(1, sum(plan.rows.rows))
 
 
 _JAGGED, _DENSE, _BOTH = frozenset({"jagged"}), frozenset({"dense"}), frozenset({"jagged", "dense"})

@@ -21,11 +21,9 @@ __all__ = ["KeyPlan", "plan_key"]
 
 
 class KeyPlan(NamedTuple):
-    """One key of a call, planned: ``parts`` (checked), ``rows`` (the call's `CallRows`; ``rows.perm``
-    None: the result is the concatenation), and for a jagged key ``lengths`` (``[B]``, concatenation
-    order), ``restored`` (``[B]``, original order) and ``offsets`` (``[B + 1]``, the result's), all
-    int64 on the parts' device (None for a dense key); ``total``: the result's leading size (value
-    rows ``N`` of a jagged key, rows ``B`` of a dense one)."""
+    """One key planned: ``parts`` (checked), ``rows`` (the call's), a jagged key's ``lengths`` ``[B]``,
+    ``restored`` ``[B]`` (original order) and result ``offsets`` ``[B + 1]`` (int64, the parts' device;
+    None for a dense key); ``total``: the result's leading size (value rows, or rows of a dense key)."""
 
     key: Any
     parts: Sequence[Part]

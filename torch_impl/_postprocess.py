@@ -98,7 +98,7 @@ def _checked_plans(
     for key, parts in checked.items():
         plan = plan_key(parts, key, rows)
         if judge is not None:
-            judge.observe(key, parts, plan.restored)
+            judge.observe(plan)
         plans.append(plan)
     if judge is not None:
         judge.verdict()

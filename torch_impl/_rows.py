@@ -1,9 +1,7 @@
 """`CallRows`: what every key of one call shares, built once per call (and device).
 
-Every key of a call has the same micro-batches' row counts (checked) and the same permutation, so what
-derives from them alone is built on first use and kept for the other keys: the inverse permutation
-(computed once, on the host, where the checked permutation lives), their copies on the keys' device,
-and `row_steps`. A call's operations grow by a constant per key.
+Every key of a call has the same row counts and permutation, so what derives from them alone (the one
+inverse, computed on the host; copies on the keys' device; `row_steps`) is built once, on first use.
 """
 
 from __future__ import annotations

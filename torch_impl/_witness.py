@@ -28,7 +28,8 @@ from rebatch_startup import WITNESS_ENV, WITNESS_UNBOUND_ENV, ForkSafeLock
 from ref.errors import RebatchError, UnsupportedSettingError, where
 from ref.structure import WITNESS, check_lengths, misalignment, witness_binds, witness_form
 
-from ._parts import JaggedPart, NestedTensor
+from ._parts import NestedTensor
+from ._plan import KeyPlan
 
 __all__ = [
     "ENV",
@@ -196,30 +197,26 @@ class Witness:
             host = witness.detach().numpy() if isinstance(witness, torch.Tensor) else witness
         else:
             host = np.asarray(check_lengths(witness, rows=rows, name=WITNESS), dtype=np.int64)
-        if host.size and int(host.min()) < 0:
-            check_lengths(host, rows=rows, name=WITNESS)  # raises, naming the first negative one
-        self.host = host.astype(np.int64, copy=False)
+        self.host = _nonnegative(host.astype(np.int64, copy=False), rows)
         return int(self.host.sum())
 
-    def binds(self, key: Any, parts: Sequence[Any]) -> bool:
-        """Whether the witness binds ``key`` (jagged parts, not unbound, the witness's total of values;
-        a witness on an accelerator: every jagged key not unbound, its total compared on the device)."""
-        jagged = bool(parts) and all(isinstance(p, JaggedPart) for p in parts)
+    def _binds(self, key: Any, values: int) -> bool:
+        """`witness_binds` for a jagged key (on an accelerator: not unbound; its total compared there)."""
         if self.total is None:
-            return jagged and key not in self.unbound
-        values = sum(p.values.shape[0] for p in parts) if jagged else 0
-        return witness_binds(key, jagged, values, self.total, self.unbound)
+            return key not in self.unbound
+        return witness_binds(key, True, values, self.total, self.unbound)
 
-    def observe(self, key: Any, parts: Sequence[Any], restored: torch.Tensor | None) -> None:
-        """Key ``key``'s restored row lengths ``[B]`` (original order; None for a dense key) against the
-        witness, where it binds the key; keys whose parts share offsets tensors once."""
+    def observe(self, plan: KeyPlan) -> None:
+        """A planned key's restored row lengths ``[B]`` (original order) against the witness, where it
+        binds the key; keys whose parts share offsets tensors once."""
         if self._error is not None:  # the call raises the witness's defect at its verdict
             return
-        if restored is None or not self.binds(key, parts):
+        key, parts, restored = plan.key, plan.parts, plan.restored
+        if restored is None or not self._binds(key, plan.total):
             self.left += 1
             return
         self.bound += 1
-        offsets_ids = tuple([id(p.offsets) for p in parts])
+        offsets_ids = tuple([id(p.offsets) for p in parts])  # type: ignore[union-attr]  # jagged parts
         if offsets_ids in self._compared:
             return
         self._compared.add(offsets_ids)
@@ -227,7 +224,7 @@ class Witness:
             want = self._on_device(restored.device)
             flag = restored.ne(want).any()
             if self.total is None:  # the binding rule's total, on the device too
-                flag = flag & want.sum().eq(sum(int(p.values.shape[0]) for p in parts))
+                flag = flag & want.sum().eq(plan.total)
             self._entries.append((key, restored, -1, flag))
             self._flags += 1
             return
@@ -286,10 +283,7 @@ class Witness:
         if self.host is None:
             if self.device is None:  # `__init__` keeps one of the two forms, or an error: a bug here
                 raise RuntimeError("rebatch internal error: the witness kept no values")
-            host = self.device.cpu().numpy()
-            if host.size and int(host.min()) < 0:
-                check_lengths(host, rows=self.rows, name=WITNESS)  # raises, naming the first negative one
-            self.host = host
+            self.host = _nonnegative(self.device.cpu().numpy(), self.rows)
         return self.host
 
     def _on_device(self, device: torch.device) -> torch.Tensor:
@@ -299,3 +293,10 @@ class Witness:
             want = source.to(device, non_blocking=True)
             self._on[device] = want
         return want
+
+
+def _nonnegative(host: np.ndarray, rows: int) -> np.ndarray:
+    """``host`` (the witness's lengths), or `check_lengths`' error naming its first negative one."""
+    if host.size and int(host.min()) < 0:
+        check_lengths(host, rows=rows, name=WITNESS)  # raises
+    return host
