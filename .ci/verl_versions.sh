@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The verl differential, install, plugin, binding-site, shadow and version tests on verl 0.8.0 and 0.9.0
-# (0.9.1 is the pins environment's own, tested by .ci/run's pins step). verl is pure Python: each release
+# The verl differential, forced-group, install, plugin, binding-site, shadow and version tests on verl 0.8.0
+# and 0.9.0 (0.9.1 is the pins environment's own, tested by .ci/run's pins step). verl is pure Python: each release
 # installs --no-deps into .cache/verl/VERSION, put on PYTHONPATH before the pins environment's verl 0.9.1
 # (torch 2.9.1, tensordict 0.10.0 and verl's other dependencies are the pins environment's: these tests
 # need nothing more). A skip fails (REBATCH_REQUIRE_VERL=1); the release actually imported is printed and
@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 VERSIONS=("$@")
 [ ${#VERSIONS[@]} -gt 0 ] || VERSIONS=(0.8.0 0.9.0)
-TESTS=(tests/test_verl_differential.py tests/test_verl_install.py tests/test_verl_plugin.py
+TESTS=(tests/test_verl_differential.py tests/test_verl_forced_groups.py tests/test_verl_install.py tests/test_verl_plugin.py
        tests/test_verl_binding_sites.py tests/test_verl_shadow.py tests/test_verl_versions.py
        --deselect tests/test_verl_install.py::test_ray_worker_setup_hook_installs_in_every_worker
        --deselect tests/test_verl_plugin.py::test_a_ray_worker_sees_rebatch_through_the_runtime_env
