@@ -1,0 +1,313 @@
+"""The figures the README and ``docs/`` state, each rendered from the measurement it comes from; ``--check``
+fails where the committed text and its source disagree, ``--write`` puts the renderings in place (after a
+source is regenerated)::
+
+    python -m rebatch.figures --check                      # tests/test_figures.py runs this
+    python -m rebatch.figures --write
+    python -m rebatch.figures --check --tests-seconds 402  # CI: the README's test command, timed in CI
+
+A `Figure` is a phrase of a page rendered from its sources: the page must hold that phrase exactly once,
+numbers included (its anchor is the phrase with every number a wildcard, so a figure edited by hand is
+found and reported, and ``--write`` replaces it). A `Page` is a generated page (or part of one) rendered
+whole by the code that wrote it. The sources: the trainers' speed table of ``docs/peers.md`` (rendered
+from the conformance reports by ``property_tests.conformance --report``, and checked here for its own
+arithmetic), ``docs/durations.json`` (the test command's time, measured; CI times it again and checks the
+stated range), ``.ci/verl_upstream/expected.txt`` (verl's own outcomes), ``docs/benchmarks.json``,
+``docs/versus.json`` and ``docs/split.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+__all__ = ["FIGURES", "PAGES", "Figure", "Page", "anchor", "check", "main", "speed_rows", "write"]
+
+ROOT = Path(__file__).resolve().parent.parent
+NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+
+
+class Figure(NamedTuple):
+    """A phrase of ``page`` (a path relative to the repository) rendered from ``sources``."""
+
+    page: str
+    sources: tuple[str, ...]
+    render: Callable[[Path], str]
+
+
+class Page(NamedTuple):
+    """The part of ``page`` that ``region`` cuts out of it, equal to ``render`` of ``sources``."""
+
+    page: str
+    sources: tuple[str, ...]
+    region: Callable[[str], str]
+    render: Callable[[Path], str]
+
+
+def anchor(phrase: str) -> re.Pattern[str]:
+    """Where ``phrase`` stands in a page whatever its numbers (each a wildcard) and line breaks."""
+    parts = NUMBER.split(phrase)
+    texts = [r"\s+".join(re.escape(word) for word in part.split(" ")) for part in parts]
+    return re.compile(NUMBER.pattern.join(texts))
+
+
+def _normal(text: str) -> str:
+    return " ".join(text.split())
+
+
+# --- the sources --------------------------------------------------------------------------------------
+
+
+def speed_rows(root: Path) -> list[dict[str, Any]]:
+    """The rows of ``docs/peers.md``'s speed table: trainer, B, mean length, M, both times, the speed-up
+    and whether the results were the same."""
+    text = (root / "docs/peers.md").read_text()
+    section = text.split("## Speed:", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 8 and cells[1].isdigit():
+            rows.append(
+                {
+                    "trainer": cells[0],
+                    "B": int(cells[1]),
+                    "mean_length": int(cells[2]),
+                    "M": int(cells[3]),
+                    "theirs_ms": float(cells[4]),
+                    "ours_ms": float(cells[5]),
+                    "speedup": float(cells[6].rstrip("x")),
+                    "same": cells[7],
+                }
+            )
+    return rows
+
+
+def _durations(root: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((root / "docs/durations.json").read_text())
+    return data
+
+
+# --- the figures --------------------------------------------------------------------------------------
+
+
+def _readme_cost(root: Path) -> str:
+    """The README's speed-ups, from docs/peers.md's table: each trainer at its two sizes."""
+    by_trainer: dict[str, list[dict[str, Any]]] = {}
+    for row in speed_rows(root):
+        by_trainer.setdefault(row["trainer"], []).append(row)
+    phrases = []
+    for i, (trainer, (small, large)) in enumerate(
+        (t, sorted(rows, key=lambda r: r["B"])) for t, rows in by_trainer.items()
+    ):
+        if i == 0:
+            phrases.append(
+                f"{small['speedup']:.1f}x {trainer}'s at {small['B']:,} rows in {small['M']} micro-batches "
+                f"({large['speedup']:.1f}x at {large['B']:,} rows)"
+            )
+        else:
+            phrases.append(f"{small['speedup']:.1f}x {trainer}'s ({large['speedup']:.1f}x)")
+    return ", ".join(phrases)
+
+
+def _readme_test_time(root: Path) -> str:
+    """The README's time for its test command: the stated range, and the measurement it holds."""
+    tests = _durations(root)["tests"]
+    lo, hi = tests["range_minutes"]
+    minutes, seconds = divmod(int(tests["seconds"]), 60)
+    return f"{lo}-{hi} minutes on {tests['cores']} cores; {minutes} min {seconds} s from a fresh clone"
+
+
+def _ci_time(root: Path) -> str:
+    """docs/development.md's time for the whole of CI, from its recorded runs."""
+    ci = _durations(root)["ci"]
+    runs = ci["seconds"]
+    return (
+        f"{math.floor(min(runs) / 60)}-{math.ceil(max(runs) / 60)} minutes on {ci['cores']} cores in the last "
+        f"runs: {', '.join(f'{s} s' for s in runs)}"
+    )
+
+
+def _verl_own_tests(root: Path) -> str:
+    """How many of verl's own tests run, from the outcomes recorded for .ci/verl_upstream/run.sh."""
+    counts: dict[str, int] = {}
+    for line in (root / ".ci/verl_upstream/expected.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            for pair in line.split()[1:]:
+                kind, n = pair.split("=")
+                counts[kind] = counts.get(kind, 0) + int(n)
+    said = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
+    return f"recorded in `.ci/verl_upstream/expected.txt` ({said}, as of verl 0.9.1)"
+
+
+FIGURES = (
+    Figure("README.md", ("docs/peers.md",), _readme_cost),
+    Figure("README.md", ("docs/durations.json",), _readme_test_time),
+    Figure("docs/development.md", ("docs/durations.json",), _ci_time),
+    Figure("docs/trainers/verl.md", (".ci/verl_upstream/expected.txt",), _verl_own_tests),
+)
+
+
+# --- the generated pages ------------------------------------------------------------------------------
+
+
+def _before_versus(text: str) -> str:
+    from .bench import versus
+
+    start = text.find(versus.BEGIN)
+    return text if start < 0 else text[: start - 1]
+
+
+def _benchmarks(root: Path) -> str:
+    from .bench import run
+
+    return run.markdown(json.loads((root / "docs/benchmarks.json").read_text()))
+
+
+def _versus_region(text: str) -> str:
+    from .bench import versus
+
+    return versus.kept_section(text)
+
+
+def _versus(root: Path) -> str:
+    from .bench import versus
+
+    return versus.section(json.loads((root / "docs/versus.json").read_text())) + "\n"
+
+
+PAGES = (
+    Page("docs/benchmarks.md", ("docs/benchmarks.json",), _before_versus, _benchmarks),
+    Page("docs/benchmarks.md", ("docs/versus.json",), _versus_region, _versus),
+)
+
+
+# --- checks of a source's own figures -----------------------------------------------------------------
+
+
+def _peers_arithmetic(root: Path) -> list[str]:
+    """Each speed-up of docs/peers.md is its row's trainer ms over rebatch's ms (within the rounding of
+    the two times as printed), and every result was the same."""
+    problems = []
+    rows = speed_rows(root)
+    if not rows:
+        problems.append("docs/peers.md: no speed table found")
+    for r in rows:
+        lo = (r["theirs_ms"] - 0.005) / (r["ours_ms"] + 0.005)
+        hi = (r["theirs_ms"] + 0.005) / max(r["ours_ms"] - 0.005, 1e-9)
+        if not lo - 0.05 <= r["speedup"] <= hi + 0.05:
+            problems.append(
+                f"docs/peers.md: {r['trainer']} B={r['B']}: {r['speedup']}x is not {r['theirs_ms']} ms / {r['ours_ms']} ms"
+            )
+        if r["same"] != "yes":
+            problems.append(f"docs/peers.md: {r['trainer']} B={r['B']}: results not the same ({r['same']})")
+    return problems
+
+
+def _split_table(root: Path) -> list[str]:
+    """docs/split.md's table against docs/split.json, row by row (its times to the 3 digits printed)."""
+    rows = json.loads((root / "docs/split.json").read_text())
+    lines = [line for line in (root / "docs/split.md").read_text().splitlines() if re.match(r"\| \d", line)]
+    if len(lines) != len(rows):
+        return [f"docs/split.md: {len(lines)} rows, docs/split.json {len(rows)}"]
+    problems = []
+    for line, r in zip(lines, rows, strict=True):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        want = [
+            str(r["rows"]),
+            str(r["mean_length"]),
+            str(r["jagged_fields"]),
+            str(r["partitions"]),
+            f"{r['torch_impl_s'] * 1e3:.3g}",
+            f"{r['baseline_s'] * 1e3:.3g}",
+            f"{r['speedup']:.1f}x",
+        ]
+        if cells != want:
+            problems.append(f"docs/split.md: row {line!r} is not docs/split.json's {want}")
+    return problems
+
+
+def _durations_hold(root: Path, tests_seconds: float | None) -> list[str]:
+    """The recorded time of the test command lies in the README's range, and so does CI's, when given."""
+    tests = _durations(root)["tests"]
+    lo, hi = tests["range_minutes"]
+    measured = [("docs/durations.json", tests["seconds"])]
+    if tests_seconds is not None:
+        measured.append(("this CI run", tests_seconds))
+    return [
+        f"the test command took {s:.0f} s in {where}, outside the README's {lo}-{hi} minutes"
+        for where, s in measured
+        if not lo * 60 <= s <= hi * 60
+    ]
+
+
+# --- check and write ----------------------------------------------------------------------------------
+
+
+def _located(figure: Figure, root: Path) -> tuple[str, list[re.Match[str]], str]:
+    text = (root / figure.page).read_text()
+    rendered = figure.render(root)
+    return text, list(anchor(rendered).finditer(text)), rendered
+
+
+def check(root: Path = ROOT, *, tests_seconds: float | None = None) -> list[str]:
+    """Every disagreement between a stated figure and its source ([] when none)."""
+    problems = []
+    for figure in FIGURES:
+        _, found, rendered = _located(figure, root)
+        if len(found) != 1:
+            problems.append(
+                f"{figure.page}: {len(found)} places for the figure from {', '.join(figure.sources)}: {rendered!r}"
+            )
+        elif _normal(found[0].group(0)) != rendered:
+            problems.append(
+                f"{figure.page}: states [{_normal(found[0].group(0))}] where {', '.join(figure.sources)} gives [{rendered}]"
+            )
+    for page in PAGES:
+        if page.region((root / page.page).read_text()) != page.render(root):
+            problems.append(f"{page.page}: differs from what {', '.join(page.sources)} renders")
+    return problems + _peers_arithmetic(root) + _split_table(root) + _durations_hold(root, tests_seconds)
+
+
+def write(root: Path = ROOT) -> list[str]:
+    """Put each figure's rendering in its place; the pages changed."""
+    changed = []
+    for figure in FIGURES:
+        text, found, rendered = _located(figure, root)
+        if len(found) != 1:
+            raise SystemExit(f"{figure.page}: {len(found)} places for {rendered!r}: put the phrase in by hand once")
+        if _normal(found[0].group(0)) != rendered:
+            new = text[: found[0].start()] + rendered + text[found[0].end() :]
+            (root / figure.page).write_text(new)
+            changed.append(figure.page)
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m rebatch.figures", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--check", action="store_true", help="fail where a stated figure and its source disagree")
+    what.add_argument("--write", action="store_true", help="render every figure from its source into its page")
+    parser.add_argument("--tests-seconds", type=float, help="with --check: the test command's time measured in CI")
+    parser.add_argument("--root", type=Path, default=ROOT, help="the repository (default: this source tree)")
+    args = parser.parse_args(argv)
+    if args.write:
+        changed = write(args.root)
+        print(f"rewrote {', '.join(changed)}" if changed else "every figure already as its source gives it")
+        return 0
+    problems = check(args.root, tests_seconds=args.tests_seconds)
+    for problem in problems:
+        print(problem)
+    print(f"{len(problems)} figures differ from their sources" if problems else "every figure as its source gives it")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
