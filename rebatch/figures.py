@@ -115,8 +115,9 @@ def _readme_cost(root: Path) -> str:
     return ", ".join(phrases)
 
 
-def _readme_test_time(root: Path) -> str:
-    """The README's time for its test command: the stated range, and the measurement it holds."""
+def _test_time(root: Path) -> str:
+    """The time of the README's test command (also in docs/development.md): the stated range, and the
+    measurement it holds."""
     tests = _durations(root)["tests"]
     lo, hi = tests["range_minutes"]
     minutes, seconds = divmod(int(tests["seconds"]), 60)
@@ -147,7 +148,8 @@ def _verl_own_tests(root: Path) -> str:
 
 FIGURES = (
     Figure("README.md", ("docs/peers.md",), _readme_cost),
-    Figure("README.md", ("docs/durations.json",), _readme_test_time),
+    Figure("README.md", ("docs/durations.json",), _test_time),
+    Figure("docs/development.md", ("docs/durations.json",), _test_time),
     Figure("docs/development.md", ("docs/durations.json",), _ci_time),
     Figure("docs/trainers/verl.md", (".ci/verl_upstream/expected.txt",), _verl_own_tests),
 )
