@@ -27,7 +27,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-__all__ = ["FIGURES", "PAGES", "Figure", "Page", "anchor", "check", "main", "speed_rows", "write"]
+__all__ = [
+    "COVERED",
+    "FIGURES",
+    "MEASURED",
+    "PAGES",
+    "Figure",
+    "Page",
+    "anchor",
+    "check",
+    "main",
+    "speed_rows",
+    "write",
+]
 
 ROOT = Path(__file__).resolve().parent.parent
 NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
@@ -257,9 +269,28 @@ def _located(figure: Figure, root: Path) -> tuple[str, list[re.Match[str]], str]
     return text, list(anchor(rendered).finditer(text)), rendered
 
 
+#: A measured quantity as the README states one: a number with a unit of time, size, a ratio or a share.
+MEASURED = re.compile(r"\d[\d,.]*\s?(?:x|ms|µs|us|s|min|minutes|hours|%|KiB|MiB|GiB|KB|MB|GB)\b")
+#: The pages every measured quantity of which must lie in one of its `FIGURES`.
+COVERED = ("README.md",)
+
+
+def _uncovered(root: Path) -> list[str]:
+    """Measured quantities of a `COVERED` page that no figure renders (a new figure with no source)."""
+    problems = []
+    for page in COVERED:
+        text = (root / page).read_text()
+        spans = [m.span() for f in FIGURES if f.page == page for m in anchor(f.render(root)).finditer(text)]
+        for m in MEASURED.finditer(text):
+            if not any(a <= m.start() and m.end() <= b for a, b in spans):
+                line = text.count("\n", 0, m.start()) + 1
+                problems.append(f"{page}:{line}: {m.group(0)!r} is tied to no source (rebatch.figures.FIGURES)")
+    return problems
+
+
 def check(root: Path = ROOT, *, tests_seconds: float | None = None) -> list[str]:
     """Every disagreement between a stated figure and its source ([] when none)."""
-    problems = []
+    problems = _uncovered(root)
     for figure in FIGURES:
         _, found, rendered = _located(figure, root)
         if len(found) != 1:
