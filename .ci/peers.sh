@@ -3,9 +3,10 @@
 # SkyRL 0.4.0 (Python 3.12) and verl 0.9.1 (the pins environment); .ci/run builds all three beforehand
 # (.ci/envs.sh), and a missing one is built here. In each:
 # the drop-in's tests against the trainer's own function (a skip fails: REBATCH_REQUIRE_PEER), then the
-# trainer's conformance report (JSON). Last, docs/peers.md's table of outcomes is checked against the three
-# reports (regenerate it with `.venv/bin/python -m property_tests.conformance --report docs/peers.md
-# .cache/peers/*.json`). Usage: bash .ci/peers.sh [areal|skyrl|verl|report ...] (default: all four).
+# trainer's conformance report (JSON). Last, docs/peers.md's table of outcomes, and its other tables but
+# for their times (rebatch.figures), are checked against the three reports (regenerate it with
+# `.venv/bin/python -m property_tests.conformance --report docs/peers.md .cache/peers/*.json`).
+# Usage: bash .ci/peers.sh [areal|skyrl|verl|report ...] (default: all four).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -39,6 +40,9 @@ for part in "${PARTS[@]}"; do
       step "docs/peers.md: its table of outcomes against the three reports"
       .venv/bin/python -m property_tests.conformance --report docs/peers.md --check \
         .cache/peers/verl.json .cache/peers/areal.json .cache/peers/skyrl.json
+      step "docs/peers.md's differential and speed tables (calls, differences, properties, sizes, verdicts) against them"
+      .venv/bin/python -m rebatch.figures \
+        --check-peers .cache/peers/verl.json .cache/peers/areal.json .cache/peers/skyrl.json
       ;;
     *)
       echo "unknown part: $part" >&2

@@ -5,6 +5,7 @@ source is regenerated)::
     python -m rebatch.figures --check                      # tests/test_figures.py runs this
     python -m rebatch.figures --write
     python -m rebatch.figures --check --tests-seconds 402  # CI: the README's test command, timed in CI
+    python -m rebatch.figures --check-peers .cache/peers/*.json  # CI: docs/peers.md against fresh reports
 
 A `Figure` is a phrase of a page rendered from its sources: the page must hold that phrase exactly once,
 numbers included (its anchor is the phrase with every number a wildcard, so a figure edited by hand is
@@ -246,6 +247,39 @@ def _split_table(root: Path) -> list[str]:
     return problems
 
 
+def _table(text: str, heading: str) -> list[list[str]]:
+    """The data rows (cells) of the first table under the ``## heading...`` of a Markdown page."""
+    section = text.split(f"## {heading}", 1)[1].split("\n## ", 1)[0] if f"## {heading}" in text else ""
+    rows = [
+        [c.strip() for c in line.strip().strip("|").split("|")] for line in section.splitlines() if line.startswith("|")
+    ]
+    return rows[2:]  # past the header and its rule
+
+
+#: Of docs/peers.md's tables, the columns a fresh report must reproduce: the differential's trainer, calls
+#: drawn, differences and properties (not its torch and Python builds: CI's may be other patch releases);
+#: the speed table's trainer, sizes and "same result" (not its times: one run's, and a timed check flakes).
+PEERS_COLUMNS = {"Differential": (0, 3, 4, 5), "Speed": (0, 1, 2, 3, 7)}
+
+
+def peers_against_reports(root: Path, paths: list[str]) -> list[str]:
+    """docs/peers.md against the trainers' fresh conformance reports (CI's trainers lane): the columns of
+    `PEERS_COLUMNS` the same; the fresh times and speed-ups are printed beside the stated ones."""
+    from property_tests.peer_report import load, render
+
+    stated, fresh = (root / "docs/peers.md").read_text(), render(load(paths))
+    problems = []
+    for heading, columns in PEERS_COLUMNS.items():
+        old, new = _table(stated, heading), _table(fresh, heading)
+        if not old:
+            problems.append(f"docs/peers.md: no table under '## {heading}'")
+        if [[r[i] for i in columns] for r in old] != [[r[i] for i in columns] for r in new]:
+            problems.append(f"docs/peers.md: its '{heading}' table differs from the reports {paths} (regenerate it)")
+    for old_row, new_row in zip(_table(stated, "Speed"), _table(fresh, "Speed"), strict=False):
+        print(f"  {' '.join(old_row[:4])}: stated {old_row[6]}, this run {new_row[6]} ({new_row[4]} / {new_row[5]} ms)")
+    return problems
+
+
 def _durations_hold(root: Path, tests_seconds: float | None) -> list[str]:
     """The recorded time of the test command lies in the README's range, and so does CI's, when given."""
     tests = _durations(root)["tests"]
@@ -289,7 +323,9 @@ def _uncovered(root: Path) -> list[str]:
 
 
 def check(root: Path = ROOT, *, tests_seconds: float | None = None) -> list[str]:
-    """Every disagreement between a stated figure and its source ([] when none)."""
+    """Every disagreement between a stated figure and its source ([] when none); with the test command's
+    time measured in CI (``tests_seconds``) against the stated range too. docs/peers.md against the
+    trainers' reports: `peers_against_reports` (CI's trainers lane)."""
     problems = _uncovered(root)
     for figure in FIGURES:
         _, found, rendered = _located(figure, root)
@@ -329,13 +365,19 @@ def main(argv: list[str] | None = None) -> int:
     what.add_argument("--check", action="store_true", help="fail where a stated figure and its source disagree")
     what.add_argument("--write", action="store_true", help="render every figure from its source into its page")
     parser.add_argument("--tests-seconds", type=float, help="with --check: the test command's time measured in CI")
+    what.add_argument(
+        "--check-peers", nargs="+", metavar="JSON", help="docs/peers.md against the trainers' reports of this run"
+    )
     parser.add_argument("--root", type=Path, default=ROOT, help="the repository (default: this source tree)")
     args = parser.parse_args(argv)
     if args.write:
         changed = write(args.root)
         print(f"rewrote {', '.join(changed)}" if changed else "every figure already as its source gives it")
         return 0
-    problems = check(args.root, tests_seconds=args.tests_seconds)
+    if args.check_peers:
+        problems = peers_against_reports(args.root, args.check_peers)
+    else:
+        problems = check(args.root, tests_seconds=args.tests_seconds)
     for problem in problems:
         print(problem)
     print(f"{len(problems)} figures differ from their sources" if problems else "every figure as its source gives it")

@@ -112,3 +112,55 @@ def test_a_new_measured_figure_in_the_readme_needs_a_source(tmp_path: Path) -> N
     readme = root / "README.md"
     readme.write_text(readme.read_text().replace("## Switch it off", "It starts in 3.5 ms.\n\n## Switch it off"))
     assert [p.split(":", 2)[2] for p in _check(root)] == [" '3.5 ms' is tied to no source (rebatch.figures.FIGURES)"]
+
+
+def _reports_like_the_page(tmp_path: Path) -> list[dict[str, object]]:
+    """Trainers' reports holding what docs/peers.md states (its outcomes aside), one JSON file each."""
+    text = (ROOT / "docs/peers.md").read_text()
+    reports = []
+    for label, torch_v, python_v, cases, differences, props in figures._table(text, "Differential"):
+        speed = [
+            {**{k: r[k] for k in ("B", "mean_length", "M", "theirs_ms", "ours_ms", "speedup")}, "same": None}
+            for r in figures.speed_rows(ROOT)
+            if r["trainer"] == label
+        ]
+        reports.append(
+            {
+                "name": label.split()[0].lower(),
+                "label": label,
+                "torch": torch_v,
+                "python": python_v,
+                "differential": {"cases": int(cases), "differences": [{}] * int(differences)},
+                "properties": {p.split(":")[0]: None for p in props.split(", ")},
+                "defects": [],
+                "speed": speed,
+            }
+        )
+    return reports
+
+
+def _saved(tmp_path: Path, reports: list[dict[str, object]]) -> list[str]:
+    paths = []
+    for r in reports:
+        path = tmp_path / f"{r['name']}.json"
+        path.write_text(json.dumps(r))
+        paths.append(str(path))
+    return paths
+
+
+def test_peers_md_against_ci_reports(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """CI's trainers lane checks docs/peers.md's calls drawn, differences, properties, sizes and verdicts
+    against its fresh reports (not the times: printed beside the stated ones)."""
+    reports = _reports_like_the_page(tmp_path)
+    assert [r["name"] for r in reports] == ["verl", "areal", "skyrl"]
+    assert figures.peers_against_reports(ROOT, _saved(tmp_path, reports)) == []
+    first = figures.speed_rows(ROOT)[0]["speedup"]
+    assert f"stated {first:.1f}x, this run {first:.1f}x" in capsys.readouterr().out  # shown, not checked
+    reports[1]["differential"] = {"cases": 400, "differences": []}
+    problems = figures.peers_against_reports(ROOT, _saved(tmp_path, reports))
+    assert problems == [
+        f"docs/peers.md: its 'Differential' table differs from the reports {_saved(tmp_path, reports)} (regenerate it)"
+    ]
+    reports = _reports_like_the_page(tmp_path)
+    reports[2]["speed"][0]["same"] = "row 3 differs"  # type: ignore[index]
+    assert len(figures.peers_against_reports(ROOT, _saved(tmp_path, reports))) == 1
