@@ -33,11 +33,13 @@ __all__ = [
     "FIGURES",
     "MEASURED",
     "PAGES",
+    "PEERS_COLUMNS",
     "Figure",
     "Page",
     "anchor",
     "check",
     "main",
+    "peers_against_reports",
     "speed_rows",
     "write",
 ]
@@ -77,28 +79,23 @@ def _normal(text: str) -> str:
 # --- the sources --------------------------------------------------------------------------------------
 
 
+def _table(text: str, heading: str) -> list[list[str]]:
+    """The data rows (cells) of the first table under the ``## heading...`` of a Markdown page."""
+    section = text.split(f"## {heading}", 1)[1].split("\n## ", 1)[0] if f"## {heading}" in text else ""
+    lines = [line for line in section.splitlines() if line.startswith("|")]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines]
+    return rows[2:]  # past the header and its rule
+
+
 def speed_rows(root: Path) -> list[dict[str, Any]]:
     """The rows of ``docs/peers.md``'s speed table: trainer, B, mean length, M, both times, the speed-up
     and whether the results were the same."""
-    text = (root / "docs/peers.md").read_text()
-    section = text.split("## Speed:", 1)[1].split("\n## ", 1)[0]
-    rows = []
-    for line in section.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 8 and cells[1].isdigit():
-            rows.append(
-                {
-                    "trainer": cells[0],
-                    "B": int(cells[1]),
-                    "mean_length": int(cells[2]),
-                    "M": int(cells[3]),
-                    "theirs_ms": float(cells[4]),
-                    "ours_ms": float(cells[5]),
-                    "speedup": float(cells[6].rstrip("x")),
-                    "same": cells[7],
-                }
-            )
-    return rows
+    keys = ("trainer", "B", "mean_length", "M", "theirs_ms", "ours_ms", "speedup", "same")
+    kinds: tuple[Callable[[str], Any], ...] = (str, int, int, int, float, float, lambda c: float(c.rstrip("x")), str)
+    return [
+        {key: kind(cell) for key, kind, cell in zip(keys, kinds, cells, strict=True)}
+        for cells in _table((root / "docs/peers.md").read_text(), "Speed")
+    ]
 
 
 def _durations(root: Path) -> dict[str, Any]:
@@ -245,15 +242,6 @@ def _split_table(root: Path) -> list[str]:
         if cells != want:
             problems.append(f"docs/split.md: row {line!r} is not docs/split.json's {want}")
     return problems
-
-
-def _table(text: str, heading: str) -> list[list[str]]:
-    """The data rows (cells) of the first table under the ``## heading...`` of a Markdown page."""
-    section = text.split(f"## {heading}", 1)[1].split("\n## ", 1)[0] if f"## {heading}" in text else ""
-    rows = [
-        [c.strip() for c in line.strip().strip("|").split("|")] for line in section.splitlines() if line.startswith("|")
-    ]
-    return rows[2:]  # past the header and its rule
 
 
 #: Of docs/peers.md's tables, the columns a fresh report must reproduce: the differential's trainer, calls
