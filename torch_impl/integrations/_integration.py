@@ -176,7 +176,7 @@ class Integration:
         (``shadow``); a forked child writes its own. ``mode="shadow"``: the trainer's functions stay in
         charge, rebatch's shadow them (`_shadow`): ``sample`` the fraction of calls compared (the first,
         then every ``round(1 / sample)``-th), ``on_defect`` ``"log"`` (an ERROR on ``rebatch.shadow``) or
-        ``"raise"`` (rebatch's `ref.errors.RebatchError` stops the run), ``report`` a JSON file of `stats`.
+        ``"raise"`` (a defect, `_shadow.DEFECTS`, stops the run; rebatch's other errors never do), ``report`` a JSON file of `stats`.
         ``on`` mode: ``report`` the file of its counters (`_counts`); ``sample`` and ``on_defect`` unused.
 
         ``lazy=True`` (`rebatch_startup`'s form, from ``REBATCH``): nothing of the trainer imported; loaded
