@@ -81,8 +81,7 @@ class Counts(Counters):
             self._said("report", f"cannot write the on-mode report {self.report}", err)
 
     def _said(self, reason: str, what: str, err: Exception, *, quiet: bool = False) -> None:
-        """``err`` caught for ``reason``: counted (`caught`), logged the first time (unless ``quiet``: the
-        call's own error says it)."""
+        """``err`` caught for ``reason``: counted (`caught`), said once unless ``quiet`` (the call's error says it)."""
         if self.caught(reason) and not quiet:
             logging.getLogger("rebatch").warning(f"rebatch: {self.trainer}: {what}: {type(err).__name__}: {err}")
 

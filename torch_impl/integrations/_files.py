@@ -101,13 +101,7 @@ def _final_reports() -> None:
         try:
             counters.write_report()
         except Exception as err:  # at exit: said once a report, never a traceback
-            log.warning(
-                "rebatch: %s: cannot write the report %s: %s: %s",
-                counters.trainer,
-                counters.report,
-                type(err).__name__,
-                err,
-            )
+            log.warning(f"rebatch: {counters.trainer}: cannot write {counters.report}: {type(err).__name__}: {err}")
 
 
 class Counters:
@@ -134,8 +128,7 @@ class Counters:
         self.caught_by_reason: dict[str, int] = {}
 
     def caught(self, reason: str) -> bool:
-        """Count one exception caught (not raised) for ``reason``; True the first time (the caller logs it
-        then, once)."""
+        """Count one exception caught (not raised) for ``reason``; True the first time (then logged, once)."""
         with self.lock:
             n = self.caught_by_reason.get(reason, 0)
             self.caught_by_reason[reason] = n + 1
