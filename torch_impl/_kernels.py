@@ -99,10 +99,8 @@ def choose(plan: KeyPlan) -> Kernel:
             raise UnsupportedSettingError(f"Settings.kernel: no kernel named {forced!r} (known: {sorted(KERNELS)})")
         if _serves(kernel, plan):
             if not kernel.applies(plan):
-                raise UnsupportedSettingError(
-                    f"{where(plan.key)}Settings.kernel {forced!r} cannot move this key on {plan.device} (no other "
-                    "kernel runs in its place)"
-                )
+                why = f"{where(plan.key)}Settings.kernel {forced!r} cannot move this key on {plan.device}"
+                raise UnsupportedSettingError(f"{why} (no other kernel runs in its place)")
             return kernel
     return next(k for k in KERNELS.values() if _serves(k, plan) and k.preferred(plan) and k.applies(plan))
 

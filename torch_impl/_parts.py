@@ -136,8 +136,9 @@ def _resolved(values: torch.Tensor) -> torch.Tensor:
 
 def _without_holes(x: Any, at: str) -> Any:
     """A jagged nested tensor with ``lengths`` (row ``i`` is ``values[offsets[i]:offsets[i] + lengths[i]]``,
-    holes allowed) made contiguous, its lengths checked first where they live on the CPU: 1-D integers,
-    one per row, none negative, no row starting before or running past the values (`InvalidJaggedError`).
+    holes allowed) made contiguous, its lengths checked first: 1-D integers, one per row and, where they live
+    on the CPU (elsewhere trusted, counted: ``skipped_device_offsets``), none negative, no row starting before
+    or running past the values (`InvalidJaggedError`).
     With no rows, the empty `JaggedPart` itself (torch cannot make such a tensor contiguous)."""
     lengths, offsets, values = x._lengths, x._offsets, x._values
     rows = int(offsets.shape[0]) - 1
@@ -151,7 +152,9 @@ def _without_holes(x: Any, at: str) -> Any:
         raise InvalidJaggedError(
             f"{at}lengths must be 1-D integers, one per row ({rows}), got {lengths.dtype}{list(lengths.shape)}"
         )
-    if rows > 0 and lengths.device.type == "cpu" and offsets.device.type == "cpu":
+    if rows > 0 and (lengths.device.type != "cpu" or offsets.device.type != "cpu"):
+        skipped("skipped_device_offsets")  # trusted off the CPU, and counted (`_tally.SKIPS`)
+    elif rows > 0:
         n = int(values.shape[0])
         starts = offsets[:-1].to(torch.int64)
         lens = lengths.to(torch.int64)
@@ -195,8 +198,7 @@ def check_dtypes(parts: Sequence[Part], key: Any = None, first: int | None = 0) 
     (``first``: the micro-batch of ``parts[0]``): their dtype, and each part's gradient (where enabled)."""
     dtype = parts[0].values.dtype
     if dtype not in _FREE:  # the rule decides; at most one read of each part's ``requires_grad``
-        grads = (m for m, p in enumerate(parts) if p.values.requires_grad) if torch.is_grad_enabled() else ()
-        m = next(iter(grads), None)
+        m = next((i for i, p in enumerate(parts) if p.values.requires_grad), None) if torch.is_grad_enabled() else None
         grad_at = None if m is None else where(key, None if first is None else first + m)
         check_dtype(dtype, at=where(key, first), grad_at=grad_at)
 
