@@ -15,7 +15,7 @@ from typing import Any
 
 import torch_impl
 
-__all__ = ["KERNELS", "forced"]
+__all__ = ["ANYWHERE", "KERNELS", "forced"]
 
 #: A chunk of one value row (1 byte: one value row whatever its size).
 _ONE = {"index_chunk_bytes": 1}
@@ -37,8 +37,18 @@ def _table() -> dict[str, dict[str, Any]]:
 KERNELS: dict[str, dict[str, Any]] = _table()
 
 
+#: The cases whose kernel runs on every key it serves (the others, the host kernels, raise
+#: `ref.errors.UnsupportedSettingError` where forced on a key they cannot move: off the CPU, a gradient).
+ANYWHERE = frozenset(
+    case
+    for case, s in KERNELS.items()
+    if torch_impl.KERNELS[s["kernel"]].applies is torch_impl.KERNELS["concat"].applies
+)
+
+
 @contextlib.contextmanager
 def forced(path: str) -> Iterator[None]:
-    """Within the block, ``torch_impl`` takes ``path`` where it applies (on the calling thread)."""
+    """Within the block, ``torch_impl`` takes ``path`` for every key it serves (its layout, permuting or
+    not; on the calling thread): where it cannot move one, the call raises (never another kernel)."""
     with torch_impl.use_settings(**KERNELS[path]):
         yield

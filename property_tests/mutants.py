@@ -125,13 +125,13 @@ def _metrics_appended() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _in_concatenation_order(name: str) -> Iterator[None]:
-    """Kernel ``name`` moves the rows in micro-batch order (the permutation ignored), and is forced
-    wherever it applies (so every property exercises it); the offsets are still right, so only the
-    values are misplaced."""
+    """Kernel ``name`` moves the rows in micro-batch order (the permutation ignored), and is forced on
+    every key it serves (so every property exercises it; as ``concat``, it runs wherever it serves);
+    the offsets are still right, so only the values are misplaced."""
     kernel = torch_impl.KERNELS[name]
-    concat = torch_impl.KERNELS["concat"].run
+    concat = torch_impl.KERNELS["concat"]
     with (
-        mock.patch.dict(kernels_mod.KERNELS, {name: kernel._replace(run=concat)}),
+        mock.patch.dict(kernels_mod.KERNELS, {name: kernel._replace(run=concat.run, applies=concat.applies)}),
         torch_impl.use_settings(kernel=name),
     ):
         yield

@@ -17,6 +17,7 @@ from ._bits import concatenate, gather, move
 from ._jagged import Jagged, is_concrete
 from ._parts import Part, check_parts
 from ._x64 import exact
+from .dtypes import check_dtype
 from .errors import ShapeMismatchError, UnsupportedSettingError
 from .structure import check_lengths, check_max_len, check_pad_value
 
@@ -56,6 +57,7 @@ def from_packed(values: Any, lengths: Any = None, *, cu_seqlens: Any = None) -> 
     values = jnp.asarray(values)
     if values.ndim < 1:
         raise ShapeMismatchError(f"packed values need a leading dimension, got shape {tuple(values.shape)}")
+    check_dtype(values.dtype)  # the one dtype rule, as every other function applies it (`check_parts`)
     if cu_seqlens is not None:
         return Jagged(values, cu_seqlens)
     host = _host_lengths(lengths, "from_packed", total=int(values.shape[0]))

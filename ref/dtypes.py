@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .errors import UnsupportedSettingError
 
-__all__ = ["BITS_DTYPE", "SUPPORTED_DTYPES", "bits_dtype", "check_dtype"]
+__all__ = ["BITS_DTYPE", "NO_GRADIENT", "SUPPORTED_DTYPES", "bits_dtype", "check_dtype"]
 
 #: The integer dtype (by name, the same in JAX, NumPy and torch) whose items are as wide as a dtype's
 #: items, by item size in bytes.
@@ -54,12 +54,26 @@ SUPPORTED_DTYPES: frozenset[str] = frozenset(
 )
 
 
-def check_dtype(dtype: object, *, at: str = "") -> None:
-    """`UnsupportedSettingError` unless ``dtype`` (a JAX, NumPy or torch dtype, or its name) is one of
-    `SUPPORTED_DTYPES`; ``at`` is the location prefix of the message (`ref.errors.where`)."""
+#: The supported dtypes whose gradient rebatch cannot carry: the float8 variants, which torch cannot
+#: index (their bits move as integers, `torch_impl._bits`), so a part of one that requires a gradient is
+#: refused by every public function of both implementations (JAX's parts never require one).
+NO_GRADIENT: frozenset[str] = frozenset(n for n in SUPPORTED_DTYPES if n.startswith("float8"))
+
+
+def check_dtype(dtype: object, *, at: str = "", grad_at: str | None = None) -> None:
+    """The one dtype rule of every public function of ``ref`` and ``torch_impl``: `UnsupportedSettingError`
+    unless ``dtype`` (a JAX, NumPy or torch dtype, or its name) is one of `SUPPORTED_DTYPES`, and where a
+    part requires a gradient (``grad_at``: its location, `ref.errors.where`; None: no part does, or
+    gradients are off) unless the dtype is not in `NO_GRADIENT`; ``at`` is the location prefix of the
+    message."""
     name = str(dtype).removeprefix("torch.")
     if name not in SUPPORTED_DTYPES:
         raise UnsupportedSettingError(
             f"{at}dtype {name} is not supported: rebatch moves bool, integer, floating and complex dtypes "
             "of whole bytes (ref.dtypes.SUPPORTED_DTYPES)"
+        )
+    if grad_at is not None and name in NO_GRADIENT:
+        raise UnsupportedSettingError(
+            f"{grad_at}dtype {name} requires a gradient, which rebatch cannot carry: torch has no indexing "
+            "kernels for it and moves it as the integers of its bits (detach it, or use another dtype)"
         )

@@ -13,7 +13,7 @@ import torch_impl
 from property_tests.baseline import verl_postprocess_batch_func
 from property_tests.compare import assert_same
 from property_tests.data import jagged
-from property_tests.kernels import KERNELS, forced
+from property_tests.kernels import ANYWHERE, KERNELS, forced
 from ref import errors
 
 INDICES = [[2, 0], [1], []]
@@ -55,6 +55,10 @@ def _all_ops(outs: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("feature", [(), (3,)], ids=["2d", "3d"])
 @pytest.mark.parametrize("path", list(KERNELS))
 def test_every_path_on_meta_gives_the_cpu_shapes(path: str, feature: tuple[int, ...]) -> None:
+    if path not in ANYWHERE:  # a host kernel forced on meta: refused, no other kernel in its place
+        with forced(path), pytest.raises(errors.UnsupportedSettingError, match="cannot move this key on meta"):
+            _all_ops(_outputs("meta", feature))
+        return
     with forced(path):
         on_meta = _all_ops(_outputs("meta", feature))
         on_cpu = _all_ops(_outputs("cpu", feature))

@@ -426,7 +426,7 @@ KEYWORD_ONLY = {
     "ref.Jagged.from_rows": (ref.Jagged.from_rows, ["dtype", "feature_shape"]),
     "ref.validate_jagged": (ref.validate_jagged, ["key", "micro_batch"]),
     "ref.checked": (ref.checked, ["jit"]),
-    "ref.dtypes.check_dtype": (check_dtype, ["at"]),
+    "ref.dtypes.check_dtype": (check_dtype, ["at", "grad_at"]),
     "ref.dtypes.bits_dtype": (bits_dtype, ["dtype"]),
     "ref.errors.where": (where, ["rank"]),
     "ref.interop.from_torch": (interop.from_torch, ["copy", "key", "micro_batch"]),

@@ -376,18 +376,24 @@ def test_partitions_in_order_carry_gradients_and_dense_outputs_through() -> None
     assert torch.equal(torch.cat([v.grad for v in values]), torch.arange(51.0))
 
 
-def test_the_host_kernels_step_aside_where_torch_cannot_share_memory_with_numpy(monkeypatch, force) -> None:
+def test_the_host_kernels_step_aside_where_torch_cannot_share_memory_with_numpy(monkeypatch) -> None:
     """A torch built against another NumPy cannot lend its storage (``Tensor.numpy()`` raises): the
-    torch element-index kernel then moves the rows (and torch checks the offsets), with the same result."""
-    force("host_scatter")
+    torch element-index kernel then moves the rows (and torch checks the offsets), with the same result;
+    a host kernel forced there raises instead."""
     outs, parts = _outputs(32, 4, mean_len=50)
-    want = torch_impl.postprocess_batch(outs, parts)
+    with torch_impl.use_settings(kernel="host_scatter"):
+        want = torch_impl.postprocess_batch(outs, parts)
     for module in (torch_impl._hostcopy, torch_impl._parts, torch_impl._plan, torch_impl._permutation):
         monkeypatch.setattr(module, "numpy_bridge", lambda: False)
     with CountOps() as counter:
         got = torch_impl.postprocess_batch(outs, parts)
     assert "aten.index_copy_.default" in counter.ops
     assert_same(got, want)
+    with (
+        torch_impl.use_settings(kernel="host_scatter"),
+        pytest.raises(errors.UnsupportedSettingError, match="cannot move"),
+    ):
+        torch_impl.postprocess_batch(outs, parts)
 
 
 def test_a_torch_without_numpy_is_detected(monkeypatch) -> None:

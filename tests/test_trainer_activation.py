@@ -12,8 +12,6 @@ import contextlib
 import json
 import logging
 import os
-import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -72,12 +70,6 @@ def _shadow_lines(level: int) -> Iterator[list[logging.LogRecord]]:
     finally:
         _shadow.log.removeHandler(handler)
         _shadow.log.setLevel(before)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # -- a fresh interpreter, the variable alone ---------------------------------------------------------
@@ -329,34 +321,23 @@ print("actor:", ray.get(Probe.remote().where.remote(), timeout=120))
 """
 
 
-def test_skyrl_a_ray_actor_on_a_cluster_started_without_the_variable_binds_rebatch(tmp_path: Path) -> None:
-    """``ray start --head`` without ``REBATCH``; a driver with ``REBATCH=on`` attaches, passing what
-    ``prepare_runtime_environment`` returns (as SkyRL's ``initialize_ray``): only that reaches the actor."""
+@pytest.fixture
+def skyrl_installed() -> None:
+    """SkyRL's test needs SkyRL (skipped or failed here, before a Ray cluster is started)."""
     _need("skyrl")
-    ray = shutil.which("ray", path=str(Path(sys.executable).parent))
-    if ray is None:
-        pytest.fail("the ray command is not installed next to this interpreter (.ci/skyrl_env.sh installs it)")
-    port = _free_port()
-    environ = {k: v for k, v in os.environ.items() if k not in rebatch_startup.CARRIED}
-    start = [
-        ray,
-        "start",
-        "--head",
-        f"--port={port}",
-        "--num-cpus=2",
-        "--disable-usage-stats",
-        "--include-dashboard=false",
-    ]
-    try:
-        started = subprocess.run(start, capture_output=True, text=True, check=False, timeout=120, env=environ)
-        assert started.returncode == 0, started.stderr[-3000:]
-        code = f"import sys; sys.argv = ['x', '127.0.0.1:{port}']\n" + SKYRL_DRIVER
-        done = _python(code, timeout=240, REBATCH="on")
-        assert done.returncode == 0, done.stderr[-3000:]
-        assert "carried: on" in done.stdout
-        assert "actor: ('on', True)" in done.stdout, done.stdout
-    finally:
-        subprocess.run([ray, "stop", "--force"], capture_output=True, check=False, timeout=120, env=environ)
+
+
+def test_skyrl_a_ray_actor_on_a_cluster_started_without_the_variable_binds_rebatch(
+    skyrl_installed: None, ray_head: str
+) -> None:
+    """A head node started without ``REBATCH`` (its own temp dir, stopped by its own process:
+    ``tests/conftest.py``); a driver with ``REBATCH=on`` attaches, passing what
+    ``prepare_runtime_environment`` returns (as SkyRL's ``initialize_ray``): only that reaches the actor."""
+    code = f"import sys; sys.argv = ['x', {ray_head!r}]\n" + SKYRL_DRIVER
+    done = _python(code, timeout=240, REBATCH="on")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "carried: on" in done.stdout
+    assert "actor: ('on', True)" in done.stdout, done.stdout
 
 
 # -- shadow mode, in this process ---------------------------------------------------------------------

@@ -95,13 +95,13 @@ def test_the_engine_call_reaches_rebatch_and_refuses_a_duplicate_index() -> None
         engine.postprocess_batch_func(outs, [[0, 1], [1]], data)
 
 
-def test_ray_worker_setup_hook_installs_in_every_worker() -> None:
+def test_ray_worker_setup_hook_installs_in_every_worker(ray_temp_dir: str) -> None:
     """Ray's ``worker_process_setup_hook`` pointing at install(): a worker process sees rebatch's
     functions in verl's engine module (run in a fresh interpreter: Ray starts its own processes)."""
     pytest.importorskip("ray", reason="ray is not installed")
     code = (
         "import ray, warnings; warnings.simplefilter('ignore')\n"
-        "ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,\n"
+        f"ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, _temp_dir={ray_temp_dir!r},\n"
         "         runtime_env={'worker_process_setup_hook': 'torch_impl.integrations.verl.install'})\n"
         "@ray.remote\n"
         "def probe():\n"

@@ -149,7 +149,7 @@ def test_activation_logs_one_info_line_naming_what_it_replaced(entry_point: str)
     assert lines[0].endswith("left as verl's: none"), lines[0]
 
 
-def test_a_ray_worker_sees_rebatch_through_the_runtime_env(entry_point: str) -> None:
+def test_a_ray_worker_sees_rebatch_through_the_runtime_env(entry_point: str, ray_temp_dir: str) -> None:
     """``runtime_env.env_vars`` carries the variable to the workers (verl's
     ``+ray_kwargs.ray_init.runtime_env.env_vars.REBATCH_VERL=on``); verl loads the plugin there."""
     pytest.importorskip("ray", reason="ray is not installed")
@@ -158,7 +158,7 @@ def test_a_ray_worker_sees_rebatch_through_the_runtime_env(entry_point: str) -> 
     env_vars = {"REBATCH_VERL": "on", "PYTHONPATH": path, **({} if PLUGIN_GROUP[VERL.version] else EXTERNAL)}
     code = (
         "import ray, warnings; warnings.simplefilter('ignore')\n"
-        "ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,\n"
+        f"ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, _temp_dir={ray_temp_dir!r},\n"
         f"         runtime_env={{'env_vars': {env_vars!r}}})\n"
         "@ray.remote\n"
         "def probe():\n"
@@ -173,7 +173,7 @@ def test_a_ray_worker_sees_rebatch_through_the_runtime_env(entry_point: str) -> 
 
 @pytest.mark.parametrize(("value", "ours"), [("on", True), (None, False)])
 def test_a_ray_worker_of_plain_ray_init_sees_what_the_driver_variable_says(
-    entry_point: str, value: str | None, ours: bool
+    entry_point: str, value: str | None, ours: bool, ray_temp_dir: str
 ) -> None:
     """``REBATCH_VERL=on`` in the driver's environment and nothing else (no runtime_env, no setup hook):
     the workers of the local cluster that ``ray.init()`` starts inherit it, and verl loads the plugin
@@ -181,7 +181,7 @@ def test_a_ray_worker_of_plain_ray_init_sees_what_the_driver_variable_says(
     pytest.importorskip("ray", reason="ray is not installed")
     code = (
         "import ray, warnings; warnings.simplefilter('ignore')\n"
-        "ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)\n"
+        f"ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, _temp_dir={ray_temp_dir!r})\n"
         "@ray.remote\n"
         "def probe():\n"
         "    import torch_impl, verl.workers.engine.fsdp.transformer_impl as m\n"

@@ -4,19 +4,17 @@ torch has no CPU ``index_copy_``, ``index_select``, ``index_put_`` or ``scatter_
 ``uint64`` and several of the float8 variants, all of them in `ref.dtypes.SUPPORTED_DTYPES`: the kernels move
 such values as a view of the signed integer type of the same width (`ref.dtypes.bits_dtype`), which moves every
 bit and costs one view each way. Every other dtype is moved as it is (no operation added). A view of another
-dtype carries no gradient, so a part of such a dtype that requires one is refused (`check_bits_grad`).
+dtype carries no gradient, so a part of such a dtype that requires one is refused by every public function
+(the one dtype rule: `ref.dtypes.check_dtype`, `ref.dtypes.NO_GRADIENT`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
 from ref.dtypes import SUPPORTED_DTYPES, bits_dtype
-from ref.errors import UnsupportedSettingError, where
 
-__all__ = ["MOVED_AS_BITS", "as_bits", "check_bits_grad", "from_bits"]
+__all__ = ["MOVED_AS_BITS", "as_bits", "from_bits"]
 
 #: The torch dtypes of `ref.dtypes.SUPPORTED_DTYPES` that the kernels move as the integers of their bits.
 MOVED_AS_BITS: frozenset[torch.dtype] = frozenset(
@@ -36,17 +34,3 @@ def as_bits(t: torch.Tensor) -> torch.Tensor:
 def from_bits(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The inverse of `as_bits`: ``t`` itself, or ``t`` (the integers of a ``dtype``'s bits) viewed as ``dtype``."""
     return t if t.dtype == dtype else t.view(dtype)
-
-
-def check_bits_grad(values: Sequence[torch.Tensor], key: object) -> None:
-    """`UnsupportedSettingError` for a tensor of a `MOVED_AS_BITS` dtype that requires a gradient (with
-    gradients enabled): its bits move, its gradient could not (micro-batch ``m`` is its position)."""
-    if not torch.is_grad_enabled():
-        return
-    for m, v in enumerate(values):
-        if v.dtype in MOVED_AS_BITS and v.requires_grad:
-            raise UnsupportedSettingError(
-                f"{where(key, m)}dtype {str(v.dtype).removeprefix('torch.')} requires a gradient, which rebatch "
-                "cannot carry: torch has no indexing kernels for it and moves it as the integers of its bits "
-                "(detach it, or use another dtype)"
-            )

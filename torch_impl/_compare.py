@@ -125,8 +125,8 @@ def _same(a: Any, b: Any, path: str) -> str | None:
         return None
     try:
         equal = bool(a == b) and type(a) is type(b)
-    except Exception:
-        equal = False
+    except Exception as err:  # a comparison that raises is a difference, its error in the message
+        return f"{path}: {a!r} vs {b!r} (comparing them raised {type(err).__name__}: {err})"
     return None if equal else f"{path}: {a!r} vs {b!r}"
 
 

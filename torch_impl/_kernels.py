@@ -2,7 +2,8 @@
 
 A `Kernel` takes a `KeyPlan` (it validates nothing) and returns the result's fresh values: ``[N, *F]``
 for a jagged key, ``[B, *F]`` for a dense one. `choose` takes the one `Settings.kernel` names where it
-serves the key and applies, else the first of the registry that serves it, applies and is preferred.
+serves the key (raising where it does not apply), else the first of the registry that serves it, applies
+and is preferred.
 The tests iterate `KERNELS`: a kernel is tested by being registered (``docs/kernels.md``).
 """
 
@@ -13,7 +14,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ref.errors import UnsupportedSettingError
+from ref.errors import UnsupportedSettingError, where
 
 from ._hostcopy import copy_rows, host_movable, scatter_rows, scatter_values
 from ._indexcopy import permute_by_indices, permute_rows
@@ -89,13 +90,17 @@ def _serves(kernel: Kernel, plan: KeyPlan) -> bool:
 
 def choose(plan: KeyPlan) -> Kernel:
     """The kernel that moves ``plan``'s key: the one ``Settings.kernel`` names where it serves the key
-    and applies, otherwise the first of the registry that serves it, applies and is preferred."""
+    (`UnsupportedSettingError` where it does not apply), otherwise the first of the registry that serves
+    it, applies and is preferred."""
     forced = get_settings().kernel
     if forced is not None:
         kernel = KERNELS.get(forced)
         if kernel is None:
             raise UnsupportedSettingError(f"Settings.kernel: no kernel named {forced!r} (known: {sorted(KERNELS)})")
-        if _serves(kernel, plan) and kernel.applies(plan):
+        if _serves(kernel, plan):
+            if not kernel.applies(plan):
+                why = f"{where(plan.key)}Settings.kernel {forced!r} cannot move this key on {plan.device}"
+                raise UnsupportedSettingError(f"{why} (no other kernel runs in its place)")
             return kernel
     return next(k for k in KERNELS.values() if _serves(k, plan) and k.preferred(plan) and k.applies(plan))
 

@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 
-from ref.dtypes import check_dtype
 from ref.errors import InvalidJaggedError, ShapeMismatchError, UnsupportedSettingError
 from ref.structure import check_lengths, check_max_len, check_pad_value
 
@@ -60,7 +59,6 @@ def _jagged_part(x: Any, name: str) -> JaggedPart:
         raise ShapeMismatchError(
             f"{name} needs jagged data [B, (j), *F], got a dense tensor of shape {tuple(part.values.shape)}"
         )
-    check_dtype(part.values.dtype)
     return part
 
 
@@ -88,7 +86,6 @@ def from_packed(values: torch.Tensor, lengths: Any = None, *, cu_seqlens: Any = 
         shape = tuple(values.shape) if isinstance(values, torch.Tensor) else type(values).__name__
         raise ShapeMismatchError(f"packed values need a leading dimension, got shape {shape}")
     (part,) = check_parts([values])
-    check_dtype(part.values.dtype)
     device = part.values.device
     if cu_seqlens is not None:
         offsets = _offsets_tensor(cu_seqlens, device)
@@ -139,7 +136,6 @@ def from_padded(x: torch.Tensor, lengths: Any) -> torch.Tensor:
     if not isinstance(part, DensePart) or part.values.dim() < 2:
         got = "jagged data" if isinstance(part, JaggedPart) else f"shape {tuple(part.values.shape)}"
         raise ShapeMismatchError(f"from_padded needs dense data [B, S, *F], got {got}")
-    check_dtype(part.values.dtype)
     dense = part.values
     b, s = int(dense.shape[0]), int(dense.shape[1])
     host = host_lengths(lengths, "from_padded", rows=b, limit=s)

@@ -20,6 +20,7 @@ import torch
 # below (``_values``, ``_offsets``, ``_lengths``, ``_ragged_idx``) are its own.
 from torch.nested._internal.nested_tensor import NestedTensor
 
+from ref.dtypes import NO_GRADIENT, SUPPORTED_DTYPES, check_dtype
 from ref.errors import (
     DeviceMismatchError,
     DtypeMismatchError,
@@ -29,11 +30,14 @@ from ref.errors import (
     where,
 )
 
+from ._tally import skipped
+
 __all__ = [
     "DensePart",
     "JaggedPart",
     "NestedTensor",
     "Part",
+    "check_dtypes",
     "check_offsets",
     "check_parts",
     "explain_bad_offsets",
@@ -78,9 +82,11 @@ Part = JaggedPart | DensePart
 def unpack(x: Any, key: Any = None, micro_batch: int | None = None, *, allow_jagged: bool = True) -> Part:
     """``x`` as a `Part`: a jagged nested tensor (ragged dimension 1; made contiguous if it has holes)
     or a dense tensor with a batch dimension. Raises `InvalidJaggedError`, `UnsupportedSettingError`
-    or `ShapeMismatchError` for anything else."""
+    or `ShapeMismatchError` for anything else, and applies the one dtype rule (`check_dtypes`)."""
     with torch._C.DisableTorchFunctionSubclass():
-        return _unpack(x, key, micro_batch, allow_jagged)
+        part = _unpack(x, key, micro_batch, allow_jagged)
+    check_dtypes([part], key, micro_batch)
+    return part
 
 
 def _unpack(x: Any, key: Any, micro_batch: int | None, allow_jagged: bool) -> Part:
@@ -130,8 +136,9 @@ def _resolved(values: torch.Tensor) -> torch.Tensor:
 
 def _without_holes(x: Any, at: str) -> Any:
     """A jagged nested tensor with ``lengths`` (row ``i`` is ``values[offsets[i]:offsets[i] + lengths[i]]``,
-    holes allowed) made contiguous, its lengths checked first where they live on the CPU: 1-D integers,
-    one per row, none negative, no row starting before or running past the values (`InvalidJaggedError`).
+    holes allowed) made contiguous, its lengths checked first: 1-D integers, one per row and, where they live
+    on the CPU (elsewhere trusted, counted: ``skipped_device_offsets``), none negative, no row starting before
+    or running past the values (`InvalidJaggedError`).
     With no rows, the empty `JaggedPart` itself (torch cannot make such a tensor contiguous)."""
     lengths, offsets, values = x._lengths, x._offsets, x._values
     rows = int(offsets.shape[0]) - 1
@@ -145,7 +152,9 @@ def _without_holes(x: Any, at: str) -> Any:
         raise InvalidJaggedError(
             f"{at}lengths must be 1-D integers, one per row ({rows}), got {lengths.dtype}{list(lengths.shape)}"
         )
-    if rows > 0 and lengths.device.type == "cpu" and offsets.device.type == "cpu":
+    if rows > 0 and (lengths.device.type != "cpu" or offsets.device.type != "cpu"):
+        skipped("skipped_device_offsets")  # trusted off the CPU, and counted (`_tally.SKIPS`)
+    elif rows > 0:
         n = int(values.shape[0])
         starts = offsets[:-1].to(torch.int64)
         lens = lengths.to(torch.int64)
@@ -170,10 +179,28 @@ def check_parts(parts: Sequence[Any], key: Any = None, *, allow_jagged: bool = T
     """``parts`` unpacked and checked to agree with ``parts[0]`` (same order of checks as ``ref``).
 
     For each micro-batch ``m``: `unpack`; then, against micro-batch 0: layout (`ShapeMismatchError`),
-    dtype (`DtypeMismatchError`), device (`DeviceMismatchError`), trailing shape (`ShapeMismatchError`).
+    dtype (`DtypeMismatchError`), device (`DeviceMismatchError`), trailing shape (`ShapeMismatchError`);
+    then the one dtype rule (`check_dtypes`).
     """
     with torch._C.DisableTorchFunctionSubclass():  # once for all parts (see the module's docstring)
-        return _check_unpacked(parts, key, allow_jagged)
+        out = _check_unpacked(parts, key, allow_jagged)
+    if out:
+        check_dtypes(out, key)
+    return out
+
+
+#: The torch dtypes of the one dtype rule (`ref.dtypes.check_dtype`) it accepts, with a gradient or not.
+_FREE = frozenset(d for n in SUPPORTED_DTYPES - NO_GRADIENT if isinstance(d := getattr(torch, n, None), torch.dtype))
+
+
+def check_dtypes(parts: Sequence[Part], key: Any = None, first: int | None = 0) -> None:
+    """`ref.dtypes.check_dtype`, the one dtype rule of both implementations, for ``parts`` that agree
+    (``first``: the micro-batch of ``parts[0]``): their dtype, and each part's gradient (where enabled)."""
+    dtype = parts[0].values.dtype
+    if dtype not in _FREE:  # the rule decides; at most one read of each part's ``requires_grad``
+        m = next((i for i, p in enumerate(parts) if p.values.requires_grad), None) if torch.is_grad_enabled() else None
+        grad_at = None if m is None else where(key, None if first is None else first + m)
+        check_dtype(dtype, at=where(key, first), grad_at=grad_at)
 
 
 def _check_unpacked(parts: Sequence[Any], key: Any, allow_jagged: bool) -> list[Part]:
@@ -255,7 +282,7 @@ def check_offsets(parts: Sequence[JaggedPart], key: Any = None, steps: torch.Ten
     integer offsets are checked by `unpack`). Reading offsets costs a host-device synchronisation on
     an accelerator, so they are checked where they live on the CPU (there with NumPy on the tensors'
     own memory, a fraction of torch's dispatch cost); on an accelerator they are trusted (torch builds
-    them). A constant number of operations, whatever the numbers of rows and parts: all offsets are
+    them), each such call counted (``skipped_device_offsets``, `torch_impl.witness_stats`). A constant number of operations, whatever the numbers of rows and parts: all offsets are
     laid end to end (``[B + M]``) and differenced once; the steps that cross from one part to the next
     are left out (on the device by one ``index_select`` with ``steps``, `row_steps` of the parts' row
     counts, built here when not given: a call shares it between keys).
@@ -277,6 +304,8 @@ def check_offsets(parts: Sequence[JaggedPart], key: Any = None, steps: torch.Ten
         want = torch.tensor([p.values.shape[0] for p in parts] + [0] * len(parts))
         if bool((flat.index_select(0, ends) != want).any()) or bool((lengths < 0).any()):
             explain_bad_offsets(parts, key)
+    else:  # trusted off the CPU, and counted (`_tally.SKIPS`)
+        skipped("skipped_device_offsets")
     return lengths
 
 

@@ -9,12 +9,10 @@ from typing import Any
 import torch
 from tensordict import NonTensorData, TensorDictBase
 
-from ref.dtypes import check_dtype
 from ref.errors import PartitionMismatchError, ShapeMismatchError, UnsupportedSettingError, where
 from ref.metrics import fold_metrics
 from ref.structure import check_metrics, check_partition_count, check_settings, drop_padding, model_outputs
 
-from ._bits import check_bits_grad
 from ._entry import entry
 from ._jagged import njt
 from ._kernels import move
@@ -121,9 +119,6 @@ def _check_keys(
     first_rows: list[int] = []
     for key in keys:
         parts = check_parts([mo[key] for mo in outs], key, allow_jagged=pad_mode == "no_padding")
-        if parts:
-            check_dtype(parts[0].values.dtype, at=where(key, 0))
-            check_bits_grad([p.values for p in parts], key)
         if key == keys[0]:
             first_rows = [p.rows for p in parts]
         for m, part in enumerate(parts):

@@ -21,8 +21,9 @@ __all__ = ["Settings", "get_settings", "use_settings"]
 class Settings:
     """Which kernel moves a key's data (identical results whatever the values)."""
 
-    #: The kernel of `torch_impl._kernels.KERNELS` every key it applies to takes (by name); None: each
-    #: key takes the registry's choice. Tests and the benchmark harness force kernels with it.
+    #: The kernel of `torch_impl._kernels.KERNELS` every key it serves takes (by name; where it cannot
+    #: run, `UnsupportedSettingError`, never another kernel); None: each key takes the registry's
+    #: choice. Tests and the benchmark harness force kernels with it.
     kernel: str | None = None
     #: Output bytes each chunk of the index kernels covers (their int64 destinations are built a chunk
     #: at a time; on the CPU at most ``CPU_CHUNK_ROWS`` value rows): ``docs/kernels.md``, "Settings".

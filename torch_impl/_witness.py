@@ -9,7 +9,8 @@ tensors (verl's engines' per-token outputs) are compared once.
 
 Whether the drop-ins read a witness at all is a process-wide switch (`set_witness`, ``REBATCH_WITNESS``),
 never a per-thread `torch_impl.Settings` knob: it decides whether an input is refused, not how fast.
-`witness_stats` counts what was witnessed.
+`witness_stats` counts what was witnessed, and every check skipped by reason (`_tally`: zeroed in a forked
+child).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from ref.structure import WITNESS, check_lengths, misalignment, witness_binds, w
 
 from ._parts import NestedTensor
 from ._plan import KeyPlan
+from ._tally import TALLY, skipped
 
 __all__ = [
     "ENV",
@@ -49,8 +51,6 @@ ENV_UNBOUND = WITNESS_UNBOUND_ENV
 
 _lock = ForkSafeLock()  # a forked child finds it free (`rebatch_startup.renew_at_fork`)
 _config: tuple[bool, frozenset[Any]] | None = None
-_COUNTERS = ("calls", "calls_without_witness", "calls_binding_nothing", "keys_witnessed", "keys_unbound")
-_stats = dict.fromkeys(_COUNTERS, 0)
 
 
 def _from_env() -> tuple[bool, frozenset[Any]]:
@@ -91,20 +91,11 @@ def set_witness(on: bool | None = None, *, unbound: Iterable[Any] | None = None)
 
 
 def witness_stats(reset: bool = False) -> dict[str, int]:
-    """What the witness checked in this process: ``calls`` (calls given a witness), ``calls_without_witness``
-    (drop-in calls whose input held none: no jagged ``input_ids``), ``calls_binding_nothing`` (given one,
-    no key bound: it checked nothing), ``keys_witnessed`` and ``keys_unbound`` (over all calls)."""
-    with _lock:
-        out = dict(_stats)
-        if reset:
-            _stats.update(dict.fromkeys(_COUNTERS, 0))
-    return out
-
-
-def _count(**add: int) -> None:
-    with _lock:
-        for k, v in add.items():
-            _stats[k] += v
+    """What the witness checked in this process (a forked child: its own calls): ``calls`` (calls given a
+    witness), ``calls_binding_nothing`` (given one, no key bound: it checked nothing), ``keys_witnessed``
+    and ``keys_unbound`` (over all calls), and each check skipped, by reason (`_tally.SKIPS`:
+    ``calls_without_witness``, drop-in calls whose input held no lengths to witness, ...)."""
+    return TALLY.read(reset)
 
 
 _here = threading.local()  # ``keys``: the keys witnessed by this thread (`keys_witnessed_here`)
@@ -117,31 +108,34 @@ def keys_witnessed_here() -> int:
 
 
 def _count_call(bound: int, left: int) -> None:
-    """One witnessed call: ``bound`` keys witnessed, ``left`` left unbound (`_count`, unrolled: it runs
+    """One witnessed call: ``bound`` keys witnessed, ``left`` left unbound (one lock of `TALLY`: it runs
     in every call)."""
     _here.keys = getattr(_here, "keys", 0) + bound
-    with _lock:
-        _stats["calls"] += 1
-        _stats["keys_witnessed"] += bound
-        _stats["keys_unbound"] += left
+    with TALLY.lock:
+        counts = TALLY.counts
+        counts["calls"] += 1
+        counts["keys_witnessed"] += bound
+        counts["keys_unbound"] += left
         if not bound:
-            _stats["calls_binding_nothing"] += 1
+            counts["calls_binding_nothing"] += 1
 
 
 def read_witness(data: Any) -> np.ndarray | torch.Tensor | None:
     """verl's witness: the row lengths ``[B]`` of ``data["input_ids"]`` if a jagged nested tensor (a
     NumPy array on the CPU), read without torch's nested-tensor dispatch; None (counted) where there is
-    none: no ``data``, no ``input_ids``, a dense one, or the switch off."""
+    none: no ``data``, no ``input_ids``, a dense one (counted: ``calls_without_witness``), ``data`` whose
+    ``get`` raises (counted: ``skipped_unreadable_witness``), or the switch off."""
     if not witness_config()[0]:
         return None
     ids = None
     if data is not None:
         try:
             ids = data.get("input_ids", None)
-        except (AttributeError, TypeError, KeyError):
-            ids = None
+        except (AttributeError, TypeError, KeyError):  # not a mapping: the call goes unwitnessed, counted
+            skipped("skipped_unreadable_witness")
+            return None
     if not isinstance(ids, NestedTensor) or ids._ragged_idx != 1:
-        _count(calls_without_witness=1)
+        skipped("calls_without_witness")
         return None
     lengths, offsets = ids._lengths, ids._offsets  # plain attributes: no nested-tensor dispatch
     if lengths is not None:

@@ -1,7 +1,8 @@
 """``on`` mode's counters: what rebatch did in a trainer where it is in charge (no data moved, no sync).
 
 `Counts.wrap` wraps each of rebatch's functions an ``on`` install puts in place and counts, per name:
-``calls``, ``rows`` (host-side facts only: an index list's length, a tensor's shape; 0 without a rule),
+``calls``, ``rows`` (host-side facts only: an index list's length, a tensor's shape; 0 without a rule, and
+0 where the rule raises: counted under ``caught`` as ``rows of NAME``, logged once),
 ``keys_witnessed`` (this thread's count of the alignment witness, `torch_impl._witness.keys_witnessed_here`)
 and ``errors`` (`ref.errors.RebatchError`, re-raised unchanged). `Counts.stats` has a shadow report's
 shape (``mode`` ``"on"``; ``sampled``, ``differences``, ``defects`` 0), written when ``report`` is set at a
@@ -10,7 +11,6 @@ name's 1st, 2nd, 4th, 8th, ... call, at each error and at exit (`_files.Counters
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 from collections.abc import Callable
@@ -40,10 +40,6 @@ def rows_of_partitions(partitions: Any) -> int:
 class Counts(Counters):
     """The counters of one ``on`` install of ``trainer`` (release ``version``); ``report``: a JSON file."""
 
-    def __init__(self, trainer: str, version: str | None, report: str | None = None) -> None:
-        self._warned = False
-        super().__init__(trainer, version, report)
-
     def wrap(self, name: str, fn: Callable[..., Any], rows: Rows | None = None) -> Callable[..., Any]:
         """``fn``, counted under ``name``; ``rows(*args, **kwargs)`` the rows of a call."""
 
@@ -63,8 +59,11 @@ class Counts(Counters):
     def _count(self, name: str, args: Any, kwargs: Any, rows: Rows | None, before: int, *, error: bool) -> None:
         n = 0
         if rows is not None:
-            with contextlib.suppress(Exception):  # an input too broken to count: its error says the rest
+            try:
                 n = int(rows(*args, **kwargs))
+            except Exception as err:  # an input too broken to count its rows: counted; said once unless refused
+                refused = " (a refused call)" if error else ""
+                self._said(f"rows of {name}{refused}", f"cannot count the rows of a call of {name}", err, quiet=error)
         with self.lock:
             c = self.by_name.setdefault(name, dict.fromkeys(FIELDS, 0))
             c["calls"] += 1
@@ -78,13 +77,13 @@ class Counts(Counters):
     def write_report(self) -> None:
         try:
             super().write_report()
-        except Exception as err:  # a report that cannot be written never breaks the run: said once
-            if not self._warned:
-                self._warned = True
-                why = f"{type(err).__name__}: {err}"
-                logging.getLogger("rebatch").warning(
-                    f"rebatch: {self.trainer}: cannot write the on-mode report {self.report}: {why}"
-                )
+        except Exception as err:  # a report that cannot be written never breaks the run: counted, said once
+            self._said("report", f"cannot write the on-mode report {self.report}", err)
+
+    def _said(self, reason: str, what: str, err: Exception, *, quiet: bool = False) -> None:
+        """``err`` caught for ``reason``: counted (`caught`), said once unless ``quiet`` (the call's error says it)."""
+        if self.caught(reason) and not quiet:
+            logging.getLogger("rebatch").warning(f"rebatch: {self.trainer}: {what}: {type(err).__name__}: {err}")
 
     def stats(self, json_path: str | None = None) -> dict[str, Any]:
         """Totals over every name and ``"by_name"`` (each: `FIELDS`, and shadow's counters at 0), with

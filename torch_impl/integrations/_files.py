@@ -9,7 +9,8 @@ final name is replaced itself (a rename does not follow it), its target untouche
 `ProcessFile` is a file of this process: in a forked child, the same name with the child's run id and pid
 (`rebatch_startup._names.for_this_process`). `Counters` is what every report shares (`_shadow.Shadow`,
 `_counts.Counts`): per-name counters under a lock, renewed in a forked child (`rebatch_startup.renew_at_fork`:
-the child counts its own calls, never waits on a parent thread's lock), written to its `ProcessFile`.
+the child counts its own calls, never waits on a parent thread's lock), written to its `ProcessFile`, and
+at exit by the one writer of its report path (`WRITERS`: a reinstall replaces the old one, never adds).
 `save_dump` writes a step in the one dump format (`DUMP_FORMAT`) read by ``rebatch check --dump``.
 """
 
@@ -19,6 +20,7 @@ import atexit
 import contextlib
 import io
 import json
+import logging
 import os
 import secrets
 import threading
@@ -88,13 +90,27 @@ class ProcessFile:
         return for_this_process(self.path, self.owner)
 
 
+#: The one writer at exit of each report path in this process (the latest install's counters).
+WRITERS: dict[str, Counters] = {}
+log = logging.getLogger("rebatch")
+
+
+@atexit.register
+def _final_reports() -> None:
+    for counters in list(WRITERS.values()):
+        try:
+            counters.write_report()
+        except Exception as err:  # at exit: said once a report, never a traceback
+            log.warning(f"rebatch: {counters.trainer}: cannot write {counters.report}: {type(err).__name__}: {err}")
+
+
 class Counters:
     """Per-name counters of one install of ``trainer`` (release ``version``) in this process (``by_name``,
     under ``lock``), and its report: ``report`` (a JSON file, or None) rewritten by `write_report` and a
     last time at exit. A forked child starts with counters and a lock of its own (`renew_in_child`) and
     writes its own file."""
 
-    def __init__(self, trainer: str, version: str | None, report: str | None) -> None:
+    def __init__(self, trainer: str, version: str | None, report: str | None = None) -> None:
         self.trainer = trainer
         self.version = version
         self.report = report
@@ -102,12 +118,21 @@ class Counters:
         self.renew_in_child()
         renew_at_fork(self)
         if report is not None:
-            atexit.register(self._final_report)
+            WRITERS[report] = self  # replaces a former install's writer of this path
 
     def renew_in_child(self) -> None:
         """Fresh counters and a fresh lock (in a forked child: `rebatch_startup.renew_at_fork`)."""
         self.lock = threading.Lock()
         self.by_name: dict[str, dict[str, float]] = {}
+        #: the exceptions caught and not raised, by reason (`caught`), reported as ``"caught"``
+        self.caught_by_reason: dict[str, int] = {}
+
+    def caught(self, reason: str) -> bool:
+        """Count one exception caught (not raised) for ``reason``; True the first time (then logged, once)."""
+        with self.lock:
+            n = self.caught_by_reason.get(reason, 0)
+            self.caught_by_reason[reason] = n + 1
+        return n == 0
 
     def stats(self, json_path: str | None = None) -> dict[str, Any]:
         """The counters, written as JSON to ``json_path`` when given."""
@@ -119,6 +144,8 @@ class Counters:
         ``json_path`` when given (`write_private`: a reader never sees half a report)."""
         from .._witness import witness_stats
 
+        with self.lock:
+            total["caught"] = dict(self.caught_by_reason)
         total.update(witness=witness_stats(), trainer=self.trainer, version=self.version, **fields)
         total["process"] = process_facts()
         if json_path is not None:
@@ -129,7 +156,3 @@ class Counters:
         """Rewrite the report (when there is one) with `stats`, where this process writes it."""
         if self.file is not None:
             self.stats(json_path=self.file.now())
-
-    def _final_report(self) -> None:
-        with contextlib.suppress(Exception):  # at exit: a report that cannot be written is not worth a traceback
-            self.write_report()

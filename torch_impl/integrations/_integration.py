@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from rebatch_startup import ForkSafeLock
 from ref.errors import UnsupportedSettingError
 
 from ._counts import Counts, Rows
@@ -95,8 +96,6 @@ class Integration:
         self.kept: Shadow | Counts | None = None
         #: ``(version read, row used, mode)`` of the install in force, else None.
         self.release: tuple[str | None, str, str] | None = None
-        #: The witness's ``(on, unbound)`` before the install in force changed it (``witness=``/``unbound=``).
-        self.witness_before: tuple[bool, frozenset[Any]] | None = None
 
     def _describe(self, version: str | None, row: str, how: str) -> str:
         names = ", ".join(f"{r.module}.{r.name}" for r in self.table(row))
@@ -176,7 +175,8 @@ class Integration:
         (``shadow``); a forked child writes its own. ``mode="shadow"``: the trainer's functions stay in
         charge, rebatch's shadow them (`_shadow`): ``sample`` the fraction of calls compared (the first,
         then every ``round(1 / sample)``-th), ``on_defect`` ``"log"`` (an ERROR on ``rebatch.shadow``) or
-        ``"raise"`` (rebatch's `ref.errors.RebatchError` stops the run), ``report`` a JSON file of `stats`.
+        ``"raise"`` (a defect, `_shadow.DEFECTS`, stops the run; rebatch's other errors never do), ``report``
+        a JSON file of `stats`.
         ``on`` mode: ``report`` the file of its counters (`_counts`); ``sample`` and ``on_defect`` unused.
 
         ``lazy=True`` (`rebatch_startup`'s form, from ``REBATCH``): nothing of the trainer imported; loaded
@@ -198,18 +198,13 @@ class Integration:
                 kept = Shadow(sample, on_defect, report, trainer=self.trainer, version=version)
             else:
                 kept = Counts(self.trainer, version, report)
-            witness_before = None
             if witness is not None or unbound is not None:
-                from .._witness import set_witness
-
-                witness_before = set_witness(witness, unbound=unbound)  # checks ``witness`` first
+                _WITNESS.push(self, witness, unbound)  # checks ``witness`` first
             try:
                 places = self.patcher.install(dump, kept, row, lazy, lazy=lazy)
             except BaseException:
-                if witness_before is not None:
-                    set_witness(witness_before[0], unbound=witness_before[1])  # nothing installed: as it was
+                _WITNESS.drop(self)  # nothing installed: as it was
                 raise
-            self.witness_before = witness_before
             self.kept = kept
             self.release = (version, row, mode)
             logging.getLogger("rebatch").info(
@@ -218,15 +213,11 @@ class Integration:
             return Installed(self.trainer, version, row, mode, tuple(places))
 
     def uninstall(self) -> None:
-        """Put the trainer's originals back wherever `install` replaced them, and the alignment witness's
-        switch as it was before `install` changed it. Idempotent."""
+        """Put the trainer's originals back wherever `install` replaced them, and take this install's
+        settings of the alignment witness's switch out (`_WitnessSettings`, in any order). Idempotent."""
         with self.lock:
             self.patcher.uninstall()
-            if self.witness_before is not None:
-                from .._witness import set_witness
-
-                set_witness(self.witness_before[0], unbound=self.witness_before[1])
-                self.witness_before = None
+            _WITNESS.drop(self)
             self.release = None
 
     def installed(self) -> bool:
@@ -247,6 +238,39 @@ class Integration:
         if kept is None:
             kept = Shadow(0.0, "log", None, trainer=self.trainer, version=self.versions.installed())
         return kept.stats(json_path)
+
+
+class _WitnessSettings:
+    """The witness's switch as the installs in force set it (``install(witness=, unbound=)``): a stack of
+    ``(integration, on, unbound)`` over the switch as it was before the first (``base``); each setting in
+    force is the last install's that gave it, and an uninstall, in any order, takes only its own out."""
+
+    def __init__(self) -> None:
+        self.lock = ForkSafeLock()
+        self.stack: list[tuple[Integration, bool | None, frozenset[Any] | None]] = []
+        self.base: tuple[bool, frozenset[Any]] = (True, frozenset())
+
+    def push(self, owner: Integration, on: bool | None, unbound: Iterable[Any] | None) -> None:
+        from .._witness import set_witness
+
+        with self.lock:
+            previous = set_witness(on, unbound=unbound)  # checks ``on`` first: nothing pushed if refused
+            self.base = self.base if self.stack else previous
+            self.stack.append((owner, on, None if unbound is None else frozenset(unbound)))
+
+    def drop(self, owner: Integration) -> None:
+        from .._witness import set_witness
+
+        with self.lock:
+            if any(o is owner for o, _, _ in self.stack):
+                self.stack = [e for e in self.stack if e[0] is not owner]
+                on, unbound = self.base
+                for _, o, u in self.stack:
+                    on, unbound = on if o is None else o, unbound if u is None else u
+                set_witness(on, unbound=unbound)
+
+
+_WITNESS = _WitnessSettings()
 
 
 def _shadowed(shadow: Shadow, r: Replaced, save: Callable[..., None] | None) -> Wrap:

@@ -15,8 +15,9 @@ of the alignment witness): the trainer's function would misalign that step silen
 logged as an ERROR on ``rebatch.shadow`` (the trainer, the function, the keys, rebatch's message) and the
 first one dumped, all BEFORE the trainer's function runs, so a trainer function that then fails (AReaL's
 raises an ``AssertionError`` on a duplicate index) still leaves it in the counters and the report.
-``on_defect="raise"`` raises the `ref.errors.RebatchError` instead of running the trainer's function.
-rebatch's other exceptions are recorded (counted, a WARNING), never raised into the run. Each
+``on_defect="raise"`` raises the defect instead of running the trainer's function, and only a defect:
+rebatch's other exceptions (a setting it refuses, a bug of its own) are counted and logged as a WARNING
+once a name and class (`Counters.caught`), and the trainer's result is returned, whatever ``on_defect``. Each
 difference is one ERROR line naming the trainer, the function, the call, the key, the row and both
 values. A normal call logs nothing.
 
@@ -72,8 +73,8 @@ def _keys(keys_of: Callable[..., Any] | None, args: Any, kwargs: Any) -> str:
         return ""
     try:
         return f" in keys {keys_of(*args, **kwargs)}"
-    except Exception:  # an input too broken to name its keys: the message says the rest
-        return ""
+    except Exception as err:  # an input too broken to name its keys: said in the defect's line
+        return f" (its keys unreadable: {type(err).__name__}: {err})"
 
 
 class _Site(NamedTuple):
@@ -161,7 +162,8 @@ class Shadow(Counters):
             self._first_bad(site, args, kwargs)
         else:
             self._count(name, errors=1)
-            self._say(logging.WARNING, name, n, f"rebatch raised {why} (recorded; {trainer}'s result returned)")
+            if self.caught(f"{name}: {type(failure).__name__}"):
+                self._say(logging.WARNING, name, n, f"rebatch raised {why} (recorded; {trainer}'s result returned)")
         self.write_report()
 
     def _after(self, site: _Site, n: int, mine: Any, result: Any, args: Any, kwargs: Any) -> None:
@@ -180,7 +182,8 @@ class Shadow(Counters):
             step(*args)
         except Exception as err:  # a comparison, a dump or a report that fails never breaks the run
             self._count(name, errors=1)
-            self._say(logging.WARNING, name, n, f"shadow mode failed: {type(err).__name__}: {err}")
+            if self.caught(f"{name}: shadow {type(err).__name__}"):
+                self._say(logging.WARNING, name, n, f"shadow mode failed: {type(err).__name__}: {err}")
 
     def wrap(
         self,
@@ -221,7 +224,7 @@ class Shadow(Counters):
             if failure is not None:  # recorded before the trainer's function runs (it may raise itself)
                 self._count(name, calls=1, sampled=sampled, rebatch_seconds=t1 - t0)
                 self._guarded(name, n, self._before, site, n, failure, args, kwargs)
-                if self.on_defect == "raise":
+                if self.on_defect == "raise" and isinstance(failure, DEFECTS):
                     raise failure
                 t1 = time.perf_counter()
                 try:

@@ -35,6 +35,7 @@ from .._entry import entry
 from .._layouts import scatter_padded
 from .._parts import DensePart, check_parts
 from .._permutation import check_permutation, invert
+from .._tally import skipped
 from .._witness import witness_config
 from ._integration import Installed, Integration, Replaced
 from ._patch import Versions
@@ -173,16 +174,18 @@ def _check_micro_batches(mb_list: Any, in_order: list[int], order: list[int], si
     order is not the one the micro-batches were built with. One read, where they live on an accelerator
     (AReaL moves ``mb_list`` to the device). Not checked where ``mb_list`` has no ``mbs`` holding 1-D
     integer ``cu_seqlens`` for exactly the batch's rows (``output_seqlens`` alone cannot witness: the
-    split is made from it), or with the witness switched off (``REBATCH_WITNESS=off``)."""
-    mbs = getattr(mb_list, "mbs", None)
-    if not witness_config()[0] or not isinstance(mbs, list | tuple) or not mbs:
+    split is made from it; counted: `torch_impl._tally.SKIPS`), or with the witness switched off
+    (``REBATCH_WITNESS=off``)."""
+    if not witness_config()[0]:
         return
+    mbs = getattr(mb_list, "mbs", None)
+    mbs = mbs if isinstance(mbs, list | tuple) else ()
     found = [mb.get("cu_seqlens") if isinstance(mb, Mapping) else None for mb in mbs]
     cus = [c for c in found if isinstance(c, torch.Tensor) and c.dim() == 1 and c.numel() > 0]
-    if len(cus) != len(found) or any(c.is_floating_point() or c.is_complex() for c in cus):
-        return
+    if not found or len(cus) != len(found) or any(c.is_floating_point() or c.is_complex() for c in cus):
+        return skipped("calls_without_witness")
     if sum(int(c.numel()) - 1 for c in cus) != len(in_order) or cus[0].device.type == "meta":
-        return
+        return skipped("calls_without_witness")
     device = cus[0].device
     got = torch.cat([c.diff().to(device, torch.int64) for c in cus])
     totals = torch.stack([(c[-1] - c[0]).to(device, torch.int64) for c in cus])

@@ -31,6 +31,7 @@ from ref.structure import misalignment, witness_binds
 from .._entry import entry
 from .._permutation import check_permutation, invert
 from .._postprocess import check_batch_func, postprocess_batch
+from .._tally import skipped
 from .._witness import witness_config
 from ._counts import rows_of_partitions
 from ._integration import Installed, Integration, Replaced
@@ -176,7 +177,8 @@ def item_witness(data: Any) -> list[int] | None:
     ``(loss_mask > 0).sum(dim=1)``) from the iterator's batch ``data`` (its ``TrainingInputBatch``), where
     each item keeps the last that many of its row's log-probs. On the host: SkyRL keeps the batch there
     (each micro-batch goes to the device in the worker); on an accelerator, one small read. None without
-    such a mask of ``[B, S]``, or with the witness switched off (``REBATCH_WITNESS=off``)."""
+    such a mask of ``[B, S]`` (counted by reason: `torch_impl._tally.SKIPS`), or with the witness switched
+    off (``REBATCH_WITNESS=off``)."""
     if not witness_config()[0]:
         return None
     try:
@@ -184,9 +186,11 @@ def item_witness(data: Any) -> list[int] | None:
         if mask is None:
             mask = data.get("loss_mask")
             mask = mask > 0 if isinstance(mask, torch.Tensor) else None
-    except (AttributeError, TypeError, KeyError):
+    except (AttributeError, TypeError, KeyError):  # not a mapping: unwitnessed, counted
+        skipped("skipped_unreadable_witness")
         return None
     if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or mask.is_nested or mask.device.type == "meta":
+        skipped("calls_without_witness")
         return None
     # SkyRL slices ``log_probs[i, -valid_len:]`` (``[]`` where not positive): the lengths it keeps
     return [int(n) for n in mask.sum(dim=1).long().clamp(0, mask.shape[1]).tolist()]
@@ -202,6 +206,8 @@ def _witness_items(data: Any, ordered: list[Any], perm: torch.Tensor, sizes: lis
         return
     witness = item_witness(data)
     if witness is None or len(witness) != len(ordered):
+        if witness is not None:  # a mask of another batch's rows: nothing to witness
+            skipped("calls_without_witness")
         return
     unbound = witness_config()[1]
     total = sum(witness)
