@@ -11,7 +11,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from . import errors as errors, metrics as metrics, partition as partition, provenance as provenance, structure as structure
+from . import (
+    errors as errors,
+    metrics as metrics,
+    partition as partition,
+    provenance as provenance,
+    structure as structure,
+)
 from .errors import (
     DeviceMismatchError as DeviceMismatchError,
     DtypeMismatchError as DtypeMismatchError,

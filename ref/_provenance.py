@@ -123,5 +123,7 @@ def _check_indices(indices: Sequence[Sequence[int]], rows: Sequence[Any]) -> Non
         bad = a != b
         j = jnp.minimum(_first(bad), a.shape[0] - 1)
         text = _escaped(str(stray_indices(m, 0, "\x00got\x00", "\x00want\x00")))
-        text = text.replace("position 0", "position {j}").replace("\x00got\x00", "{got}").replace("\x00want\x00", "{want}")
+        text = (
+            text.replace("position 0", "position {j}").replace("\x00got\x00", "{got}").replace("\x00want\x00", "{want}")
+        )
         _check(~jnp.any(bad), "MisalignmentError: " + text, j=_shown(j), got=_shown(a[j]), want=_shown(b[j]))

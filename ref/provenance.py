@@ -61,7 +61,10 @@ def stray_indices(micro_batch: int, position: int | None, got: Any, want: Any) -
     if position is None:
         at, what = f"micro-batch {micro_batch}: ", f"{got} indices, but the split gave it {want} rows"
     else:
-        at, what = f"micro-batch {micro_batch}, position {position}: ", f"index {got}, but the split put row {want} there"
+        at, what = (
+            f"micro-batch {micro_batch}, position {position}: ",
+            f"index {got}, but the split put row {want} there",
+        )
     return MisalignmentError(
         f"{at}{what} (the indices are not the split's: another step's, another partition's, or the inverse "
         f"given for the forward)"
