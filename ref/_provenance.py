@@ -59,8 +59,8 @@ def check_provenance(
     output_lst: Sequence[Mapping[str, Any]], indices: Sequence[Sequence[int]] | None, provenance: Provenance, key: Any
 ) -> bool:
     """Step 6p: the indices are the split's (with dynamic batch size), then every output carrying its
-    provenance holds its own micro-batch's rows; returns whether every output carried one (the call is
-    then proven: the witness need not bind any key). ``output_lst`` and ``indices`` without padding
+    provenance holds its own micro-batch's rows; returns whether every output carried one (then every
+    key of the call is proven, dense keys included). ``output_lst`` and ``indices`` without padding
     micro-batches; ``key``: the first model-output key, named by an output's error.
 
     >>> prov = Provenance(((2, 0), (1,)))

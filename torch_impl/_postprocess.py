@@ -82,8 +82,7 @@ def _checked_plans(
     """Every check of a call, in ``docs/spec.md``'s order, and every key's plan, no data moved: the
     settings (step 1), the outputs without padding micro-batches, the permutation, each key's parts
     (`_check_keys`), each key's offsets as it is planned (`plan_key`), the provenance's verdict (step
-    6p, judged before planning, raised after it) and, unless it proved the call, the alignment witness's
-    verdict on every key's restored lengths, computed once from the plans. Returns the outputs
+    6p, judged before planning, raised after it) and the alignment witness's verdict on every key's restored lengths, computed once from the plans. Returns the outputs
     without padding micro-batches and the plans, in the keys' order."""
     pad_mode, dynamic = _settings(use_dynamic_bsz, pad_mode, indices)
     output_lst, indices = drop_padding(output_lst, indices)
@@ -98,11 +97,9 @@ def _checked_plans(
     checked = _check_keys(outs, keys, sizes, pad_mode)
     if not checked:
         return output_lst, []
-    proven, stray = provenance.judge(outs, indices, perm) if provenance is not None else (False, None)
+    stray = provenance.judge(outs, indices, perm)[1] if provenance is not None else None
     rows = CallRows([p.rows for p in checked[keys[0]]], perm)
-    judge = (
-        Witness(witness, sum(rows.rows), rows.perm, rows.rows, unbound) if witness is not None and not proven else None
-    )
+    judge = Witness(witness, sum(rows.rows), rows.perm, rows.rows, unbound) if witness is not None else None
     plans = []
     for key, parts in checked.items():
         plan = plan_key(parts, key, rows)

@@ -29,7 +29,7 @@ from ref.structure import PADDING
 
 from ._parts import NestedTensor
 
-__all__ = ["UNRECORDED", "Provenance", "check_latest", "provenance_stats", "record", "recorded"]
+__all__ = ["UNRECORDED", "Provenance", "check_latest", "observe_split", "provenance_stats", "record", "recorded"]
 
 _lock = ForkSafeLock()  # a forked child finds it free (`rebatch_startup.renew_at_fork`)
 _records: dict[int, Provenance] = {}  # id(batch) -> its latest split's record (dropped with the batch)
@@ -120,11 +120,18 @@ def record(batch: Any, micro_batches: Sequence[Any], indices: Sequence[Any] | No
     weakly, or micro-batches without a batch size, are left unrecorded (their calls stay unproven)."""
     try:
         rec = Provenance(batch, micro_batches, indices)
-    except (TypeError, ValueError, AttributeError):
+    except Exception:  # a batch that cannot be held weakly, odd micro-batches: unrecorded, never an error
         return
     with _lock:
         _records[id(batch)] = rec
     _here.latest = rec
+
+
+def observe_split(result: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
+    """A trainer's own split of ``batch`` returned ``result`` (``(micro_batches, indices)``): recorded as
+    rebatch's split records its own (shadow mode, `torch_impl.integrations`); anything else, unrecorded."""
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], list | tuple):
+        record(batch, *result)
 
 
 def recorded(batch: Any) -> Provenance | _Unrecorded:

@@ -93,11 +93,15 @@ def set_witness(on: bool | None = None, *, unbound: Iterable[Any] | None = None)
 def witness_stats(reset: bool = False) -> dict[str, int]:
     """What the witness checked in this process: ``calls`` (calls given a witness), ``calls_without_witness``
     (drop-in calls whose input held none: no jagged ``input_ids``), ``calls_binding_nothing`` (given one,
-    no key bound: it checked nothing), ``keys_witnessed`` and ``keys_unbound`` (over all calls)."""
+    no key bound: it checked nothing), ``keys_witnessed`` and ``keys_unbound`` (over all calls); and
+    exact provenance's counters, prefixed ``provenance_`` (`torch_impl._provenance.provenance_stats`)."""
     with _lock:
         out = dict(_stats)
         if reset:
             _stats.update(dict.fromkeys(_COUNTERS, 0))
+    from ._provenance import provenance_stats  # what exact provenance proved, beside the witness (``provenance_*``)
+
+    out.update({f"provenance_{k}": v for k, v in provenance_stats(reset).items()})
     return out
 
 
