@@ -199,7 +199,7 @@ def test_a_split_that_was_not_rebatchs_and_fresh_offsets_stay_unproven() -> None
 
 
 def test_the_record_keeps_no_batch_alive() -> None:
-    data, mbs, indices = _split()
+    data, mbs, _indices = _split()
     alive = weakref.ref(data)
     key = id(data)
     assert key in _provenance._records

@@ -205,7 +205,6 @@ def _table(row: str) -> list[Replaced]:
     """The table of release ``row``: rebatch's function for each name (`_functions`), and
     ``postprocess_batch_func``'s adapters (its check, dump and keys)."""
     from .._postprocess import check_batch_func
-
     from .._provenance import observe_split
 
     post = "postprocess_batch_func"
