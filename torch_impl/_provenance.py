@@ -127,10 +127,12 @@ def record(batch: Any, micro_batches: Sequence[Any], indices: Sequence[Any] | No
     _here.latest = rec
 
 
-def observe_split(result: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
-    """A trainer's own split of ``batch`` returned ``result`` (``(micro_batches, indices)``): recorded as
-    rebatch's split records its own (shadow mode, `torch_impl.integrations`); anything else, unrecorded."""
-    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], list | tuple):
+def observe_split(result: Any, *args: Any, **kwargs: Any) -> None:
+    """A trainer's own split of its first argument (``data`` or ``batch``, by keyword too, as verl's
+    engines pass it) returned ``result`` (``(micro_batches, indices)``): recorded as rebatch's split
+    records its own (shadow mode, `torch_impl.integrations`); anything else, unrecorded. Never raises."""
+    batch = args[0] if args else kwargs.get("data", kwargs.get("batch"))
+    if batch is not None and isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], list | tuple):
         record(batch, *result)
 
 
