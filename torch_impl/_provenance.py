@@ -38,13 +38,10 @@ _COUNTERS = ("calls_proven", "calls_partly_proven", "calls_unproven", "keys_prov
 _stats = dict.fromkeys(_COUNTERS, 0)
 
 
-def _tag(x: Any) -> int | None:
-    """The nested int of a jagged nested tensor's ragged size (its identity, a host fact), else None."""
-    if not isinstance(x, NestedTensor) or x._ragged_idx != 1:
-        return None
-    node = getattr(x._size[1], "node", None)
-    nested_int = getattr(node, "nested_int", None)
-    return None if nested_int is None else nested_int()
+def _ragged(x: Any) -> Any:
+    """A jagged nested tensor's ragged size, the nested int (a host object torch keeps through moves),
+    else None."""
+    return x._size[1] if isinstance(x, NestedTensor) and x._ragged_idx == 1 else None
 
 
 class Provenance:
@@ -52,24 +49,27 @@ class Provenance:
     ``sizes`` (each real micro-batch's rows) and ``flat`` (its indices flattened, None for fixed-size
     chunks: the outputs in order are the batch). Read-only once made; shared by threads."""
 
-    __slots__ = ("__weakref__", "batch", "flat", "sizes", "tags")
+    __slots__ = ("__weakref__", "batch", "flat", "flat_bytes", "kept", "sizes", "tags")
 
     def __init__(self, batch: Any, micro_batches: Sequence[Any], indices: Sequence[Any] | None) -> None:
         key = id(batch)
         self.batch = weakref.ref(batch, lambda ref: _forget(key, ref))
         real = [i for i, p in enumerate(indices) if p is not PADDING] if indices is not None else None
         kept = [micro_batches[i] for i in real] if real is not None else list(micro_batches)
-        self.tags: dict[int, int] = {}
+        self.tags: dict[int, int] = {}  # id(nested int) -> slot; ``kept`` holds those nested ints (ids unique)
+        self.kept: list[Any] = []
         for m, mb in enumerate(kept):
             for v in mb.values() if hasattr(mb, "values") else ():
-                tag = _tag(v)
-                if tag is not None:
-                    self.tags[tag] = m
+                size = _ragged(v)
+                if size is not None:
+                    self.kept.append(size)
+                    self.tags[id(size)] = m
         self.sizes: tuple[int, ...] = tuple(int(mb.batch_size[0]) if mb.batch_size else 0 for mb in kept)
         self.flat: np.ndarray | None = None
         if real is not None and indices is not None:
             parts = [indices[i] for i in real]
             self.flat = np.fromiter(itertools.chain.from_iterable(parts), dtype=np.int64, count=sum(self.sizes))
+        self.flat_bytes = b"" if self.flat is None else self.flat.tobytes()
 
     def rows(self) -> list[list[int]]:
         """The split's indices, padding left out (for the error path)."""
@@ -85,21 +85,24 @@ class Provenance:
         output's nested ints against its slot; proven where every output holds a recorded nested int of
         its own slot. The error is returned, for the call to raise in the order of checks."""
         if perm is not None and self.flat is not None:
-            sizes = tuple(len(p) for p in indices) if indices is not None else ()
-            if sizes != self.sizes or not np.array_equal(perm.numpy(), self.flat):
+            sizes = tuple(map(len, indices)) if indices is not None else ()
+            if sizes != self.sizes or perm.numpy().tobytes() != self.flat_bytes:
                 try:
                     check_indices([list(p) for p in indices or ()], self.rows())
                 except RebatchError as err:
                     return False, err
         proven = 0
         keys = [0, 0]  # keys proven, keys of outputs left unproven
+        tags = self.tags
         for m, o in enumerate(outs):
             own = False
             for key, v in o.items():
-                q = self.tags.get(_tag(v), None) if isinstance(v, NestedTensor) else None  # type: ignore[arg-type]
-                if q is not None and q != m:
+                q = tags.get(id(v._size[1])) if type(v) is NestedTensor and v._ragged_idx == 1 else None
+                if q is None:  # dense, or a ragged size this split did not hand out: no provenance
+                    continue
+                if q != m:
                     return False, stray_output(key, m, q)
-                own = own or q == m
+                own = True
             proven += own
             keys[not own] += len(o)
         _count(proven, len(outs), *keys)
