@@ -12,11 +12,20 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
 from tensordict import NonTensorData, TensorDict
 
 import ref
 import torch_impl
+from property_tests.baseline import verl_postprocess_batch_func
 from property_tests.compare import first_difference
+from property_tests.strategies import (
+    Misaligned,
+    VerlStep,
+    equal_length_steps,
+    fixed_length_steps,
+    misalignments,
+)
 from ref.errors import MisalignmentError, NotAPermutationError
 from torch_impl import _provenance
 from torch_impl._postprocess import check_batch_func
@@ -242,3 +251,39 @@ def test_ref_and_torch_agree_on_the_words() -> None:
     with pytest.raises(MisalignmentError) as torch_error:
         torch_impl.postprocess_batch_func(torch_outs[::-1], torch_indices, data)
     assert str(ref_error.value) == str(torch_error.value)
+
+
+PROPERTY = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@PROPERTY
+@given(st.one_of(fixed_length_steps(), equal_length_steps()))
+def test_clean_fixed_and_equal_length_steps_pass_and_match_verl(step: VerlStep) -> None:
+    """0 false positives: the clean call is proven and is verl's algorithm's result."""
+    before = torch_impl.provenance_stats()["calls_proven"]
+    result = torch_impl.postprocess_batch_func(step.output_lst, step.indices, step.data)
+    assert torch_impl.provenance_stats()["calls_proven"] == before + 1
+    assert first_difference(result, verl_postprocess_batch_func(step.output_lst, step.indices, step.data)) is None
+    check_batch_func(step.output_lst, step.indices, step.data)
+
+
+@PROPERTY
+@given(misalignments(steps=st.one_of(fixed_length_steps(), equal_length_steps())))
+def test_every_named_misalignment_raises_whatever_the_lengths(case: Misaligned) -> None:
+    """0 silent: each named misalignment, on batches where lengths cannot tell, through the drop-in and
+    shadow mode's check."""
+    for fn in (torch_impl.postprocess_batch_func, check_batch_func):
+        with pytest.raises(MisalignmentError, match="by the split's provenance|the indices are not the split's"):
+            fn(case.output_lst, case.indices, case.step.data)
+
+
+@PROPERTY
+@given(fixed_length_steps(dynamic=True), st.sampled_from([torch.float64, torch.bfloat16]))
+def test_outputs_moved_to_another_dtype_and_back_stay_proven(step: VerlStep, dtype: torch.dtype) -> None:
+    moved = [
+        {**o, "model_output": {k: v.to(dtype).to(v.dtype) for k, v in o["model_output"].items()}}
+        for o in step.output_lst
+    ]
+    before = torch_impl.provenance_stats()["calls_proven"]
+    torch_impl.postprocess_batch_func(moved, step.indices, step.data)
+    assert torch_impl.provenance_stats()["calls_proven"] == before + 1
