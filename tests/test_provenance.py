@@ -273,7 +273,7 @@ def test_every_named_misalignment_raises_whatever_the_lengths(case: Misaligned) 
     """0 silent: each named misalignment, on batches where lengths cannot tell, through the drop-in and
     shadow mode's check."""
     for fn in (torch_impl.postprocess_batch_func, check_batch_func):
-        with pytest.raises(MisalignmentError, match="by the split's provenance|the indices are not the split's"):
+        with pytest.raises(MisalignmentError, match=r"by the split's provenance|the indices are not the split's"):
             fn(case.output_lst, case.indices, case.step.data)
 
 
