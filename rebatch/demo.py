@@ -77,7 +77,8 @@ def make_step(
     micro_batches: Any = None
     if split:
         data["input_ids"] = batch
-        micro_batches, indices = prepare_micro_batches(data, max_token_len=max_tokens)
+        micro_batches, split_indices = prepare_micro_batches(data, max_token_len=max_tokens)
+        indices = list(split_indices or [])
     output_lst = []
     for m, part in enumerate(indices):
         if micro_batches is not None:

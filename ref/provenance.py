@@ -23,6 +23,10 @@ __all__ = ["PROVENANCE", "Provenance", "check_indices", "provenance_of", "stray_
 PROVENANCE = "provenance"
 
 
+#: How an error of provenance says to switch the check off (with the alignment witness: one switch).
+_OFF = "switch the check off: provenance=None, torch_impl.set_witness(False) or REBATCH_WITNESS=off"
+
+
 class Provenance(NamedTuple):
     """A split's provenance: ``rows[m]``, the original rows of micro-batch ``m`` in the order it holds
     them (a 1-D integer array or sequence; `PADDING` for a padding micro-batch). A NamedTuple, so a JAX
@@ -51,7 +55,7 @@ def stray_output(key: Any, slot: int, holder: int | None) -> MisalignmentError:
     whose = f"micro-batch {holder}'s rows" if holder is not None else "rows no micro-batch of this split holds"
     return MisalignmentError(
         f"{where(key, slot)}this output holds {whose}, by the split's provenance, not micro-batch {slot}'s "
-        f"(outputs in the wrong order, or computed on another micro-batch)"
+        f"(outputs in the wrong order, or computed on another micro-batch; {_OFF})"
     )
 
 
@@ -67,7 +71,7 @@ def stray_indices(micro_batch: int, position: int | None, got: Any, want: Any) -
         )
     return MisalignmentError(
         f"{at}{what} (the indices are not the split's: another step's, another partition's, or the inverse "
-        f"given for the forward)"
+        f"given for the forward; {_OFF})"
     )
 
 

@@ -95,6 +95,7 @@ def test_outputs_built_on_a_moved_micro_batch_are_proven(move: Any) -> None:
     data, mbs, indices = _split()
     moved = [move(mb) for mb in mbs]
     rec = torch_impl.recorded(data)
+    assert isinstance(rec, _provenance.Provenance)
     for m, mb in enumerate(moved):
         assert rec.tags[id(_provenance._ragged(mb["input_ids"]))] == m  # the nested int survives the move
     outs = _engine(mbs, move)
@@ -171,6 +172,8 @@ def test_another_steps_indices_raise() -> None:
         torch.arange(160), torch.tensor([0, *range(4, 150, 10), 160])
     )  # other lengths: another partition of the same rows
     _, other_indices = torch_impl.prepare_micro_batches(other)
+    assert other_indices is not None
+    assert indices is not None
     assert [list(p) for p in other_indices] != [list(p) for p in indices]
     with pytest.raises(MisalignmentError, match="the indices are not the split's"):
         torch_impl.postprocess_batch_func(_engine(mbs), other_indices, data)

@@ -206,7 +206,8 @@ def _verl_call(output_lst: Any, data: Any) -> tuple[Any, tuple[Any, Any, Any, Co
     output_lst = [_plain_model_output(o) for o in output_lst] if isinstance(output_lst, list | tuple) else output_lst
     witness = read_witness(data)
     unbound = witness_config()[1] if witness is not None else ()
-    return output_lst, (use_dynamic_bsz, pad_mode, witness, unbound, recorded(data))
+    provenance = recorded(data) if witness_config()[0] else None  # one switch for both alignment checks
+    return output_lst, (use_dynamic_bsz, pad_mode, witness, unbound, provenance)
 
 
 def _plain_model_output(o: Any) -> Any:

@@ -149,8 +149,10 @@ def recorded(batch: Any) -> Provenance | _Unrecorded:
 def check_latest(partitions: Sequence[Any], num_rows: int) -> None:
     """`restore_dynamic_batch`'s check: ``partitions`` against this thread's latest split, where that
     split's batch is alive and its micro-batches have the same sizes (else unproven, never an error)."""
+    from ._witness import witness_config
+
     rec = getattr(_here, "latest", None)
-    if rec is None or rec.flat is None or rec.batch() is None or sum(rec.sizes) != num_rows:
+    if not witness_config()[0] or rec is None or rec.flat is None or rec.batch() is None or sum(rec.sizes) != num_rows:
         return
     if any(p is PADDING for p in partitions) or tuple(len(p) for p in partitions) != rec.sizes:
         return
