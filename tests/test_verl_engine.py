@@ -241,9 +241,9 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_rebatch_check_and_report_read_what_the_engine_left(runs: Runs) -> None:
-    """Shadow at world size 1 met three misalignments: one dump (the first), which ``rebatch check
-    --dump`` rejects naming the misalignment (exit 1), and a report that ``rebatch report`` finds not
-    clean (exit 1, three defects). At world size 2 (no misalignment): no dump, two clean reports (exit 0)."""
+    """Shadow at world size 1 met one misalignment per injection: one dump (the first), which ``rebatch
+    check --dump`` rejects naming the misalignment (exit 1), and a report that ``rebatch report`` finds
+    not clean (exit 1, one defect per injection). At world size 2 (no misalignment): no dump, two clean reports (exit 0)."""
     one, two = runs["shadow", 1], runs["shadow", 2]
     dumps = sorted(p for p in one.dump_dir.iterdir() if p.is_file())
     assert len(dumps) == 1, dumps
@@ -253,7 +253,7 @@ def test_rebatch_check_and_report_read_what_the_engine_left(runs: Runs) -> None:
     assert "MISMATCH" in check.stdout, check.stdout
     report = _cli("report", str(one.report_dir))
     assert report.returncode == 1, report.stdout + report.stderr
-    assert "3 defect(s)" in report.stdout, report.stdout
+    assert f"{len(INJECTIONS)} defect(s)" in report.stdout, report.stdout
     assert not two.dump_dir.exists() or not any(two.dump_dir.iterdir())
     assert len([p for p in two.report_dir.iterdir() if p.is_file()]) == 2
     report = _cli("report", str(two.report_dir))
