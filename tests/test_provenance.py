@@ -6,6 +6,7 @@ several threads, verl-like fresh offsets, a split that was not rebatch's) never 
 from __future__ import annotations
 
 import gc
+import os
 import threading
 import weakref
 from typing import Any
@@ -290,3 +291,59 @@ def test_outputs_moved_to_another_dtype_and_back_stay_proven(step: VerlStep, dty
     before = torch_impl.provenance_stats()["calls_proven"]
     torch_impl.postprocess_batch_func(moved, step.indices, step.data)
     assert torch_impl.provenance_stats()["calls_proven"] == before + 1
+
+
+def test_verls_own_split_feeding_rebatchs_restore_is_unproven_never_an_error() -> None:
+    """verl 0.9.1's ``rearrange_micro_batches`` (pins environment) splits; rebatch's restore gets its
+    micro-batches' outputs and indices: no record, so unproven (counted), and verl's result."""
+    from property_tests.verl_oracle import verl_or_skip
+
+    verl = verl_or_skip()
+    data = _batch()
+    mbs, indices = verl.seqlen_balancing.rearrange_micro_batches(data, 40)
+    outs = _engine(mbs)
+    before = torch_impl.provenance_stats()["calls_unproven"]
+    result = torch_impl.postprocess_batch_func(outs, indices, data)
+    assert torch_impl.provenance_stats()["calls_unproven"] == before + 1
+    theirs = verl.engine_utils.postprocess_batch_func(
+        [{**o, "model_output": {"log_probs": o["model_output"]["log_probs"]}} for o in outs], indices, data
+    )
+    assert first_difference(result["model_output"]["log_probs"], theirs["model_output"]["log_probs"]) is None
+
+
+def test_a_forked_child_checks_with_its_parents_records() -> None:
+    """The records and the lock survive a fork (`rebatch_startup.renew_at_fork`): the child's swapped call
+    raises, its clean one passes, while a parent's thread held the lock at the fork."""
+    import multiprocessing
+
+    if "fork" not in multiprocessing.get_all_start_methods():
+        pytest.skip("no fork on this platform")
+    data, mbs, indices = _split()
+    outs = _engine(mbs)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with _provenance._lock:
+            held.set()
+            release.wait(30)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait(30)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: exit status 0 only if both calls behave
+            code = 1
+            try:
+                torch_impl.postprocess_batch_func(outs, indices, data)
+                try:
+                    torch_impl.postprocess_batch_func(outs[::-1], indices, data)
+                except MisalignmentError:
+                    code = 0
+            finally:
+                os._exit(code)
+    finally:
+        release.set()
+        t.join()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
