@@ -69,10 +69,11 @@ def postprocess_batch(
     >>> [len(r) for r in out["model_output"]["lp"].rows()] == witness
     True
     >>> _ = postprocess_batch([{"model_output": {"lp": p}} for p in lp], indices, witness=witness)  # checked
-    >>> prov = Provenance(((2, 0), (1,)))  # what the split handed out; each output carries its own
-    >>> outs = [{"model_output": {"lp": p}, "provenance": r} for p, r in zip(lp, prov.rows)]
-    >>> _ = postprocess_batch(outs, indices, provenance=prov)  # proven, whatever the lengths
-    >>> postprocess_batch(outs[::-1], indices, provenance=prov)  # doctest: +ELLIPSIS
+    >>> same = [Jagged.from_rows([[1.0, 2.0]]), Jagged.from_rows([[3.0, 4.0]])]  # rows of one length
+    >>> prov = Provenance(((1,), (0,)))  # what the split handed out; each output carries its own
+    >>> outs = [{"model_output": {"lp": p}, "provenance": r} for p, r in zip(same, prov.rows)]
+    >>> _ = postprocess_batch(outs, [[1], [0]], provenance=prov)  # proven, whatever the lengths
+    >>> postprocess_batch(outs[::-1], [[1], [0]], provenance=prov)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
     ref.errors.MisalignmentError: key 'lp', micro-batch 0: this output holds micro-batch 1's rows, ...
