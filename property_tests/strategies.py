@@ -8,12 +8,13 @@ micro-batch); tensor contents are random bits from a drawn seed (so floats inclu
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from hypothesis import strategies as st
+from hypothesis import assume, strategies as st
 from hypothesis.errors import InvalidArgument
 
 from ref import errors
@@ -52,6 +53,11 @@ __all__ = [
     "LyingPartition",
     "hostile_indices",
     "hostile_data",
+    "fixed_length_steps",
+    "equal_length_steps",
+    "MISALIGNMENTS",
+    "Misaligned",
+    "misalignments",
 ]
 
 
@@ -533,3 +539,106 @@ def hostile_data(draw: st.DrawFn, *, min_size: int = 0, max_size: int = 4) -> Ho
         )
     )
     return HostileData(type(data).__name__, errors.UnsupportedSettingError, data)
+
+
+@st.composite
+def fixed_length_steps(
+    draw: st.DrawFn, *, min_rows: int = 2, max_rows: int = 12, max_length: int = 6, dynamic: bool | None = None
+) -> VerlStep:
+    """`verl_step`\\ s whose rows all have one drawn length (fixed-length data: SFT packed or truncated to one
+    length, reward-model batches), where no row length tells two rows apart; split into at least two
+    micro-batches, by a token budget (``dynamic``) or in fixed-size chunks (``dynamic=False``; None: either)."""
+    _check_bounds("rows", min_rows, max_rows, floor=2)
+    b = draw(st.integers(min_rows, max_rows))
+    length = draw(st.integers(1, max(max_length, 1)))
+    if dynamic if dynamic is not None else draw(st.booleans()):
+        return verl_step([length] * b, budget=length * draw(st.integers(1, b // 2)))
+    return verl_step([length] * b, micro_batch_size=draw(st.sampled_from([d for d in range(1, b) if b % d == 0])))
+
+
+@st.composite
+def equal_length_steps(draw: st.DrawFn, *, min_rows: int = 2, max_rows: int = 12, max_length: int = 6) -> VerlStep:
+    """`verl_step`\\ s whose rows take at most two drawn lengths (many rows share one: responses truncated at
+    the cap), split by a token budget into micro-batches."""
+    _check_bounds("rows", min_rows, max_rows, floor=2)
+    two = draw(st.lists(st.integers(1, max(max_length, 1)), min_size=2, max_size=2))
+    lengths = draw(st.lists(st.sampled_from(two), min_size=min_rows, max_size=max_rows))
+    return verl_step(lengths, budget=max(two) * draw(st.integers(1, max(1, len(lengths) // 2))))
+
+
+#: The well-formed misalignments exact provenance catches whatever the row lengths (`misalignments`).
+MISALIGNMENTS = (
+    "swapped_micro_batches",
+    "rows_transposed_across_micro_batches",
+    "another_steps_indices",
+    "inverse_for_forward",
+    "dense_key_rows",
+)
+
+
+class Misaligned(NamedTuple):
+    """A clean `VerlStep` (its ``data`` recorded by rebatch's split) and the same call misaligned by the
+    named misalignment of `MISALIGNMENTS`: ``output_lst`` and ``indices`` as the restore gets them."""
+
+    name: str
+    step: VerlStep
+    output_lst: list[dict[str, Any]]
+    indices: list[list[int]] | None
+
+
+def _cut(flat: list[int], sizes: list[int]) -> list[list[int]]:
+    bounds = list(itertools.accumulate(sizes, initial=0))
+    return [flat[bounds[q] : bounds[q + 1]] for q in range(len(sizes))]
+
+
+@st.composite
+def misalignments(draw: st.DrawFn, *, steps: st.SearchStrategy[VerlStep] | None = None) -> Misaligned:
+    """A step (default: `fixed_length_steps`) and one named misalignment of it that moves at least one row:
+    two micro-batches of one row count swapped in ``output_lst``; one row of two micro-batches transposed
+    in the indices; another step's indices (these rotated, cut into the same sizes); the inverse given for
+    the forward permutation; two rows of one micro-batch transposed in the indices (a dense key's rows
+    restored to each other's). Only the swap applies to fixed-size chunks (no indices)."""
+    step = draw(steps if steps is not None else fixed_length_steps())
+    outs = list(step.output_lst)
+    sizes = [int(o["model_output"]["log_probs"].size(0)) for o in outs]
+    if step.indices is None:
+        names = ["swapped_micro_batches"]
+        flat: list[int] = list(range(sum(sizes)))
+    else:
+        names = list(MISALIGNMENTS)
+        flat = [int(i) for p in step.indices for i in p]
+    pairs = [(m, n) for m, n in itertools.combinations(range(len(sizes)), 2) if sizes[m] == sizes[n] > 0]
+    if not pairs:
+        names = [n for n in names if n != "swapped_micro_batches"]
+    inverse = [0] * len(flat)
+    for k, i in enumerate(flat):
+        inverse[i] = k
+    if inverse == flat:
+        names = [n for n in names if n != "inverse_for_forward"]
+    if not any(s >= 2 for s in sizes):
+        names = [n for n in names if n != "dense_key_rows"]
+    if sum(1 for s in sizes if s) < 2:
+        names = [n for n in names if n != "rows_transposed_across_micro_batches"]
+    assume(names)
+    name = draw(st.sampled_from(names))
+    indices = None if step.indices is None else [list(p) for p in step.indices]
+    if name == "swapped_micro_batches":
+        m, n = draw(st.sampled_from(pairs))
+        outs[m], outs[n] = outs[n], outs[m]
+    elif name == "rows_transposed_across_micro_batches":
+        filled = [q for q, s in enumerate(sizes) if s]
+        m, n = draw(st.sampled_from(list(itertools.combinations(filled, 2))))
+        a, b = draw(st.integers(0, sizes[m] - 1)), draw(st.integers(0, sizes[n] - 1))
+        assert indices is not None
+        indices[m][a], indices[n][b] = indices[n][b], indices[m][a]
+    elif name == "another_steps_indices":
+        shift = draw(st.integers(1, len(flat) - 1))
+        indices = _cut(flat[shift:] + flat[:shift], sizes)
+    elif name == "inverse_for_forward":
+        indices = _cut(inverse, sizes)
+    else:
+        m = draw(st.sampled_from([q for q, s in enumerate(sizes) if s >= 2]))
+        a, b = draw(st.lists(st.integers(0, sizes[m] - 1), min_size=2, max_size=2, unique=True))
+        assert indices is not None
+        indices[m][a], indices[m][b] = indices[m][b], indices[m][a]
+    return Misaligned(name, step, outs, indices)

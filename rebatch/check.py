@@ -134,13 +134,21 @@ def _default_check() -> dict[str, Any]:
         },
         "seconds": {"torch_impl": t_torch, "ref": t_ref, "per_row_baseline": t_base},
         "witness": {"stats": witnessed, "caught": witness_rates(step)},
+        "provenance": {
+            "grpo": witness_rates(make_step(split=True), proven=True),
+            "fixed_length": witness_rates(make_step(split=True, fixed_length=FIXED_LENGTH), proven=True),
+        },
     }
     if t_ref is None:
         report["note"] = NO_JAX_NOTE
     report["agree"] = all(
         all(c is None or c["agree"] for c in (v["vs_original_rows"], v["vs_ref"], v["vs_per_row_baseline"]))
         for v in report["keys"].values()
-    ) and all(r["unexplained"] == 0 for r in report["witness"]["caught"].values())
+    ) and all(
+        r["unexplained"] == 0
+        for rates in (report["witness"]["caught"], *report["provenance"].values())
+        for r in rates.values()
+    )
     return report
 
 
@@ -152,9 +160,11 @@ MISALIGNMENTS = (
     "two micro-batches swapped",
 )
 TRIALS = 200
+#: The fixed-length step's row length (every row: the witness is blind there, provenance is not).
+FIXED_LENGTH = 512
 
 
-def witness_rates(step: Any, *, trials: int = TRIALS, seed: int = 1) -> dict[str, dict[str, int]]:
+def witness_rates(step: Any, *, trials: int = TRIALS, seed: int = 1, proven: bool = False) -> dict[str, dict[str, int]]:
     """How often the alignment witness catches each kind of well-formed misalignment on ``step``, through
     verl's shadow-mode check (`torch_impl._postprocess.check_batch_func`: every check of the drop-in,
     no data moved): ``trials`` of each of `MISALIGNMENTS` (a random permutation cut into the step's
@@ -162,7 +172,9 @@ def witness_rates(step: Any, *, trials: int = TRIALS, seed: int = 1) -> dict[str
     prompt's group, ``step.responses`` consecutive rows, the blind spot's worst case (responses truncated
     at the cap have equal lengths); two micro-batches of equal size swapped in ``output_lst``). A miss must be a misalignment that moves rows only among rows of equal
     length (``missed_equal_lengths``); a miss that is not, or a catch where every length agrees, is
-    ``unexplained`` (a defect of rebatch)."""
+    ``unexplained`` (a defect of rebatch). ``proven``: ``step`` was split by rebatch's split (its
+    provenance recorded): every misalignment must be caught, whatever the lengths (a miss is
+    ``unexplained``)."""
     rng = np.random.default_rng(seed)
     witness = [int(n) for n in step.data["input_ids"].offsets().diff().tolist()]
     flat = [i for p in step.indices for i in p]
@@ -201,10 +213,10 @@ def witness_rates(step: Any, *, trials: int = TRIALS, seed: int = 1) -> dict[str
                 check_batch_func(outputs, indices, step.data)
             except MisalignmentError:
                 counts["caught"] += 1
-                counts["unexplained"] += int(equal)
+                counts["unexplained"] += int(equal and not proven)
                 continue
             counts["missed"] += 1
-            counts["missed_equal_lengths" if equal else "unexplained"] += 1
+            counts["missed_equal_lengths" if equal and not proven else "unexplained"] += 1
         out[kind] = counts
     return out
 
@@ -481,6 +493,12 @@ def _print_report(report: dict[str, Any], out: TextIO) -> None:
                 f"({c['missed_equal_lengths']} only among rows of equal length, {c['unexplained']} unexplained)",
                 file=out,
             )
+    for step, rates in report.get("provenance", {}).items():
+        print(
+            f"  exact provenance (split by rebatch's prepare_micro_batches), {step.replace('_', '-')} step:", file=out
+        )
+        for kind, c in rates.items():
+            print(f"    {kind}: caught {c['caught']} of {c['trials']}; {c['unexplained']} unexplained", file=out)
     if "note" in report:
         print(f"  note: {report['note']}", file=out)
     print(f"  result: {'all identical' if report['agree'] else 'MISMATCH'}", file=out)

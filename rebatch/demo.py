@@ -18,7 +18,7 @@ import torch
 from tensordict import NonTensorData, TensorDict
 
 from property_tests.models import stand_in_model
-from torch_impl import balanced_partitions
+from torch_impl import balanced_partitions, prepare_micro_batches
 from torch_impl._jagged import njt
 
 __all__ = ["RLStep", "grpo_lengths", "make_step"]
@@ -49,26 +49,46 @@ def grpo_lengths(
     return prompt.tolist(), rows.tolist()
 
 
-def make_step(*, prompts: int = 256, responses: int = 8, max_tokens: int = 16384, seed: int = 0) -> RLStep:
-    """The step: ``prompts x responses`` rows of `grpo_lengths`, their token ids in ``data["input_ids"]``
-    (as a verl step carries them: the alignment witness), split by verl's partitioner under ``max_tokens``."""
+def make_step(
+    *,
+    prompts: int = 256,
+    responses: int = 8,
+    max_tokens: int = 16384,
+    seed: int = 0,
+    fixed_length: int | None = None,
+    split: bool = False,
+) -> RLStep:
+    """The step: ``prompts x responses`` rows of `grpo_lengths` (``fixed_length``: every row that long),
+    their token ids in ``data["input_ids"]`` (as a verl step carries them: the alignment witness), split
+    by verl's partitioner under ``max_tokens``; with ``split``, by rebatch's ``prepare_micro_batches``
+    (the same partitions), which records the split's provenance for ``data``."""
     rng = np.random.default_rng(seed)
     b = prompts * responses
     _, lengths = grpo_lengths(rng, prompts, responses)
+    if fixed_length is not None:
+        lengths = [fixed_length] * b
     ids = torch.from_numpy(rng.integers(0, 151_936, size=sum(lengths), dtype=np.int64))
     offsets = torch.zeros(b + 1, dtype=torch.int64)
     offsets[1:] = torch.cumsum(torch.tensor(lengths), 0)
     batch = njt(ids, offsets)
     indices = balanced_partitions(lengths, max_tokens)
     rows = batch.unbind()
+    data = TensorDict({}, batch_size=[b] if split else [])
+    micro_batches: Any = None
+    if split:
+        data["input_ids"] = batch
+        micro_batches, split_indices = prepare_micro_batches(data, max_token_len=max_tokens)
+        indices = list(split_indices or [])
     output_lst = []
-    for part in indices:
-        micro = torch.nested.as_nested_tensor([rows[i] for i in part], layout=torch.jagged)
+    for m, part in enumerate(indices):
+        if micro_batches is not None:
+            micro = micro_batches[m]["input_ids"]
+        else:
+            micro = torch.nested.as_nested_tensor([rows[i] for i in part], layout=torch.jagged)
         out = stand_in_model(micro)
         output_lst.append(
             {"model_output": out, "loss": out["log_probs"].values().mean(), "metrics": {"tokens": [len(part)]}}
         )
-    data = TensorDict({}, batch_size=[])
     data["use_dynamic_bsz"] = NonTensorData(True)
     data["pad_mode"] = NonTensorData("no_padding")
     data["input_ids"] = batch

@@ -11,7 +11,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from . import errors as errors, metrics as metrics, partition as partition, structure as structure
+from . import (
+    errors as errors,
+    metrics as metrics,
+    partition as partition,
+    provenance as provenance,
+    structure as structure,
+)
 from .errors import (
     DeviceMismatchError as DeviceMismatchError,
     DtypeMismatchError as DtypeMismatchError,
@@ -38,6 +44,7 @@ from .partition import (
     get_group_balanced_partitions as get_group_balanced_partitions,
     get_seqlen_balanced_partitions as get_seqlen_balanced_partitions,
 )
+from .provenance import Provenance as Provenance
 from .structure import PADDING as PADDING
 
 if TYPE_CHECKING:
@@ -52,6 +59,7 @@ if TYPE_CHECKING:
     )
     from ._permutation import flatten_partitions as flatten_partitions, inverse_permutation as inverse_permutation
     from ._postprocess import postprocess_batch as postprocess_batch
+    from ._provenance import split_with_provenance as split_with_provenance
     from ._restore import restore as restore, split as split
     from ._take import take as take
 
@@ -67,6 +75,7 @@ _LAZY = {
     "restore": "._restore",
     "split": "._restore",
     "postprocess_batch": "._postprocess",
+    "split_with_provenance": "._provenance",
     "from_packed": "._layouts",
     "to_packed": "._layouts",
     "to_padded": "._layouts",
@@ -80,6 +89,8 @@ __all__ = sorted(
         "metrics",
         "partition",
         "structure",
+        "provenance",
+        "Provenance",
         "PADDING",
         "balanced_partitions",
         "get_group_balanced_partitions",

@@ -8,11 +8,13 @@ from typing import Any
 from ._concat import concat
 from ._parts import check_invariants, check_parts, num_rows
 from ._permutation import check_permutation
+from ._provenance import check_provenance
 from ._restore import restore
 from ._witness import check_alignment
 from ._x64 import exact
 from .errors import PartitionMismatchError, ShapeMismatchError, where
 from .metrics import fold_metrics
+from .provenance import Provenance
 from .structure import check_metrics, check_partition_count, check_settings, drop_padding, model_outputs
 
 __all__ = ["postprocess_batch"]
@@ -27,6 +29,7 @@ def postprocess_batch(
     pad_mode: str = "no_padding",
     witness: Any = None,
     unbound: Collection[Any] = (),
+    provenance: Provenance | None = None,
 ) -> dict[str, Any]:
     """Put the outputs of micro-batches back together, in original sample order.
 
@@ -47,7 +50,11 @@ def postprocess_batch(
     key's), then every micro-batch's jagged invariants; last, with a ``witness`` (``[B]`` row lengths in
     original order, `ref.structure.witness_binds` deciding which keys it binds, ``unbound`` keys left
     out), every bound key's restored row lengths against it (`MisalignmentError`; ``docs/spec.md``,
-    "The alignment witness"). Jagged results have int64 offsets.
+    "The alignment witness"). With the split's ``provenance`` (`ref.provenance.Provenance`), before the
+    witness: the indices must be the split's and every output carrying its own (``output_lst[m]
+    ["provenance"]``, the rows it was computed on) must hold micro-batch ``m``'s rows
+    (`MisalignmentError`); where every output carries one, every key of the call is proven, dense keys
+    included, whatever the lengths (``docs/spec.md``, "Exact provenance"). Jagged results have int64 offsets.
 
     >>> lp = [Jagged.from_rows([[1.0], [2.0, 3.0]]), Jagged.from_rows([[4.0, 5.0, 6.0]])]
     >>> indices = [[2, 0], [1]]
@@ -62,6 +69,14 @@ def postprocess_batch(
     >>> [len(r) for r in out["model_output"]["lp"].rows()] == witness
     True
     >>> _ = postprocess_batch([{"model_output": {"lp": p}} for p in lp], indices, witness=witness)  # checked
+    >>> same = [Jagged.from_rows([[1.0, 2.0]]), Jagged.from_rows([[3.0, 4.0]])]  # rows of one length
+    >>> prov = Provenance(((1,), (0,)))  # what the split handed out; each output carries its own
+    >>> outs = [{"model_output": {"lp": p}, "provenance": r} for p, r in zip(same, prov.rows)]
+    >>> _ = postprocess_batch(outs, [[1], [0]], provenance=prov)  # proven, whatever the lengths
+    >>> postprocess_batch(outs[::-1], [[1], [0]], provenance=prov)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ref.errors.MisalignmentError: key 'lp', micro-batch 0: this output holds micro-batch 1's rows, ...
     """
     use_dynamic_bsz = check_settings(use_dynamic_bsz, pad_mode, indices)
     output_lst, indices = drop_padding(output_lst, indices)
@@ -92,6 +107,8 @@ def postprocess_batch(
         joined = concat(parts, key=key)
         model_output[key] = restore(joined, indices) if use_dynamic_bsz else joined
 
+    if provenance is not None and model_output:
+        check_provenance(output_lst, indices if use_dynamic_bsz else None, provenance, next(iter(outs[0])))
     if witness is not None and model_output:
         if use_dynamic_bsz:
             sizes = [len(list(p)) for p in indices]

@@ -35,6 +35,10 @@ def test_check_default_reports_agreement(capsys) -> None:
     assert report["keys"]["entropy"]["dtype"] == "bfloat16"
     assert all(k["vs_original_rows"]["agree"] and k["vs_ref"]["agree"] for k in report["keys"].values())
     assert report["seconds"]["torch_impl"] > 0
+    assert set(report["provenance"]) == {"grpo", "fixed_length"}
+    for rates in report["provenance"].values():  # exact provenance: every misalignment caught, whatever the lengths
+        for c in rates.values():
+            assert c["caught"] == c["trials"] > 0, rates
 
 
 def test_dump_round_trip(tmp_path, capsys) -> None:

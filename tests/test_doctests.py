@@ -21,6 +21,8 @@ MODULES = [
     "ref._postprocess",
     "ref._layouts",
     "ref.structure",
+    "ref.provenance",
+    "ref._provenance",
 ]
 
 

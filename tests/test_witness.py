@@ -40,6 +40,12 @@ FEW = settings(max_examples=25, deadline=None, suppress_health_check=[HealthChec
 STEPS = st.one_of(verl_steps(), verl_steps(min_rows=65, max_rows=120))
 
 
+def _witness_alone(data: Any) -> Any:
+    """``data`` as a batch no split of rebatch's recorded (a shallow copy): the witness alone judges a
+    misaligned call (exact provenance, which raises first where a split recorded it: test_provenance.py)."""
+    return data.copy()
+
+
 def _misaligned(step: VerlStep, kind: str, rng: np.random.Generator) -> tuple[list[Any], Any, list[int], list[int]]:
     """``(output_lst, indices, src, perm)`` of ``step`` misaligned by ``kind``: concatenated row ``k`` was
     computed for original row ``src[k]`` and is restored as ``perm[k]``. Without dynamic batch size only
@@ -109,12 +115,12 @@ def test_each_misalignment_raises_naming_a_per_token_key(path: str, step: VerlSt
         with forced(path):
             if differs:
                 with pytest.raises(MisalignmentError) as info:
-                    fn(outs, indices, step.data)
+                    fn(outs, indices, _witness_alone(step.data))
                 assert re.match(r"key '(\w+)', micro-batch \d+, position \d+: ", str(info.value))
                 assert str(info.value).split("'")[1] in PER_TOKEN_KEYS
                 assert "REBATCH_WITNESS=off" in str(info.value)
             else:
-                fn(outs, indices, step.data)  # moved only among rows of equal length: not visible
+                fn(outs, indices, _witness_alone(step.data))  # moved only among rows of equal length: not visible
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -211,7 +217,7 @@ def test_many_rows_misaligned_raise_the_same_error_as_ref() -> None:
     got = []
     for path in ("host_scatter", "element_indices"):
         with forced(path), pytest.raises(MisalignmentError) as info:
-            torch_impl.postprocess_batch_func(outs, indices, step.data)
+            torch_impl.postprocess_batch_func(outs, indices, _witness_alone(step.data))
         got.append(str(info.value))
     with pytest.raises(MisalignmentError) as info:
         ref.postprocess_batch(outputs_to_ref(outs), indices, witness=step.lengths)
@@ -307,7 +313,7 @@ def _a_misaligned_step() -> tuple[VerlStep, list[Any], Any]:
     step = verl_step([5, 3, 7, 2, 4, 8, 1, 6], budget=16)
     outs, indices, src, perm = _misaligned(step, "outputs_in_micro_batch_order", np.random.default_rng(0))
     assert any(step.lengths[a] != step.lengths[b] for a, b in zip(src, perm, strict=True))
-    return step, outs, indices
+    return step._replace(data=_witness_alone(step.data)), outs, indices
 
 
 def test_verl_after_install_raises_and_shadow_mode_counts_a_defect(caplog: pytest.LogCaptureFixture) -> None:

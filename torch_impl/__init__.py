@@ -45,6 +45,7 @@ from ._prepare import (
     restore_dynamic_batch as restore_dynamic_batch,
     row_lengths as row_lengths,
 )
+from ._provenance import provenance_stats as provenance_stats, recorded as recorded
 from ._settings import Settings as Settings, get_settings as get_settings, use_settings as use_settings
 from ._witness import (
     read_witness as read_witness,
@@ -78,7 +79,9 @@ __all__ = [
     "prepare_micro_batches",
     "prepare_micro_batches_dp",
     "read_setting",
+    "provenance_stats",
     "read_witness",
+    "recorded",
     "rearrange_micro_batches",
     "restore",
     "restore_dynamic_batch",

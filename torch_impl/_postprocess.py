@@ -19,6 +19,7 @@ from ._kernels import move
 from ._parts import NestedTensor, check_parts
 from ._permutation import check_permutation
 from ._plan import KeyPlan, plan_key
+from ._provenance import recorded
 from ._rows import CallRows
 from ._witness import Witness, read_witness, witness_config
 
@@ -34,6 +35,7 @@ def postprocess_batch(
     pad_mode: str = "no_padding",
     witness: Any = None,
     unbound: Collection[Any] = (),
+    provenance: Any = None,
 ) -> dict[str, Any]:
     """Put micro-batch outputs back together in original sample order (``ref.postprocess_batch``'s meaning).
 
@@ -45,9 +47,11 @@ def postprocess_batch(
     order documented in ``docs/spec.md``. ``witness``: the alignment witness, ``[B]`` row lengths in
     original order (a list, or a 1-D integer tensor or array), which every bound key's restored rows
     must have (`ref.errors.MisalignmentError`; ``unbound`` keys left out; ``docs/spec.md``, "The
-    alignment witness").
+    alignment witness"). ``provenance``: the record of the split (`torch_impl.recorded(batch)`): the
+    indices must be the split's and each output in its micro-batch's slot, by its nested ints
+    (``docs/spec.md``, "Exact provenance").
     """
-    return _postprocess_batch(output_lst, indices, use_dynamic_bsz, pad_mode, witness, unbound)
+    return _postprocess_batch(output_lst, indices, use_dynamic_bsz, pad_mode, witness, unbound, provenance)
 
 
 def _postprocess_batch(
@@ -71,11 +75,12 @@ def _checked_plans(
     pad_mode: Any,
     witness: Any = None,
     unbound: Collection[Any] = (),
+    provenance: Any = None,
 ) -> tuple[Sequence[Mapping[str, Any]], list[KeyPlan]]:
     """Every check of a call, in ``docs/spec.md``'s order, and every key's plan, no data moved: the
     settings (step 1), the outputs without padding micro-batches, the permutation, each key's parts
-    (`_check_keys`), each key's offsets as it is planned (`plan_key`), and the alignment witness's
-    verdict on every key's restored lengths, computed once from the plans. Returns the outputs
+    (`_check_keys`), each key's offsets as it is planned (`plan_key`), the provenance's verdict (step
+    6p, judged before planning, raised after it) and the alignment witness's verdict on every key's restored lengths, computed once from the plans. Returns the outputs
     without padding micro-batches and the plans, in the keys' order."""
     pad_mode, dynamic = _settings(use_dynamic_bsz, pad_mode, indices)
     output_lst, indices = drop_padding(output_lst, indices)
@@ -90,6 +95,7 @@ def _checked_plans(
     checked = _check_keys(outs, keys, sizes, pad_mode)
     if not checked:
         return output_lst, []
+    stray = provenance.judge(outs, indices, perm)[1] if provenance is not None else None
     rows = CallRows([p.rows for p in checked[keys[0]]], perm)
     judge = Witness(witness, sum(rows.rows), rows.perm, rows.rows, unbound) if witness is not None else None
     plans = []
@@ -98,6 +104,8 @@ def _checked_plans(
         if judge is not None:
             judge.observe(plan)
         plans.append(plan)
+    if stray is not None:
+        raise stray
     if judge is not None:
         judge.verdict()
     return output_lst, plans
@@ -165,7 +173,9 @@ def postprocess_batch_func(
     Beyond verl: the alignment witness is read from ``data`` (``data["input_ids"]``'s row lengths,
     `torch_impl._witness.read_witness`), so a valid permutation that is the wrong one, or micro-batch
     outputs in the wrong order, raise `ref.errors.MisalignmentError` for every per-token key
-    (``docs/spec.md``, "The alignment witness"; off for the process with `torch_impl.set_witness`).
+    (``docs/spec.md``, "The alignment witness"; off for the process with `torch_impl.set_witness`); and
+    where rebatch's split made ``data``'s micro-batches, the split's provenance: the indices must be its
+    own and each output in its micro-batch's slot, whatever the lengths ("Exact provenance").
     """
     output_lst, settings = _verl_call(output_lst, data)
     result = _postprocess_batch(output_lst, indices, *settings)
@@ -183,15 +193,16 @@ def check_batch_func(
     _checked_plans(output_lst, indices, *settings)
 
 
-def _verl_call(output_lst: Any, data: Any) -> tuple[Any, tuple[Any, Any, Any, Collection[Any]]]:
+def _verl_call(output_lst: Any, data: Any) -> tuple[Any, tuple[Any, Any, Any, Collection[Any], Any]]:
     """verl's ``(output_lst, data)`` as `_postprocess_batch`'s: the outputs with plain ``model_output``
-    dicts, and ``(use_dynamic_bsz, pad_mode, witness, unbound)`` read from ``data``."""
+    dicts, and ``(use_dynamic_bsz, pad_mode, witness, unbound, provenance)`` read from ``data``."""
     use_dynamic_bsz = read_setting(data, "use_dynamic_bsz", True)
     pad_mode = read_setting(data, "pad_mode", "no_padding")
     output_lst = [_plain_model_output(o) for o in output_lst] if isinstance(output_lst, list | tuple) else output_lst
     witness = read_witness(data)
     unbound = witness_config()[1] if witness is not None else ()
-    return output_lst, (use_dynamic_bsz, pad_mode, witness, unbound)
+    provenance = recorded(data) if witness_config()[0] else None  # one switch for both alignment checks
+    return output_lst, (use_dynamic_bsz, pad_mode, witness, unbound, provenance)
 
 
 def _plain_model_output(o: Any) -> Any:

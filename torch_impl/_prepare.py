@@ -25,6 +25,7 @@ from ._agree import agree
 from ._ops import restore, split, take
 from ._parts import JaggedPart, unpack
 from ._postprocess import read_setting
+from ._provenance import check_latest, record
 
 __all__ = [
     "DistSync",
@@ -146,7 +147,7 @@ def prepare_micro_batches(
             if micro_batch_size <= 0:
                 raise UnsupportedSettingError(f"micro_batch_size must be positive, got {micro_batch_size}")
             chunks = [list(range(i, min(i + micro_batch_size, b))) for i in range(0, b, micro_batch_size)]
-            return split(data, chunks), None
+            return _recorded(data, split(data, chunks), None)
         mbs = read_setting(data, "micro_batch_size_per_gpu", None)
         if mbs is None:
             raise UnsupportedSettingError("micro_batch_size_per_gpu must be set when use_dynamic_bsz is off")
@@ -156,7 +157,7 @@ def prepare_micro_batches(
                 f"the batch size {b} must be divisible by force_group_size * micro_batch_size_per_gpu = {size}"
             )
         # verl chunks the TensorDict (a tuple of micro-batches)
-        return tuple(split(data, [list(range(i, i + size)) for i in range(0, b, size)])), None
+        return _recorded(data, tuple(split(data, [list(range(i, i + size)) for i in range(0, b, size)])), None)
     if max_token_len is None:
         per_gpu = read_setting(data, "max_token_len_per_gpu", None)
         if per_gpu is None:
@@ -229,15 +230,26 @@ def rearrange_micro_batches(
     real = [p for p in parts if p is not PADDING]
     pieces = iter(split(batch, real)) if real else iter(())
     if len(real) == len(parts):
-        return [next(pieces) for _ in parts], parts
+        return _recorded(batch, [next(pieces) for _ in parts], parts)
     filler = take(batch, [0] if lengths_t.numel() else [])
-    return [filler if p is PADDING else next(pieces) for p in parts], parts
+    return _recorded(batch, [filler if p is PADDING else next(pieces) for p in parts], parts)
+
+
+def _recorded(batch: TensorDictBase, micro_batches: Any, indices: Any) -> tuple[Any, Any]:
+    """``(micro_batches, indices)``, recorded as what this split of ``batch`` handed out (the restore
+    checks its provenance: `torch_impl._provenance`)."""
+    record(batch, micro_batches, indices)
+    return micro_batches, indices
 
 
 def restore_dynamic_batch(data: torch.Tensor, batch_idx_list: Sequence[Sequence[int]]) -> torch.Tensor:
     """verl's ``restore_dynamic_batch``: rows of ``data`` (micro-batch order) back in original order.
 
     `torch_impl.restore`, validated: ``batch_idx_list`` must flatten to a permutation of ``range(B)``
-    (`NotAPermutationError`, where verl would silently misalign a duplicate or wrap a negative index).
+    (`NotAPermutationError`, where verl would silently misalign a duplicate or wrap a negative index),
+    and be this thread's latest split's where that split's batch is alive and its micro-batches have the
+    same sizes (`MisalignmentError`; ``docs/spec.md``, "Exact provenance").
     """
+    if isinstance(data, torch.Tensor) and isinstance(batch_idx_list, list | tuple):
+        check_latest(batch_idx_list, int(data.shape[0]) if data.dim() else 0)
     return restore(data, batch_idx_list)

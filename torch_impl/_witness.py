@@ -93,9 +93,14 @@ def set_witness(on: bool | None = None, *, unbound: Iterable[Any] | None = None)
 def witness_stats(reset: bool = False) -> dict[str, int]:
     """What the witness checked in this process (a forked child: its own calls): ``calls`` (calls given a
     witness), ``calls_binding_nothing`` (given one, no key bound: it checked nothing), ``keys_witnessed``
-    and ``keys_unbound`` (over all calls), and each check skipped, by reason (`_tally.SKIPS`:
-    ``calls_without_witness``, drop-in calls whose input held no lengths to witness, ...)."""
-    return TALLY.read(reset)
+    and ``keys_unbound`` (over all calls), each check skipped, by reason (`_tally.SKIPS`:
+    ``calls_without_witness``, drop-in calls whose input held no lengths to witness, ...); and exact
+    provenance's counters, prefixed ``provenance_`` (`torch_impl._provenance.provenance_stats`)."""
+    out = TALLY.read(reset)
+    from ._provenance import provenance_stats  # what exact provenance proved, beside the witness (``provenance_*``)
+
+    out.update({f"provenance_{k}": v for k, v in provenance_stats(reset).items()})
+    return out
 
 
 _here = threading.local()  # ``keys``: the keys witnessed by this thread (`keys_witnessed_here`)

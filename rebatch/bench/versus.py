@@ -117,6 +117,23 @@ def _witness_data(case: Any, seed: int = 0, *, witness: bool = True) -> Any:
     return TensorDict({"input_ids" if witness else "ids": ids, "use_dynamic_bsz": NonTensorData(True)}, batch_size=[])
 
 
+def _provenanced_data(case: Any, outs: list[Any], indices: Any) -> Any:
+    """`_witness_data` recorded as rebatch's split records what it hands out (`torch_impl._provenance`):
+    micro-batch ``m`` holding output ``m``'s jagged keys as its fields, as verl's engines build each
+    output on its micro-batch's offsets, so every output is proven by its nested ints."""
+    from tensordict import TensorDict
+
+    from torch_impl._provenance import record
+
+    data = _witness_data(case)
+    micro_batches = []
+    for o, p in zip(outs, indices, strict=True):
+        fields = {str(k): v for k, v in o["model_output"].items() if v.is_nested}
+        micro_batches.append(TensorDict(fields, batch_size=[len(p)]))
+    record(data, micro_batches, indices)
+    return data
+
+
 def _clones(wholes: list[Any]) -> list[Any]:
     """One clone of each key's whole values: a buffer of the output's bytes."""
     return [w.clone() for w in wholes]
@@ -164,11 +181,17 @@ def _worker() -> int:
             fns["unwitnessed"] = functools.partial(
                 torch_impl.postprocess_batch_func, outs, indices, _witness_data(case, witness=False)
             )
+            if msg.get("provenance"):
+                fns["provenanced"] = functools.partial(
+                    torch_impl.postprocess_batch_func, outs, indices, _provenanced_data(case, outs, indices)
+                )
             fns["clone"] = functools.partial(_clones, wholes)
             result = fns["impl"]()
             reply = {"digest": _digest(result), "torch": torch.__version__, "torch_impl": torch_impl.__file__}
             if msg.get("witness"):
                 reply["witnessed_digest"] = _digest(fns["witnessed"]())
+            if msg.get("provenance"):
+                reply["witnessed_digest"] = _digest(fns["provenanced"]())
             del result
             warm = []
             for _ in range(3):  # the warm cost of a call, which sets the calls per turn
@@ -348,19 +371,25 @@ def witness_grid() -> list[Any]:
     ]
 
 
-def witness_cost(cases: list[Any], *, rounds: int = 11, min_time: float = 0.5, log: Any = None) -> dict[str, Any]:
+def witness_cost(
+    cases: list[Any], *, rounds: int = 11, min_time: float = 0.5, log: Any = None, provenance: bool = False
+) -> dict[str, Any]:
     """The alignment witness's cost, paired in one run: today's drop-in on each case's inputs with
     ``data`` holding ``input_ids`` (the witness read and checked) against the same call with the same
     ``data`` less its ``input_ids`` (`_witness_data`: no witness), in one worker, round by round
-    (`_medians`: each round's ratio, its median)."""
+    (`_medians`: each round's ratio, its median). ``provenance``: exact provenance's cost instead, the
+    witnessed call with ``data`` recorded by a split (`_provenanced_data`: every output proven) against
+    the same call with ``data`` unrecorded (reported in the same columns: "with" is with provenance)."""
     from .contention import cores
 
     today = Worker(ROOT)
     rows = []
     try:
         fns = {"today": (today, "unwitnessed"), "witnessed": (today, "witnessed")}
+        if provenance:
+            fns = {"today": (today, "witnessed"), "witnessed": (today, "provenanced")}
         for i, case in enumerate(cases):
-            reply = today.ask(cmd="setup", case=list(case), witness=True)
+            reply = today.ask(cmd="setup", case=list(case), witness=not provenance, provenance=provenance)
             if reply["digest"] != reply["witnessed_digest"]:
                 raise AssertionError(f"{case.name}: the witnessed call's result differs from the plain call's")
             timed = _medians(fns, {"today": reply["first"]}, min_time=min_time, rounds=rounds, seed=i, cores=cores())
@@ -693,11 +722,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--witness", action="store_true", help="the alignment witness's cost instead: with it against without, paired"
     )
+    parser.add_argument(
+        "--provenance",
+        action="store_true",
+        help="with --witness: exact provenance's cost instead (the witnessed call with data a split recorded, paired)",
+    )
     args = parser.parse_args(argv)
     if args.worker:
         return _worker()
     if args.witness:
-        results = witness_cost(witness_grid(), rounds=args.rounds, log=sys.stderr)
+        results = witness_cost(witness_grid(), rounds=args.rounds, log=sys.stderr, provenance=args.provenance)
         results["command"] = "python -m rebatch.bench.versus " + " ".join(argv if argv is not None else sys.argv[1:])
         print("\n".join(witness_markdown(results)))
         if args.out:

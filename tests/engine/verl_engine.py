@@ -26,8 +26,10 @@ pass of the configuration `INJECT_AT` names (a fresh worker), by wrapping the en
 (never an edit of verl): the outputs the engine collects into ``output_lst`` are changed in place before
 ``postprocess_batch_func`` sees them. ``swap_micro_batches``: two micro-batches' outputs of the same row count but different row
 lengths (dynamic batch size); ``swap_rows``: two rows of different lengths inside one micro-batch;
-``swap_fixed``: two fixed-size micro-batches' outputs (dynamic batch size off). Every row count, offset
-and total stays consistent, so only an alignment check can see it.
+``swap_fixed``: two fixed-size micro-batches' outputs (dynamic batch size off); ``swap_equal``: two
+micro-batches' outputs of identical row lengths, on the fixed-length batch (every row one length: no row
+length tells them apart, only the split's provenance). Every row count, offset and total stays
+consistent, so only an alignment check can see it.
 
 ``--unbind`` (the negative control): after ``install()``, verl's own ``postprocess_batch_func`` is put
 back in ``verl.workers.engine.fsdp.transformer_impl`` only, as if rebatch's binding had been left out of
@@ -59,7 +61,7 @@ sys.path.insert(0, str(HERE))
 import cpu_platform  # noqa: E402
 
 MODES = ("off", "on", "verl", "install", "shadow")
-INJECTIONS = ("swap_micro_batches", "swap_rows", "swap_fixed")
+INJECTIONS = ("swap_micro_batches", "swap_rows", "swap_fixed", "swap_equal")
 #: Metrics that measure time (or the machine), never the computation: left out of the comparison.
 WALL_CLOCK = ("mfu", "perf/cpu_memory_used_gb", "perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb")
 
@@ -69,13 +71,17 @@ class Config(NamedTuple):
     dtype: str  # the engine's param dtype: "bf16" (verl's default mixed precision) or "fp32"
     remove_padding: bool
     dynamic_bsz: bool
+    fixed_length: bool = False  # every row one length (the alignment witness is blind there)
 
 
 CONFIGS = [
-    Config(f"{dtype}-rmpad{int(rmpad)}-dyn{int(dyn)}", dtype, rmpad, dyn)
-    for dtype in ("bf16", "fp32")
-    for rmpad in (True, False)
-    for dyn in (True, False)
+    *(
+        Config(f"{dtype}-rmpad{int(rmpad)}-dyn{int(dyn)}", dtype, rmpad, dyn)
+        for dtype in ("bf16", "fp32")
+        for rmpad in (True, False)
+        for dyn in (True, False)
+    ),
+    Config("fp32-rmpad1-dyn1-fixedlen", "fp32", True, True, fixed_length=True),
 ]
 ROWS = 24
 MAX_TOKENS = 64  # log_prob_max_token_len_per_gpu and ppo_max_token_len_per_gpu
@@ -85,6 +91,7 @@ INJECT_AT = {
     "swap_micro_batches": "fp32-rmpad1-dyn1",
     "swap_rows": "bf16-rmpad1-dyn1",
     "swap_fixed": "fp32-rmpad1-dyn0",
+    "swap_equal": "fp32-rmpad1-dyn1-fixedlen",
 }
 
 
@@ -106,15 +113,17 @@ def _tiny_model(path: str) -> None:
     Qwen2ForCausalLM(config).save_pretrained(path)
 
 
-def _batch(rank: int) -> Any:
+def _batch(rank: int, fixed_length: bool = False) -> Any:
     """The rank's 24 rows as the rollout leaves them: prompts left-padded, responses right-padded,
     6-29 tokens a row (rank 1's longer, so the ranks' micro-batch counts differ before verl agrees them),
-    with the advantages of the update."""
+    with the advantages of the update; ``fixed_length``: every row 4 prompt and 12 response tokens."""
     from verl import DataProto
 
     g = torch.Generator().manual_seed(1000 + rank)
     prompt_lens = torch.randint(2, 9, (ROWS,), generator=g)
     response_lens = torch.randint(4 + 6 * rank, 21, (ROWS,), generator=g)
+    if fixed_length:
+        prompt_lens, response_lens = torch.full((ROWS,), 4), torch.full((ROWS,), 12)
     p, r = int(prompt_lens.max()), int(response_lens.max())
     prompts = torch.zeros(ROWS, p, dtype=torch.int64)
     responses = torch.zeros(ROWS, r, dtype=torch.int64)
@@ -261,12 +270,12 @@ def _inject(kind: str, outputs: list[dict[str, Any]]) -> str | None:
     change, or None (not yet)."""
     model = [o["model_output"] for o in outputs]
     keys = [k for k, v in model[-1].items() if isinstance(v, torch.Tensor) and v.is_nested]
-    if kind in ("swap_micro_batches", "swap_fixed"):
+    if kind in ("swap_micro_batches", "swap_fixed", "swap_equal"):
         j = len(model) - 1
         lens_j = model[j][keys[0]].offsets().diff()
         for i in range(j):
             lens_i = model[i][keys[0]].offsets().diff()
-            if lens_i.shape == lens_j.shape and not torch.equal(lens_i, lens_j):
+            if lens_i.shape == lens_j.shape and torch.equal(lens_i, lens_j) == (kind == "swap_equal"):
                 for k in keys:
                     model[i][k], model[j][k] = model[j][k], model[i][k]
                 return f"micro-batches {i} and {j} swapped ({lens_i.numel()} rows each): keys {keys}"
@@ -404,6 +413,8 @@ def run(args: argparse.Namespace) -> int:
         runs += [(c.name, c, None) for c in CONFIGS]
     if world == 1 and not args.no_inject:  # an injected rank raising alone would leave its peers in verl's collectives
         runs += [(f"inject-{kind}", _config(INJECT_AT[kind]), kind) for kind in INJECTIONS]
+    if args.only:
+        runs = [r for r in runs if r[0] in args.only.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         model_path = _model_path(tmp, rank, world)
         for name, config, inject in runs:
@@ -459,7 +470,7 @@ def _run_config(model_path: str, config: Config, rank: int, world: int, inject: 
     torch.manual_seed(0)
     worker = _worker(model_path, config)
     recorder = Recorder(worker.engine, inject)
-    batch = _batch(rank)
+    batch = _batch(rank, config.fixed_length)
     info: dict[str, Any] = {"config": config.name}
     result: dict[str, Any] = {}
     before = _shadow_counts()
@@ -498,6 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-inject", action="store_true", help="run no injected misalignment")
     parser.add_argument("--only-inject", action="store_true", help="run the injected misalignments only")
     parser.add_argument("--unbind", action="store_true", help="the negative control (with --mode install)")
+    parser.add_argument("--only", help="comma-separated run names (a configuration or inject-KIND): these alone")
     parser.add_argument("--expect", choices=("caught",), help="exit 1 unless every injection raised MisalignmentError")
     parser.add_argument("--port", type=int, default=29533, help="MASTER_PORT for world size 1")
     return run(parser.parse_args(argv))

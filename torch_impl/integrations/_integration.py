@@ -48,6 +48,9 @@ class Replaced(NamedTuple):
     keys_of: Callable[..., Any] | None = None
     rows: Rows | None = None
     mutates: bool = False
+    #: ``observe(result, *args, **kwargs)``: after the trainer's own function returned ``result`` in shadow
+    #: mode (a split's micro-batches and indices, recorded for the restore's provenance); never raises.
+    observe: Callable[..., None] | None = None
 
     @property
     def short(self) -> str:
@@ -279,9 +282,27 @@ def _shadowed(shadow: Shadow, r: Replaced, save: Callable[..., None] | None) -> 
     differing or misaligned step."""
     return Wrap(
         lambda theirs: shadow.wrap(
-            r.short, theirs, r.ours, check=r.check, on_first_difference=save, keys_of=r.keys_of, mutates=r.mutates
+            r.short,
+            theirs if r.observe is None else _observed(theirs, r.observe),
+            r.ours,
+            check=r.check,
+            on_first_difference=save,
+            keys_of=r.keys_of,
+            mutates=r.mutates,
         )
     )
+
+
+def _observed(theirs: Callable[..., Any], observe: Callable[..., None]) -> Callable[..., Any]:
+    """``theirs``, its result handed to ``observe`` (a trainer's split recorded in shadow mode)."""
+
+    @functools.wraps(theirs)
+    def observed(*args: Any, **kwargs: Any) -> Any:
+        result = theirs(*args, **kwargs)
+        observe(result, *args, **kwargs)
+        return result
+
+    return observed
 
 
 def _saving_first(ours: Callable[..., Any], save: Callable[..., None], saved: threading.Event) -> Callable[..., Any]:

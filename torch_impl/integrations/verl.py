@@ -11,7 +11,8 @@ functions (``rearrange_micro_batches``, ``restore_dynamic_batch``, ``get_seqlen_
 and 0.9.0 partition in one pass, 0.9.1 until every micro-batch fits the budget); the INFO line `install`
 logs is that release's `Plan` (`plan(version)` gives it without installing). In shadow mode only
 ``postprocess_batch_func`` has a check of its own on unsampled calls: the other names' inputs are verl's
-own computation, checked by rebatch's function on sampled calls (the cost: ``docs/shadow.md``). Sampling
+own computation, checked by rebatch's function on sampled calls (the cost: ``docs/shadow.md``); verl's
+own split is observed there, so the restore checks its provenance as it checks rebatch's. Sampling
 counts per process and name, so every rank samples the same calls (``prepare_micro_batches`` with a
 ``dp_group`` runs rebatch's collectives, then verl's, on every rank alike).
 
@@ -204,10 +205,18 @@ def _table(row: str) -> list[Replaced]:
     """The table of release ``row``: rebatch's function for each name (`_functions`), and
     ``postprocess_batch_func``'s adapters (its check, dump and keys)."""
     from .._postprocess import check_batch_func
+    from .._provenance import observe_split
 
     post = "postprocess_batch_func"
     return [
-        Replaced(NAMES[name], name, ours, rows=ROWS.get(name), mutates=name == "append_to_dict")
+        Replaced(
+            NAMES[name],
+            name,
+            ours,
+            rows=ROWS.get(name),
+            mutates=name == "append_to_dict",
+            observe=observe_split if name in _PARTITIONER else None,
+        )
         if name != post
         else Replaced(NAMES[name], name, ours, check_batch_func, _dumped, _keys, ROWS[name])
         for name, ours in _functions(row).items()

@@ -1,0 +1,98 @@
+"""Exact provenance (pure Python, shared by both implementations): what a split handed out, as values.
+
+A split knows which original rows each micro-batch holds, in which order. Handed to the restore with
+the outputs, that is a proof the restore can check whatever the row lengths (where the alignment
+witness is blind: rows of equal length). ``docs/spec.md``, "Exact provenance", states the rule; this
+module holds its value (`Provenance`), its concrete check of the indices (`check_indices`) and the
+words of its errors (`stray_output`, `stray_indices`), so that ``ref`` and ``torch_impl`` raise the same
+`MisalignmentError` with the same message. JAX-free and torch-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from .errors import MisalignmentError, where
+from .structure import PADDING
+
+__all__ = ["PROVENANCE", "Provenance", "check_indices", "provenance_of", "stray_indices", "stray_output"]
+
+#: The key of an output dict that carries its micro-batch's provenance in ``ref`` (``output_lst[m]``:
+#: ``{"model_output": ..., "provenance": rows}``, ``rows`` the original rows it was computed on).
+PROVENANCE = "provenance"
+
+
+#: How an error of provenance says to switch the check off (with the alignment witness: one switch).
+_OFF = "switch the check off: provenance=None, torch_impl.set_witness(False) or REBATCH_WITNESS=off"
+
+
+class Provenance(NamedTuple):
+    """A split's provenance: ``rows[m]``, the original rows of micro-batch ``m`` in the order it holds
+    them (a 1-D integer array or sequence; `PADDING` for a padding micro-batch). A NamedTuple, so a JAX
+    pytree: a value ``jax.jit`` takes and returns."""
+
+    rows: tuple[Any, ...]
+
+
+def provenance_of(partitions: Sequence[Any]) -> Provenance:
+    """The provenance of a split by ``partitions`` (each micro-batch's rows, as the split took them).
+
+    >>> provenance_of([[2, 0], [1]]).rows
+    ((2, 0), (1,))
+    """
+    return Provenance(tuple(p if p is PADDING else tuple(int(i) for i in p) for p in partitions))
+
+
+def real_rows(provenance: Provenance) -> list[Any]:
+    """``provenance.rows`` without its padding micro-batches (as the restore leaves their outputs out)."""
+    return [r for r in provenance.rows if r is not PADDING]
+
+
+def stray_output(key: Any, slot: int, holder: int | None) -> MisalignmentError:
+    """Output ``slot``'s rows are not its micro-batch's: they are micro-batch ``holder``'s (None: no
+    micro-batch of this split holds them). ``key``: the first key of that output."""
+    whose = f"micro-batch {holder}'s rows" if holder is not None else "rows no micro-batch of this split holds"
+    return MisalignmentError(
+        f"{where(key, slot)}this output holds {whose}, by the split's provenance, not micro-batch {slot}'s "
+        f"(outputs in the wrong order, or computed on another micro-batch; {_OFF})"
+    )
+
+
+def stray_indices(micro_batch: int, position: int | None, got: Any, want: Any) -> MisalignmentError:
+    """The restore's indices are not the split's: at ``micro_batch``, ``position`` (None: its size differs)
+    the restore was given ``got`` where the split put ``want``."""
+    if position is None:
+        at, what = f"micro-batch {micro_batch}: ", f"{got} indices, but the split gave it {want} rows"
+    else:
+        at, what = (
+            f"micro-batch {micro_batch}, position {position}: ",
+            f"index {got}, but the split put row {want} there",
+        )
+    return MisalignmentError(
+        f"{at}{what} (the indices are not the split's: another step's, another partition's, or the inverse "
+        f"given for the forward; {_OFF})"
+    )
+
+
+def check_indices(indices: Sequence[Sequence[int]], rows: Sequence[Sequence[int]]) -> None:
+    """The restore's ``indices`` (padding left out) are the split's ``rows``, micro-batch by micro-batch
+    (concrete values; `stray_indices` at the first that differs).
+
+    >>> check_indices([[2, 0], [1]], [(2, 0), (1,)])
+    >>> check_indices([[0, 2], [1]], [(2, 0), (1,)])  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ref.errors.MisalignmentError: micro-batch 0, position 0: index 0, but the split put row 2 there (...)
+    """
+    if len(indices) != len(rows):
+        m = min(len(indices), len(rows))
+        got = len(list(indices[m])) if m < len(indices) else 0
+        raise stray_indices(m, None, got, len(list(rows[m])) if m < len(rows) else 0)
+    for m, (p, r) in enumerate(zip(indices, rows, strict=True)):
+        p, r = [int(i) for i in p], [int(i) for i in r]
+        if len(p) != len(r):
+            raise stray_indices(m, None, len(p), len(r))
+        for j, (a, b) in enumerate(zip(p, r, strict=True)):
+            if a != b:
+                raise stray_indices(m, j, a, b)

@@ -1,0 +1,209 @@
+"""Exact provenance in torch: what rebatch's split handed out for each batch, checked by the restore.
+
+``docs/spec.md``, "Exact provenance" (the rule and the error's words are `ref.provenance`'s). The split
+(`torch_impl._prepare`, or a trainer's own split observed in shadow mode) `record`\\ s, for the batch it
+split (keyed by identity, held weakly: the record goes with the batch), each micro-batch's ragged sizes
+(the nested ints of its jagged fields, which torch keeps through device and dtype moves, ``detach``,
+``clone`` and ``nested_tensor_from_jagged(v, moved.offsets())``) and the indices it returned. The restore
+finds the record from its ``data`` (`recorded`) and `Provenance.judge`\\ s the call before any data moves:
+the indices must be the split's, and an output whose jagged keys carry micro-batch ``q``'s nested int must
+sit in slot ``q``. Host-side facts only: no device read. Unproven (never an error) where no output carries
+a recorded nested int. `provenance_stats` counts it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from rebatch_startup import ForkSafeLock, renew_at_fork
+from ref.errors import RebatchError
+from ref.provenance import check_indices, stray_indices, stray_output
+from ref.structure import PADDING
+
+from ._parts import NestedTensor
+
+__all__ = ["UNRECORDED", "Provenance", "check_latest", "observe_split", "provenance_stats", "record", "recorded"]
+
+_lock = ForkSafeLock()  # a forked child finds it free (`rebatch_startup.renew_at_fork`)
+_records: dict[int, Provenance] = {}  # id(batch) -> its latest split's record (dropped with the batch)
+_here = threading.local()  # ``latest``: this thread's latest split (`check_latest`)
+_COUNTERS = ("calls_proven", "calls_partly_proven", "calls_unproven", "keys_proven", "keys_unproven")
+_stats = dict.fromkeys(_COUNTERS, 0)
+
+
+def _ragged(x: Any) -> Any:
+    """A jagged nested tensor's ragged size, the nested int (a host object torch keeps through moves),
+    else None."""
+    return x._size[1] if isinstance(x, NestedTensor) and x._ragged_idx == 1 else None
+
+
+class Provenance:
+    """One split's record: ``tags`` (each micro-batch's nested ints -> its slot, padding left out),
+    ``sizes`` (each real micro-batch's rows) and ``flat`` (its indices flattened, None for fixed-size
+    chunks: the outputs in order are the batch). Read-only once made; shared by threads."""
+
+    __slots__ = ("__weakref__", "batch", "flat", "flat_bytes", "kept", "sizes", "tags")
+
+    def __init__(self, batch: Any, micro_batches: Sequence[Any], indices: Sequence[Any] | None) -> None:
+        key = id(batch)
+        self.batch = weakref.ref(batch, lambda ref: _forget(key, ref))
+        real = [i for i, p in enumerate(indices) if p is not PADDING] if indices is not None else None
+        kept = [micro_batches[i] for i in real] if real is not None else list(micro_batches)
+        self.tags: dict[int, int] = {}  # id(nested int) -> slot; ``kept`` holds those nested ints (ids unique)
+        self.kept: list[Any] = []
+        for m, mb in enumerate(kept):
+            for v in mb.values() if hasattr(mb, "values") else ():
+                size = _ragged(v)
+                if size is not None:
+                    self.kept.append(size)
+                    self.tags[id(size)] = m
+        self.sizes: tuple[int, ...] = tuple(int(mb.batch_size[0]) if mb.batch_size else 0 for mb in kept)
+        self.flat: np.ndarray | None = None
+        if real is not None and indices is not None:
+            parts = [indices[i] for i in real]
+            self.flat = np.fromiter(itertools.chain.from_iterable(parts), dtype=np.int64, count=sum(self.sizes))
+        self.flat_bytes = b"" if self.flat is None else self.flat.tobytes()
+
+    def rows(self) -> list[list[int]]:
+        """The split's indices, padding left out (for the error path)."""
+        flat = self.flat.tolist() if self.flat is not None else []
+        bounds = list(itertools.accumulate(self.sizes, initial=0))
+        return [flat[a:b] for a, b in itertools.pairwise(bounds)]
+
+    def judge(
+        self, outs: Sequence[Mapping[Any, Any]], indices: Sequence[Any] | None, perm: torch.Tensor | None
+    ) -> tuple[bool, RebatchError | None]:
+        """``(proven, error)`` of a call (``outs``: its model outputs, padding left out; ``perm``: its
+        checked permutation, None without dynamic batch size): the indices against the split's, then each
+        output's nested ints against its slot; proven where every output holds a recorded nested int of
+        its own slot. The error is returned, for the call to raise in the order of checks."""
+        if perm is not None and self.flat is not None:
+            sizes = tuple(map(len, indices)) if indices is not None else ()
+            if sizes != self.sizes or perm.numpy().tobytes() != self.flat_bytes:
+                try:
+                    check_indices([list(p) for p in indices or ()], self.rows())
+                except RebatchError as err:
+                    return False, err
+        proven = 0
+        keys = [0, 0]  # keys proven, keys of outputs left unproven
+        tags = self.tags
+        for m, o in enumerate(outs):
+            own = False
+            for key, v in o.items():
+                q = tags.get(id(v._size[1])) if type(v) is NestedTensor and v._ragged_idx == 1 else None
+                if q is None:  # dense, or a ragged size this split did not hand out: no provenance
+                    continue
+                if q != m:
+                    return False, stray_output(key, m, q)
+                own = True
+            proven += own
+            keys[not own] += len(o)
+        _count(proven, len(outs), *keys)
+        return bool(outs) and proven == len(outs), None
+
+
+def _forget(key: int, ref: weakref.ref[Any]) -> None:
+    """The batch ``ref`` died: its record goes (unless a newer batch of the same id has one already)."""
+    with _lock:
+        rec = _records.get(key)
+        if rec is not None and rec.batch is ref:
+            del _records[key]
+
+
+def record(batch: Any, micro_batches: Sequence[Any], indices: Sequence[Any] | None) -> None:
+    """What a split of ``batch`` handed out: its ``micro_batches`` and ``indices`` (None: fixed-size
+    chunks in order), the latest split of ``batch`` and of this thread. A batch that cannot be held
+    weakly, or micro-batches without a batch size, are left unrecorded (their calls stay unproven)."""
+    try:
+        rec = Provenance(batch, micro_batches, indices)
+    except Exception:  # a batch that cannot be held weakly, odd micro-batches: unrecorded, never an error
+        return
+    with _lock:
+        _records[id(batch)] = rec
+    _here.latest = rec
+
+
+def observe_split(result: Any, *args: Any, **kwargs: Any) -> None:
+    """A trainer's own split of its first argument (``data`` or ``batch``, by keyword too, as verl's
+    engines pass it) returned ``result`` (``(micro_batches, indices)``): recorded as rebatch's split
+    records its own (shadow mode, `torch_impl.integrations`); anything else, unrecorded. Never raises."""
+    batch = args[0] if args else kwargs.get("data", kwargs.get("batch"))
+    if batch is not None and isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], list | tuple):
+        record(batch, *result)
+
+
+def recorded(batch: Any) -> Provenance | _Unrecorded:
+    """The record of the latest split of ``batch`` by rebatch (or observed in shadow mode), or
+    `UNRECORDED`."""
+    rec = _records.get(id(batch)) if batch is not None else None
+    return rec if rec is not None and rec.batch() is batch else UNRECORDED
+
+
+def check_latest(partitions: Sequence[Any], num_rows: int) -> None:
+    """`restore_dynamic_batch`'s check: ``partitions`` against this thread's latest split, where that
+    split's batch is alive and its micro-batches have the same sizes (else unproven, never an error)."""
+    from ._witness import witness_config
+
+    rec = getattr(_here, "latest", None)
+    if not witness_config()[0] or rec is None or rec.flat is None or rec.batch() is None or sum(rec.sizes) != num_rows:
+        return
+    if any(p is PADDING for p in partitions) or tuple(len(p) for p in partitions) != rec.sizes:
+        return
+    try:
+        given = np.fromiter(itertools.chain.from_iterable(partitions), dtype=np.int64, count=num_rows)
+    except (TypeError, ValueError, OverflowError):
+        return  # not integers: the restore's own checks say so
+    if np.array_equal(given, rec.flat):
+        _count(1, 1, 0, 0)
+        return
+    from ._permutation import check_permutation
+
+    check_permutation(partitions, num_rows)  # a structural defect first, as the order of checks says
+    check_indices([list(p) for p in partitions], rec.rows())
+    raise stray_indices(0, None, num_rows, num_rows)  # unreachable: the values differ somewhere
+
+
+def _count(proven: int, outputs: int, keys_proven: int, keys_unproven: int) -> None:
+    with _lock:
+        if not outputs or proven == outputs:
+            _stats["calls_proven" if outputs else "calls_unproven"] += 1
+        else:
+            _stats["calls_partly_proven" if proven else "calls_unproven"] += 1
+        _stats["keys_proven"] += keys_proven
+        _stats["keys_unproven"] += keys_unproven
+
+
+class _Unrecorded:
+    """The record of a drop-in call whose ``data`` no split of rebatch's recorded: unproven, counted."""
+
+    def judge(self, outs: Sequence[Mapping[Any, Any]], *_: Any) -> tuple[bool, None]:
+        _count(0, len(outs) or 1, 0, sum(len(o) for o in outs))
+        return False, None
+
+    def renew_in_child(self) -> None:
+        """In a forked child: its own counters (the parent's records stay valid there: same objects)."""
+        with _lock:
+            _stats.update(dict.fromkeys(_COUNTERS, 0))
+
+
+#: `recorded`'s answer for verl's drop-in where nothing was recorded.
+UNRECORDED = _Unrecorded()
+renew_at_fork(UNRECORDED)
+
+
+def provenance_stats(reset: bool = False) -> dict[str, int]:
+    """What exact provenance proved in this process: ``calls_proven`` (every output in its slot, the
+    indices the split's), ``calls_partly_proven``, ``calls_unproven`` (no record, or no output carrying a
+    recorded nested int: the witness alone applies), ``keys_proven`` and ``keys_unproven``."""
+    with _lock:
+        out = dict(_stats)
+        if reset:
+            _stats.update(dict.fromkeys(_COUNTERS, 0))
+    return out
