@@ -55,7 +55,8 @@ def meta_kernels(name: str, b: int) -> list[str] | None:
     try:
         call()
     except torch_impl.errors.UnsupportedSettingError as err:
-        assert "meta" in str(err)
+        if "meta" not in str(err):
+            raise
         return None
     finally:
         _kernels.choose = original
