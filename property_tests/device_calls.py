@@ -26,13 +26,14 @@ from typing import Any
 
 import torch
 from tensordict import NonTensorData, TensorDict
+from torch.utils._pytree import tree_leaves
 
 import torch_impl
 from torch_impl.integrations import areal, skyrl
 
 from .data import jagged
 
-__all__ = ["CALLS", "Move", "host_batch"]
+__all__ = ["CALLS", "Move", "host_batch", "tensors_of"]
 
 #: A tree of host tensors -> the same on the device under test.
 Move = Callable[[Any], Any]
@@ -57,6 +58,14 @@ def host_batch(b: int, keys: int = 1) -> tuple[list[list[int]], list[int], list[
     return indices, lengths, outs
 
 
+def tensors_of(result: Any) -> list[torch.Tensor]:
+    """The tensors of a call's result (in dicts, lists, tuples; a nested tensor as its values and offsets)."""
+    if isinstance(result, dict):
+        result = dict(result)  # SkyRL's batch type: a dict subclass
+    tensors = [t for t in tree_leaves(result) if isinstance(t, torch.Tensor)]
+    return [u for t in tensors for u in ((t.values(), t.offsets()) if t.is_nested else (t,))]
+
+
 def _verl_data(lengths: list[int], witness: bool) -> Any:
     entries: dict[str, Any] = {"use_dynamic_bsz": NonTensorData(True)}
     if witness:
@@ -69,7 +78,8 @@ def _verl_data(lengths: list[int], witness: bool) -> Any:
 def _verl_post(witness: bool, keys: int = 1) -> Builder:
     def build(move: Move, b: int) -> tuple[Callable[[], Any], str]:
         indices, lengths, outs = host_batch(b)
-        dense = [torch.randn(len(p), 3, device="cpu") for p in indices]
+        g = torch.Generator(device="cpu").manual_seed(1)
+        dense = [torch.randn(len(p), 3, generator=g, device="cpu") for p in indices]
         output_lst = move(
             [
                 {"model_output": {**{f"k{k}": x for k in range(keys)}, "dense": d}, "loss": 1.0}

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils._pytree import tree_map
 
 import torch_impl
-from property_tests.device_calls import CALLS, host_batch
+from property_tests.device_calls import CALLS, host_batch, tensors_of
 from property_tests.fakecuda import FakeCuda, Trace, fake_like
 from property_tests.kernels import KERNELS, forced
 
@@ -27,13 +27,6 @@ DOCUMENTED_SYNCS = {
 }
 #: The registry's kernels that apply off the CPU.
 DEVICE_KERNELS = {"concat", "element_indices", "index_rows"}
-
-
-def results(r: Any) -> list[torch.Tensor]:
-    if isinstance(r, dict):
-        r = dict(r)
-    tensors = [t for t in tree_leaves(r) if isinstance(t, torch.Tensor)]
-    return [u for t in tensors for u in ((t.values(), t.offsets()) if t.is_nested else (t,))]
 
 
 def fake_trace(name: str, b: int) -> tuple[Any, Trace, str]:
@@ -69,7 +62,7 @@ def test_every_call_on_fake_cuda(name: str, b: int) -> None:
     result, trace, where = fake_trace(name, b)
     assert trace.mixed == []
     assert trace.syncs == DOCUMENTED_SYNCS.get(name, 0), trace.reads
-    devices = {t.device.type for t in results(result)}
+    devices = {t.device.type for t in tensors_of(result)}
     assert devices <= {"cuda" if where == "in" else where}, devices
     assert set(trace.kernels) <= DEVICE_KERNELS
     assert trace.kernels == (meta_kernels(name, b) or trace.kernels)
@@ -111,7 +104,7 @@ def test_every_kernel_on_fake_cuda(path: str, drop_in: bool) -> None:
     finally:
         torch.use_deterministic_algorithms(was)
     assert (trace.syncs, trace.mixed, trace.refused) == (DOCUMENTED_SYNCS.get(name, 0), [], [])
-    got, want = results(result), results(expected)
+    got, want = tensors_of(result), tensors_of(expected)
     assert [tuple(t.shape) for t in got] == [tuple(t.shape) for t in want]
     assert {t.device.type for t in got} == {"cuda"}
     if kernel.name in DEVICE_KERNELS and (kernel.permutes or not drop_in):
