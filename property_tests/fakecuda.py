@@ -24,7 +24,7 @@ that guard only (the operations themselves still run on the fake CUDA tensors).
 from __future__ import annotations
 
 import contextlib
-import traceback
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -48,6 +48,7 @@ _aten = torch.ops.aten
 READS: frozenset[Any] = frozenset(
     {
         _aten._local_scalar_dense.default,
+        _aten.item.default,
         _aten.nonzero.default,
         _aten.nonzero_static.default,
         _aten.masked_select.default,
@@ -89,18 +90,15 @@ class Trace(NamedTuple):
     allocations: int
     #: the kernel of the registry chosen for each key, in order
     kernels: list[str]
+    #: the host-device synchronisations: the reads, those of one tensor's elements in a row counted once
+    #: (the fake mode reads ``.tolist()`` element by element, where a GPU copies the tensor once)
+    syncs: int
 
     @property
     def launches(self) -> list[str]:
         """The operations that launch a kernel: not a view, an allocation nor a metadata query (an
         estimate: torch may fuse nothing and split nothing; ``cuda_check`` counts the real ones)."""
         return [op for op in self.ops if not _is_view(op) and not any(s in op for s in _NO_LAUNCH)]
-
-    @property
-    def syncs(self) -> int:
-        """The host-device synchronisations: the reads, those in a row from one place counted once (the
-        fake mode reads ``.tolist()`` element by element, where a GPU copies the tensor once)."""
-        return sum(1 for i, r in enumerate(self.reads) if i == 0 or r != self.reads[i - 1])
 
     @property
     def op_set(self) -> set[str]:
@@ -146,8 +144,14 @@ class _Indexing(TorchFunctionMode):
 
 def _where(depth: int = 6) -> str:
     """The innermost frames outside torch and this module: where in rebatch (or a trainer) it happened."""
-    frames = [f for f in traceback.extract_stack() if "/torch/" not in f.filename and __file__ != f.filename]
-    return " <- ".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno}" for f in reversed(frames[-depth:]))
+    shown: list[str] = []
+    frame = sys._getframe(1)
+    while frame is not None and len(shown) < depth:
+        name = frame.f_code.co_filename
+        if "/torch/" not in name and name != __file__:
+            shown.append(f"{name.rsplit('/', 1)[-1]}:{frame.f_lineno}")
+        frame = frame.f_back  # type: ignore[assignment]
+    return " <- ".join(shown)
 
 
 class FakeCuda(TorchDispatchMode):
@@ -168,6 +172,48 @@ class FakeCuda(TorchDispatchMode):
         self.kernels: list[str] = []
         self._indexing = _Indexing()
         self._choose = _kernels.choose
+        #: id(fake) -> (the fake, its shadow: the same computation on real host tensors)
+        self._shadows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        #: id(element) -> the ``unbind`` it came from, for `Trace.syncs`; the group of each read
+        self._unbound: dict[int, tuple[int, torch.Tensor]] = {}
+        self._read_groups: list[int] = []
+        self._unbinds = 0
+
+    def shadow(self, fake: torch.Tensor, real: torch.Tensor) -> None:
+        """Let ``real`` (a host tensor) hold ``fake``'s values: reads of ``fake`` answer from it."""
+        self._shadows[id(fake)] = (fake, real)
+
+    def _real_args(self, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+        """``(args, kwargs)`` with each fake tensor replaced by its shadow and ``cuda`` by ``cpu``; None
+        where a fake tensor has none."""
+        missing = []
+
+        def real(x: Any) -> Any:
+            if isinstance(x, FakeTensor):
+                pair = self._shadows.get(id(x))
+                if pair is None or pair[0] is not x:
+                    missing.append(x)
+                    return x
+                return pair[1]
+            if isinstance(x, torch.device) and x.type == "cuda":
+                return torch.device("cpu")
+            return x
+
+        mapped = tree_map(real, (args, kwargs))
+        return None if missing else mapped
+
+    def _run_shadow(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
+        """``func`` on the shadows too; each fake output gets the matching real one."""
+        mapped = self._real_args(args, kwargs)
+        if mapped is None:
+            return
+        with unset_fake_temporarily():
+            real = func(*mapped[0], **mapped[1])
+        fakes = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        reals = [t for t in tree_leaves(real) if isinstance(t, torch.Tensor)]
+        if len(fakes) == len(reals):
+            for f, r in zip(fakes, reals, strict=True):
+                self.shadow(f, r)
 
     def __enter__(self) -> FakeCuda:
         _kernels.choose = self._chosen
@@ -187,6 +233,12 @@ class FakeCuda(TorchDispatchMode):
         self.kernels.append(kernel.name)
         return kernel
 
+    def reset(self) -> None:
+        """Forget what was recorded (the shadows stay)."""
+        self.ops, self.reads, self.mixed, self.refused, self.kernels = [], [], [], [], []
+        self.bytes, self.allocations, self.switched = 0, 0, set()
+        self._read_groups = []
+
     def trace(self) -> Trace:
         return Trace(
             list(self.ops),
@@ -197,11 +249,14 @@ class FakeCuda(TorchDispatchMode):
             set(self.switched),
             self.allocations,
             list(self.kernels),
+            sum(1 for i, g in enumerate(self._read_groups) if i == 0 or g != self._read_groups[i - 1]),
         )
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if any(t.is_nested for t in tensors):  # a nested tensor's own dispatch: its operations come back here
+            return NotImplemented
         fakes = [t for t in tensors if isinstance(t, FakeTensor)]
         device = kwargs.get("device")
         to_cuda = device is not None and torch.device(device).type == "cuda"
@@ -222,13 +277,23 @@ class FakeCuda(TorchDispatchMode):
         self._deterministic(Op(name, tensors, tuple(args), dict(kwargs)))
         if func in READS or _to_host(func, args, kwargs, fakes):
             self.reads.append(f"{name} at {_where()}")
+            first = args[0] if args else None
+            pair = self._unbound.get(id(first))
+            self._read_groups.append(pair[0] if pair is not None and pair[1] is first else -len(self.reads))
             return self._answer(func, args, kwargs)
         if func is _aten._to_copy.default and not fakes:  # a host tensor moved to the device
             (t,) = args
             out = torch.empty_strided(t.shape, t.stride(), dtype=kwargs.get("dtype") or t.dtype, device=device)
+            with unset_fake_temporarily():
+                self.shadow(out, t.to(kwargs.get("dtype") or t.dtype, copy=True))
             self.bytes += 2 * t.numel() * t.element_size()
             return out
         out = func(*args, **kwargs)
+        self._run_shadow(func, args, kwargs, out)
+        if func is _aten.unbind.int:
+            self._unbinds += 1
+            group = self._unbinds
+            self._unbound.update({id(t): (group, t) for t in out})
         if "empty" in name:
             self.allocations += 1
         if not func.is_view and "empty" not in name:
@@ -249,8 +314,21 @@ class FakeCuda(TorchDispatchMode):
             self.switched.add(documented)
 
     def _answer(self, func: Any, args: Any, kwargs: Any) -> Any:
-        """A device read answered with zeros (so the call goes on): a Python scalar, or a host tensor."""
-        if func is _aten._local_scalar_dense.default:
+        """A device read answered from the shadows where they hold it, else with zeros (so the call goes
+        on): a Python scalar, a host tensor, or a device tensor of a data-dependent shape."""
+        mapped = self._real_args(args, kwargs)
+        if mapped is not None:
+            with unset_fake_temporarily():
+                real = func(*mapped[0], **mapped[1])
+            if not isinstance(real, torch.Tensor) or _to_host(func, args, kwargs, [args[0]]):
+                if func is _aten.copy_.default:
+                    with unset_fake_temporarily():
+                        return args[0]
+                return real
+            out = torch.empty_strided(real.shape, real.stride(), dtype=real.dtype, device="cuda")
+            self.shadow(out, real)
+            return out
+        if func is _aten._local_scalar_dense.default or func is _aten.item.default:
             return False if args[0].dtype == torch.bool else 0
         if func in (_aten.equal.default, _aten.is_nonzero.default, _aten.allclose.default):
             return False
@@ -289,10 +367,14 @@ def fake_like(x: Any, fc: FakeCuda) -> Any:
         if t.is_nested:
             values, offsets = one(t.values()), one(t.offsets())
             return torch.nested.nested_tensor_from_jagged(values, offsets)
-        return torch.empty_strided(tuple(t.shape), t.stride(), dtype=t.dtype, device="cuda")
+        fake = torch.empty_strided(tuple(t.shape), t.stride(), dtype=t.dtype, device="cuda")
+        fc.shadow(fake, t.detach().clone())
+        return fake
 
     with fc:
-        return tree_map(one, x)
+        moved = tree_map(one, x)
+    fc.reset()  # the inputs' making is not the call's
+    return moved
 
 
 def trace_of(fn: Callable[[], Any], fc: FakeCuda | None = None) -> tuple[Any, Trace]:
