@@ -66,6 +66,11 @@ def tensors_of(result: Any) -> list[torch.Tensor]:
     return [u for t in tensors for u in ((t.values(), t.offsets()) if t.is_nested else (t,))]
 
 
+def _randn(*shape: int) -> torch.Tensor:
+    """Normal float32 values on the host, the same for the same shape (each call's inputs reproducible)."""
+    return torch.randn(*shape, generator=torch.Generator(device="cpu").manual_seed(sum(shape)), device="cpu")
+
+
 def _verl_data(lengths: list[int], witness: bool) -> Any:
     entries: dict[str, Any] = {"use_dynamic_bsz": NonTensorData(True)}
     if witness:
@@ -102,7 +107,7 @@ def _verl_prepare(move: Move, b: int) -> tuple[Callable[[], Any], str]:
 
 def _verl_restore(move: Move, b: int) -> tuple[Callable[[], Any], str]:
     indices, _, _ = host_batch(b)
-    x = move(torch.randn(b, 4, device="cpu"))
+    x = move(_randn(b, 4))
     return (lambda: torch_impl.restore_dynamic_batch(x, indices)), "in"
 
 
@@ -129,7 +134,7 @@ def _skyrl(move: Move, b: int) -> tuple[Callable[[], Any], str]:
     it = types.SimpleNamespace(
         _microbatches=indices, _token_counts=[1] * b, _num_padding_microbatches=0, data=types.SimpleNamespace()
     )
-    fields = move([{"log_probs": torch.randn(len(p), 7, device="cpu")} for p in indices])
+    fields = move([{"log_probs": _randn(len(p), 7)} for p in indices])
     batches = [_Batch(f) for f in fields]
     return (lambda: skyrl.reorder_and_combine_batches(it, batches)), "in"
 
@@ -140,7 +145,7 @@ def _public(op: str) -> Builder:
         parts = move(outs)
         whole = move(torch_impl.concat(outs))
         padded = move(torch_impl.to_padded(torch_impl.concat(outs)))
-        packed = move(torch.randn(sum(lengths), device="cpu"))
+        packed = move(_randn(sum(lengths)))
         perm = [i for p in indices for i in p]
         calls: dict[str, Callable[[], Any]] = {
             "postprocess_batch": lambda: torch_impl.postprocess_batch(

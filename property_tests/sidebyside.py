@@ -23,7 +23,6 @@ import types
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-import torch
 from tensordict import TensorDict
 
 import torch_impl

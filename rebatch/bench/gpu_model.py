@@ -74,7 +74,7 @@ def trace_trainer(trainer: str, sizes: tuple[int, ...] | None = None) -> dict[st
     for b in sizes or sidebyside.SIZES:
         for keys in sidebyside.KEYS:
             fc = FakeCuda()
-            pair = sidebyside.pair(trainer, b, keys, lambda x: fake_like(x, fc), fn)
+            pair = sidebyside.pair(trainer, b, keys, lambda x, fc=fc: fake_like(x, fc), fn)
             sides = {}
             for name, call in (("rebatch", pair.ours), ("theirs", pair.theirs)):
                 assert call is not None  # the trainer was imported above
@@ -95,8 +95,9 @@ def _write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def render(traces: dict[str, Any], model: Model = Model()) -> str:
+def render(traces: dict[str, Any], model: Model | None = None) -> str:
     """``docs/gpu.md`` from the traces (ValueError naming a trainer whose traces are missing)."""
+    model = model or Model()
     from property_tests.sidebyside import TRAINERS
 
     missing = [t for t in TRAINERS if t not in traces]
