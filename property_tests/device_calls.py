@@ -31,7 +31,7 @@ from torch.utils._pytree import tree_leaves
 import torch_impl
 from torch_impl.integrations import areal, skyrl
 
-from .data import jagged
+from .data import jagged, offsets_of
 
 __all__ = ["CALLS", "Move", "host_batch", "tensors_of"]
 
@@ -63,7 +63,7 @@ def tensors_of(result: Any) -> list[torch.Tensor]:
     if isinstance(result, dict):
         result = dict(result)  # SkyRL's batch type: a dict subclass
     tensors = [t for t in tree_leaves(result) if isinstance(t, torch.Tensor)]
-    return [u for t in tensors for u in ((t.values(), t.offsets()) if t.is_nested else (t,))]
+    return [u for t in tensors for u in ((t.values(), offsets_of(t)) if t.is_nested else (t,))]
 
 
 def _randn(*shape: int) -> torch.Tensor:
@@ -118,12 +118,12 @@ def _areal(move: Move, b: int) -> tuple[Callable[[], Any], str]:
     for k, i in enumerate(forward):
         backward[i] = k
     packed = move([x.values() for x in outs])
-    mbs = move([{"cu_seqlens": x.offsets().to(torch.int32)} for x in outs])
+    mbs = move([{"cu_seqlens": offsets_of(x).to(torch.int32)} for x in outs])
     mb_list = types.SimpleNamespace(forward_indices=forward, backward_indices=backward, mbs=mbs)
     return (lambda: areal.reorder_and_pad_outputs(packed, lengths, mb_list)), "in"
 
 
-class _Batch(dict):  # type: ignore[type-arg]
+class _Batch(dict):  # type: ignore[type-arg,unused-ignore]
     """What SkyRL's ``reorder_and_combine_batches`` reads of a batch: its items, its type, ``metadata``."""
 
     metadata: Any = None

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -37,6 +37,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from torch_impl import _kernels
 
+from .data import offsets_of
 from .nondeterministic import Op, refusal, switch
 
 __all__ = ["READS", "FakeCuda", "MixedDevices", "Refused", "Trace", "fake_like", "trace", "trace_of"]
@@ -174,10 +175,10 @@ class FakeCuda(TorchDispatchMode):
         self._choose = _kernels.choose
         #: id(fake) -> (the fake, its shadow: the same computation on real host tensors)
         self._shadows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        #: id(element) -> the ``unbind`` it came from, for `Trace.syncs`; the group of each read
+        #: id(element) -> the group of the tensor it was taken from (``unbind``, ``select``), for `Trace.syncs`
         self._unbound: dict[int, tuple[int, torch.Tensor]] = {}
         self._read_groups: list[int] = []
-        self._unbinds = 0
+        self._sources: dict[int, tuple[int, torch.Tensor]] = {}  # id(tensor) -> (its group, the tensor)
 
     def shadow(self, fake: torch.Tensor, real: torch.Tensor) -> None:
         """Let ``real`` (a host tensor) hold ``fake``'s values: reads of ``fake`` answer from it."""
@@ -290,10 +291,10 @@ class FakeCuda(TorchDispatchMode):
             return out
         out = func(*args, **kwargs)
         self._run_shadow(func, args, kwargs, out)
-        if func is _aten.unbind.int:
-            self._unbinds += 1
-            group = self._unbinds
-            self._unbound.update({id(t): (group, t) for t in out})
+        if func is _aten.unbind.int or func is _aten.select.int:  # ``.tolist()``'s elements, one by one
+            source = args[0]
+            group = self._sources.setdefault(id(source), (len(self._sources) + 1, source))[0]
+            self._unbound.update({id(t): (group, t) for t in (out if isinstance(out, list | tuple) else [out])})
         if "empty" in name:
             self.allocations += 1
         if not func.is_view and "empty" not in name:
@@ -341,7 +342,7 @@ class FakeCuda(TorchDispatchMode):
         raise MixedDevices(f"{func} reads device data to shape its output at {_where()}")
 
 
-def _to_host(func: Any, args: Any, kwargs: Any, fakes: list[torch.Tensor]) -> bool:
+def _to_host(func: Any, args: Any, kwargs: Any, fakes: Sequence[torch.Tensor]) -> bool:
     """A copy of a device tensor to the host (a read)."""
     if func is _aten._to_copy.default:
         device = kwargs.get("device")
@@ -365,7 +366,7 @@ def fake_like(x: Any, fc: FakeCuda) -> Any:
         if not isinstance(t, torch.Tensor):
             return t
         if t.is_nested:
-            values, offsets = one(t.values()), one(t.offsets())
+            values, offsets = one(t.values()), one(offsets_of(t))
             return torch.nested.nested_tensor_from_jagged(values, offsets)
         fake = torch.empty_strided(tuple(t.shape), t.stride(), dtype=t.dtype, device="cuda")
         fc.shadow(fake, t.detach().clone())

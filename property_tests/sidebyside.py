@@ -48,7 +48,7 @@ def micro_batches(b: int) -> int:
     return max(2, b // 256)
 
 
-class Batch(dict):  # type: ignore[type-arg]
+class Batch(dict):  # type: ignore[type-arg,unused-ignore]
     """What ``reorder_and_combine_batches`` reads of SkyRL's batch: its items, its type, ``metadata``."""
 
     metadata: Any = None

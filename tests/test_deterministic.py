@@ -156,13 +156,28 @@ def test_every_factory_call_in_torch_impl_names_its_device() -> None:
     unnamed = []
     for path in sorted(root.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            func = node.func if isinstance(node, ast.Call) else None
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
             if (
                 isinstance(func, ast.Attribute)
                 and func.attr in _FACTORIES
                 and isinstance(func.value, ast.Name)
                 and func.value.id == "torch"
-                and not any(k.arg == "device" for k in node.keywords)  # type: ignore[union-attr]
+                and not any(k.arg == "device" for k in node.keywords)
             ):
                 unnamed.append(f"{path.relative_to(root)}:{node.lineno}: torch.{func.attr}")
     assert unnamed == []
+
+
+def test_a_failed_conversion_is_not_taken_for_a_bad_index() -> None:
+    """Under a fake-tensor mode the host buffer cannot be read: that failure is re-raised as it is, not
+    reported as an index out of int64's range (nor a bare ``next()``'s StopIteration)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    assert torch_impl.flatten_partitions([[1, 0]], 2).tolist() == [1, 0]  # outside the mode: as ever
+    with FakeTensorMode(), pytest.raises(RuntimeError) as caught:
+        torch_impl.flatten_partitions([[1, 0]], 2)
+    assert not isinstance(caught.value, torch_impl.errors.RebatchError)
+    with pytest.raises(torch_impl.errors.NotAPermutationError, match="index 18446744073709551615"):
+        torch_impl.flatten_partitions([[0, 2**64 - 1]], 2)

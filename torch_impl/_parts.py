@@ -54,6 +54,9 @@ def numpy_bridge() -> bool:
     return True
 
 
+numpy_bridge()  # probed at import, outside any mode a caller may enter later (a fake tensor has no NumPy view)
+
+
 class JaggedPart(NamedTuple):
     """One micro-batch's jagged output for one key: ``values`` ``[N, *F]`` (the packed rows, no lazy
     conjugate or negative bit),

@@ -106,11 +106,11 @@ def _from_lists(lists: dict[int, Any], num_rows: int, at: Locator) -> torch.Tens
         else:
             whole = torch.tensor(flat, dtype=torch.int64, device="cpu")
     except (OverflowError, RuntimeError, ValueError):
-        j = next((j for j, i in enumerate(flat) if int(i) not in _INT64), None)
-        if j is None:  # every index fits int64: the conversion failed for another reason, not the input's
+        wide = next((k for k, i in enumerate(flat) if int(i) not in _INT64), None)
+        if wide is None:  # every index fits int64: the conversion failed for another reason, not the input's
             raise
-        m, pos = _locate(j, local_sizes)
-        i = int(flat[j])
+        m, pos = _locate(wide, local_sizes)
+        i = int(flat[wide])
         what = "is negative (negative indices are not wrapped)" if i < 0 else f"is out of range for {num_rows} rows"
         raise NotAPermutationError(f"{at(ms[m], pos)}: index {i} {what}") from None
     return whole

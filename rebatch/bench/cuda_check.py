@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import itertools
 import sys
 from collections.abc import Callable, Iterator
@@ -250,7 +251,7 @@ def _launches(device: str, sizes: tuple[int, ...]) -> list[dict[str, Any]]:
         for b in sizes:
             for keys in sidebyside.KEYS:
                 fc = FakeCuda()
-                traced = sidebyside.pair(trainer, b, keys, lambda x, fc=fc: fake_like(x, fc))
+                traced = sidebyside.pair(trainer, b, keys, functools.partial(fake_like, fc=fc))
                 with fc:
                     traced.ours()
                 predicted = fc.trace()
@@ -437,8 +438,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         import json
 
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=1, default=str)
+        with open(args.out, "w") as stream:
+            json.dump(results, stream, indent=1, default=str)
     print(f"{'FAILED' if failures else 'passed'}: {len(failures)} failure(s) on {device}")
     return 1 if failures else 0
 

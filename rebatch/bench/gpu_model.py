@@ -17,6 +17,7 @@ missing. ``tests/test_gpu_model.py`` checks the page against the JSON.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -62,20 +63,26 @@ def _side(trace: Any) -> dict[str, Any]:
     }
 
 
+def _fake_like(x: Any, fc: Any) -> Any:
+    from property_tests.fakecuda import fake_like
+
+    return fake_like(x, fc)
+
+
 def trace_trainer(trainer: str, sizes: tuple[int, ...] | None = None) -> dict[str, Any]:
     """Every case of ``trainer`` traced, both sides (ImportError where the trainer is not installed)."""
     import torch
 
     from property_tests import sidebyside
-    from property_tests.fakecuda import FakeCuda, fake_like
+    from property_tests.fakecuda import FakeCuda
 
     fn, label = sidebyside.theirs(trainer)
     cases = []
     for b in sizes or sidebyside.SIZES:
         for keys in sidebyside.KEYS:
             fc = FakeCuda()
-            pair = sidebyside.pair(trainer, b, keys, lambda x, fc=fc: fake_like(x, fc), fn)
-            sides = {}
+            pair = sidebyside.pair(trainer, b, keys, functools.partial(_fake_like, fc=fc), fn)
+            sides: dict[str, Any] = {}
             for name, call in (("rebatch", pair.ours), ("theirs", pair.theirs)):
                 assert call is not None  # the trainer was imported above
                 with fc:
@@ -83,8 +90,8 @@ def trace_trainer(trainer: str, sizes: tuple[int, ...] | None = None) -> dict[st
                 sides[name] = _side(fc.trace())
                 fc.reset()
             micro_batches = sidebyside.micro_batches(b)
-            cases.append({"b": b, "keys": keys, "micro_batches": micro_batches, "output_bytes": pair.output_bytes})
-            cases[-1].update(sides)
+            case: dict[str, Any] = {"b": b, "keys": keys, "micro_batches": micro_batches}
+            cases.append({**case, "output_bytes": pair.output_bytes, **sides})
     return {"label": label, "torch": torch.__version__, "cases": cases}
 
 
