@@ -14,11 +14,25 @@ small chunks):
    under ``set_sync_debug_mode("warn")``), gives the same result, and the outputs left in micro-batch
    order raise `ref.errors.MisalignmentError`.
 
-Exits 1 on any mismatch or synchronisation, 0 otherwise. ``--dry-run`` runs the same steps on the CPU
+Then, each section on its own (one that fails is reported and the others still run):
+
+4. every drop-in and public call (`property_tests.device_calls`) and every kernel of the registry forced,
+   on the device against the CPU, bit for bit;
+5. the kernels ``torch.profiler`` counts for rebatch's side of each side-by-side case against those traced
+   on fake CUDA tensors (`property_tests.fakecuda`);
+6. rebatch beside each trainer's own function (`property_tests.sidebyside`; a trainer not installed is a
+   row saying so, verl's algorithm stands in for verl), timed with ``torch.utils.benchmark``;
+7. a copy against ``clone()`` of the same bytes, and one small operation in a chain: the cost model's
+   bandwidth and per-launch cost (`rebatch.bench.gpu_model.Model`).
+
+One table sums it up (the measured ratio beside the model's, from ``docs/gpu_traces.json``); ``--out``
+writes every section's results as JSON. Exits 1 on any mismatch, synchronisation or failed section, 0
+otherwise, and 0 on a machine without CUDA (saying so). ``--dry-run`` runs the same steps on the CPU
 (no synchronisation check, tiny cases): what the test suite runs, so the script stays runnable.
 
     python -m rebatch.bench.cuda_check            # on a machine with a GPU
     python -m rebatch.bench.cuda_check --dry-run  # anywhere
+    python -m rebatch.bench.cuda_check --out cuda_check.json
 """
 
 from __future__ import annotations

@@ -99,6 +99,7 @@ def _write_atomically(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "w") as f:
         f.write(text)
+    os.chmod(tmp, 0o644)  # a page of the repository, readable as any other (mkstemp makes it private)
     os.replace(tmp, path)
 
 
