@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ from rebatch.bench import gpu_model
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
-def traces() -> dict:  # type: ignore[type-arg]
+def traces() -> dict[str, Any]:
     return json.loads((DOCS / "gpu_traces.json").read_text())
 
 
