@@ -59,7 +59,7 @@ def same_tensor(a: torch.Tensor, b: torch.Tensor) -> str | None:
     if offsets is None:
         at = f"row {first}"
     else:
-        row = int(torch.searchsorted(offsets[1:].cpu(), torch.tensor(first), right=True))
+        row = int(torch.searchsorted(offsets[1:].cpu(), torch.tensor(first, device="cpu"), right=True))
         at = f"row {row} (value {first - int(offsets[row])} of it)"
     return f"values differ at {at}: {a[first].tolist()!r} vs {b[first].tolist()!r}"
 

@@ -135,7 +135,7 @@ def _pack(tree: Any) -> tuple[_Skeleton, torch.Tensor]:
         return x
 
     skeleton = _Skeleton(walk(tree), size[0])
-    buffer = torch.cat([c.cpu() for c in chunks]) if chunks else torch.zeros(0, dtype=torch.uint8)
+    buffer = torch.cat([c.cpu() for c in chunks]) if chunks else torch.zeros(0, dtype=torch.uint8, device="cpu")
     return skeleton, buffer
 
 
@@ -216,7 +216,7 @@ def broadcast_from_last_stage(result: Mapping[str, Any], group: Any = None) -> d
     device = _comm_device(group)
     holder: list[Any] = [None]
     failure: BaseException | None = None
-    buffer = torch.zeros(0, dtype=torch.uint8)
+    buffer = torch.zeros(0, dtype=torch.uint8, device="cpu")
     if dist.get_rank() == src:
         try:
             _check_result(result)
@@ -231,7 +231,7 @@ def broadcast_from_last_stage(result: Mapping[str, Any], group: Any = None) -> d
     raise_first_failure(statuses, failure, ranks.index(dist.get_rank()))
     skeleton = holder[0]
     if dist.get_rank() != src:
-        buffer = torch.empty(skeleton.nbytes, dtype=torch.uint8)
+        buffer = torch.empty(skeleton.nbytes, dtype=torch.uint8, device="cpu")
     payload = buffer.to(device)
     dist.broadcast(payload, src=src, group=group)
     return _unpack(skeleton, payload.cpu())
@@ -248,7 +248,7 @@ def gather_batch(result: Mapping[str, Any], group: Any = None) -> dict[str, Any]
     device = _comm_device(group)
     mine: Any = None
     failure: BaseException | None = None
-    buffer = torch.zeros(0, dtype=torch.uint8)
+    buffer = torch.zeros(0, dtype=torch.uint8, device="cpu")
     try:
         _check_result(result)
         mine, buffer = _pack(result)

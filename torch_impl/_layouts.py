@@ -63,7 +63,7 @@ def _jagged_part(x: Any, name: str) -> JaggedPart:
 
 
 def _offsets_tensor(cu_seqlens: Any, device: torch.device) -> torch.Tensor:
-    offsets = cu_seqlens if isinstance(cu_seqlens, torch.Tensor) else torch.as_tensor(cu_seqlens)
+    offsets = cu_seqlens if isinstance(cu_seqlens, torch.Tensor) else torch.as_tensor(cu_seqlens, device="cpu")
     if (
         offsets.dim() != 1
         or offsets.shape[0] < 1
@@ -92,7 +92,7 @@ def from_packed(values: torch.Tensor, lengths: Any = None, *, cu_seqlens: Any = 
         check_offsets([JaggedPart(part.values, offsets, int(offsets.shape[0]) - 1)])
     else:
         host = host_lengths(lengths, "from_packed", total=int(part.values.shape[0]))
-        offsets = zero_prefixed_cumsum(torch.tensor(host, dtype=torch.int64).to(device))
+        offsets = zero_prefixed_cumsum(torch.tensor(host, dtype=torch.int64, device="cpu").to(device))
     return njt(part.values.clone(), offsets)
 
 
@@ -140,7 +140,7 @@ def from_padded(x: torch.Tensor, lengths: Any) -> torch.Tensor:
     b, s = int(dense.shape[0]), int(dense.shape[1])
     host = host_lengths(lengths, "from_padded", rows=b, limit=s)
     total = sum(host)
-    lens = torch.tensor(host, dtype=torch.int64).to(dense.device)
+    lens = torch.tensor(host, dtype=torch.int64, device="cpu").to(dense.device)
     offsets = zero_prefixed_cumsum(lens)
     flat = dense.reshape(b * s, *dense.shape[2:])
     starts = torch.arange(b, dtype=torch.int64, device=dense.device) * s

@@ -42,7 +42,7 @@ def concat(parts: Sequence[torch.Tensor], *, key: Any = None) -> torch.Tensor:
 def _checked_rows(rows: Any, n: int, device: torch.device) -> torch.Tensor:
     """``rows`` as int64 on ``device``; each an integer in ``range(n)`` (`RowIndexError`, no wrap-around)."""
     try:
-        r = rows if isinstance(rows, torch.Tensor) else torch.as_tensor(rows)
+        r = rows if isinstance(rows, torch.Tensor) else torch.as_tensor(rows, device="cpu")
     except (OverflowError, RuntimeError, ValueError, TypeError):
         r = None
     if r is None or r.dtype == torch.uint64:  # past int64 (never wrapped), or not numbers at all
@@ -52,7 +52,7 @@ def _checked_rows(rows: Any, n: int, device: torch.device) -> torch.Tensor:
                 raise RowIndexError(f"position {j}: row index {i!r} is not an integer")
             if not 0 <= int(i) < n:
                 raise RowIndexError(f"position {j}: row index {int(i)} is out of range for {n} rows (no wrap-around)")
-        r = torch.tensor([int(i) for i in listed], dtype=torch.int64)
+        r = torch.tensor([int(i) for i in listed], dtype=torch.int64, device="cpu")
     if r.dim() != 1:
         raise RowIndexError(f"rows must be 1-D, got shape {tuple(r.shape)}")
     if r.numel() and (r.dtype == torch.bool or r.dtype.is_floating_point or r.dtype.is_complex):
@@ -188,7 +188,7 @@ def _split_tensordict(
         if rest is None:
             out.append(type(td)(fields, batch_size=[sizes[i], *td.batch_size[1:]], device=td.device))
         else:
-            piece = rest[torch.as_tensor(list(part), dtype=torch.int64)]
+            piece = rest[torch.as_tensor(list(part), dtype=torch.int64, device="cpu")]
             for k, v in fields.items():
                 piece.set(k, v)
             out.append(piece)

@@ -52,10 +52,13 @@ def numpy_bridge() -> bool:
     """Whether this torch can share CPU storage with NumPy (it cannot when built against another NumPy
     ABI: then ``Tensor.numpy()`` raises, and the host paths are not used)."""
     try:
-        torch.zeros(1).numpy()
+        torch.zeros(1, device="cpu").numpy()
     except (RuntimeError, ImportError, TypeError):  # "Numpy is not available"
         return False
     return True
+
+
+numpy_bridge()  # probed at import, outside any mode a caller may enter later (a fake tensor has no NumPy view)
 
 
 class JaggedPart(NamedTuple):
@@ -288,7 +291,7 @@ def check_offsets(parts: Sequence[JaggedPart], key: Any = None, steps: torch.Ten
     counts, built here when not given: a call shares it between keys).
     """
     if not parts:
-        return torch.zeros(0, dtype=torch.int64)
+        return torch.zeros(0, dtype=torch.int64, device="cpu")
     device = parts[0].offsets.device
     if device.type == "cpu" and numpy_bridge() and all(type(p.offsets) is torch.Tensor for p in parts):
         host = [p.offsets.numpy() for p in parts]
@@ -300,8 +303,8 @@ def check_offsets(parts: Sequence[JaggedPart], key: Any = None, steps: torch.Ten
         lengths = lengths.index_select(0, row_steps(rows, device) if steps is None else steps)
     if device.type == "cpu":
         firsts = list(itertools.accumulate((r + 1 for r in rows[:-1]), initial=0))
-        ends = torch.tensor([f + r for f, r in zip(firsts, rows, strict=True)] + firsts)
-        want = torch.tensor([p.values.shape[0] for p in parts] + [0] * len(parts))
+        ends = torch.tensor([f + r for f, r in zip(firsts, rows, strict=True)] + firsts, device="cpu")
+        want = torch.tensor([p.values.shape[0] for p in parts] + [0] * len(parts), device="cpu")
         if bool((flat.index_select(0, ends) != want).any()) or bool((lengths < 0).any()):
             explain_bad_offsets(parts, key)
     else:  # trusted off the CPU, and counted (`_tally.SKIPS`)

@@ -58,7 +58,7 @@ def _flat_indices(
             lists[m] = list(part.astype(object))  # each entry checked as a list's is (as `ref` takes it)
             sizes.append(len(part))
         elif isinstance(part, torch.Tensor | np.ndarray):
-            t = torch.as_tensor(part)
+            t = part if isinstance(part, torch.Tensor) else torch.as_tensor(part, device="cpu")
             if t.numel() and (t.dtype == torch.bool or t.dtype.is_floating_point or t.dtype.is_complex):
                 raise NotAPermutationError(f"micro-batch {m}: indices must be integers, got dtype {t.dtype}")
             if t.dtype == torch.uint64:  # past int64: through Python ints, checked like a list
@@ -77,7 +77,7 @@ def _flat_indices(
     if len(pieces) == 1:
         return next(iter(pieces.values())), sizes
     ordered = [pieces[m] for m in range(len(sizes))]
-    return (torch.cat(ordered) if ordered else torch.zeros(0, dtype=torch.int64)), sizes
+    return (torch.cat(ordered) if ordered else torch.zeros(0, dtype=torch.int64, device="cpu")), sizes
 
 
 _INT64 = range(-(2**63), 2**63)
@@ -101,14 +101,16 @@ def _from_lists(lists: dict[int, Any], num_rows: int, at: Locator) -> torch.Tens
             raise NotAPermutationError(f"{at(ms[m], pos)}: index {flat[j]!r} is not an integer")
     try:
         if kinds <= {int} and numpy_bridge():
-            whole = torch.empty(len(flat), dtype=torch.int64)
+            whole = torch.empty(len(flat), dtype=torch.int64, device="cpu")
             whole.numpy()[:] = flat  # NumPy converts Python ints in a fraction of torch.tensor's time
         else:
-            whole = torch.tensor(flat, dtype=torch.int64)
+            whole = torch.tensor(flat, dtype=torch.int64, device="cpu")
     except (OverflowError, RuntimeError, ValueError):
-        j = next(j for j, i in enumerate(flat) if int(i) not in _INT64)
-        m, pos = _locate(j, local_sizes)
-        i = int(flat[j])
+        wide = next((k for k, i in enumerate(flat) if int(i) not in _INT64), None)
+        if wide is None:  # every index fits int64: the conversion failed for another reason, not the input's
+            raise
+        m, pos = _locate(wide, local_sizes)
+        i = int(flat[wide])
         what = "is negative (negative indices are not wrapped)" if i < 0 else f"is out of range for {num_rows} rows"
         raise NotAPermutationError(f"{at(ms[m], pos)}: index {i} {what}") from None
     return whole
@@ -149,7 +151,7 @@ def check_permutation(partitions: Sequence[Any], num_rows: int, *, at: Locator =
             m0, pos0 = _locate(j0, sizes)
             raise NotAPermutationError(f"{at(m, pos)}: index {i} duplicates {at(m0, pos0)}")
     if n != num_rows:
-        present = torch.zeros(num_rows, dtype=torch.bool)
+        present = torch.zeros(num_rows, dtype=torch.bool, device=perm.device)
         present[perm] = True
         missing = int((~present).nonzero()[0, 0])
         raise NotAPermutationError(f"index {missing} is missing: the partitions hold {n} indices for {num_rows} rows")
@@ -202,7 +204,7 @@ def is_identity(perm: torch.Tensor) -> bool:
     where torch has it."""
     n = perm.numel()
     if not numpy_bridge():
-        return bool(torch.equal(perm, torch.arange(n, dtype=perm.dtype)))
+        return bool(torch.equal(perm, torch.arange(n, dtype=perm.dtype, device=perm.device)))
     p = perm.numpy()
     if n == 0 or p[0] != 0 or p[-1] != n - 1:
         return n == 0

@@ -204,7 +204,7 @@ def rearrange_micro_batches(
     the count until every micro-batch fits; `ref.partition.plan_micro_batches`).
     """
     synced = same_micro_num_in_dp and dp_group is not None and dist.is_available() and dist.is_initialized()
-    lengths_t, failure = torch.zeros(0, dtype=torch.int64), None
+    lengths_t, failure = torch.zeros(0, dtype=torch.int64, device="cpu"), None
     try:  # this rank's own checks, then (with a group) every rank's verdict before any collective of the plan
         lengths_t = row_lengths(batch, length_key)
         longest = _longest(batch, lengths_t, length_key)

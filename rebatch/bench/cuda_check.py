@@ -14,17 +14,32 @@ small chunks):
    under ``set_sync_debug_mode("warn")``), gives the same result, and the outputs left in micro-batch
    order raise `ref.errors.MisalignmentError`.
 
-Exits 1 on any mismatch or synchronisation, 0 otherwise. ``--dry-run`` runs the same steps on the CPU
+Then, each section on its own (one that fails is reported and the others still run):
+
+4. every drop-in and public call (`property_tests.device_calls`) and every kernel of the registry forced,
+   on the device against the CPU, bit for bit;
+5. the kernels ``torch.profiler`` counts for rebatch's side of each side-by-side case against those traced
+   on fake CUDA tensors (`property_tests.fakecuda`);
+6. rebatch beside each trainer's own function (`property_tests.sidebyside`; a trainer not installed is a
+   row saying so, verl's algorithm stands in for verl), timed with ``torch.utils.benchmark``;
+7. a copy against ``clone()`` of the same bytes, and one small operation in a chain: the cost model's
+   bandwidth and per-launch cost (`rebatch.bench.gpu_model.Model`).
+
+One table sums it up (the measured ratio beside the model's, from ``docs/gpu_traces.json``); ``--out``
+writes every section's results as JSON. Exits 1 on any mismatch, synchronisation or failed section, 0
+otherwise, and 0 on a machine without CUDA (saying so). ``--dry-run`` runs the same steps on the CPU
 (no synchronisation check, tiny cases): what the test suite runs, so the script stays runnable.
 
     python -m rebatch.bench.cuda_check            # on a machine with a GPU
     python -m rebatch.bench.cuda_check --dry-run  # anywhere
+    python -m rebatch.bench.cuda_check --out cuda_check.json
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import itertools
 import sys
 from collections.abc import Callable, Iterator
@@ -210,18 +225,235 @@ def check(device: str, cases: list[Case], *, min_time: float = 0.2) -> list[str]
     return failures
 
 
+def _device_calls(device: str) -> list[dict[str, Any]]:
+    """Every drop-in and public call (`property_tests.device_calls`) and every kernel of the registry
+    forced, on ``device`` against the CPU, bit for bit (results on the inputs' device)."""
+    from torch.utils._pytree import tree_map
+
+    from property_tests.device_calls import CALLS, tensors_of
+    from property_tests.kernels import KERNELS, forced
+
+    def move(x: Any) -> Any:
+        return tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, x)
+
+    rows = []
+    runs = [(name, None) for name in CALLS] + [("verl.postprocess_batch_func+witness", p) for p in KERNELS]
+    for name, path in runs:
+        with forced(path) if path else contextlib.nullcontext():
+            on_cpu, _ = CALLS[name](lambda x: x, 64)
+            on_device, where = CALLS[name](move, 64)
+            want, got = on_cpu(), on_device()
+        diffs = [first_difference(a.cpu(), b) for a, b in zip(tensors_of(got), tensors_of(want), strict=True)]
+        where_ok = all(
+            t.device.type == (torch.device(device).type if where == "in" else where) for t in tensors_of(got)
+        )
+        problem = next((d for d in diffs if d is not None), None) or (None if where_ok else "result on another device")
+        rows.append({"call": name, "kernel": path or "default", "ok": problem is None, "problem": problem})
+    return rows
+
+
+def _launches(device: str, sizes: tuple[int, ...]) -> list[dict[str, Any]]:
+    """rebatch's side of each side-by-side case: the kernels torch.profiler sees on ``device`` against
+    those traced on fake CUDA tensors (`property_tests.fakecuda`) for the same inputs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from property_tests import sidebyside
+    from property_tests.fakecuda import FakeCuda, fake_like
+
+    rows = []
+    for trainer in sidebyside.TRAINERS:
+        for b in sizes:
+            for keys in sidebyside.KEYS:
+                fc = FakeCuda()
+                traced = sidebyside.pair(trainer, b, keys, functools.partial(fake_like, fc=fc))
+                with fc:
+                    traced.ours()
+                predicted = fc.trace()
+                measured = None
+                if device.startswith("cuda"):
+                    call = sidebyside.pair(trainer, b, keys, lambda x: _moved(x, device)).ours
+                    call()
+                    torch.cuda.synchronize()
+                    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                        call()
+                        torch.cuda.synchronize()
+                    measured = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+                rows.append(
+                    {
+                        "trainer": trainer,
+                        "b": b,
+                        "keys": keys,
+                        "traced_launches": len(predicted.launches),
+                        "traced_allocations": predicted.allocations,
+                        "traced_syncs": predicted.syncs,
+                        "measured_kernels": measured,
+                    }
+                )
+    return rows
+
+
+def _moved(x: Any, device: str) -> Any:
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, x)
+
+
+def _timings(device: str, sizes: tuple[int, ...], min_time: float) -> list[dict[str, Any]]:
+    """rebatch beside each trainer's own function (`property_tests.sidebyside`), timed with
+    torch.utils.benchmark (which synchronises CUDA); a trainer that is not installed is a row saying so
+    (verl's algorithm stands in for verl)."""
+    from torch.utils import benchmark
+
+    from property_tests import sidebyside
+
+    def seconds(fn: Callable[[], Any]) -> float:
+        timer = benchmark.Timer(stmt="fn()", globals={"fn": fn})
+        once = timer.timeit(1).median
+        if once > 1.0 or min_time == 0:  # a slow call (a per-row loop at large B): once is enough
+            return float(once)
+        return float(timer.blocked_autorange(min_run_time=min_time).median)
+
+    rows = []
+    for trainer in sidebyside.TRAINERS:
+        try:
+            fn, label = sidebyside.theirs(trainer, stand_in=True)
+        except ImportError:
+            fn, label = None, f"{trainer}: not installed"
+        for b in sizes:
+            for keys in sidebyside.KEYS:
+                pair = sidebyside.pair(trainer, b, keys, lambda x: _moved(x, device), fn)
+                row: dict[str, Any] = {"trainer": trainer, "label": label, "b": b, "keys": keys}
+                row["rebatch_s"] = seconds(pair.ours)
+                row["theirs_s"] = None if pair.theirs is None else seconds(pair.theirs)
+                rows.append(row)
+    return rows
+
+
+def _machine(device: str, min_time: float) -> dict[str, Any]:
+    """The cost model's parameters measured: a copy's bandwidth against ``clone()`` of the same bytes,
+    and the time of one small operation in a chain (the per-launch cost)."""
+    from torch.utils import benchmark
+
+    from .gpu_model import Model
+
+    n = (256 if device.startswith("cuda") else 4) * 2**20 // 4
+    src = torch.randn(n, device=device)
+    dst = torch.empty_like(src)
+    tiny = torch.zeros(1, device=device)
+
+    def chain() -> None:
+        for _ in range(200):
+            tiny.add_(1)
+
+    def time(fn: Callable[[], Any]) -> float:
+        return float(benchmark.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_time).median)
+
+    copy_s, clone_s, chain_s = time(lambda: dst.copy_(src)), time(src.clone), time(chain)
+    model = Model()
+    return {
+        "bytes": 4 * n,
+        "copy_bandwidth_bytes_s": 2 * 4 * n / copy_s,
+        "clone_bandwidth_bytes_s": 2 * 4 * n / clone_s,
+        "copy_over_clone": copy_s / clone_s,
+        "per_launch_s": chain_s / 200,
+        "model": model._asdict(),
+    }
+
+
+def _table(results: dict[str, Any]) -> list[str]:
+    """The one table: per trainer and case, the measured times, their ratio, the model's ratio (from the
+    traces in docs/gpu_traces.json, where present) and the kernels counted against those traced."""
+    import json
+    from pathlib import Path
+
+    from .gpu_model import Model, predict
+
+    traces_path = Path(__file__).resolve().parents[2] / "docs" / "gpu_traces.json"
+    traces = json.loads(traces_path.read_text()) if traces_path.exists() else {}
+    launches = {(r["trainer"], r["b"], r["keys"]): r for r in results.get("launches", {}).get("rows", [])}
+    lines = [
+        f"{'trainer':<8} {'B':>6} {'keys':>4} {'rebatch ms':>11} {'theirs ms':>10} {'measured':>9} {'model':>7} "
+        f"{'kernels traced/counted':>23}"
+    ]
+    for r in results.get("timings", {}).get("rows", []):
+        key = (r["trainer"], r["b"], r["keys"])
+        theirs = "n/a" if r["theirs_s"] is None else f"{r['theirs_s'] * 1e3:.3f}"
+        ratio = "n/a" if r["theirs_s"] is None else f"{r['theirs_s'] / r['rebatch_s']:.2f}x"
+        case = next((c for c in traces.get(r["trainer"], {}).get("cases", []) if (c["b"], c["keys"]) == key[1:]), None)
+        model = (
+            "n/a" if case is None else f"{predict(case['theirs'], Model()) / predict(case['rebatch'], Model()):.2f}x"
+        )
+        counted = launches.get(key)
+        kernels = "n/a" if counted is None else f"{counted['traced_launches']}/{counted['measured_kernels']}"
+        lines.append(
+            f"{r['trainer']:<8} {r['b']:>6} {r['keys']:>4} {r['rebatch_s'] * 1e3:>11.3f} {theirs:>10} {ratio:>9} "
+            f"{model:>7} {kernels:>23}"
+        )
+    labels = sorted({r["label"] for r in results.get("timings", {}).get("rows", [])})
+    return [*lines, *(f"  theirs: {label}" for label in labels)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rebatch.bench.cuda_check", description=__doc__)
     parser.add_argument("--dry-run", action="store_true", help="on the CPU, tiny cases (no GPU needed)")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--out", help="write the full results as JSON to this path")
     args = parser.parse_args(argv)
     device = "cpu" if args.dry_run else args.device
     if device.startswith("cuda") and not torch.cuda.is_available():
-        print("no CUDA device: run with --dry-run, or on a machine with a GPU", file=sys.stderr)
-        return 2
-    failures = check(device, DRY_CASES if args.dry_run else CASES, min_time=0.0 if args.dry_run else 0.2)
+        print("no CUDA device here: nothing checked (run with --dry-run, or on a machine with a GPU)")
+        return 0
+    sizes = (8, 64) if args.dry_run else (8, 1024, 16384)
+    min_time = 0.0 if args.dry_run else 0.2
+    sections: dict[str, Callable[[], Any]] = {
+        "properties": lambda: check(device, DRY_CASES if args.dry_run else CASES, min_time=min_time),
+        "device_calls": lambda: _device_calls(device),
+        "launches": lambda: _launches(device, sizes[:2]),
+        "timings": lambda: _timings(device, sizes, min_time),
+        "machine": lambda: _machine(device, min_time),
+    }
+    results: dict[str, Any] = {"device": device, "torch": torch.__version__}
+    if device.startswith("cuda"):
+        results["device_name"] = torch.cuda.get_device_name()
+    failures: list[str] = []
+    for name, run in sections.items():
+        try:
+            got = run()
+        except Exception as err:  # one failing section must not hide the others' output
+            import traceback
+
+            results[name] = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
+            failures.append(f"section {name}: {type(err).__name__}: {err}")
+            print(f"FAIL section {name}: {type(err).__name__}: {err}")
+            continue
+        if name == "properties":
+            failures += got
+            results[name] = {"failures": got}
+        elif name == "device_calls":
+            failures += [f"{r['call']} ({r['kernel']}): {r['problem']}" for r in got if not r["ok"]]
+            results[name] = {"rows": got}
+            print(f"{'ok  ' if all(r['ok'] for r in got) else 'FAIL'} device calls: {len(got)} checked on {device}")
+        else:
+            results[name] = {"rows": got} if isinstance(got, list) else got
+    if "machine" in results and "error" not in results["machine"]:
+        m = results["machine"]
+        print(
+            f"copy {m['copy_bandwidth_bytes_s'] / 1e12:.3g} TB/s, clone {m['clone_bandwidth_bytes_s'] / 1e12:.3g} TB/s "
+            f"(copy/clone {m['copy_over_clone']:.2f}x), one small operation {m['per_launch_s'] * 1e6:.2f} us "
+            f"(model: {m['model']['bandwidth_bytes_s'] / 1e12:g} TB/s, {m['model']['per_launch_s'] * 1e6:g} us)"
+        )
+    try:
+        print("\n".join(_table(results)))
+    except Exception as err:
+        failures.append(f"table: {type(err).__name__}: {err}")
     for f in failures:
         print(f"FAIL {f}", file=sys.stderr)
+    results["failures"] = failures
+    if args.out:
+        import json
+
+        with open(args.out, "w") as stream:
+            json.dump(results, stream, indent=1, default=str)
     print(f"{'FAILED' if failures else 'passed'}: {len(failures)} failure(s) on {device}")
     return 1 if failures else 0
 
