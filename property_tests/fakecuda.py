@@ -284,6 +284,9 @@ class FakeCuda(TorchDispatchMode):
             return self._answer(func, args, kwargs)
         if func is _aten._to_copy.default and not fakes:  # a host tensor moved to the device
             (t,) = args
+            if not kwargs.get("non_blocking", False):  # a blocking upload waits for the stream: a sync on a GPU
+                self.reads.append(f"{name} (a blocking upload) at {_where()}")
+                self._read_groups.append(-len(self.reads))
             out = torch.empty_strided(t.shape, t.stride(), dtype=kwargs.get("dtype") or t.dtype, device=device)
             with unset_fake_temporarily():
                 self.shadow(out, t.to(kwargs.get("dtype") or t.dtype, copy=True))

@@ -15,7 +15,8 @@ from torch.utils._pytree import tree_map
 import torch_impl
 from property_tests.device_calls import CALLS, host_batch, tensors_of
 from property_tests.fakecuda import FakeCuda, Trace, fake_like
-from property_tests.kernels import KERNELS, forced
+from property_tests.kernels import ANYWHERE, KERNELS, forced
+from ref.errors import UnsupportedSettingError
 
 #: The host-device synchronisations each call makes by design (all others: none).
 DOCUMENTED_SYNCS = {
@@ -94,6 +95,10 @@ def test_every_kernel_on_fake_cuda(path: str, drop_in: bool) -> None:
     name = "verl.postprocess_batch_func+witness" if drop_in else "verl.postprocess_batch_func"
     if not kernel.permutes and not drop_in:
         name = "torch_impl.concat"  # the parts laid end to end: where a non-permuting kernel serves
+    if path not in ANYWHERE:  # a host kernel forced on device keys raises, typed: it never steps aside
+        with forced(path), pytest.raises(UnsupportedSettingError, match="kernel"):
+            fake_trace(name, 64)
+        return
     was = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:

@@ -232,7 +232,7 @@ def broadcast_from_last_stage(result: Mapping[str, Any], group: Any = None) -> d
     skeleton = holder[0]
     if dist.get_rank() != src:
         buffer = torch.empty(skeleton.nbytes, dtype=torch.uint8, device="cpu")
-    payload = buffer.to(device)
+    payload = buffer.to(device, non_blocking=True)
     dist.broadcast(payload, src=src, group=group)
     return _unpack(skeleton, payload.cpu())
 
@@ -258,7 +258,7 @@ def gather_batch(result: Mapping[str, Any], group: Any = None) -> dict[str, Any]
     _check_ranks_agree(skeletons)
     largest = max(s.nbytes for s in skeletons)
     padded = torch.zeros(largest, dtype=torch.uint8, device=device)
-    padded[: buffer.numel()] = buffer.to(device)
+    padded[: buffer.numel()] = buffer.to(device, non_blocking=True)
     gathered = [torch.empty(largest, dtype=torch.uint8, device=device) for _ in range(world)]
     dist.all_gather(gathered, padded, group=group)
     trees = [_unpack(s, g[: s.nbytes].cpu()) for s, g in zip(skeletons, gathered, strict=True)]

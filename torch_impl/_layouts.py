@@ -72,7 +72,7 @@ def _offsets_tensor(cu_seqlens: Any, device: torch.device) -> torch.Tensor:
         or offsets.dtype == torch.bool
     ):
         raise InvalidJaggedError(f"cu_seqlens must be 1-D integers, got {offsets.dtype}{list(offsets.shape)}")
-    return offsets.to(device, torch.int64)
+    return offsets.to(device, torch.int64, non_blocking=True)
 
 
 @entry
@@ -92,7 +92,9 @@ def from_packed(values: torch.Tensor, lengths: Any = None, *, cu_seqlens: Any = 
         check_offsets([JaggedPart(part.values, offsets, int(offsets.shape[0]) - 1)])
     else:
         host = host_lengths(lengths, "from_packed", total=int(part.values.shape[0]))
-        offsets = zero_prefixed_cumsum(torch.tensor(host, dtype=torch.int64, device="cpu").to(device))
+        offsets = zero_prefixed_cumsum(
+            torch.tensor(host, dtype=torch.int64, device="cpu").to(device, non_blocking=True)
+        )
     return njt(part.values.clone(), offsets)
 
 
@@ -140,7 +142,7 @@ def from_padded(x: torch.Tensor, lengths: Any) -> torch.Tensor:
     b, s = int(dense.shape[0]), int(dense.shape[1])
     host = host_lengths(lengths, "from_padded", rows=b, limit=s)
     total = sum(host)
-    lens = torch.tensor(host, dtype=torch.int64, device="cpu").to(dense.device)
+    lens = torch.tensor(host, dtype=torch.int64, device="cpu").to(dense.device, non_blocking=True)
     offsets = zero_prefixed_cumsum(lens)
     flat = dense.reshape(b * s, *dense.shape[2:])
     starts = torch.arange(b, dtype=torch.int64, device=dense.device) * s

@@ -333,7 +333,8 @@ def row_steps(rows: Sequence[int], device: torch.device) -> torch.Tensor:
     """int64 ``[sum(rows)]``: row ``r`` (counted over all parts) of part ``m`` is step ``r + m`` of the
     parts' offsets laid end to end: a running sum of 1 per row and 1 more where each part after the
     first begins (trailing empty parts land past the end). Seven operations."""
-    begins = torch.tensor(list(itertools.accumulate(rows[:-1])), dtype=torch.int64, device=device)
+    begins = torch.tensor(list(itertools.accumulate(rows[:-1])), dtype=torch.int64, device="cpu")
+    begins = begins.to(device, non_blocking=True)  # an upload that waits for nothing (a blocking one syncs)
     step_of_row = torch.ones(sum(rows) + 1, dtype=torch.int64, device=device)
     step_of_row[:1].fill_(0)
     step_of_row.index_add_(0, begins, torch.ones_like(begins))

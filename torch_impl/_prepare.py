@@ -92,7 +92,7 @@ class DistSync:
         self.device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
 
     def _reduce(self, values: list[int], op: Any) -> list[int]:
-        t = torch.tensor(values, dtype=torch.int64, device=self.device)
+        t = torch.tensor(values, dtype=torch.int64, device="cpu").to(self.device, non_blocking=True)
         dist.all_reduce(t, op=op, group=self.group)
         return [int(v) for v in t.tolist()]
 
