@@ -19,7 +19,7 @@ from ref.structure import check_lengths, check_max_len, check_pad_value
 
 from ._bits import as_bits, from_bits
 from ._entry import entry
-from ._jagged import Runs, njt, zero_prefixed_cumsum
+from ._jagged import Runs, njt, seqlens_of, zero_prefixed_cumsum
 from ._parts import DensePart, JaggedPart, check_offsets, check_parts
 
 __all__ = ["from_packed", "from_padded", "host_lengths", "scatter_padded", "to_packed", "to_padded"]
@@ -91,12 +91,16 @@ def from_packed(values: torch.Tensor, lengths: Any = None, *, cu_seqlens: Any = 
     check_dtype(part.values.dtype)
     device = part.values.device
     if cu_seqlens is not None:
-        offsets = _offsets_tensor(cu_seqlens, device)
-        check_offsets([JaggedPart(part.values, offsets, int(offsets.shape[0]) - 1)])
+        on_host = not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.is_cpu  # then checked and read there
+        given = _offsets_tensor(cu_seqlens, torch.device("cpu") if on_host else device)
+        offsets = given.to(device)
+        checked = check_offsets([JaggedPart(part.values, given, int(given.shape[0]) - 1)])
+        seqlens = seqlens_of(checked)  # None where the offsets were given on a device (unread)
     else:
         host = host_lengths(lengths, "from_packed", total=int(part.values.shape[0]))
         offsets = zero_prefixed_cumsum(torch.tensor(host, dtype=torch.int64).to(device))
-    return njt(part.values.clone(), offsets)
+        seqlens = seqlens_of(host)
+    return njt(part.values.clone(), offsets, None, seqlens)
 
 
 @entry
@@ -148,4 +152,5 @@ def from_padded(x: torch.Tensor, lengths: Any) -> torch.Tensor:
     offsets = zero_prefixed_cumsum(lens)
     flat = dense.reshape(b * s, *dense.shape[2:])
     starts = torch.arange(b, dtype=torch.int64, device=dense.device) * s
-    return njt(from_bits(as_bits(flat).index_select(0, _runs(starts, lens, total)), dense.dtype), offsets)
+    values = from_bits(as_bits(flat).index_select(0, _runs(starts, lens, total)), dense.dtype)
+    return njt(values, offsets, None, seqlens_of(host))
