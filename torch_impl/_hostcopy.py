@@ -72,22 +72,11 @@ def _value_rows(x: torch.Tensor) -> np.ndarray:
     return raw.view(kind if kind is not None else np.dtype((np.void, row_bytes)))
 
 
-#: Output bytes from which the result's memory is NumPy's (`_output`): NumPy's own threshold for
-#: advising huge pages on an array it allocates (``docs/kernels.md``, "Settings").
-NUMPY_BUFFER_MIN_BYTES = 4 * 2**20
-
-
 def _output(plan: KeyPlan) -> torch.Tensor:
-    """The fresh result of ``plan``'s key: ``[total, *F]``, the parts' dtype and device (the CPU). From
-    `NUMPY_BUFFER_MIN_BYTES` its memory is a NumPy array's, which NumPy allocates with huge pages where
-    the system allows, so that the kernels' first writes fault far fewer pages; the tensor is an
-    ordinary one over it, except that its storage cannot grow (``resize_``; ``docs/kernels.md``)."""
+    """The fresh result of ``plan``'s key: ``[total, *F]``, the parts' dtype and device (torch's own
+    memory: a NumPy array's was measured and retired, ``docs/kernels.md``, "The result's memory")."""
     first = plan.parts[0].values
-    shape = (plan.total, *first.shape[1:])
-    nbytes = math.prod(shape) * first.element_size()
-    if nbytes < NUMPY_BUFFER_MIN_BYTES:
-        return first.new_empty(shape)
-    return torch.from_numpy(np.empty(nbytes, dtype=np.uint8)).view(first.dtype).view(shape)
+    return first.new_empty((plan.total, *first.shape[1:]))
 
 
 def scatter_values(plan: KeyPlan) -> torch.Tensor:

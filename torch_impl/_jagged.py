@@ -32,7 +32,10 @@ def seqlens_of(lengths: Any) -> Seqlens:
             return None
         lengths = lengths.numpy() if numpy_bridge() else lengths.tolist()
     host = np.asarray(lengths)
-    return (int(host.min()), int(host.max())) if host.size else None
+    if host.size <= _FEW:  # a few rows: Python's min and max beat two NumPy reductions
+        few = host.tolist()
+        return (min(few), max(few)) if few else None
+    return int(host.min()), int(host.max())
 
 
 def cached_seqlens(tensors: Any) -> Seqlens:
@@ -44,6 +47,8 @@ def cached_seqlens(tensors: Any) -> Seqlens:
     return min(c["min_seqlen"].shape[0] for c in caches), max(c["max_seqlen"].shape[0] for c in caches)
 
 
+#: Up to this many rows `seqlens_of` reads the lengths as Python ints.
+_FEW = 64
 #: The names under which a nested tensor caches its `Seqlens`: each size as the length of an empty
 #: ``[n, 0]`` host tensor, as torch caches them (no data, nothing on a device).
 _SIZES = ("min_seqlen", "max_seqlen")
