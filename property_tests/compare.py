@@ -10,9 +10,17 @@ from typing import Any
 import torch
 
 from torch_impl import _compare
-from torch_impl._compare import bits, cached_sizes
+from torch_impl._compare import bits
 
 __all__ = ["bits", "cached_sizes", "observed_difference", "same_tensor", "assert_same", "first_difference"]
+
+
+def cached_sizes(x: torch.Tensor) -> tuple[int | None, int | None, bool]:
+    """What a jagged nested tensor caches that a consumer reads next (`same_tensor` compares it): its
+    shortest and longest row (None where not cached: ``to_padded_tensor()`` then pads to the number of
+    values) and whether it has holes (``lengths()``)."""
+    nested: Any = x
+    return nested._maybe_min_seqlen, nested._maybe_max_seqlen, nested._lengths is not None
 
 
 def _observed(x: torch.Tensor) -> list[Any]:

@@ -15,7 +15,7 @@ from tensordict import NonTensorData, NonTensorStack, TensorDictBase
 
 from ref.dtypes import bits_dtype
 
-__all__ = ["bits", "cached_sizes", "same_tensor", "assert_same", "first_difference"]
+__all__ = ["bits", "same_tensor", "assert_same", "first_difference"]
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -28,14 +28,6 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     if t.dtype.is_floating_point:
         return t.view(getattr(torch, bits_dtype(t.element_size(), dtype=t.dtype)))
     return t
-
-
-def cached_sizes(x: torch.Tensor) -> tuple[int | None, int | None, bool]:
-    """What a jagged nested tensor caches that a consumer reads next: its shortest and longest row
-    (None where not cached: ``to_padded_tensor()`` then pads to the number of values) and whether it
-    has holes (``lengths()``)."""
-    nested: Any = x
-    return nested._maybe_min_seqlen, nested._maybe_max_seqlen, nested._lengths is not None
 
 
 def same_tensor(a: torch.Tensor, b: torch.Tensor, *, consumer: Any = None) -> str | None:
@@ -53,7 +45,8 @@ def same_tensor(a: torch.Tensor, b: torch.Tensor, *, consumer: Any = None) -> st
         return f"requires_grad differs: {a.requires_grad} vs {b.requires_grad}"
     offsets = None
     if a.is_nested:
-        sizes_a, sizes_b = cached_sizes(a), cached_sizes(b)
+        pair: tuple[Any, ...] = (a, b)  # a consumer's reads of the cache: shortest, longest row, and holes
+        sizes_a, sizes_b = ((t._maybe_min_seqlen, t._maybe_max_seqlen, t._lengths is not None) for t in pair)
         if sizes_a != sizes_b:
             return f"cached (min_seqlen, max_seqlen, holes) differ: {sizes_a} vs {sizes_b}"
         why = consumer(a, b) if consumer is not None else None

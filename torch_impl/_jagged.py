@@ -27,12 +27,10 @@ Seqlens = tuple[int, int] | None
 def seqlens_of(lengths: Any) -> Seqlens:
     """`Seqlens` of row ``lengths`` held on the host (a NumPy array, a CPU tensor or a sequence of
     ints); None off the CPU (never read there) or without rows."""
-    if isinstance(lengths, torch.Tensor):
-        if lengths.device.type != "cpu":
-            return None
-        lengths = lengths.numpy() if numpy_bridge() else lengths.tolist()
+    if isinstance(lengths, torch.Tensor) and (lengths.device.type != "cpu" or not numpy_bridge()):
+        return None if lengths.device.type != "cpu" else seqlens_of(lengths.tolist())
     host = np.asarray(lengths)
-    if host.size <= _FEW:  # a few rows: Python's min and max beat two NumPy reductions
+    if host.size <= 64:  # a few rows: Python's min and max beat two NumPy reductions
         few = host.tolist()
         return (min(few), max(few)) if few else None
     return int(host.min()), int(host.max())
@@ -47,8 +45,6 @@ def cached_seqlens(tensors: Any) -> Seqlens:
     return min(c["min_seqlen"].shape[0] for c in caches), max(c["max_seqlen"].shape[0] for c in caches)
 
 
-#: Up to this many rows `seqlens_of` reads the lengths as Python ints.
-_FEW = 64
 #: The names under which a nested tensor caches its `Seqlens`: each size as the length of an empty
 #: ``[n, 0]`` host tensor, as torch caches them (no data, nothing on a device).
 _SIZES = ("min_seqlen", "max_seqlen")

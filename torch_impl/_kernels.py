@@ -107,9 +107,7 @@ def move(plan: KeyPlan) -> torch.Tensor:
     return values if plan.offsets is None else result_njt(values, plan.offsets, plan.seqlens)
 
 
-def assemble(
-    parts: Sequence[Part], perm: torch.Tensor | None, key: Any = None, sources: Sequence[Any] = ()
-) -> torch.Tensor:
+def assemble(parts: Sequence[Part], perm: torch.Tensor | None, key: Any = None, sources: Any = ()) -> torch.Tensor:
     """One key's checked ``parts`` planned and moved (no witness): the concatenation, with row ``k`` put
     at row ``perm[k]`` where ``perm`` (a checked permutation of ``range(B)``, CPU) is given; ``sources``:
     the parts as given (`plan_key`)."""

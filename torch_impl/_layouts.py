@@ -91,8 +91,8 @@ def from_packed(values: torch.Tensor, lengths: Any = None, *, cu_seqlens: Any = 
     check_dtype(part.values.dtype)
     device = part.values.device
     if cu_seqlens is not None:
-        on_host = not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.is_cpu  # then checked and read there
-        given = _offsets_tensor(cu_seqlens, torch.device("cpu") if on_host else device)
+        where = cu_seqlens.device if isinstance(cu_seqlens, torch.Tensor) else torch.device("cpu")
+        given = _offsets_tensor(cu_seqlens, where)  # checked (and its sizes read) where it is given
         offsets = given.to(device)
         checked = check_offsets([JaggedPart(part.values, given, int(given.shape[0]) - 1)])
         seqlens = seqlens_of(checked)  # None where the offsets were given on a device (unread)

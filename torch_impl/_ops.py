@@ -5,6 +5,7 @@ Same names and meanings as in ``ref``; shapes ``[B, (j), *F]`` (jagged) or ``[B,
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any, TypeVar, overload
 
@@ -83,10 +84,9 @@ def _take_part(x: Part, rows: Any, *, total: int | None = None, source: Any = No
             f"take of rows that are not a permutation of range({x.rows}) on the meta device: the result's "
             "number of values depends on the row lengths, which a meta tensor does not hold"
         )
-    kept = None  # off the CPU: a permutation keeps the rows, so the sizes ``source`` (as given) caches
-    if x.values.device.type != "cpu" and total == x.values.shape[0] and _is_permutation(host, x.rows):
-        kept = cached_seqlens([source])
-    return gather_jagged(x, idx, total, kept)
+    # off the CPU a permutation keeps the rows, so the sizes ``source`` (as given) caches
+    kept = x.values.device.type != "cpu" and total == x.values.shape[0] and _is_permutation(host, x.rows)
+    return gather_jagged(x, idx, total, cached_seqlens([source]) if kept else None)
 
 
 def _tensor_keys(td: TensorDictBase) -> list[Any]:
@@ -131,9 +131,7 @@ def restore(x: torch.Tensor, partitions: Any) -> torch.Tensor:
 def _as_partitions(partitions: Any) -> Any:
     """``partitions``, or ``perm`` itself (one 1-D integer array or tensor, as ``docs/spec.md`` allows
     `restore` to take it) as its one partition: `ref.restore`'s forms."""
-    flat = isinstance(partitions, torch.Tensor) or (
-        hasattr(partitions, "__array__") and not isinstance(partitions, list)
-    )
+    flat = hasattr(partitions, "__array__") and not isinstance(partitions, list)  # a tensor or an array
     if flat and getattr(partitions, "ndim", None) == 1 and str(getattr(partitions, "dtype", "")) != "object":
         return [partitions]
     return partitions
@@ -170,9 +168,7 @@ def _cut(x: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
     part = unpack(x)
     if isinstance(part, DensePart):
         return list(torch.split(x, sizes))
-    row_bounds = [0]
-    for s in sizes:
-        row_bounds.append(row_bounds[-1] + s)
+    row_bounds = list(itertools.accumulate(sizes, initial=0))
     if part.offsets.device.type == "meta":
         raise UnsupportedSettingError(
             "split on the meta device: each micro-batch's number of values depends on the row lengths, "
@@ -181,15 +177,9 @@ def _cut(x: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
     # one read of the offsets: each piece's bounds and cached sizes
     offsets = part.offsets.cpu().numpy() if numpy_bridge() else np.array(part.offsets.tolist(), dtype=np.int64)
     lengths = np.diff(offsets)
-    return [
-        njt(
-            part.values[int(offsets[row_bounds[i]]) : int(offsets[row_bounds[i + 1]])],
-            part.offsets[row_bounds[i] : row_bounds[i + 1] + 1] - int(offsets[row_bounds[i]]),
-            None,
-            seqlens_of(lengths[row_bounds[i] : row_bounds[i + 1]]),
-        )
-        for i in range(len(sizes))
-    ]
+    at = offsets[row_bounds].tolist()  # each piece's first value, and the end
+    pieces = zip(at, at[1:], row_bounds, row_bounds[1:], strict=False)  # consecutive bounds
+    return [njt(part.values[a:b], part.offsets[r : e + 1] - a, None, seqlens_of(lengths[r:e])) for a, b, r, e in pieces]
 
 
 def _split_tensordict(

@@ -54,8 +54,8 @@ def plan_key(parts: Sequence[Part], key: Any, rows: CallRows, sources: Sequence[
         restored = host if rows.perm is None else host[rows.host()[1]]
         offsets = np.zeros(host.shape[0] + 1, dtype=np.int64)
         restored.cumsum(out=offsets[1:])
-        seqlens = seqlens_of(host)
-        return KeyPlan(key, parts, rows, lengths, torch.from_numpy(restored), torch.from_numpy(offsets), total, seqlens)
+        sizes = seqlens_of(host)
+        return KeyPlan(key, parts, rows, lengths, torch.from_numpy(restored), torch.from_numpy(offsets), total, sizes)
     restored_t = lengths if rows.perm is None else lengths.index_select(0, rows.inverse_on(device))
-    seqlens = seqlens_of(lengths) if lengths.is_cpu else cached_seqlens(sources)
-    return KeyPlan(key, parts, rows, lengths, restored_t, zero_prefixed_cumsum(restored_t), total, seqlens)
+    sizes = seqlens_of(lengths) if lengths.is_cpu else cached_seqlens(sources)
+    return KeyPlan(key, parts, rows, lengths, restored_t, zero_prefixed_cumsum(restored_t), total, sizes)
