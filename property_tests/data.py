@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from torch_impl._jagged import njt
+from torch_impl._jagged import njt, seqlens_of
 
 __all__ = ["DTYPES", "ListModel", "jagged", "offsets_of", "random_tensor", "rows_of"]
 
@@ -34,11 +34,12 @@ def random_tensor(rng: np.random.Generator, shape: Sequence[int], dtype: str) ->
 
 
 def jagged(values: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
-    """A jagged nested tensor ``[B, (j), *F]`` over ``values`` ``[N, *F]`` with the given row lengths."""
+    """A jagged nested tensor ``[B, (j), *F]`` over ``values`` ``[N, *F]`` with the given row lengths,
+    its shortest and longest row cached, as a trainer's own tensor built from its rows caches them."""
     offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
     if len(lengths):
         offsets[1:] = torch.cumsum(torch.tensor(list(lengths), dtype=torch.int64), 0)
-    return njt(values, offsets)
+    return njt(values, offsets, None, seqlens_of(list(lengths)))
 
 
 def offsets_of(x: torch.Tensor) -> torch.Tensor:

@@ -131,9 +131,12 @@ def to_torch(x: Jagged | jax.Array, *, copy: bool = False) -> torch.Tensor:
     if isinstance(x, Jagged):
         offsets = _to_tensor(jnp.asarray(x.offsets, jnp.int64), copy)
         values = _to_tensor(x.values, copy)
+        # the shortest and longest row cached where the host holds the offsets, as torch_impl's results
+        lengths = offsets.diff() if offsets.device.type == "cpu" and offsets.numel() > 1 else None
+        lo, hi = (None, None) if lengths is None else (int(lengths.min()), int(lengths.max()))
         if _nested_view is None:  # pragma: no cover
-            return torch.nested.nested_tensor_from_jagged(values, offsets)
-        return _nested_view(values, offsets, None)
+            return torch.nested.nested_tensor_from_jagged(values, offsets, min_seqlen=lo, max_seqlen=hi)
+        return _nested_view(values, offsets, None, min_seqlen=lo, max_seqlen=hi)
     return _to_tensor(jnp.asarray(x), copy)
 
 

@@ -30,17 +30,28 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def same_tensor(a: torch.Tensor, b: torch.Tensor) -> str | None:
-    """None when ``a`` and ``b`` are identical (layout, dtype, device, shape, offsets, bits), else why not
-    (for values: the first row that differs, and both values there)."""
+def same_tensor(a: torch.Tensor, b: torch.Tensor, *, consumer: Any = None) -> str | None:
+    """None when ``a`` and ``b`` are identical (layout, dtype, device, ``requires_grad``, shape, a
+    jagged tensor's cached sizes and holes, offsets, bits), else why not (for values: the first row
+    that differs, and both values there). ``consumer``: also what a consumer computes next from two
+    jagged tensors (the tests' ``property_tests.compare.observed_difference``), which those determine."""
     if a.is_nested != b.is_nested:
         return f"layout differs: nested={a.is_nested} vs nested={b.is_nested}"
     if a.dtype != b.dtype:
         return f"dtype differs: {a.dtype} vs {b.dtype}"
     if a.device != b.device:
         return f"device differs: {a.device} vs {b.device}"
+    if a.requires_grad != b.requires_grad:
+        return f"requires_grad differs: {a.requires_grad} vs {b.requires_grad}"
     offsets = None
     if a.is_nested:
+        pair: tuple[Any, ...] = (a, b)  # a consumer's reads of the cache: shortest, longest row, and holes
+        sizes_a, sizes_b = ((t._maybe_min_seqlen, t._maybe_max_seqlen, t._lengths is not None) for t in pair)
+        if sizes_a != sizes_b:
+            return f"cached (min_seqlen, max_seqlen, holes) differ: {sizes_a} vs {sizes_b}"
+        why = consumer(a, b) if consumer is not None else None
+        if why:
+            return why
         if a.size(0) != b.size(0) or a.shape[2:] != b.shape[2:]:
             return f"shape differs: {tuple(a.shape)} vs {tuple(b.shape)}"
         a, b = a.contiguous(), b.contiguous()
@@ -70,7 +81,7 @@ def offsets_of(x: torch.Tensor) -> torch.Tensor:
     return nested.offsets()
 
 
-def _same_tensordict(a: TensorDictBase, b: TensorDictBase, path: str) -> str | None:
+def _same_tensordict(a: TensorDictBase, b: TensorDictBase, path: str, consumer: Any) -> str | None:
     """Same class, batch size and keys; entries compared as values (non-tensor data by value). The keys'
     order is not compared: it is an artefact of how tensordict builds a TensorDict (verl's own
     selection and chunking order them differently), never a key's meaning."""
@@ -85,27 +96,27 @@ def _same_tensordict(a: TensorDictBase, b: TensorDictBase, path: str) -> str | N
             x, y = getattr(x, "data", x), getattr(y, "data", y)
         elif isinstance(x, NonTensorStack) and isinstance(y, NonTensorStack):
             x, y = x.tolist(), y.tolist()
-        why = _same(x, y, f"{path}[{k!r}]")
+        why = _same(x, y, f"{path}[{k!r}]", consumer)
         if why:
             return why
     return None
 
 
-def _same(a: Any, b: Any, path: str) -> str | None:
+def _same(a: Any, b: Any, path: str, consumer: Any = None) -> str | None:
     if isinstance(a, TensorDictBase) or isinstance(b, TensorDictBase):
         if not (isinstance(a, TensorDictBase) and isinstance(b, TensorDictBase)):
             return f"{path}: {type(a).__name__} vs {type(b).__name__}"
-        return _same_tensordict(a, b, path)
+        return _same_tensordict(a, b, path, consumer)
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
             return f"{path}: {type(a).__name__} vs {type(b).__name__}"
-        why = same_tensor(a, b)
+        why = same_tensor(a, b, consumer=consumer)
         return None if why is None else f"{path}: {why}"
     if isinstance(a, Mapping) and isinstance(b, Mapping):
         if list(a) != list(b):
             return f"{path}: keys {list(a)} vs {list(b)}"
         for k in a:
-            why = _same(a[k], b[k], f"{path}[{k!r}]")
+            why = _same(a[k], b[k], f"{path}[{k!r}]", consumer)
             if why:
                 return why
         return None
@@ -113,14 +124,14 @@ def _same(a: Any, b: Any, path: str) -> str | None:
         if type(a) is not type(b) or len(a) != len(b):
             return f"{path}: {type(a).__name__}[{len(a)}] vs {type(b).__name__}[{len(b)}]"
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            why = _same(x, y, f"{path}[{i}]")
+            why = _same(x, y, f"{path}[{i}]", consumer)
             if why:
                 return why
         return None
     if hasattr(a, "values") and hasattr(a, "aggregation"):  # Metric-like
         if type(a) is not type(b) or a.aggregation != b.aggregation:
             return f"{path}: {a!r} vs {b!r}"
-        return _same(list(a.values), list(b.values), f"{path}.values")
+        return _same(list(a.values), list(b.values), f"{path}.values", consumer)
     if a is b:
         return None
     try:
@@ -130,13 +141,15 @@ def _same(a: Any, b: Any, path: str) -> str | None:
     return None if equal else f"{path}: {a!r} vs {b!r}"
 
 
-def first_difference(a: Any, b: Any) -> str | None:
-    """None when ``a`` and ``b`` (nested dicts/lists of tensors and plain values) are identical."""
-    return _same(a, b, "result")
+def first_difference(a: Any, b: Any, *, consumer: Any = None) -> str | None:
+    """None when ``a`` and ``b`` (nested dicts/lists of tensors and plain values) are identical
+    (``consumer``: `same_tensor`'s)."""
+    return _same(a, b, "result", consumer)
 
 
-def assert_same(a: Any, b: Any) -> None:
-    """Raise ``AssertionError`` naming the first difference between ``a`` and ``b``."""
-    why = first_difference(a, b)
+def assert_same(a: Any, b: Any, *, consumer: Any = None) -> None:
+    """Raise ``AssertionError`` naming the first difference between ``a`` and ``b`` (``consumer``:
+    `same_tensor`'s)."""
+    why = first_difference(a, b, consumer=consumer)
     if why is not None:
         raise AssertionError(why)

@@ -26,7 +26,7 @@ from ref.errors import (
 from ref.metrics import fold_metrics
 
 from ._agree import Failure, agree, raise_first_failure
-from ._jagged import njt
+from ._jagged import cached_seqlens, njt
 from ._ops import concat
 from ._prepare import DistSync, rearrange_micro_batches
 
@@ -91,13 +91,15 @@ def prepare_micro_batches_dp(
 
 
 class _Slot(NamedTuple):
-    """Where a tensor's bytes sit in the buffer; ``offsets`` is the slot of a jagged tensor's offsets."""
+    """Where a tensor's bytes sit in the buffer; ``offsets`` is the slot of a jagged tensor's offsets,
+    ``seqlens`` the sizes it caches (`torch_impl._jagged.cached_seqlens`), carried as they are."""
 
     dtype: torch.dtype
     shape: tuple[int, ...]
     start: int
     nbytes: int
     offsets: Any = None
+    seqlens: Any = None
 
 
 class _Skeleton(NamedTuple):
@@ -126,7 +128,7 @@ def _pack(tree: Any) -> tuple[_Skeleton, torch.Tensor]:
             if x.is_nested:
                 x = x.contiguous()
                 values, offsets = put(x.values()), put(x.offsets())
-                return values._replace(offsets=offsets)
+                return values._replace(offsets=offsets, seqlens=cached_seqlens([x]))
             return put(x)
         if isinstance(x, Mapping):
             return {k: walk(v) for k, v in x.items()}
@@ -148,7 +150,7 @@ def _unpack(skeleton: _Skeleton, buffer: torch.Tensor) -> Any:
 
     def walk(x: Any) -> Any:
         if isinstance(x, _Slot):
-            return njt(get(x), get(x.offsets)) if x.offsets is not None else get(x)
+            return njt(get(x), get(x.offsets), None, x.seqlens) if x.offsets is not None else get(x)
         if isinstance(x, Mapping):
             return {k: walk(v) for k, v in x.items()}
         if isinstance(x, (list, tuple)) and not hasattr(x, "_fields"):

@@ -26,22 +26,8 @@ __all__ = ["copy_rows", "host_movable", "scatter_rows", "scatter_values"]
 
 #: torch dtypes whose ``Tensor.numpy()`` works (the others, bfloat16 and float8 among them, are read
 #: through a ``uint8`` view first).
-_NUMPY_DTYPES = frozenset(
-    getattr(torch, name)
-    for name in [
-        "bool",
-        "uint8",
-        "int8",
-        "int16",
-        "int32",
-        "int64",
-        "float16",
-        "float32",
-        "float64",
-        "complex64",
-        "complex128",
-    ]
-)
+_REAL = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64")
+_NUMPY_DTYPES = frozenset(getattr(torch, name) for name in (*_REAL, "complex64", "complex128"))
 
 
 def host_movable(parts: Sequence[Part]) -> bool:
@@ -73,7 +59,8 @@ def _value_rows(x: torch.Tensor) -> np.ndarray:
 
 
 def _output(plan: KeyPlan) -> torch.Tensor:
-    """The fresh result of ``plan``'s key: ``[total, *F]``, the parts' dtype and device."""
+    """The fresh result of ``plan``'s key: ``[total, *F]``, the parts' dtype and device (torch's own
+    memory: a NumPy array's was measured and retired, ``docs/kernels.md``, "The result's memory")."""
     first = plan.parts[0].values
     return first.new_empty((plan.total, *first.shape[1:]))
 

@@ -1,18 +1,53 @@
 """Jagged building blocks: a nested tensor over values and offsets, offsets from lengths, runs as indices (`Runs`),
-and rows gathered by index. No checks here beyond `check_offsets` on the gathered input."""
+and rows gathered by index. No checks here beyond `check_offsets` on the gathered input.
+
+Every jagged tensor handed out carries what the trainers' own carry (built from a list of rows): its
+shortest and longest row cached (`Seqlens`), so that ``to_padded_tensor()`` without an output size pads
+to the longest row, not to the number of values. They are host facts: on the CPU read from the lengths,
+off it taken from what the call already holds on the host (never a read of the device for them alone)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ._bits import as_bits, from_bits
-from ._parts import JaggedPart, NestedTensor, check_offsets
+from ._parts import JaggedPart, NestedTensor, check_offsets, numpy_bridge
 
-__all__ = ["Runs", "gather_jagged", "njt", "result_njt", "zero_prefixed_cumsum"]
+__all__ = ["Runs", "cached_seqlens", "gather_jagged", "njt", "result_njt", "seqlens_of", "zero_prefixed_cumsum"]
+
+#: ``(shortest, longest)`` row of a jagged tensor, as host ints; None where unknown (or no rows).
+Seqlens = tuple[int, int] | None
+
+
+def seqlens_of(lengths: Any) -> Seqlens:
+    """`Seqlens` of row ``lengths`` held on the host (a NumPy array, a CPU tensor or a sequence of
+    ints); None off the CPU (never read there) or without rows."""
+    if isinstance(lengths, torch.Tensor) and (lengths.device.type != "cpu" or not numpy_bridge()):
+        return None if lengths.device.type != "cpu" else seqlens_of(lengths.tolist())
+    host = np.asarray(lengths)
+    if host.size <= 64:  # a few rows: Python's min and max beat two NumPy reductions
+        few = host.tolist()
+        return (min(few), max(few)) if few else None
+    return int(host.min()), int(host.max())
+
+
+def cached_seqlens(tensors: Any) -> Seqlens:
+    """`Seqlens` of all rows of jagged ``tensors`` together, from the sizes each caches (host ints);
+    None unless every one caches both."""
+    caches = [getattr(t, "_metadata_cache", None) or {} for t in tensors]
+    if not caches or not all(isinstance(c.get(k), torch.Tensor) for c in caches for k in _SIZES):
+        return None
+    return min(c["min_seqlen"].shape[0] for c in caches), max(c["max_seqlen"].shape[0] for c in caches)
+
+
+#: The names under which a nested tensor caches its `Seqlens`: each size as the length of an empty
+#: ``[n, 0]`` host tensor, as torch caches them (no data, nothing on a device).
+_SIZES = ("min_seqlen", "max_seqlen")
 
 
 def _internal_nested_view() -> Callable[..., torch.Tensor] | None:
@@ -28,23 +63,30 @@ def _internal_nested_view() -> Callable[..., torch.Tensor] | None:
 _nested_view = _internal_nested_view()
 
 
-def njt(values: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+def njt(
+    values: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor | None = None, seqlens: Seqlens = None
+) -> torch.Tensor:
     """A jagged nested tensor ``[B, (j), *F]`` over ``values`` ``[N, *F]`` and ``offsets`` ``[B + 1]``
-    (with ``lengths`` ``[B]``: rows with holes), a view of ``values``: what
+    (with ``lengths`` ``[B]``: rows with holes), a view of ``values``, ``seqlens`` cached: what
     ``torch.nested.nested_tensor_from_jagged`` calls after its ``is_fx_tracing()`` probe, which logs a
     warning on stderr the first time a process calls it (no logger or setting of the process changed)."""
+    lo, hi = seqlens if seqlens is not None else (None, None)
     if _nested_view is None:  # pragma: no cover
-        return torch.nested.nested_tensor_from_jagged(values, offsets, lengths)
-    return _nested_view(values, offsets, lengths)
+        return torch.nested.nested_tensor_from_jagged(values, offsets, lengths, min_seqlen=lo, max_seqlen=hi)
+    return _nested_view(values, offsets, lengths, min_seqlen=lo, max_seqlen=hi)
 
 
-def result_njt(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """`njt` over ``values`` just made (a result's own storage), built directly where no gradient can
-    flow (the same nested tensor, not recorded as a view, which only autograd reads: about 20 µs
-    instead of 90, ``docs/kernels.md``); with a gradient to carry, or a tensor subclass, `njt` itself."""
+def result_njt(values: torch.Tensor, offsets: torch.Tensor, seqlens: Seqlens = None) -> torch.Tensor:
+    """`njt` over ``values`` just made (a result's own storage), ``seqlens`` cached, built directly where
+    no gradient can flow (the same nested tensor, not recorded as a view, which only autograd reads:
+    about 20 µs instead of 90, ``docs/kernels.md``); with a gradient to carry, or a tensor subclass,
+    `njt` itself."""
     if type(values) is torch.Tensor and not (values.requires_grad and torch.is_grad_enabled()):
-        return NestedTensor(values, offsets)
-    return njt(values, offsets)
+        sizes = {} if seqlens is None else dict(zip(_SIZES, seqlens, strict=True))
+        cache = {k: torch.empty(n, 0, device="cpu") for k, n in sizes.items()}
+        with torch._C.DisableTorchFunctionSubclass():  # its constructor's reads of itself: 38% of it on torch 2.9.1
+            return NestedTensor(values, offsets, _metadata_cache=cache)
+    return njt(values, offsets, None, seqlens)
 
 
 def zero_prefixed_cumsum(lengths: torch.Tensor) -> torch.Tensor:
@@ -96,17 +138,23 @@ class Runs(NamedTuple):
         return steps[:-1].cumsum_(0)
 
 
-def gather_jagged(x: JaggedPart, rows: torch.Tensor, total: int | None = None) -> torch.Tensor:
+def gather_jagged(x: JaggedPart, rows: torch.Tensor, total: int | None = None, seqlens: Seqlens = None) -> torch.Tensor:
     """``[rows_of(x)[i] for i in rows]`` as one jagged tensor: a single gather of the values.
 
     ``x``: a jagged part; ``rows``: int64 ``[R]`` in ``range(B)`` on ``x``'s device. ``total``: the
-    number of values of the result when known (a permutation keeps ``N``); otherwise it is read from
-    the device (a synchronisation on an accelerator).
+    number of values of the result when known (a permutation keeps ``N``, and ``seqlens``, `x`'s
+    cached sizes, where it has them); otherwise it is read from the device (a synchronisation on an
+    accelerator), with the result's shortest and longest row in the same read.
     """
     lengths = check_offsets([x])
     new_lengths = lengths.index_select(0, rows)
     new_offsets = zero_prefixed_cumsum(new_lengths)
+    if new_lengths.device.type == "cpu":
+        seqlens = seqlens_of(new_lengths)
+    elif total is None and new_lengths.numel():  # one read for the total and the cached sizes
+        total, lo, hi = torch.stack([new_offsets[-1], *torch.aminmax(new_lengths)]).tolist()
+        seqlens = lo, hi
     if total is None:
         total = int(new_offsets[-1])
     src = Runs.of(x.offsets[:-1].index_select(0, rows), new_offsets[:-1], total).indices()
-    return njt(from_bits(as_bits(x.values).index_select(0, src), x.values.dtype), new_offsets)
+    return njt(from_bits(as_bits(x.values).index_select(0, src), x.values.dtype), new_offsets, None, seqlens)

@@ -109,10 +109,11 @@ def move(plan: KeyPlan) -> torch.Tensor:
     """``plan``'s key put together: ``[B, (j), *F]`` (a nested tensor over the kernel's fresh values and
     the plan's offsets) or ``[B, *F]``."""
     values = choose(plan).run(plan)
-    return values if plan.offsets is None else result_njt(values, plan.offsets)
+    return values if plan.offsets is None else result_njt(values, plan.offsets, plan.seqlens)
 
 
-def assemble(parts: Sequence[Part], perm: torch.Tensor | None, key: Any = None) -> torch.Tensor:
+def assemble(parts: Sequence[Part], perm: torch.Tensor | None, key: Any = None, sources: Any = ()) -> torch.Tensor:
     """One key's checked ``parts`` planned and moved (no witness): the concatenation, with row ``k`` put
-    at row ``perm[k]`` where ``perm`` (a checked permutation of ``range(B)``, CPU) is given."""
-    return move(plan_key(parts, key, CallRows([p.rows for p in parts], perm)))
+    at row ``perm[k]`` where ``perm`` (a checked permutation of ``range(B)``, CPU) is given; ``sources``:
+    the parts as given (`plan_key`)."""
+    return move(plan_key(parts, key, CallRows([p.rows for p in parts], perm), sources))

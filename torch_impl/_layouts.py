@@ -18,7 +18,7 @@ from ref.structure import check_lengths, check_max_len, check_pad_value
 
 from ._bits import as_bits, from_bits
 from ._entry import entry
-from ._jagged import Runs, njt, zero_prefixed_cumsum
+from ._jagged import Runs, njt, seqlens_of, zero_prefixed_cumsum
 from ._parts import DensePart, JaggedPart, check_offsets, check_parts
 
 __all__ = ["from_packed", "from_padded", "host_lengths", "scatter_padded", "to_packed", "to_padded"]
@@ -72,7 +72,7 @@ def _offsets_tensor(cu_seqlens: Any, device: torch.device) -> torch.Tensor:
         or offsets.dtype == torch.bool
     ):
         raise InvalidJaggedError(f"cu_seqlens must be 1-D integers, got {offsets.dtype}{list(offsets.shape)}")
-    return offsets.to(device, torch.int64, non_blocking=True)
+    return offsets.to(device, torch.int64, non_blocking=offsets.is_cpu)  # an upload waits for nothing
 
 
 @entry
@@ -88,14 +88,18 @@ def from_packed(values: torch.Tensor, lengths: Any = None, *, cu_seqlens: Any = 
     (part,) = check_parts([values])
     device = part.values.device
     if cu_seqlens is not None:
-        offsets = _offsets_tensor(cu_seqlens, device)
-        check_offsets([JaggedPart(part.values, offsets, int(offsets.shape[0]) - 1)])
+        where = cu_seqlens.device if isinstance(cu_seqlens, torch.Tensor) else torch.device("cpu")
+        given = _offsets_tensor(cu_seqlens, where)  # checked (and its sizes read) where it is given
+        offsets = given.to(device, non_blocking=given.is_cpu)  # a download blocks: its values are read
+        checked = check_offsets([JaggedPart(part.values, given, int(given.shape[0]) - 1)])
+        seqlens = seqlens_of(checked)  # None where the offsets were given on a device (unread)
     else:
         host = host_lengths(lengths, "from_packed", total=int(part.values.shape[0]))
         offsets = zero_prefixed_cumsum(
             torch.tensor(host, dtype=torch.int64, device="cpu").to(device, non_blocking=True)
         )
-    return njt(part.values.clone(), offsets)
+        seqlens = seqlens_of(host)
+    return njt(part.values.clone(), offsets, None, seqlens)
 
 
 @entry
@@ -146,4 +150,5 @@ def from_padded(x: torch.Tensor, lengths: Any) -> torch.Tensor:
     offsets = zero_prefixed_cumsum(lens)
     flat = dense.reshape(b * s, *dense.shape[2:])
     starts = torch.arange(b, dtype=torch.int64, device=dense.device) * s
-    return njt(from_bits(as_bits(flat).index_select(0, _runs(starts, lens, total)), dense.dtype), offsets)
+    values = from_bits(as_bits(flat).index_select(0, _runs(starts, lens, total)), dense.dtype)
+    return njt(values, offsets, None, seqlens_of(host))

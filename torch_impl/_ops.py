@@ -5,6 +5,7 @@ Same names and meanings as in ``ref``; shapes ``[B, (j), *F]`` (jagged) or ``[B,
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any, TypeVar, overload
 
@@ -16,9 +17,9 @@ from ref.errors import RowIndexError, UnsupportedSettingError
 
 from ._bits import as_bits, from_bits
 from ._entry import entry
-from ._jagged import gather_jagged, njt
+from ._jagged import cached_seqlens, gather_jagged, njt, seqlens_of
 from ._kernels import assemble
-from ._parts import DensePart, Part, check_parts, unpack
+from ._parts import DensePart, Part, check_parts, numpy_bridge, unpack
 from ._permutation import check_permutation
 
 __all__ = ["concat", "take", "restore", "split"]
@@ -36,7 +37,7 @@ def concat(parts: Sequence[torch.Tensor], *, key: Any = None) -> torch.Tensor:
     checked = check_parts(parts, key)
     if not checked:
         raise UnsupportedSettingError("concat needs at least one part, got none")
-    return assemble(checked, None, key)
+    return assemble(checked, None, key, parts)
 
 
 def _checked_rows(rows: Any, n: int, device: torch.device) -> torch.Tensor:
@@ -63,7 +64,7 @@ def _checked_rows(rows: Any, n: int, device: torch.device) -> torch.Tensor:
         if bool(bad.any()):
             j = int(bad.nonzero()[0, 0])
             raise RowIndexError(f"position {j}: row index {int(r[j])} is out of range for {n} rows (no wrap-around)")
-    return r.to(device, non_blocking=True)
+    return r.to(device, non_blocking=r.is_cpu)  # an upload waits for nothing; a download blocks
 
 
 def _is_permutation(rows: torch.Tensor, n: int) -> bool:
@@ -71,7 +72,7 @@ def _is_permutation(rows: torch.Tensor, n: int) -> bool:
     return rows.device.type == "cpu" and rows.numel() == n and bool((torch.bincount(rows, minlength=n) == 1).all())
 
 
-def _take_part(x: Part, rows: Any, *, total: int | None = None) -> torch.Tensor:
+def _take_part(x: Part, rows: Any, *, total: int | None = None, source: Any = None) -> torch.Tensor:
     host = _checked_rows(rows, x.rows, rows.device if isinstance(rows, torch.Tensor) else torch.device("cpu"))
     idx = host.to(x.values.device, non_blocking=True) if host.device != x.values.device else host
     if isinstance(x, DensePart):
@@ -83,7 +84,9 @@ def _take_part(x: Part, rows: Any, *, total: int | None = None) -> torch.Tensor:
             f"take of rows that are not a permutation of range({x.rows}) on the meta device: the result's "
             "number of values depends on the row lengths, which a meta tensor does not hold"
         )
-    return gather_jagged(x, idx, total)
+    # off the CPU a permutation keeps the rows, so the sizes ``source`` (as given) caches
+    kept = x.values.device.type != "cpu" and total == x.values.shape[0] and _is_permutation(host, x.rows)
+    return gather_jagged(x, idx, total, cached_seqlens([source]) if kept else None)
 
 
 def _tensor_keys(td: TensorDictBase) -> list[Any]:
@@ -93,7 +96,7 @@ def _tensor_keys(td: TensorDictBase) -> list[Any]:
 def _take_tensordict(td: TensorDictBase, rows: Any) -> TensorDictBase:
     idx = _checked_rows(rows, int(td.batch_size[0]), torch.device("cpu"))
     keys = _tensor_keys(td)
-    fields = {k: _take_part(unpack(td.get(k), k), idx) for k in keys}
+    fields = {k: _take_part(unpack(td.get(k), k), idx, source=td.get(k)) for k in keys}
     if len(keys) == len(list(td.keys())):
         return type(td)(fields, batch_size=[idx.numel(), *td.batch_size[1:]], device=td.device)
     out = td.exclude(*keys)[idx]
@@ -111,18 +114,27 @@ def take(x: T, rows: Any) -> T:
     """
     if isinstance(x, TensorDictBase):
         return _take_tensordict(x, rows)
-    return _take_part(unpack(x), rows)
+    return _take_part(unpack(x), rows, source=x)
 
 
 @entry
-def restore(x: torch.Tensor, partitions: Sequence[Sequence[int]]) -> torch.Tensor:
+def restore(x: torch.Tensor, partitions: Any) -> torch.Tensor:
     """Rows of ``x`` (micro-batch order) back in original order: output row ``perm[k]`` is input row ``k``.
 
     With ``perm = [i for p in partitions for i in p]``: ``out = [x.unbind()[perm.index(i)] for i in range(B)]``.
     ``partitions`` must flatten to a permutation of ``range(B)`` (`NotAPermutationError`).
     """
     (part,) = check_parts([x])
-    return assemble([part], check_permutation(partitions, part.rows))
+    return assemble([part], check_permutation(_as_partitions(partitions), part.rows), None, [x])
+
+
+def _as_partitions(partitions: Any) -> Any:
+    """``partitions``, or ``perm`` itself (one 1-D integer array or tensor, as ``docs/spec.md`` allows
+    `restore` to take it) as its one partition: `ref.restore`'s forms."""
+    flat = hasattr(partitions, "__array__") and not isinstance(partitions, list)  # a tensor or an array
+    if flat and getattr(partitions, "ndim", None) == 1 and str(getattr(partitions, "dtype", "")) != "object":
+        return [partitions]
+    return partitions
 
 
 @overload
@@ -143,12 +155,12 @@ def split(
         return _split_tensordict(x, perm, partitions)
     part = unpack(x)
     perm = check_permutation(partitions, part.rows)
-    return _cut(_whole_in_order(part, perm), [len(p) for p in partitions])
+    return _cut(_whole_in_order(part, perm, x), [len(p) for p in partitions])
 
 
-def _whole_in_order(part: Part, perm: torch.Tensor) -> torch.Tensor:
+def _whole_in_order(part: Part, perm: torch.Tensor, source: Any) -> torch.Tensor:
     """All rows in micro-batch order, one gather (a permutation keeps the number of values)."""
-    return _take_part(part, perm, total=None if isinstance(part, DensePart) else part.values.shape[0])
+    return _take_part(part, perm, total=None if isinstance(part, DensePart) else part.values.shape[0], source=source)
 
 
 def _cut(x: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
@@ -156,22 +168,18 @@ def _cut(x: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
     part = unpack(x)
     if isinstance(part, DensePart):
         return list(torch.split(x, sizes))
-    row_bounds = [0]
-    for s in sizes:
-        row_bounds.append(row_bounds[-1] + s)
+    row_bounds = list(itertools.accumulate(sizes, initial=0))
     if part.offsets.device.type == "meta":
         raise UnsupportedSettingError(
             "split on the meta device: each micro-batch's number of values depends on the row lengths, "
             "which a meta tensor does not hold"
         )
-    value_bounds = part.offsets[row_bounds].tolist()  # one read of P + 1 offsets
-    return [
-        njt(
-            part.values[value_bounds[i] : value_bounds[i + 1]],
-            part.offsets[row_bounds[i] : row_bounds[i + 1] + 1] - value_bounds[i],
-        )
-        for i in range(len(sizes))
-    ]
+    # one read of the offsets: each piece's bounds and cached sizes
+    offsets = part.offsets.cpu().numpy() if numpy_bridge() else np.array(part.offsets.tolist(), dtype=np.int64)
+    lengths = np.diff(offsets)
+    at = offsets[row_bounds].tolist()  # each piece's first value, and the end
+    pieces = zip(at, at[1:], row_bounds, row_bounds[1:], strict=False)  # consecutive bounds
+    return [njt(part.values[a:b], part.offsets[r : e + 1] - a, None, seqlens_of(lengths[r:e])) for a, b, r, e in pieces]
 
 
 def _split_tensordict(
@@ -180,7 +188,7 @@ def _split_tensordict(
     """Each tensor field gathered once for all partitions and cut; other fields indexed per partition."""
     sizes = [len(p) for p in partitions]
     keys = _tensor_keys(td)
-    cut = {k: _cut(_whole_in_order(unpack(td.get(k), k), perm), sizes) for k in keys}
+    cut = {k: _cut(_whole_in_order(unpack(td.get(k), k), perm, td.get(k)), sizes) for k in keys}
     rest = td.exclude(*keys) if len(keys) < len(list(td.keys())) else None
     out = []
     for i, part in enumerate(partitions):

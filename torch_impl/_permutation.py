@@ -195,7 +195,8 @@ def inverse_permutation(perm: Any) -> torch.Tensor:
     """
     device = perm.device if isinstance(perm, torch.Tensor) else torch.device("cpu")
     p = check_permutation([perm], len(perm))
-    return invert(p).to(device, non_blocking=True)
+    inv = invert(p)
+    return inv.to(device, non_blocking=inv.is_cpu)
 
 
 def is_identity(perm: torch.Tensor) -> bool:

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from ._jagged import zero_prefixed_cumsum
+from ._jagged import Seqlens, cached_seqlens, seqlens_of, zero_prefixed_cumsum
 from ._parts import DensePart, Part, check_offsets, numpy_bridge
 from ._rows import CallRows
 
@@ -23,7 +23,8 @@ __all__ = ["KeyPlan", "plan_key"]
 class KeyPlan(NamedTuple):
     """One key planned: ``parts`` (checked), ``rows`` (the call's), a jagged key's ``lengths`` ``[B]``,
     ``restored`` ``[B]`` (original order) and result ``offsets`` ``[B + 1]`` (int64, the parts' device;
-    None for a dense key); ``total``: the result's leading size (value rows, or rows of a dense key)."""
+    None for a dense key); ``total``: the result's leading size (value rows, or rows of a dense key);
+    ``seqlens``: the result's cached sizes (`torch_impl._jagged.Seqlens`)."""
 
     key: Any
     parts: Sequence[Part]
@@ -32,14 +33,16 @@ class KeyPlan(NamedTuple):
     restored: torch.Tensor | None
     offsets: torch.Tensor | None
     total: int
+    seqlens: Seqlens = None
 
     @property
     def device(self) -> torch.device:
         return self.parts[0].values.device
 
 
-def plan_key(parts: Sequence[Part], key: Any, rows: CallRows) -> KeyPlan:
-    """The plan of one key's checked ``parts`` (at least one), its offsets checked here."""
+def plan_key(parts: Sequence[Part], key: Any, rows: CallRows, sources: Sequence[Any] = ()) -> KeyPlan:
+    """The plan of one key's checked ``parts`` (at least one), its offsets checked here; off the CPU the
+    result's cached sizes are those ``sources`` (the parts as given) all cache, if they do."""
     if isinstance(parts[0], DensePart):
         return KeyPlan(key, parts, rows, None, None, None, sum(rows.rows))
     device = parts[0].values.device
@@ -51,6 +54,8 @@ def plan_key(parts: Sequence[Part], key: Any, rows: CallRows) -> KeyPlan:
         restored = host if rows.perm is None else host[rows.host()[1]]
         offsets = np.zeros(host.shape[0] + 1, dtype=np.int64)
         restored.cumsum(out=offsets[1:])
-        return KeyPlan(key, parts, rows, lengths, torch.from_numpy(restored), torch.from_numpy(offsets), total)
+        sizes = seqlens_of(host)
+        return KeyPlan(key, parts, rows, lengths, torch.from_numpy(restored), torch.from_numpy(offsets), total, sizes)
     restored_t = lengths if rows.perm is None else lengths.index_select(0, rows.inverse_on(device))
-    return KeyPlan(key, parts, rows, lengths, restored_t, zero_prefixed_cumsum(restored_t), total)
+    sizes = seqlens_of(lengths) if lengths.is_cpu else cached_seqlens(sources)
+    return KeyPlan(key, parts, rows, lengths, restored_t, zero_prefixed_cumsum(restored_t), total, sizes)

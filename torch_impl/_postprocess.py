@@ -100,7 +100,7 @@ def _checked_plans(
     judge = Witness(witness, sum(rows.rows), rows.perm, rows.rows, unbound) if witness is not None else None
     plans = []
     for key, parts in checked.items():
-        plan = plan_key(parts, key, rows)
+        plan = plan_key(parts, key, rows, [mo[key] for mo in outs])
         if judge is not None:
             judge.observe(plan)
         plans.append(plan)
@@ -226,4 +226,4 @@ def _nested_like_verl(x: torch.Tensor) -> torch.Tensor:
         if s
         else x.new_zeros(b + 1, dtype=torch.int64)
     )
-    return njt(x.reshape(b * s, *x.shape[2:]), offsets)
+    return njt(x.reshape(b * s, *x.shape[2:]), offsets, None, (s, s) if b else None)

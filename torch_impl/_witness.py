@@ -289,7 +289,7 @@ class Witness:
         want = self._on.get(device)
         if want is None:
             source = self.device if self.device is not None else torch.from_numpy(self._host_array())
-            want = source.to(device, non_blocking=True)
+            want = source.to(device, non_blocking=source.is_cpu)  # a download blocks: read at once
             self._on[device] = want
         return want
 

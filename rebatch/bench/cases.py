@@ -97,6 +97,10 @@ def grid(name: str) -> list[Case]:
         cases = [Case(8, 16, 2, 1, "float32", 2), Case(64, 16, 4, 2, "bfloat16", 3)]
     elif name == "targets":  # the speed targets against verl's own function (docs/benchmarks.md)
         cases = list(TARGET_CASES)
+    elif name == "small":  # the small call alone (its 0.2 ms target on either torch)
+        cases = [Case(8, 16, 4, 1, "float32", 2)]
+    elif name == "copy":  # the copy limit (time / clone at 16M, 64M and 256M elements) and the small call
+        cases = [Case(8, 16, 4, 1, "float32", 2), *(Case(r, 16384, 16, 1, "float32", 2) for r in (1024, 4096, 16384))]
     elif name == "quick":
         cases = [*_product((8, 512), (16, 512), (1, 4)), Case(1024, 512, 16, 1, "float32", 2)]
     elif name == "standard":
@@ -121,7 +125,7 @@ def grid(name: str) -> list[Case]:
     return out
 
 
-GRIDS = ("smoke", "targets", "quick", "standard", "large", "full")
+GRIDS = ("smoke", "targets", "small", "copy", "quick", "standard", "large", "full")
 
 #: The cases of the speed targets against verl 0.9.1's own function: (case, the least speed-up).
 TARGETS_VS_VERL: dict[Case, float] = {

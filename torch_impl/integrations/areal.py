@@ -120,7 +120,7 @@ def reorder_and_pad_outputs(
         values = _aggregated(aggregate_fn(list(outputs)), sum(seqlens))
     device = values.device
     lengths = torch.tensor(in_order, dtype=torch.int64, device="cpu").to(device, non_blocking=True)
-    return scatter_padded(values, lengths, perm.to(device, non_blocking=True), b, max(seqlens, default=0), 0)
+    return scatter_padded(values, lengths, perm.to(device, non_blocking=perm.is_cpu), b, max(seqlens, default=0), 0)
 
 
 def check_reorder_and_pad_outputs(
@@ -187,8 +187,8 @@ def _check_micro_batches(mb_list: Any, in_order: list[int], order: list[int], si
     if sum(int(c.numel()) - 1 for c in cus) != len(in_order) or cus[0].device.type == "meta":
         return skipped("calls_without_witness")
     device = cus[0].device
-    got = torch.cat([c.diff().to(device, torch.int64, non_blocking=True) for c in cus])
-    totals = torch.stack([(c[-1] - c[0]).to(device, torch.int64, non_blocking=True) for c in cus])
+    got = torch.cat([c.diff().to(device, torch.int64, non_blocking=c.is_cpu) for c in cus])
+    totals = torch.stack([(c[-1] - c[0]).to(device, torch.int64, non_blocking=c.is_cpu) for c in cus])
     bad = got.ne(torch.tensor(in_order, dtype=torch.int64, device="cpu").to(device, non_blocking=True)).any()
     if sizes is not None and len(sizes) == len(cus):
         bad = bad | totals.ne(torch.tensor(sizes, dtype=torch.int64, device="cpu").to(device, non_blocking=True)).any()
