@@ -10,13 +10,14 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 import torch_impl
 from property_tests.device_calls import CALLS, host_batch, tensors_of
 from property_tests.fakecuda import FakeCuda, Trace, fake_like
 from property_tests.kernels import ANYWHERE, KERNELS, forced
 from ref.errors import UnsupportedSettingError
+from torch_impl._jagged import cached_seqlens
 
 #: The host-device synchronisations each call makes by design (all others: none).
 DOCUMENTED_SYNCS = {
@@ -124,3 +125,25 @@ def test_the_outputs_and_the_host_data_stay_where_the_trainer_put_them() -> None
     _, plain, _ = fake_trace("verl.postprocess_batch_func", 16)
     assert trace.ops.count("aten._to_copy.default") == plain.ops.count("aten._to_copy.default") + 1
     assert host_batch(16)[0][0][0] == 15  # rows in reverse order: the permutation is not the identity
+
+
+def test_a_device_result_caches_the_judged_witness_sizes() -> None:
+    """Off the CPU a result's cached sizes (what ``to_padded_tensor()`` pads to) come from the host witness
+    once the witness has judged the call (no device read), as the CPU's come from its lengths; without a
+    witness there is nothing on the host to take them from (docs/kernels.md)."""
+    for name in ("verl.postprocess_batch_func+witness", "verl.postprocess_batch_func+witness,5 keys"):
+        result, trace, _ = fake_trace(name, 64)
+        call, _ = CALLS[name](lambda x: x, 64)
+        got = [cached_seqlens([t]) for t in _nested(result)]
+        want = [cached_seqlens([t]) for t in _nested(call())]
+        assert got == want
+        assert None not in got
+        assert trace.syncs == DOCUMENTED_SYNCS[name]
+    result, _, _ = fake_trace("verl.postprocess_batch_func", 64)
+    assert None in [cached_seqlens([t]) for t in _nested(result)]  # an output that caches none: none to carry
+
+
+def _nested(result: Any) -> list[torch.Tensor]:
+    """The nested tensors of a call's result, in order."""
+    leaves = tree_leaves(dict(result) if isinstance(result, dict) else result)
+    return [t for t in leaves if isinstance(t, torch.Tensor) and t.is_nested]

@@ -14,7 +14,7 @@ from ref.metrics import fold_metrics
 from ref.structure import check_metrics, check_partition_count, check_settings, drop_padding, model_outputs
 
 from ._entry import entry
-from ._jagged import njt
+from ._jagged import Seqlens, njt, seqlens_of
 from ._kernels import move
 from ._parts import NestedTensor, check_parts
 from ._permutation import check_permutation
@@ -108,7 +108,18 @@ def _checked_plans(
         raise stray
     if judge is not None:
         judge.verdict()
+        if judge.host is not None and any(p.seqlens is None and p.offsets is not None for p in plans):
+            # judged: a bound key's rows have the host witness's lengths, so its result caches their sizes
+            sizes = seqlens_of(judge.host)
+            plans = [_sized(p, sizes) if p.key in judge.bound_keys else p for p in plans]
     return output_lst, plans
+
+
+def _sized(plan: KeyPlan, sizes: Seqlens) -> KeyPlan:
+    """``plan`` with the result's cached sizes where it had none (off the CPU, never read there; not on
+    ``meta``, where nothing was judged)."""
+    unknown = plan.offsets is not None and plan.seqlens is None and plan.device.type != "meta"
+    return plan._replace(seqlens=sizes) if unknown else plan
 
 
 def _settings(use_dynamic_bsz: Any, pad_mode: Any, indices: Sequence[Sequence[int]] | None) -> tuple[str, bool]:

@@ -176,6 +176,7 @@ class Witness:
         self._flags = 0  # entries compared on a device (their flag read by `verdict`)
         self.bound = 0
         self.left = 0
+        self.bound_keys: list[Any] = []  # the keys it binds, in order (their lengths are its, once judged)
         try:
             self.total = self._take(witness, rows)
         except RebatchError as err:
@@ -215,6 +216,7 @@ class Witness:
             self.left += 1
             return
         self.bound += 1
+        self.bound_keys.append(key)
         offsets_ids = tuple([id(p.offsets) for p in parts])  # type: ignore[union-attr]  # jagged parts
         if offsets_ids in self._compared:
             return
