@@ -103,8 +103,9 @@ def _write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def render(traces: dict[str, Any], model: Model | None = None) -> str:
-    """``docs/gpu.md`` from the traces (ValueError naming a trainer whose traces are missing)."""
+def render(traces: dict[str, Any], model: Model | None = None, measured: dict[str, Any] | None = None) -> str:
+    """``docs/gpu.md`` from the traces (ValueError naming a trainer whose traces are missing), and the
+    measurements of a ``cuda_check --out`` run beside the model's predictions where ``measured`` is given."""
     model = model or Model()
     from property_tests.sidebyside import TRAINERS
 
@@ -148,7 +149,54 @@ def render(traces: dict[str, Any], model: Model | None = None) -> str:
                 f"| {p_ours * 1e6:.1f} / {p_theirs * 1e6:.1f} | {p_theirs / p_ours:.2f}x |"
             )
         lines.append("")
+    if measured is not None:
+        lines += _measured(traces, model, measured)
     return "\n".join(lines)
+
+
+def _measured(traces: dict[str, Any], model: Model, run: dict[str, Any]) -> list[str]:
+    """The section of a ``cuda_check --out`` run (``docs/gpu_h200.json``): what a GPU measured, beside the
+    model's ratio for the same case."""
+    m = run["machine"]
+    lines = [
+        f"## Measured on an {run['device_name']} (`cuda_check --out docs/gpu_h200.json`, torch {run['torch']})",
+        "",
+        f"One run of `python -m rebatch.bench.cuda_check` on an {run['device_name']}: a copy of "
+        f"{m['bytes'] / 2**20:.0f} MiB at {m['copy_bandwidth_bytes_s'] / 1e12:.2f} TB/s (clone "
+        f"{m['clone_bandwidth_bytes_s'] / 1e12:.2f} TB/s), one small operation {m['per_launch_s'] * 1e6:.2f} us "
+        "from Python (the model's launch cost). Medians of `torch.utils.benchmark` (CUDA-synchronised); "
+        "where the trainer was not installed there, verl's algorithm (`property_tests.baseline`) stands in "
+        "for verl and the others have no row. rebatch's measured time includes its host work (the checks "
+        "and the plan, in Python and NumPy), which the model leaves out: the model's ratios are upper bounds.",
+        "",
+        "| trainer | B | keys | rebatch ms | theirs ms | measured theirs / rebatch | model theirs / rebatch |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    cases = {(t, c["b"], c["keys"]): c for t, v in traces.items() for c in v["cases"]}
+    for row in run["timings"]["rows"]:
+        if row["theirs_s"] is None:
+            continue
+        c = cases[row["trainer"], row["b"], row["keys"]]
+        predicted = predict(c["theirs"], model) / predict(c["rebatch"], model)
+        lines.append(
+            f"| {row['label']} | {row['b']} | {row['keys']} | {row['rebatch_s'] * 1e3:.3f} "
+            f"| {row['theirs_s'] * 1e3:.3f} | {row['theirs_s'] / row['rebatch_s']:.2f}x | {predicted:.2f}x |"
+        )
+    failures = run.get("failures", [])
+    lines += ["", f"That run's checks: {len(failures)} failure(s)."]
+    lines += [f"- {f}" for f in failures]
+    lines += [
+        "",
+        "The synchronisations it found match the blocking host-to-device uploads that the fake-CUDA traces",
+        "showed once taught to count them (`torch.tensor(..., device=)`, `.to(device)` from the host, at",
+        "the same call sites and in the same numbers); every upload of rebatch's is now non-blocking, and",
+        "`property_tests.fakecuda` counts a blocking one as a synchronisation, so `tests/test_fake_cuda.py`",
+        "fails on a new one. The `launches` failure was in the tracer itself, on a real CUDA build (a CUDA",
+        "tensor among its host shadows, made by such an upload in `row_steps`, now gone). Neither fix has run",
+        "on a GPU yet: no GPU was lent again in that session.",
+        "",
+    ]
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("docs/gpu_traces.json"), help="the traces' JSON")
     parser.add_argument("--traces", type=Path, default=Path("docs/gpu_traces.json"))
     parser.add_argument("--write", type=Path, help="write the page (docs/gpu.md) from --traces")
+    parser.add_argument("--measured", type=Path, default=Path("docs/gpu_h200.json"), help="a cuda_check --out run")
     args = parser.parse_args(argv)
     if args.command == "trace":
         if args.trainer is None:
@@ -175,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.write is None:
         parser.error("give `trace --trainer NAME` or --write PATH")
     try:
-        page = render(json.loads(args.traces.read_text()))
+        measured = json.loads(args.measured.read_text()) if args.measured.exists() else None
+        page = render(json.loads(args.traces.read_text()), measured=measured)
     except (FileNotFoundError, ValueError) as err:
         print(f"cannot write {args.write}: {err}", file=sys.stderr)
         return 2
