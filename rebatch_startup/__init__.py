@@ -160,7 +160,8 @@ def renew_at_fork(obj: _Renews) -> None:
 
 
 def _renew_after_fork() -> None:
-    for obj in list(_renewed):
+    # the locks first (a WeakSet has no order): a renewal that takes a lock then finds it free
+    for obj in sorted(_renewed, key=lambda o: not isinstance(o, ForkSafeLock)):
         obj.renew_in_child()
 
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -345,5 +347,11 @@ def test_a_forked_child_checks_with_its_parents_records() -> None:
     finally:
         release.set()
         t.join()
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    deadline = time.monotonic() + 60  # a child that hangs (a lock never freed) fails the test, never hangs it
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung (a lock held at the fork was never renewed)")
+    assert os.waitstatus_to_exitcode(done[1]) == 0
