@@ -26,6 +26,7 @@ RECORDED: dict[tuple[str, str], str] = {
     ("rebatch_startup/__init__.py", "startup"): "one line on stderr a trainer (at start: nothing to raise from)",
     ("rebatch/check.py", "_dump_check"): "the report's candidate_error, printed, and agree false",
     ("rebatch/bench/run.py", "verl_function"): "verl reported absent in the benchmark's results",
+    ("rebatch/bench/cuda_check.py", "main"): "a FAIL line, the section's error in --out, the run's exit 1",
 }
 
 

@@ -401,7 +401,7 @@ PUBLIC = {
     "split": ["x", "partitions"],
     "flatten_partitions": ["partitions", "num_rows"],
     "inverse_permutation": ["perm"],
-    "postprocess_batch": ["output_lst", "indices", "use_dynamic_bsz", "pad_mode", "witness", "unbound"],
+    "postprocess_batch": ["output_lst", "indices", "use_dynamic_bsz", "pad_mode", "witness", "unbound", "provenance"],
 }
 
 
@@ -416,10 +416,13 @@ def test_public_functions_keep_their_names_docs_and_signatures(name: str) -> Non
 
 
 KEYWORD_ONLY = {
-    "ref.postprocess_batch": (ref.postprocess_batch, ["use_dynamic_bsz", "pad_mode", "witness", "unbound"]),
+    "ref.postprocess_batch": (
+        ref.postprocess_batch,
+        ["use_dynamic_bsz", "pad_mode", "witness", "unbound", "provenance"],
+    ),
     "torch_impl.postprocess_batch": (
         torch_impl.postprocess_batch,
-        ["use_dynamic_bsz", "pad_mode", "witness", "unbound"],
+        ["use_dynamic_bsz", "pad_mode", "witness", "unbound", "provenance"],
     ),
     "ref.concat": (ref.concat, ["key"]),
     "ref.Jagged": (ref.Jagged, ["key", "micro_batch"]),

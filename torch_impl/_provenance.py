@@ -123,7 +123,12 @@ def record(batch: Any, micro_batches: Sequence[Any], indices: Sequence[Any] | No
     weakly, or micro-batches without a batch size, are left unrecorded (their calls stay unproven)."""
     try:
         rec = Provenance(batch, micro_batches, indices)
-    except Exception:  # a batch that cannot be held weakly, odd micro-batches: unrecorded, never an error
+    except (
+        TypeError,
+        AttributeError,
+        ValueError,
+        IndexError,
+    ):  # not weakly held, odd micro-batches: unrecorded (counted)
         return
     with _lock:
         _records[id(batch)] = rec
