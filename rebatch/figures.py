@@ -190,7 +190,7 @@ def _versus_region(text: str) -> str:
 def _versus(root: Path) -> str:
     from .bench import versus
 
-    return versus.section(json.loads((root / "docs/versus.json").read_text())) + "\n"
+    return versus.section(json.loads((root / "docs/versus.json").read_text()))
 
 
 PAGES = (

@@ -35,12 +35,6 @@ def test_every_figure_is_its_sources() -> None:
     assert _check(ROOT) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="docs/benchmarks.md's side-by-side section was written from a run whose JSON was not committed "
-    "(docs/versus.json is an older run): regenerate both together (versus --out docs/versus.json --docs "
-    "docs/benchmarks.md), then remove this mark",
-)
 def test_the_side_by_side_section_is_versus_json() -> None:
     for page in VERSUS:
         assert page.region((ROOT / page.page).read_text()) == page.render(ROOT)
