@@ -25,6 +25,7 @@ __all__ = [
     "check_rank",
     "compare_with_verl",
     "global_batch",
+    "init_group",
     "raise_on_one_rank",
     "run_in_threads",
     "shard_bounds",
@@ -67,7 +68,8 @@ def shard_bounds(rows: int, world: int) -> list[tuple[int, int]]:
 _thread_store: Any = None
 
 
-def _init(rank: int, world: int, port: int, timeout_s: float) -> None:
+def init_group(rank: int, world: int, port: int, timeout_s: float) -> None:
+    """Join rank ``rank`` of ``world`` to a gloo group on ``port`` (or the threaded group of `run_in_threads`)."""
     if _thread_store is not None:
         dist.init_process_group(
             "threaded",
@@ -90,7 +92,7 @@ def _init(rank: int, world: int, port: int, timeout_s: float) -> None:
 def check_rank(rank: int, world: int, port: int) -> None:
     import torch_impl
 
-    _init(rank, world, port, 60)
+    init_group(rank, world, port, 60)
     try:
         data = global_batch()
         lo, hi = shard_bounds(data.batch_size[0], world)[rank]
@@ -147,7 +149,7 @@ def raise_on_one_rank(rank: int, world: int, port: int, timeout_s: float) -> Non
     """Rank 1 fails before the collective; the others must fail too, by the group's timeout, not hang."""
     import torch_impl
 
-    _init(rank, world, port, timeout_s)
+    init_group(rank, world, port, timeout_s)
     if rank == 1:
         raise RuntimeError("rank 1 failed on purpose")
     torch_impl.gather_batch({"model_output": {"x": torch.zeros(2)}, "loss": [], "metrics": {}})
@@ -166,7 +168,7 @@ def compare_with_verl(rank: int, world: int, port: int) -> None:
 
     ours_fn = integration.replacements()[integration.SEQLEN_BALANCING, "rearrange_micro_batches"]  # this release's
     verl_sb.get_device_name = lambda: "cpu"
-    _init(rank, world, port, 60.0)
+    init_group(rank, world, port, 60.0)
     try:
         rng = np.random.default_rng(100 + rank)
         for trial in range(12):
@@ -214,7 +216,7 @@ def check_budget_and_rank_order(rank: int, world: int, port: int) -> None:
 
     import torch_impl
 
-    _init(rank, world, port, 60)
+    init_group(rank, world, port, 60)
     try:
         lengths = BUDGET_LENGTHS[rank % len(BUDGET_LENGTHS)]
         data = TensorDict({"input_ids": jagged(torch.arange(sum(lengths)), lengths)}, batch_size=[len(lengths)])
@@ -289,7 +291,7 @@ def ranks_agree_on_errors(rank: int, world: int, port: int) -> None:
     import torch_impl
     from ref import errors
 
-    _init(rank, world, port, 60)
+    init_group(rank, world, port, 60)
     try:
         odd = rank == 1
 

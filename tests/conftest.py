@@ -9,6 +9,7 @@ directory (where ``ray start`` without ``--temp-dir`` writes it) or a process of
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -108,3 +109,16 @@ def ray_head(ray_temp_dir: str) -> Iterator[str]:
 def ray_traces() -> tuple[Path, object]:
     """``(Ray's default current-cluster file, processes_naming)``: what a test checks of its clusters."""
     return DEFAULT_ADDRESS_FILE, processes_naming
+
+
+@pytest.fixture
+def records() -> Iterator[list[logging.LogRecord]]:
+    """Every record of rebatch's loggers (``rebatch``, ``rebatch.shadow``, ...) at WARNING or above (a handler of its own: a trainer imported by
+    another test may keep records from the root logger)."""
+    out: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = out.append  # type: ignore[method-assign]
+    logger = logging.getLogger("rebatch")
+    logger.addHandler(handler)
+    yield out
+    logger.removeHandler(handler)

@@ -12,7 +12,6 @@ import importlib
 import logging
 import sys
 import types
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -31,19 +30,6 @@ class _Theirs:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.result
-
-
-@pytest.fixture
-def records() -> Iterator[list[logging.LogRecord]]:
-    """Every record of ``rebatch.shadow`` at WARNING or above (a handler of its own: a trainer imported by
-    another test may keep records from the root logger)."""
-    out: list[logging.LogRecord] = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = out.append  # type: ignore[method-assign]
-    logger = logging.getLogger("rebatch.shadow")
-    logger.addHandler(handler)
-    yield out
-    logger.removeHandler(handler)
 
 
 def _install_with_fault(monkeypatch: pytest.MonkeyPatch, trainer: str, fault: BaseException) -> list[Any]:

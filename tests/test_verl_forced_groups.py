@@ -10,8 +10,6 @@ whose one-pass rule raises no synchronised error: there both must agree on every
 
 from __future__ import annotations
 
-import datetime
-import os
 import socket
 from typing import Any
 
@@ -25,6 +23,7 @@ from tensordict import TensorDict
 import torch_impl
 from property_tests import verl_oracle as vo
 from property_tests.data import jagged
+from property_tests.dist_workers import init_group
 
 VERL = vo.verl_or_skip()
 WORLD = 2
@@ -102,14 +101,7 @@ def _worker(rank: int, world: int, port: int, version: str) -> None:
     ours_rearrange = ours[integration.SEQLEN_BALANCING, "rearrange_micro_batches"]
     ours_prepare = ours[integration.ENGINE_UTILS, "prepare_micro_batches"]
     verl_sb.get_device_name = lambda: "cpu"  # verl builds its all-reduce tensors there ("cuda" without a GPU)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world,
-        timeout=datetime.timedelta(seconds=60),
-    )
+    init_group(rank, world, port, 60)
     try:
         group = dist.group.WORLD
         # 1. forced groups of 2 and 3 rows, different lengths and row counts per rank: the same partitions

@@ -110,8 +110,8 @@ def _checked_plans(
         judge.verdict()
         if judge.host is not None and any(p.seqlens is None and p.offsets is not None for p in plans):
             # judged: a bound key's rows have the host witness's lengths, so its result caches their sizes
-            sizes = seqlens_of(judge.host)
-            plans = [_sized(p, sizes) if p.key in judge.bound_keys else p for p in plans]
+            seqlens = seqlens_of(judge.host)
+            plans = [_sized(p, seqlens) if p.key in judge.bound_keys else p for p in plans]
     return output_lst, plans
 
 
