@@ -49,13 +49,13 @@ def _bytes(x: torch.Tensor) -> np.ndarray:
     return x.detach().reshape(-1).view(torch.uint8).numpy()
 
 
-def _value_rows(x: torch.Tensor) -> np.ndarray:
+def _value_rows(x: torch.Tensor, raw: np.ndarray | None = None) -> np.ndarray:
     """A contiguous CPU tensor ``[N, *F]`` as a 1-D NumPy array of ``N`` elements, each one value row's
-    bytes (an unsigned integer of its width, or raw bytes), shared."""
-    raw = _bytes(x)
+    bytes (an unsigned integer of its width, or raw bytes), shared; ``raw``: bytes to read so instead
+    (tensors shaped as ``x`` laid end to end)."""
     row_bytes = x.element_size() * math.prod(x.shape[1:])
     kind = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}.get(row_bytes)
-    return raw.view(kind if kind is not None else np.dtype((np.void, row_bytes)))
+    return (_bytes(x) if raw is None else raw).view(kind if kind is not None else np.dtype((np.void, row_bytes)))
 
 
 def _output(plan: KeyPlan) -> torch.Tensor:
@@ -83,7 +83,7 @@ def scatter_values(plan: KeyPlan) -> torch.Tensor:
     lengths, offsets = plan.lengths.numpy(), plan.offsets.numpy()
     chunk = index_chunk(first)
     if total <= chunk:
-        src = np.concatenate([_value_rows(p.values) for p in parts]) if len(parts) > 1 else _value_rows(first)
+        src = _value_rows(first, np.concatenate([_bytes(p.values) for p in parts]) if len(parts) > 1 else None)
         starts = np.zeros(lengths.shape[0], dtype=np.int64)
         lengths[:-1].cumsum(out=starts[1:])
         where = (starts[inv] - offsets[:-1]).repeat(plan.restored.numpy())

@@ -48,6 +48,7 @@ def cached_seqlens(tensors: Any) -> Seqlens:
 #: The names under which a nested tensor caches its `Seqlens`: each size as the length of an empty
 #: ``[n, 0]`` host tensor, as torch caches them (no data, nothing on a device).
 _SIZES = ("min_seqlen", "max_seqlen")
+_CPU = torch.device("cpu")  # each result its own fresh size tensors, as torch makes them
 
 
 def _internal_nested_view() -> Callable[..., torch.Tensor] | None:
@@ -82,8 +83,9 @@ def result_njt(values: torch.Tensor, offsets: torch.Tensor, seqlens: Seqlens = N
     about 20 µs instead of 90, ``docs/kernels.md``); with a gradient to carry, or a tensor subclass,
     `njt` itself."""
     if type(values) is torch.Tensor and not (values.requires_grad and torch.is_grad_enabled()):
-        sizes = {} if seqlens is None else dict(zip(_SIZES, seqlens, strict=True))
-        cache = {k: torch.empty(n, 0, device="cpu") for k, n in sizes.items()}
+        cache = (
+            {} if seqlens is None else {k: torch.empty(n, 0, device=_CPU) for k, n in zip(_SIZES, seqlens, strict=True)}
+        )
         with torch._C.DisableTorchFunctionSubclass():  # its constructor's reads of itself: 38% of it on torch 2.9.1
             return NestedTensor(values, offsets, _metadata_cache=cache)
     return njt(values, offsets, None, seqlens)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import operator
 from collections.abc import Sequence
 from operator import attrgetter
 from typing import Any, NamedTuple
@@ -314,6 +315,8 @@ def check_offsets(parts: Sequence[JaggedPart], key: Any = None, steps: torch.Ten
 
 def _host_lengths(parts: Sequence[JaggedPart], key: Any, flat: np.ndarray) -> np.ndarray:
     """`check_offsets` of CPU parts on their offsets laid end to end (``flat``, a NumPy view)."""
+    if flat.shape[0] <= _FEW_OFFSETS:
+        return _few_lengths(parts, key, flat.tolist())
     rows = [p.rows for p in parts]
     ends = list(itertools.accumulate(r + 1 for r in rows))  # past each part's last offset in ``flat``
     bounds = np.array([e - r - 1 for e, r in zip(ends, rows, strict=True)] + [e - 1 for e in ends])
@@ -327,6 +330,22 @@ def _host_lengths(parts: Sequence[JaggedPart], key: Any, flat: np.ndarray) -> np
     if probe.any() or (lengths < 0).any():
         explain_bad_offsets(parts, key)
     return lengths
+
+
+#: Up to this many offsets `_host_lengths` reads them as Python ints (a dozen NumPy calls cost more).
+_FEW_OFFSETS = 64
+
+
+def _few_lengths(parts: Sequence[JaggedPart], key: Any, flat: list[int]) -> np.ndarray:
+    """`_host_lengths` of a few offsets, as Python ints: each part's first offset 0, its last its number
+    of value rows, the lengths between them never negative."""
+    lengths: list[int] = []
+    for p, end in zip(parts, itertools.accumulate(p.rows + 1 for p in parts), strict=True):
+        o = flat[end - p.rows - 1 : end]
+        if o[0] != 0 or o[-1] != p.values.shape[0] or any(map(operator.gt, o[:-1], o[1:])):
+            explain_bad_offsets(parts, key)
+        lengths += map(operator.sub, o[1:], o[:-1])
+    return np.array(lengths, dtype=np.int64)
 
 
 def row_steps(rows: Sequence[int], device: torch.device) -> torch.Tensor:

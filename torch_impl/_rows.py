@@ -26,6 +26,7 @@ class CallRows:
         self.perm: torch.Tensor | None = None if perm is None or is_identity(perm) else perm
         self._made: dict[tuple[str, torch.device], torch.Tensor] = {}
         self._inverse: torch.Tensor | None = None
+        self._host: tuple[np.ndarray, np.ndarray] | None = None
 
     def inverse(self) -> torch.Tensor:
         """``inv[perm[k]] == k`` (CPU int64 ``[B]``): the one inverse of the call."""
@@ -36,8 +37,10 @@ class CallRows:
 
     def host(self) -> tuple[np.ndarray, np.ndarray]:
         """The permutation and its inverse as NumPy arrays (views, no copy) for the host kernels."""
-        assert self.perm is not None, "rebatch internal error: no permutation on the host"
-        return self.perm.numpy(), self.inverse().numpy()
+        if self._host is None:
+            assert self.perm is not None, "rebatch internal error: no permutation on the host"
+            self._host = self.perm.numpy(), self.inverse().numpy()
+        return self._host
 
     def _once(self, what: str, device: torch.device, make: Callable[[], torch.Tensor]) -> torch.Tensor:
         if (what, device) not in self._made:
