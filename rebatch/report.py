@@ -5,7 +5,9 @@ Each process of a run writes its own report (``REBATCH_REPORT_DIR``: one
 `torch_impl.integrations._shadow.Shadow.stats`, ``on`` mode's `torch_impl.integrations._counts.Counts.stats`);
 this reads files and directories of them and prints, per trainer, function and mode, the processes,
 calls, sampled calls, differences, defects, rebatch's other errors, the seconds of both functions and
-the rows, then a total line.
+the rows, then a total line and one line of what the checks did, summed over the reports: the alignment
+witness's and provenance's counters, every check skipped by reason, every exception caught (not raised)
+by reason (each non-zero count).
 
 A report is untrusted input: each is validated (`validate`) before anything is summed: an object whose
 ``by_name`` maps names to counters that are integers in ``[0, 2**63)`` (never a bool, a float, NaN or
@@ -169,7 +171,22 @@ def validate(report: Any, path: str) -> dict[str, Any]:
         "mode": mode,
         "process": f"{host}:{run}:{pid}",
         "by_name": by_name,
+        "checks": _checks(report, path),
     }
+
+
+def _checks(report: dict[str, Any], path: str) -> dict[str, int]:
+    """What the process's checks did beyond the table's columns, each a count: the witness's and
+    provenance's counters and every skip by reason (``witness``: `torch_impl.witness_stats`), and each
+    exception caught and not raised, by reason (``caught``); absent ones are none."""
+    checks: dict[str, int] = {}
+    for field, prefix in (("witness", ""), ("caught", "caught: ")):
+        counters = report.get(field, {})
+        if not isinstance(counters, dict):
+            raise ReportError(f"{path}: {field} must be an object of counts, got {type(counters).__name__}")
+        for name, value in counters.items():
+            checks[f"{prefix}{name}"] = _count(path, f"{field}[{str(name)[:60]!r}]", value)
+    return checks
 
 
 def load(paths: Sequence[str]) -> list[dict[str, Any]]:
@@ -220,7 +237,12 @@ def table(reports: Sequence[dict[str, Any]]) -> tuple[str, bool]:
         if clean
         else (f"NOT CLEAN: {total['differences']} difference(s), {total['defects']} defect(s)")
     )
-    return f"{text}\n{len(reports)} report(s); {verdict}", clean
+    checks: dict[str, int] = {}
+    for report in reports:
+        for name, n in report["checks"].items():
+            checks[name] = checks.get(name, 0) + n
+    said = ", ".join(f"{name} {n}" for name, n in sorted(checks.items()) if n)
+    return f"{text}\nchecks (all reports): {said or 'none counted'}\n{len(reports)} report(s); {verdict}", clean
 
 
 def main(paths: Sequence[str]) -> int:

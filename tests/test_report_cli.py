@@ -134,6 +134,27 @@ def test_an_unrelated_file_named_on_the_command_line_is_exit_2(tmp_path: Path, c
     assert "over" in capsys.readouterr().err
 
 
+def test_skips_and_caught_exceptions_are_summed_by_reason(tmp_path: Path, capsys) -> None:
+    """The checks' line: every skip and caught exception by reason, summed over the reports; a counter
+    that is not a count is exit 2, as in the table."""
+    for pid in (1, 2):
+        path = _report(tmp_path / _name(pid=pid), pid=pid)
+        report = json.loads(path.read_text())
+        report["witness"] = {"calls_without_witness": pid, "skipped_device_offsets": 0, "provenance_calls_proven": 3}
+        report["caught"] = {"postprocess_batch_func: shadow RuntimeError": 1}
+        path.write_text(json.dumps(report))
+    assert main([str(tmp_path)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("checks"))
+    assert line == (
+        "checks (all reports): calls_without_witness 3, caught: postprocess_batch_func: shadow RuntimeError 2, "
+        "provenance_calls_proven 6"
+    ), line
+    report["witness"] = {"calls_without_witness": -1}
+    path.write_text(json.dumps(report))
+    assert main([str(tmp_path)]) == 2
+    assert "witness['calls_without_witness'] must be a count" in capsys.readouterr().err
+
+
 def test_on_mode_reports_are_read_and_shown(tmp_path: Path, capsys) -> None:
     _report(tmp_path / _name(pid=1), pid=1, mode="on", rows=8, keys_witnessed=2, sampled=0)
     _report(tmp_path / _name(pid=2), pid=2)
