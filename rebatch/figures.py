@@ -193,9 +193,23 @@ def _versus(root: Path) -> str:
     return versus.section(json.loads((root / "docs/versus.json").read_text()))
 
 
+def _copy_region(text: str) -> str:
+    from .bench import versus
+
+    return versus.kept_copy_section(text)
+
+
+def _copy(root: Path) -> str:
+    from .bench import versus
+
+    runs = (json.loads((root / f"docs/benchmarks-{name}.json").read_text()) for name in ("copy", "small-pins"))
+    return versus.copy_section(*runs)
+
+
 PAGES = (
     Page("docs/benchmarks.md", ("docs/benchmarks.json",), _before_versus, _benchmarks),
     Page("docs/benchmarks.md", ("docs/versus.json",), _versus_region, _versus),
+    Page("docs/benchmarks.md", ("docs/benchmarks-copy.json", "docs/benchmarks-small-pins.json"), _copy_region, _copy),
 )
 
 
@@ -333,7 +347,7 @@ def check(root: Path = ROOT, *, tests_seconds: float | None = None) -> list[str]
 
 
 def write(root: Path = ROOT) -> list[str]:
-    """Put each figure's rendering in its place; the pages changed."""
+    """Put each figure's and each generated page region's rendering in its place; the pages changed."""
     changed = []
     for figure in FIGURES:
         text, found, rendered = _located(figure, root)
@@ -343,6 +357,12 @@ def write(root: Path = ROOT) -> list[str]:
             new = text[: found[0].start()] + rendered + text[found[0].end() :]
             (root / figure.page).write_text(new)
             changed.append(figure.page)
+    for page in PAGES:  # each generated region in its place (a region not yet on its page is left to its tool)
+        text = (root / page.page).read_text()
+        old, new = page.region(text), page.render(root)
+        if old and old != new:
+            (root / page.page).write_text(text.replace(old, new, 1))
+            changed.append(page.page)
     return changed
 
 

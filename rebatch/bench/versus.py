@@ -695,6 +695,40 @@ def kept_section(text: str) -> str:
     return "" if start < 0 or end < start else text[start : end + len(END)] + "\n"
 
 
+#: The copy limit and the small call's section of ``docs/benchmarks.md`` (issue 48), from two runs' JSON.
+COPY_BEGIN = (
+    "<!-- copy-limit: tables rendered by rebatch.bench.versus.copy_section from docs/benchmarks-copy.json and "
+    "docs/benchmarks-small-pins.json -->"
+)
+COPY_END = "<!-- /copy-limit -->"
+
+
+def copy_section(copy: dict[str, Any], small: dict[str, Any]) -> str:
+    """The copy limit (``copy``: a ``--grid copy`` run on torch 2.13) and the small call on verl's pins
+    (``small``: a ``--grid small`` run on torch 2.9.1), each against its commit, between `COPY_BEGIN` and
+    `COPY_END` (`rebatch.figures` checks the page against both files)."""
+    lines = [
+        COPY_BEGIN,
+        "## The copy limit and the small call, side by side (issue 48)",
+        "",
+        f"Both runs alternate the code at {copy['commit']} (*baseline*), today's drop-in and a same-bytes "
+        "`clone()` turn by turn in one run, as the section above describes; *today / clone* is the copy limit "
+        "(target: at most 1.5 at 16M, 64M and 256M elements), the B=8 row the small call (target: under 0.2 ms, "
+        "set where the small call took 0.146 ms on torch 2.13; this machine's speed varies, so compare the "
+        "paired ratios, which cancel it).",
+    ]
+    for run, python in ((copy, ""), (small, " (verl's pins, `.venv-pins/bin/python`)")):
+        lines += ["", f"Torch {run['torch']}{python}, {run['date']}, today {run['today']}:", f"`{run['command']}`"]
+        lines += ["", *markdown(run)]
+    return "\n".join([*lines, COPY_END]) + "\n"
+
+
+def kept_copy_section(text: str) -> str:
+    """The copy-limit section of an existing ``benchmarks.md`` ("" if none)."""
+    start, end = text.find(COPY_BEGIN), text.find(COPY_END)
+    return "" if start < 0 or end < start else text[start : end + len(COPY_END)] + "\n"
+
+
 def write_docs(results: dict[str, Any], path: Path) -> None:
     """Put `section` into ``path`` (``docs/benchmarks.md``), replacing an earlier one, else appended."""
     text = path.read_text() if path.exists() else ""
