@@ -121,13 +121,14 @@ def copy_rows(plan: KeyPlan) -> torch.Tensor:
     width = out.element_size() * math.prod(out.shape[1:])
     assert plan.lengths is not None
     assert plan.offsets is not None
-    perm = plan.rows.host()[0]
-    starts = [p.offsets.numpy()[:-1] for p in parts]  # type: ignore[union-attr]  # jagged parts
-    sources = (np.concatenate(starts) if len(starts) > 1 else starts[0]) * width  # in concatenation order
+    perm, lengths = plan.rows.host()[0], plan.lengths.numpy()
+    of_row = np.arange(len(parts)).repeat([p.rows for p in parts])
+    # each row's start in its part (concatenation order): its start among all rows less its part's first
+    starts = np.zeros(lengths.shape[0], dtype=np.int64)
+    lengths[:-1].cumsum(out=starts[1:])
+    starts -= np.array(list(itertools.accumulate((p.values.shape[0] for p in parts[:-1]), initial=0)))[of_row]
     targets = plan.offsets.numpy()[:-1][perm] * width  # row k of the concatenation goes to output row perm[k]
-    sizes = plan.lengths.numpy() * width
-    part_of_row = np.arange(len(parts)).repeat([p.rows for p in parts]).tolist()
-    src, dst, n = sources.tolist(), targets.tolist(), sizes.tolist()
+    part_of_row, src, dst, n = of_row.tolist(), (starts * width).tolist(), targets.tolist(), (lengths * width).tolist()
     whole = [_bytes(p.values) for p in parts]
     get: Any = operator.getitem  # typed Any: NumPy's overloads of ``ndarray[slice]`` defeat ``map``'s inference
     put: Any = operator.setitem

@@ -294,10 +294,9 @@ def check_offsets(parts: Sequence[JaggedPart], key: Any = None, steps: torch.Ten
     if not parts:
         return torch.zeros(0, dtype=torch.int64, device="cpu")
     device = parts[0].offsets.device
+    flat = torch.cat([p.offsets for p in parts]) if len(parts) > 1 else parts[0].offsets  # (M NumPy reads cost more)
     if device.type == "cpu" and numpy_bridge() and all(type(p.offsets) is torch.Tensor for p in parts):
-        host = [p.offsets.numpy() for p in parts]
-        return torch.from_numpy(_host_lengths(parts, key, np.concatenate(host) if len(host) > 1 else host[0]))
-    flat = torch.cat([p.offsets for p in parts]) if len(parts) > 1 else parts[0].offsets
+        return torch.from_numpy(_host_lengths(parts, key, flat.numpy()))
     rows = [p.rows for p in parts]
     lengths = flat.diff()
     if len(parts) > 1:
