@@ -22,20 +22,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from rebatch_startup import ForkSafeLock, renew_at_fork
+from rebatch_startup import ForkSafeLock
 from ref.errors import RebatchError
 from ref.provenance import check_indices, stray_indices, stray_output
 from ref.structure import PADDING
 
 from ._parts import NestedTensor
+from ._tally import Tally
 
 __all__ = ["UNRECORDED", "Provenance", "check_latest", "observe_split", "provenance_stats", "record", "recorded"]
 
 _lock = ForkSafeLock()  # a forked child finds it free (`rebatch_startup.renew_at_fork`)
 _records: dict[int, Provenance] = {}  # id(batch) -> its latest split's record (dropped with the batch)
 _here = threading.local()  # ``latest``: this thread's latest split (`check_latest`)
-_COUNTERS = ("calls_proven", "calls_partly_proven", "calls_unproven", "keys_proven", "keys_unproven")
-_stats = dict.fromkeys(_COUNTERS, 0)
+#: The counters (zeroed in a forked child: `torch_impl._tally.Tally`).
+_STATS = Tally(("calls_proven", "calls_partly_proven", "calls_unproven", "keys_proven", "keys_unproven"))
 
 
 def _ragged(x: Any) -> Any:
@@ -176,39 +177,30 @@ def check_latest(partitions: Sequence[Any], num_rows: int) -> None:
 
 
 def _count(proven: int, outputs: int, keys_proven: int, keys_unproven: int) -> None:
-    with _lock:
+    with _STATS.lock:
+        stats = _STATS.counts
         if not outputs or proven == outputs:
-            _stats["calls_proven" if outputs else "calls_unproven"] += 1
+            stats["calls_proven" if outputs else "calls_unproven"] += 1
         else:
-            _stats["calls_partly_proven" if proven else "calls_unproven"] += 1
-        _stats["keys_proven"] += keys_proven
-        _stats["keys_unproven"] += keys_unproven
+            stats["calls_partly_proven" if proven else "calls_unproven"] += 1
+        stats["keys_proven"] += keys_proven
+        stats["keys_unproven"] += keys_unproven
 
 
 class _Unrecorded:
     """The record of a drop-in call whose ``data`` no split of rebatch's recorded: unproven, counted."""
 
     def judge(self, outs: Sequence[Mapping[Any, Any]], *_: Any) -> tuple[bool, None]:
-        _count(0, len(outs) or 1, 0, sum(len(o) for o in outs))
+        _count(0, len(outs) or 1, 0, sum(map(len, outs)))
         return False, None
-
-    def renew_in_child(self) -> None:
-        """In a forked child: its own counters (the parent's records stay valid there: same objects)."""
-        with _lock:
-            _stats.update(dict.fromkeys(_COUNTERS, 0))
 
 
 #: `recorded`'s answer for verl's drop-in where nothing was recorded.
 UNRECORDED = _Unrecorded()
-renew_at_fork(UNRECORDED)
 
 
 def provenance_stats(reset: bool = False) -> dict[str, int]:
     """What exact provenance proved in this process: ``calls_proven`` (every output in its slot, the
     indices the split's), ``calls_partly_proven``, ``calls_unproven`` (no record, or no output carrying a
     recorded nested int: the witness alone applies), ``keys_proven`` and ``keys_unproven``."""
-    with _lock:
-        out = dict(_stats)
-        if reset:
-            _stats.update(dict.fromkeys(_COUNTERS, 0))
-    return out
+    return _STATS.read(reset)
