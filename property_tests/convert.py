@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["outputs_to_ref", "ref_postprocess", "result_to_torch", "to_ref", "torch_postprocess"]
+__all__ = ["outputs_to_ref", "provenance_for", "ref_postprocess", "result_to_torch", "to_ref", "torch_postprocess"]
 
 
 def to_ref(tree: Any) -> Any:
@@ -55,6 +55,18 @@ def outputs_to_ref(output_lst: Any) -> Any:
     return interop.outputs_from_torch(staged)
 
 
+def provenance_for(impl: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A call's keywords with its split's provenance (a `property_tests.defects.SplitProvenance`, where the
+    call has one) in the form ``impl`` (``"ref"`` or ``"torch_impl"``) takes: ``ref.Provenance`` of the
+    split's rows, or ``torch_impl.recorded(data)``, the record rebatch's split made."""
+    from .defects import SplitProvenance
+
+    given = kwargs.get("provenance")
+    if not isinstance(given, SplitProvenance):
+        return kwargs
+    return {**kwargs, "provenance": given.for_ref() if impl == "ref" else given.for_torch()}
+
+
 def result_to_torch(result: Any) -> Any:
     from ref import interop
 
@@ -65,7 +77,7 @@ def ref_postprocess(
     output_lst: Any, indices: Any, *, use_dynamic_bsz: Any = True, pad_mode: Any = "no_padding", **witness: Any
 ) -> Any:
     """``ref.postprocess_batch`` on torch-built inputs (converted inside the call), result as torch;
-    ``witness=`` passed on where given."""
+    ``witness=`` and ``provenance=`` (``ref``'s form: `provenance_for`) passed on where given."""
     import ref
 
     out = ref.postprocess_batch(

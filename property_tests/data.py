@@ -97,13 +97,20 @@ class ListModel:
         return len(a) == len(b) and all(x.shape == y.shape and np.array_equal(x, y) for x, y in zip(a, b, strict=True))
 
 
-def verl_data(*, witness: Sequence[int] | None = None, **settings: Any) -> Any:
+def verl_data(*, witness: Sequence[int] | None = None, provenance: Any = None, **settings: Any) -> Any:
     """verl's ``data`` for a call: each setting (``use_dynamic_bsz``, ``pad_mode``) as ``NonTensorData``
     and, with a ``witness``, the batch's ``input_ids`` (zeros) whose row lengths it is: where verl's
-    drop-in reads the alignment witness."""
+    drop-in reads the alignment witness. With a ``provenance`` (``torch_impl.recorded(batch)``: what
+    rebatch's split of ``batch`` handed out), ``batch`` itself, the settings set on it: where verl's
+    drop-in finds the split's record (its ``input_ids`` are the witness's rows)."""
     from tensordict import NonTensorData, TensorDict
 
     entries: dict[str, Any] = {k: NonTensorData(v) for k, v in settings.items()}
+    batch = getattr(provenance, "batch", lambda: None)()
+    if batch is not None:
+        for k, v in entries.items():
+            batch[k] = v
+        return batch
     if witness is not None:
         entries["input_ids"] = jagged(torch.zeros(sum(witness), dtype=torch.int64), list(witness))
     return TensorDict(entries, batch_size=[])

@@ -69,7 +69,8 @@ class Peer(NamedTuple):
     theirs: Callable[[], dict[str, Callable[..., Any]]]
     #: rebatch's drop-ins for them, by the same names
     ours: Callable[[], dict[str, Callable[..., Any]]]
-    #: (functions, output_lst, indices, use_dynamic_bsz, pad_mode) -> the result as ``postprocess_batch`` gives it
+    #: (functions, output_lst, indices, use_dynamic_bsz, pad_mode[, witness][, provenance=]) -> the result as
+    #: ``postprocess_batch`` gives it (``provenance=`` only where `provenance` says the call can carry it)
     run: Callable[..., dict[str, Any]]
     #: bounds of `microbatch_outputs` for the calls the trainer handles correctly
     bounds: dict[str, Any]
@@ -78,6 +79,10 @@ class Peer(NamedTuple):
     native: Callable[[Any, Any], tuple[str, tuple[Any, ...]]]
     #: whether the trainer's call can carry an alignment witness (the batch's row lengths, `run`'s ``witness``)
     witnessed: bool = True
+    #: whether the trainer's call can carry rebatch's split's provenance (`run`'s ``provenance``, as
+    #: ``torch_impl.recorded(batch)``): verl's, whose ``data`` is the batch the split recorded; AReaL's and
+    #: SkyRL's cannot (``docs/witness.md``, "Where provenance cannot reach")
+    provenance: bool = False
 
 
 # -- shared helpers ----------------------------------------------------------------------------------
@@ -492,9 +497,12 @@ def _verl_run(
     dynamic: Any,
     pad_mode: Any = "no_padding",
     witness: Any = None,
+    provenance: Any = None,
 ) -> dict[str, Any]:
     """verl's call; a ``witness`` travels as the batch's ``input_ids`` in ``data``, where verl's engines
-    leave it (and where rebatch's drop-in reads it)."""
+    leave it (and where rebatch's drop-in reads it); with a ``provenance`` (``torch_impl.recorded(batch)``),
+    ``data`` is that ``batch``, the one rebatch's split made the micro-batches of (where the drop-in finds
+    the split's record)."""
     from .candidates import load_candidate
 
     run = load_candidate(fns["postprocess_batch_func"])
@@ -510,7 +518,9 @@ def _verl_run(
                 o = {**o, "model_output": wide}
             staged.append(o)
         output_lst = staged
-    result: dict[str, Any] = run(output_lst, indices, use_dynamic_bsz=dynamic, pad_mode=pad_mode, witness=witness)
+    result: dict[str, Any] = run(
+        output_lst, indices, use_dynamic_bsz=dynamic, pad_mode=pad_mode, witness=witness, provenance=provenance
+    )
     if flat_keys and isinstance(result.get("model_output"), dict):
         mo = dict(result["model_output"])
         for k in flat_keys & set(mo):
@@ -545,6 +555,7 @@ PEERS: dict[str, Peer] = {
         {"min_rows": 1, "metrics": False},  # verl folds its own Metric class (tests/test_verl_differential.py)
         _verl_defects,
         _verl_native,
+        provenance=True,
     ),
     "areal": Peer(
         "areal",

@@ -18,7 +18,7 @@ from torch_impl._jagged import njt
 
 from .baseline import verl_postprocess_batch_func
 from .compare import assert_same
-from .convert import outputs_to_ref, ref_postprocess, result_to_torch, to_ref, torch_postprocess
+from .convert import outputs_to_ref, provenance_for, ref_postprocess, result_to_torch, to_ref, torch_postprocess
 from .data import DTYPES, ListModel, rows_of
 from .kernels import KERNELS, forced
 from .strategies import (
@@ -348,10 +348,11 @@ def malformed_rejected_alike(case: MalformedInput) -> None:
     """Both implementations raise exactly the defect's RebatchError subclass, never a result."""
     from ref.errors import RebatchError
 
-    for impl in (torch_postprocess, ref_postprocess):
+    given = {k: v for k, v in (("witness", case.witness), ("provenance", case.provenance)) if v is not None}
+    for impl, form in ((torch_postprocess, "torch_impl"), (ref_postprocess, "ref")):
         try:
-            witness = {} if case.witness is None else {"witness": case.witness}
-            impl(case.output_lst, case.indices, use_dynamic_bsz=case.use_dynamic_bsz, pad_mode=case.pad_mode, **witness)
+            extra = provenance_for(form, given)
+            impl(case.output_lst, case.indices, use_dynamic_bsz=case.use_dynamic_bsz, pad_mode=case.pad_mode, **extra)
         except RebatchError as err:
             assert type(err) is case.error, f"{impl.__name__} on {case.name}: {type(err).__name__}: {err}"
         else:

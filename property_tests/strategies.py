@@ -275,6 +275,9 @@ class MalformedInput(NamedTuple):
     pad_mode: Any
     #: the alignment witness the call carries (the alignment family's defects give one), or None
     witness: Any = None
+    #: the split's provenance the call carries (a `property_tests.defects.SplitProvenance`: the provenance
+    #: family's defects give one), or None
+    provenance: Any = None
 
 
 #: The defects of ``postprocess_batch`` in `property_tests.defects.TABLE`, by name (each a `Defect`:
@@ -343,6 +346,7 @@ def malformed_inputs(
         call.kwargs.get("use_dynamic_bsz", True),
         call.kwargs.get("pad_mode", "no_padding"),
         call.kwargs.get("witness"),
+        call.kwargs.get("provenance"),
     )
 
 

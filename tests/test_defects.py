@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import ref
 import torch_impl
-from property_tests.convert import outputs_to_ref, to_ref
+from property_tests.convert import outputs_to_ref, provenance_for, to_ref
 from property_tests.defects import TABLE, VALID, Call, Defect, Scripted, apply, named_call
 from property_tests.properties import malformed_rejected_alike
 from property_tests.strategies import DEFECTS, Drawing, malformed_inputs
@@ -28,7 +28,7 @@ def _call(impl: Any, call: Call) -> Any:
     args = call.args
     if impl is ref:
         args = (outputs_to_ref(args[0]), *args[1:]) if call.op == "postprocess_batch" else to_ref(args)
-    return getattr(impl, call.op)(*args, **call.kwargs)
+    return getattr(impl, call.op)(*args, **provenance_for(impl.__name__, call.kwargs))
 
 
 def _rejected_alike(defect: Defect, call: Call) -> None:
@@ -102,3 +102,19 @@ def test_named_cases_match_their_patterns() -> None:
         with pytest.raises(d.error) as info:
             _call(torch_impl, call)
         assert re.search(d.pattern, str(info.value)), (d.name, str(info.value))
+
+
+SPLIT = [d for d in TABLE if d.base == "postprocess_split"]
+
+
+@pytest.mark.parametrize("defect", SPLIT, ids=[d.name for d in SPLIT])
+def test_only_the_splits_provenance_sees_a_fixed_length_misalignment(defect: Defect) -> None:
+    """The provenance family: with the split's provenance both implementations raise its
+    `MisalignmentError`; without it both return a result (the witness, given, is blind: every row one
+    length, or a dense key only)."""
+    call = named_call(defect)
+    _rejected_alike(defect, call)
+    blind = call._replace(kwargs={k: v for k, v in call.kwargs.items() if k != "provenance"})
+    assert "witness" in blind.kwargs
+    for impl in (torch_impl, ref):
+        _call(impl, blind)  # raises nothing

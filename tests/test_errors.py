@@ -9,7 +9,7 @@ import pytest
 
 import ref
 import torch_impl
-from property_tests.convert import outputs_to_ref, to_ref
+from property_tests.convert import outputs_to_ref, provenance_for, to_ref
 from property_tests.data import verl_data
 from property_tests.error_cases import ErrorCase, error_cases
 from ref import errors
@@ -19,13 +19,13 @@ CASES = error_cases()
 
 def _call_torch(case: ErrorCase):
     args, kwargs = case.build()
-    return getattr(torch_impl, case.op)(*args, **kwargs)
+    return getattr(torch_impl, case.op)(*args, **provenance_for("torch_impl", kwargs))
 
 
 def _call_ref(case: ErrorCase):
     args, kwargs = case.build()
     args = (outputs_to_ref(args[0]), *args[1:]) if case.op == "postprocess_batch" else to_ref(args)
-    return getattr(ref, case.op)(*args, **kwargs)
+    return getattr(ref, case.op)(*args, **provenance_for("ref", kwargs))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -46,7 +46,8 @@ def test_torch_impl_drop_in_raises_what_postprocess_batch_raises(case: ErrorCase
     """verl's call, ``postprocess_batch_func(output_lst, indices, data)`` with the settings in a
     TensorDict, refuses every bad input of ``postprocess_batch`` with the same class and message."""
     args, kwargs = case.build()
-    data = verl_data(**kwargs)  # the settings as NonTensorData, the witness as the batch's input_ids
+    # the settings as NonTensorData, the witness as the batch's input_ids (with a provenance: the split's batch)
+    data = verl_data(**provenance_for("torch_impl", kwargs))
     with pytest.raises(errors.RebatchError) as info:
         torch_impl.postprocess_batch_func(*args, data)
     assert type(info.value) is case.error, f"{type(info.value).__name__}: {info.value}"

@@ -8,7 +8,15 @@ import json
 import pytest
 
 from property_tests import conformance
-from property_tests.peer_report import OUTCOMES_BEGIN, OUTCOMES_END, _defects, drawn, outcomes_section, render
+from property_tests.peer_report import (
+    LIMIT,
+    OUTCOMES_BEGIN,
+    OUTCOMES_END,
+    _defects,
+    drawn,
+    outcomes_section,
+    render,
+)
 from property_tests.peers import PEERS, NotExpressible, differential, outcome
 from property_tests.strategies import microbatch_outputs
 
@@ -67,7 +75,10 @@ def test_the_report_renders_and_checks_its_table(tmp_path, capsys) -> None:
         "defects": _defects(peer, peer.ours(), peer.ours()),
         "speed": [{"B": 1, "mean_length": 1, "M": 1, "theirs_ms": 1.0, "ours_ms": 0.5, "speedup": 2.0, "same": None}],
     }
-    assert all(d["ours"] in ("n/a", f"raises {d['expected']}") for d in report["defects"])
+    assert all(
+        d["ours"] in ("n/a", f"raises {d['expected']}") or (d["limit"] and d["ours"] == "silent")
+        for d in report["defects"]
+    )
     source = tmp_path / "areal.json"
     source.write_text(json.dumps(report))
     page = tmp_path / "peers.md"
@@ -92,3 +103,27 @@ def test_a_trainer_that_is_not_installed_is_said_so(capsys) -> None:
         assert "not installed" in capsys.readouterr().out
     else:
         pytest.skip("SkyRL is installed here")
+
+
+def _fixed_length_rows(name: str) -> list[dict]:
+    peer = _self_peer(name)
+    return [d for d in _defects(peer, peer.ours(), peer.ours()) if d["name"].startswith("fixed_length_")]
+
+
+def test_fixed_length_misalignments_raise_where_the_split_is_carried() -> None:
+    """verl's call carries the split's provenance (``data``, the batch rebatch's split recorded): its
+    drop-in raises on each of the table's fixed-length misalignments, no known limit claimed."""
+    rows = _fixed_length_rows("verl")
+    assert len(rows) == 6
+    assert all(d["ours"] == "raises MisalignmentError" and d["limit"] is None for d in rows), rows
+
+
+def test_where_provenance_cannot_reach_the_report_measures_silent_and_says_so() -> None:
+    """AReaL's call cannot carry the split's provenance: rebatch's drop-in is measured silent there, and the
+    table of outcomes says so (a known limit), never a pass."""
+    rows = _fixed_length_rows("areal")
+    assert len(rows) == 6
+    assert all(d["ours"] == "silent" and d["limit"] == LIMIT for d in rows), rows
+    report = {"label": "AReaL", "defects": rows}
+    table = "\n".join(outcomes_section([report]))
+    assert table.count(f"| silent | silent (known limit: {LIMIT}) |") == 6

@@ -174,3 +174,20 @@ def test_skyrl_padding_micro_batches_none_and_metadata_as_skyrl_keeps_them() -> 
     assert type(got) is type(want)
     items = [[{"i": i} for i in p] for p in partitions] + [[{"pad": True}]] * 2
     assert ours["reorder_and_combine_items"](it, items) == theirs["reorder_and_combine_items"](it, items)
+
+
+@pytest.mark.parametrize("name", ["areal", "skyrl", "verl"])
+def test_fixed_length_misalignments_against_the_trainer(name: str) -> None:
+    """The table's fixed-length misalignments (only the split's provenance shows them): the trainer's own
+    function returns misaligned rows; rebatch's drop-in raises where the trainer's call carries the split's
+    provenance (verl's ``data``) and, where it cannot (AReaL, SkyRL: ``docs/witness.md``), is silent too:
+    the known limit ``docs/peers.md`` states."""
+    _need(name)
+    from property_tests.peer_report import _defects
+
+    peer = PEERS[name]
+    rows = [d for d in _defects(peer, peer.theirs(), peer.ours()) if d["name"].startswith("fixed_length_")]
+    assert len(rows) == 6
+    for d in rows:
+        assert d["theirs"] == "silent", d
+        assert d["ours"] == ("raises MisalignmentError" if peer.provenance else "silent"), d

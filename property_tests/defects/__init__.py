@@ -18,17 +18,32 @@ Inputs are built in torch (the reference gets them through ``ref.interop``). No 
 One module per family of defect, each a tuple, joined here in that order: `_core` (the calls, choosers,
 `Defect`, `VALID`, `apply`, the shared helpers), `_settings`, `_structure`, `_permutation`, `_parts` (per
 key and micro-batch, the jagged invariants, metrics), `_operations` (the other operations), `_layouts`
-(packed and padded), `_alignment` (well-formed misalignments).
+(packed and padded), `_alignment` (well-formed misalignments the alignment witness sees), `_provenance`
+(misalignments of a fixed-length batch only the split's provenance sees: such a defect's call carries a
+`SplitProvenance`, which `property_tests.convert.provenance_for` gives each implementation in its form).
 """
 
 from __future__ import annotations
 
 from ._alignment import ALIGNMENT
-from ._core import VALID, Breaker, Call, Chooser, Defect, Scripted, apply, postprocess_call, strided_nested
+from ._core import (
+    VALID,
+    Breaker,
+    Call,
+    Chooser,
+    Defect,
+    Scripted,
+    SplitProvenance,
+    apply,
+    postprocess_call,
+    split_call,
+    strided_nested,
+)
 from ._layouts import LAYOUTS
 from ._operations import OPERATIONS
 from ._parts import PARTS
 from ._permutation import PERMUTATION, LyingPartition
+from ._provenance import PROVENANCE
 from ._settings import SETTINGS
 from ._structure import STRUCTURE
 
@@ -39,17 +54,19 @@ __all__ = [
     "Defect",
     "LyingPartition",
     "Scripted",
+    "SplitProvenance",
     "TABLE",
     "VALID",
     "apply",
     "named_call",
     "postprocess_call",
     "postprocess_defects",
+    "split_call",
     "strided_nested",
 ]
 
 #: The table: every defect both implementations must reject, in the order of ``docs/spec.md``'s checks.
-TABLE: tuple[Defect, ...] = SETTINGS + STRUCTURE + PERMUTATION + PARTS + OPERATIONS + LAYOUTS + ALIGNMENT
+TABLE: tuple[Defect, ...] = SETTINGS + STRUCTURE + PERMUTATION + PARTS + OPERATIONS + LAYOUTS + ALIGNMENT + PROVENANCE
 
 
 def postprocess_defects() -> dict[str, Defect]:

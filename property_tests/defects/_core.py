@@ -11,6 +11,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 import torch
 
 from ref import errors
+from ref.provenance import Provenance
 from torch_impl._jagged import njt
 
 from ..data import jagged, offsets_of
@@ -24,6 +25,7 @@ __all__ = [
     "Chooser",
     "Defect",
     "Scripted",
+    "SplitProvenance",
     "apply",
     "keys_of",
     "made_decreasing",
@@ -33,6 +35,7 @@ __all__ = [
     "postprocess_call",
     "retyped",
     "row_count",
+    "split_call",
     "strided_nested",
 ]
 
@@ -94,6 +97,25 @@ class Defect(NamedTuple):
     script: tuple[int, ...] = ()
 
 
+class SplitProvenance(NamedTuple):
+    """The provenance of a call's split (``docs/spec.md``, "Exact provenance"), as each implementation takes
+    it: ``data``, the batch rebatch's split (`torch_impl.prepare_micro_batches`) made the call's
+    micro-batches of, held here so that its record lives (`for_torch`: ``torch_impl.recorded(data)``;
+    verl's drop-in finds the record from ``data``); ``rows``, each micro-batch's original rows (`for_ref`:
+    ``ref.Provenance(rows)``; each output carries its own as ``output["provenance"]``)."""
+
+    data: Any
+    rows: tuple[tuple[int, ...], ...]
+
+    def for_torch(self) -> Any:
+        import torch_impl
+
+        return torch_impl.recorded(self.data)
+
+    def for_ref(self) -> Provenance:
+        return Provenance(self.rows)
+
+
 # -- valid calls -----------------------------------------------------------------------------------
 
 
@@ -121,10 +143,38 @@ def _valid_three() -> Call:
     return Call("postprocess_batch", (outs, [[1, 2], [0, 4], [3]]), {})
 
 
+def split_call(rows: int, length: int, budget_rows: int) -> Call:
+    """A fixed-length batch (``rows`` rows of ``length`` tokens: no row length tells two rows apart) split
+    by rebatch's split with a budget of ``budget_rows`` rows, and the restore's valid call: each
+    micro-batch's outputs built as verl's FSDP engine builds them, the per-token ``log_probs`` on its own
+    ``input_ids``' offsets (so they carry its nested int: its provenance in torch) beside a dense ``score``
+    ``[b_m]``; each output carrying its rows (its provenance in ``ref``); the witness (every row ``length``)
+    and the split's `SplitProvenance` as keywords."""
+    from tensordict import NonTensorData, TensorDict
+
+    import torch_impl
+
+    ids = jagged(torch.arange(rows * length), [length] * rows)
+    data = TensorDict({"input_ids": ids, "use_dynamic_bsz": NonTensorData(True)}, batch_size=[rows])
+    micro, indices = torch_impl.prepare_micro_batches(data, max_token_len=length * budget_rows)
+    parts = tuple(tuple(int(i) for i in p) for p in indices or ())  # a token budget: always indices
+    outs = []
+    for mb, part in zip(micro, parts, strict=True):
+        x = mb["input_ids"]
+        log_probs = torch.nested.nested_tensor_from_jagged(x.values().to(torch.float32) * -0.5, x.offsets())
+        score = x.values().reshape(-1, length)[:, 0].to(torch.float32)
+        outs.append({"model_output": {"log_probs": log_probs, "score": score}, "provenance": part})
+    return postprocess_call(
+        outs, [list(p) for p in parts], witness=[length] * rows, provenance=SplitProvenance(data, parts)
+    )
+
+
 #: Named valid calls, one per name (built fresh on each call).
 VALID: dict[str, Callable[[], Call]] = {
     "postprocess_batch": _valid_postprocess,
     "postprocess_three": _valid_three,
+    # 6 rows of 3 tokens, 2 rows a micro-batch: indices [[0, 5], [2, 3], [1, 4]] (the provenance family)
+    "postprocess_split": lambda: split_call(6, 3, 2),
     "flatten_partitions": lambda: Call("flatten_partitions", ([[1, 2], [0]], 3), {}),
     "inverse_permutation": lambda: Call("inverse_permutation", ([0, 2, 1],), {}),
     "restore": lambda: Call("restore", (_lp(1, 2), [[1], [0]]), {}),
@@ -147,14 +197,18 @@ def postprocess_call(
     use_dynamic_bsz: bool = True,
     pad_mode: Any = "no_padding",
     witness: Any = None,
+    provenance: SplitProvenance | None = None,
 ) -> Call:
     """A ``postprocess_batch`` call, its containers copied (so a breaker can change them in place); a
-    ``witness`` (the alignment witness) is a keyword of the call where given."""
+    ``witness`` (the alignment witness) and a ``provenance`` (the split's) are keywords of the call where
+    given."""
     outs = [dict(o, model_output=dict(o["model_output"])) if "model_output" in o else dict(o) for o in output_lst]
     idx = [list(p) for p in indices] if indices is not None else None
     kwargs = {"use_dynamic_bsz": use_dynamic_bsz, "pad_mode": pad_mode}
     if witness is not None:
         kwargs["witness"] = list(witness)
+    if provenance is not None:
+        kwargs["provenance"] = provenance
     return Call("postprocess_batch", (outs, idx), kwargs)
 
 
