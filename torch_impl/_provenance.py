@@ -92,21 +92,20 @@ class Provenance:
                     check_indices([list(p) for p in indices or ()], self.rows())
                 except RebatchError as err:
                     return False, err
-        proven = 0
-        keys = [0, 0]  # keys proven, keys of outputs left unproven
-        tags = self.tags
+        tags, proven, keys_proven = self.tags, 0, 0
         for m, o in enumerate(outs):
             own = False
             for key, v in o.items():
-                q = tags.get(id(v._size[1])) if type(v) is NestedTensor and v._ragged_idx == 1 else None
-                if q is None:  # dense, or a ragged size this split did not hand out: no provenance
-                    continue
-                if q != m:
-                    return False, stray_output(key, m, q)
-                own = True
-            proven += own
-            keys[not own] += len(o)
-        _count(proven, len(outs), *keys)
+                if type(v) is NestedTensor and v._ragged_idx == 1:  # dense keys carry no provenance
+                    q = tags.get(id(v._size[1]))  # None: a ragged size this split did not hand out
+                    if q is not None:
+                        if q != m:
+                            return False, stray_output(key, m, q)
+                        own = True
+            if own:
+                proven += 1
+                keys_proven += len(o)
+        _count(proven, len(outs), keys_proven, sum(map(len, outs)) - keys_proven)
         return bool(outs) and proven == len(outs), None
 
 
