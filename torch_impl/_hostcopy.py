@@ -20,7 +20,7 @@ import torch
 
 from ._indexcopy import index_chunk
 from ._parts import Part, numpy_bridge
-from ._plan import KeyPlan
+from ._plan import KeyPlan, host_offsets
 
 __all__ = ["copy_rows", "host_movable", "scatter_rows", "scatter_values"]
 
@@ -84,8 +84,7 @@ def scatter_values(plan: KeyPlan) -> torch.Tensor:
     chunk = index_chunk(first)
     if total <= chunk:
         src = _value_rows(first, np.concatenate([_bytes(p.values) for p in parts]) if len(parts) > 1 else None)
-        starts = np.zeros(lengths.shape[0], dtype=np.int64)
-        lengths[:-1].cumsum(out=starts[1:])
+        starts = host_offsets(lengths)[:-1]
         where = (starts[inv] - offsets[:-1]).repeat(plan.restored.numpy())
         where += np.arange(total, dtype=np.int64)
         np.take(src, where, out=dest)
@@ -124,8 +123,7 @@ def copy_rows(plan: KeyPlan) -> torch.Tensor:
     perm, lengths = plan.rows.host()[0], plan.lengths.numpy()
     of_row = np.arange(len(parts)).repeat([p.rows for p in parts])
     # each row's start in its part (concatenation order): its start among all rows less its part's first
-    starts = np.zeros(lengths.shape[0], dtype=np.int64)
-    lengths[:-1].cumsum(out=starts[1:])
+    starts = host_offsets(lengths)[:-1]
     starts -= np.array(list(itertools.accumulate((p.values.shape[0] for p in parts[:-1]), initial=0)))[of_row]
     targets = plan.offsets.numpy()[:-1][perm] * width  # row k of the concatenation goes to output row perm[k]
     part_of_row, src, dst, n = of_row.tolist(), (starts * width).tolist(), targets.tolist(), (lengths * width).tolist()

@@ -48,7 +48,7 @@ def cached_seqlens(tensors: Any) -> Seqlens:
 #: The names under which a nested tensor caches its `Seqlens`: each size as the length of an empty
 #: ``[n, 0]`` host tensor, as torch caches them (no data, nothing on a device).
 _SIZES = ("min_seqlen", "max_seqlen")
-_CPU = torch.device("cpu")  # each result its own fresh size tensors, as torch makes them
+_CPU = torch.device("cpu")  # where the size tensors live (each result its own, as torch makes them)
 
 
 def _internal_nested_view() -> Callable[..., torch.Tensor] | None:

@@ -17,7 +17,7 @@ from ._jagged import Seqlens, cached_seqlens, seqlens_of, zero_prefixed_cumsum
 from ._parts import DensePart, Part, check_offsets, numpy_bridge
 from ._rows import CallRows
 
-__all__ = ["KeyPlan", "plan_key"]
+__all__ = ["KeyPlan", "host_offsets", "plan_key"]
 
 
 class KeyPlan(NamedTuple):
@@ -40,6 +40,13 @@ class KeyPlan(NamedTuple):
         return self.parts[0].values.device
 
 
+def host_offsets(lengths: np.ndarray) -> np.ndarray:
+    """`torch_impl._jagged.zero_prefixed_cumsum` of host lengths, in NumPy (int64 ``[B + 1]``)."""
+    out = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
+    lengths.cumsum(out=out[1:])
+    return out
+
+
 def plan_key(parts: Sequence[Part], key: Any, rows: CallRows, sources: Sequence[Any] = ()) -> KeyPlan:
     """The plan of one key's checked ``parts`` (at least one), its offsets checked here; off the CPU the
     result's cached sizes are those ``sources`` (the parts as given) all cache, if they do."""
@@ -52,8 +59,7 @@ def plan_key(parts: Sequence[Part], key: Any, rows: CallRows, sources: Sequence[
     if lengths.is_cpu and numpy_bridge():
         host = lengths.numpy()
         restored = host if rows.perm is None else host[rows.host()[1]]
-        offsets = np.zeros(host.shape[0] + 1, dtype=np.int64)
-        restored.cumsum(out=offsets[1:])
+        offsets = host_offsets(restored)
         sizes = seqlens_of(host)
         return KeyPlan(key, parts, rows, lengths, torch.from_numpy(restored), torch.from_numpy(offsets), total, sizes)
     restored_t = lengths if rows.perm is None else lengths.index_select(0, rows.inverse_on(device))
