@@ -14,7 +14,7 @@ whole by the code that wrote it. The sources: the trainers' speed table of ``doc
 from the conformance reports by ``property_tests.conformance --report``, and checked here for its own
 arithmetic), ``docs/durations.json`` (the test command's time, measured; CI times it again and checks the
 stated range), ``.ci/verl_upstream/expected.txt`` (verl's own outcomes), ``docs/benchmarks.json``,
-``docs/versus.json`` and ``docs/split.json``.
+``docs/versus.json``, ``docs/split.json`` and ``docs/provenance.json``.
 """
 
 from __future__ import annotations
@@ -206,8 +206,21 @@ def _copy(root: Path) -> str:
     return versus.copy_section(*runs)
 
 
+def _provenance_region(text: str) -> str:
+    from .bench import checkcost
+
+    return checkcost.kept_provenance_section(text)
+
+
+def _provenance(root: Path) -> str:
+    from .bench import checkcost
+
+    return checkcost.provenance_section(json.loads((root / "docs/provenance.json").read_text()))
+
+
 PAGES = (
     Page("docs/benchmarks.md", ("docs/benchmarks.json",), _before_versus, _benchmarks),
+    Page("docs/witness.md", ("docs/provenance.json",), _provenance_region, _provenance),
     Page("docs/benchmarks.md", ("docs/versus.json",), _versus_region, _versus),
     Page("docs/benchmarks.md", ("docs/benchmarks-copy.json", "docs/benchmarks-small-pins.json"), _copy_region, _copy),
 )

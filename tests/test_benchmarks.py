@@ -337,3 +337,46 @@ def test_the_targets_against_verl_are_judged_by_their_least_figure() -> None:
     assert lines[2].endswith("**met**.")
     assert "small call" in lines[2]
     assert verl_target_lines("verl", {}, SMALL_CALL_SECONDS)[0].endswith("**missed**.")
+
+
+def test_checks_cost_runs_the_provenance_pairs_end_to_end_on_the_small_call() -> None:
+    """`rebatch.bench.checkcost` end to end (one worker, one round): the provenanced call's result is
+    checked bit-equal to the plain call's first, each pair of calls alternated and timed, the null pair
+    beside; every figure filled and the targets judged. Nothing is timed against a bound."""
+    from rebatch.bench.cases import Case
+    from rebatch.bench.checkcost import checks_cost, checks_markdown, targets
+
+    results = checks_cost([Case(8, 16, 4, 1, "float32", 2)], rounds=1, provenance=True)
+    (row,) = results["rows"]
+    assert results["check"] == "provenance"
+    for figures in (row["check"], row["null"]):
+        assert set(figures) == {"without", "with", "ratio", "cost_ms", "pairs"}
+        assert figures["without"] > 0 and figures["with"] > 0 and figures["ratio"] > 0
+        assert figures["pairs"] >= 1
+    assert set(targets(results)) == {"B=8 L=16 M=4 keys=1 float32 2-D"}
+    assert "| B=8 L=16 M=4 keys=1 float32 2-D |" in "\n".join(checks_markdown(results))
+
+
+def test_checks_cost_figures_are_the_medians_of_each_pairs_ratio_and_difference() -> None:
+    """The figures of a run of pairs: each call's median, and the medians of the per-pair ratios and
+    differences (a slow phase moves both calls of a pair, so it cancels out of both), each target judged
+    by each of its bounds."""
+    from rebatch.bench.checkcost import TARGETS, checks_markdown, paired, targets
+
+    pairs = [(0.001, 0.0011), (0.002, 0.0021), (0.004, 0.0041)]
+    got = paired(pairs)
+    assert got["without"] == pytest.approx(2.0) and got["with"] == pytest.approx(2.1)
+    assert got["ratio"] == pytest.approx(1.05) and got["cost_ms"] == pytest.approx(0.1)
+    small, large = TARGETS["provenance"]
+    row = {"check": {"without": 0.3, "with": 0.305, "ratio": 1.016, "cost_ms": 0.005, "pairs": 9}}
+    row["null"] = row["check"]
+    results = {
+        "check": "provenance",
+        "rows": [{**row, "name": small}, {**row, "name": large, "check": {**row["check"], "cost_ms": 0.021}}],
+    }
+    assert targets(results) == {small: True, large: False}
+    text = "\n".join(checks_markdown(results))
+    assert "within 0.02 ms and 3%: met" in text and "within 0.02 ms and 3%: NOT met" in text
+    witness = {"check": "witness", "rows": [{**row, "name": large, "check": {**row["check"], "ratio": 1.06}}]}
+    assert targets(witness) == {large: False}
+    assert "within 5%: NOT met" in "\n".join(checks_markdown(witness))

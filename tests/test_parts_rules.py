@@ -57,6 +57,23 @@ def test_unpack_a_jagged_tensor() -> None:
     assert torch.equal(p.values, torch.arange(10, dtype=torch.float32).reshape(5, 2))
 
 
+def test_a_jagged_part_keeps_the_given_tensors_nested_int() -> None:
+    """``ragged`` (what exact provenance reads) is the given tensor's nested int, also where holes are
+    packed into a copy of its own, and None for a part made of buffers."""
+    plain = njt([2, 0, 3])
+    holed = torch.nested.narrow(
+        torch.arange(6.0).reshape(2, 3), 1, torch.tensor([0, 1]), torch.tensor([2, 1]), layout=torch.jagged
+    )
+    empty = torch.nested.nested_tensor_from_jagged(
+        torch.zeros(0), torch.zeros(1, dtype=torch.int64), lengths=torch.zeros(0, dtype=torch.int64)
+    )
+    for x in (plain, holed, empty):
+        part = unpack(x)
+        assert isinstance(part, JaggedPart)
+        assert part.ragged is x._size[1]
+    assert jp([0, 1], 1).ragged is None
+
+
 def test_unpack_int32_offsets_as_int64() -> None:
     x = torch.nested.nested_tensor_from_jagged(torch.ones(3), torch.tensor([0, 1, 3], dtype=torch.int32))
     p = unpack(x)
@@ -406,7 +423,7 @@ def _outcome(parts: list[Any], *, loop: bool, allow_jagged: bool = True) -> Any:
     return [
         (type(p), p.rows, p.values.dtype, p.values.device, tuple(p.values.shape), p.values.requires_grad)
         + (p.values.is_conj(), p.values.is_neg())
-        + ((p.offsets.dtype, tuple(p.offsets.shape)) if isinstance(p, JaggedPart) else ())
+        + ((p.offsets.dtype, tuple(p.offsets.shape), id(p.ragged)) if isinstance(p, JaggedPart) else ())
         + (() if p.values.device.type == "meta" else (p.values.tolist(),))
         + (() if not isinstance(p, JaggedPart) or p.offsets.device.type == "meta" else (p.offsets.tolist(),))
         for p in got
@@ -425,7 +442,8 @@ def test_many_parts_check_as_the_loop_checks_them_one_by_one(odd, at) -> None:
         fast = torch_impl._parts._plain_jagged(plain)
     assert fast is not None  # taken, and the buffers as they are
     assert all(
-        a.values is x._values and a.offsets is x._offsets and a.rows == 3 for a, x in zip(fast, plain, strict=True)
+        a.values is x._values and a.offsets is x._offsets and a.rows == 3 and a.ragged is x._size[1]
+        for a, x in zip(fast, plain, strict=True)
     )
     assert _outcome(plain, loop=False) == _outcome(plain, loop=True)
     parts = [*plain[:at], _odd_parts()[odd], *plain[at + 1 :]]

@@ -183,6 +183,58 @@ def test_another_steps_indices_raise() -> None:
         torch_impl.postprocess_batch_func(_engine(mbs), other_indices, data)
 
 
+def test_the_splits_indices_vouch_for_the_permutation_and_a_defect_still_comes_first(monkeypatch) -> None:
+    """The split's own indices (their bytes the recorded permutation's) are a permutation without another
+    check; any other indices are checked as ever: a duplicate is `NotAPermutationError` before provenance
+    says they are not the split's."""
+    from torch_impl import _permutation
+
+    data, mbs, indices = _split()
+    outs = _engine(mbs)
+    checked: list[int] = []
+    valid = _permutation._valid
+    monkeypatch.setattr(_permutation, "_valid", lambda perm, n: checked.append(n) or valid(perm, n))
+    torch_impl.postprocess_batch_func(outs, indices, data)
+    assert checked == []
+    with pytest.raises(MisalignmentError, match="the indices are not the split's"):
+        torch_impl.postprocess_batch_func(outs, _transposed(indices), data)
+    assert checked == [16]
+    dup = [list(p) for p in indices]
+    dup[0][0] = dup[1][0]
+    with pytest.raises(NotAPermutationError, match="duplicates"):
+        torch_impl.postprocess_batch_func(outs, dup, data)
+
+
+def test_a_split_whose_indices_are_not_a_permutation_is_left_unrecorded() -> None:
+    """An observed split (shadow mode: a trainer's own) that hands out an index twice vouches for nothing."""
+    data = _batch()
+    mbs, indices = torch_impl.prepare_micro_batches(data)
+    assert isinstance(torch_impl.recorded(data), _provenance.Provenance)
+    other = _batch()
+    dup = [list(p) for p in indices]
+    dup[0][0] = dup[1][0]
+    _provenance.observe_split((mbs, dup), other)
+    assert torch_impl.recorded(other) is _provenance.UNRECORDED
+
+
+def test_a_stray_on_any_jagged_key_raises_naming_that_key() -> None:
+    """Each jagged key of each output is judged: output 1's second key built on micro-batch 0's offsets
+    raises for that key, though its first key is its own."""
+    data, mbs, indices = _split()
+    outs = _engine(mbs)
+    for o, mb in zip(outs, mbs, strict=True):
+        o["model_output"]["entropy"] = torch.nested.nested_tensor_from_jagged(
+            mb["input_ids"].values().float(), mb["input_ids"].offsets()
+        )
+    before = torch_impl.provenance_stats()["keys_proven"]
+    torch_impl.postprocess_batch_func(outs, indices, data)
+    assert torch_impl.provenance_stats()["keys_proven"] == before + 3 * len(outs)
+    first = mbs[0]["input_ids"]
+    outs[1]["model_output"]["entropy"] = torch.nested.nested_tensor_from_jagged(first.values().float(), first.offsets())
+    with pytest.raises(MisalignmentError, match="key 'entropy', micro-batch 1: this output holds micro-batch 0's"):
+        torch_impl.postprocess_batch_func(outs, indices, data)
+
+
 def test_restore_dynamic_batch_given_indices_that_are_not_the_latest_splits() -> None:
     _data, _mbs, indices = _split()
     x = torch.arange(16.0)

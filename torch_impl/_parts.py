@@ -11,7 +11,7 @@ import functools
 import itertools
 import operator
 from collections.abc import Sequence
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -64,12 +64,13 @@ numpy_bridge()  # probed at import, outside any mode a caller may enter later (a
 
 class JaggedPart(NamedTuple):
     """One micro-batch's jagged output for one key: ``values`` ``[N, *F]`` (the packed rows, no lazy
-    conjugate or negative bit),
-    ``offsets`` int64 ``[b + 1]``, ``rows`` ``b``."""
+    conjugate or negative bit), ``offsets`` int64 ``[b + 1]``, ``rows`` ``b``, ``ragged`` the nested
+    tensor's ragged size (its nested int, which exact provenance reads: `torch_impl._provenance`) or None."""
 
     values: torch.Tensor
     offsets: torch.Tensor
     rows: int
+    ragged: Any = None
 
 
 class DensePart(NamedTuple):
@@ -104,6 +105,7 @@ def _unpack(x: Any, key: Any, micro_batch: int | None, allow_jagged: bool) -> Pa
             raise UnsupportedSettingError(
                 f"{where(key, micro_batch)}jagged outputs need pad_mode 'no_padding', got a jagged tensor"
             )
+        ragged = x._size[1]  # the given tensor's (a holed one's contiguous copy has its own)
         if x._lengths is not None:
             holed = _without_holes(x, where(key, micro_batch))
             if isinstance(holed, JaggedPart):
@@ -119,7 +121,7 @@ def _unpack(x: Any, key: Any, micro_batch: int | None, allow_jagged: bool) -> Pa
                     f"{where(key, micro_batch)}offsets must be 1-D integers, got {offsets.dtype}{list(offsets.shape)}"
                 )
             offsets = offsets.to(torch.int64)
-        return JaggedPart(_resolved(values), offsets, int(offsets.shape[0]) - 1)
+        return JaggedPart(_resolved(values), offsets, int(offsets.shape[0]) - 1, ragged)
     if x.is_nested:
         raise InvalidJaggedError(f"{where(key, micro_batch)}a nested tensor must use the jagged layout, got {x.layout}")
     if x.dim() == 0:
@@ -175,7 +177,7 @@ def _without_holes(x: Any, at: str) -> Any:
             raise InvalidJaggedError(at + what)
     if rows == 0:
         source = x.values() if x.requires_grad else values
-        return JaggedPart(source[:0], torch.zeros(1, dtype=torch.int64, device=offsets.device), 0)
+        return JaggedPart(source[:0], torch.zeros(1, dtype=torch.int64, device=offsets.device), 0, x._size[1])
     return x.contiguous()
 
 
@@ -248,8 +250,9 @@ def _check_unpacked(parts: Sequence[Any], key: Any, allow_jagged: bool) -> list[
 #: Parts from which `_plain_jagged` goes first (docs/kernels.md, "Host bookkeeping").
 _MAPPED_MIN_PARTS = 8
 #: What `_plain_jagged` reads of each part (one C-level call a part for each group)
-_AS_IS, _BUFFERS = attrgetter("_ragged_idx", "_lengths", "requires_grad"), attrgetter("_values", "_offsets")
+_AS_IS, _BUFFERS = attrgetter("_ragged_idx", "_lengths", "requires_grad"), attrgetter("_values", "_offsets", "_size")
 _KIND, _INDEX_KIND = attrgetter("dtype", "ndim", "device"), attrgetter("dtype", "ndim")
+_TAKEN = (1, None, False)  # `_AS_IS` of a part taken as it is: ragged dimension 1, no holes, no gradient
 
 
 def _plain_jagged(parts: Sequence[Any]) -> list[Part] | None:
@@ -259,11 +262,9 @@ def _plain_jagged(parts: Sequence[Any]) -> list[Part] | None:
     lazy conjugate or negative bit) and agreeing with the first (dtype, dimensions, device, trailing
     shape). Their `JaggedPart`s, the loop's result; None where any of this does not hold (the loop
     then raises for the first defect, or converts)."""
-    if set(map(type, parts)) != {NestedTensor} or set(map(_AS_IS, parts)) != {
-        (1, None, False)
-    }:  # none: {} != {NestedTensor}
+    if set(map(type, parts)) != {NestedTensor} or set(map(_AS_IS, parts)) != {_TAKEN}:  # none: {} != {NestedTensor}
         return None
-    values, offsets = zip(*map(_BUFFERS, parts), strict=True)
+    values, offsets, sizes = zip(*map(_BUFFERS, parts), strict=True)
     kinds = set(map(_KIND, values))
     if len(kinds) != 1 or set(map(_INDEX_KIND, offsets)) != {(torch.int64, 1)}:
         return None
@@ -276,7 +277,8 @@ def _plain_jagged(parts: Sequence[Any]) -> list[Part] | None:
         return None
     rows = [n - 1 for n in map(torch.Tensor.numel, offsets)]
     # ``tuple.__new__`` makes each `JaggedPart` without the named tuple's Python ``__new__`` (0.7 µs a part)
-    return list(map(tuple.__new__, itertools.repeat(JaggedPart), zip(values, offsets, rows, strict=True)))
+    ragged = map(itemgetter(1), sizes)
+    return list(map(tuple.__new__, itertools.repeat(JaggedPart), zip(values, offsets, rows, ragged, strict=True)))
 
 
 def check_offsets(parts: Sequence[JaggedPart], key: Any = None, steps: torch.Tensor | None = None) -> torch.Tensor:

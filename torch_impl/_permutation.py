@@ -123,16 +123,21 @@ def _locate(j: int, sizes: list[int]) -> tuple[int, int]:
     return m, j - (ends[m - 1] if m else 0)
 
 
-def check_permutation(partitions: Sequence[Any], num_rows: int, *, at: Locator = _in_micro_batch) -> torch.Tensor:
+def check_permutation(
+    partitions: Sequence[Any], num_rows: int, *, at: Locator = _in_micro_batch, known: bytes | None = None
+) -> torch.Tensor:
     """The partitions flattened (CPU int64 ``[B]``), checked to be a permutation of ``range(num_rows)``.
 
     A constant number of torch operations whatever ``B``; raises `NotAPermutationError` for an index
     that is not an integer, negative, ``>= num_rows``, duplicated, or missing. ``at`` names a position
-    in the messages (``"micro-batch m, position p"`` by default).
+    in the messages (``"micro-batch m, position p"`` by default). ``known``: the bytes of a permutation
+    of ``range(num_rows)`` (the split's, checked when recorded: `torch_impl._provenance`); partitions
+    flattened to those bytes are one without another check.
     """
     perm, sizes = _flat_indices(partitions, num_rows, at)
     n = perm.numel()
-    if n and not _valid(perm, num_rows):  # then find the first defect, for its message
+    vouched = known is not None and n == num_rows and as_bytes(perm) == known  # the split's: a permutation
+    if n and not vouched and not _valid(perm, num_rows):  # then find the first defect, for its message
         lo, hi = torch.aminmax(perm)
         if int(lo) < 0 or int(hi) >= num_rows:
             bad = (perm < 0) | (perm >= num_rows)
@@ -156,6 +161,11 @@ def check_permutation(partitions: Sequence[Any], num_rows: int, *, at: Locator =
         missing = int((~present).nonzero()[0, 0])
         raise NotAPermutationError(f"index {missing} is missing: the partitions hold {n} indices for {num_rows} rows")
     return perm
+
+
+def as_bytes(perm: torch.Tensor) -> bytes:
+    """A CPU int64 tensor's bytes (its memory's, or its values' where NumPy cannot share it)."""
+    return (perm.numpy() if numpy_bridge() else np.array(perm.tolist(), dtype=np.int64)).tobytes()
 
 
 #: Up to this many indices `_valid` sorts them as Python ints (docs/kernels.md, "Host bookkeeping").

@@ -17,6 +17,7 @@ import itertools
 import threading
 import weakref
 from collections.abc import Mapping, Sequence
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -27,14 +28,17 @@ from ref.errors import RebatchError
 from ref.provenance import check_indices, stray_indices, stray_output
 from ref.structure import PADDING
 
-from ._parts import NestedTensor
+from ._parts import JaggedPart, NestedTensor, Part
+from ._permutation import as_bytes, check_permutation
 from ._tally import Tally
+from ._witness import witness_config
 
 __all__ = ["UNRECORDED", "Provenance", "check_latest", "observe_split", "provenance_stats", "record", "recorded"]
 
 _lock = ForkSafeLock()  # a forked child finds it free (`rebatch_startup.renew_at_fork`)
 _records: dict[int, Provenance] = {}  # id(batch) -> its latest split's record (dropped with the batch)
 _here = threading.local()  # ``latest``: this thread's latest split (`check_latest`)
+_RAGGED = attrgetter("ragged")  # a `JaggedPart`'s nested int
 #: The counters (zeroed in a forked child: `torch_impl._tally.Tally`).
 _STATS = Tally(("calls_proven", "calls_partly_proven", "calls_unproven", "keys_proven", "keys_unproven"))
 
@@ -50,63 +54,57 @@ class Provenance:
     ``sizes`` (each real micro-batch's rows) and ``flat`` (its indices flattened, None for fixed-size
     chunks: the outputs in order are the batch). Read-only once made; shared by threads."""
 
-    __slots__ = ("__weakref__", "batch", "flat", "flat_bytes", "kept", "sizes", "tags")
+    __slots__ = ("__weakref__", "batch", "flat", "flat_bytes", "kept", "sizes", "slots", "tags")
 
     def __init__(self, batch: Any, micro_batches: Sequence[Any], indices: Sequence[Any] | None) -> None:
         key = id(batch)
         self.batch = weakref.ref(batch, lambda ref: _forget(key, ref))
         real = [i for i, p in enumerate(indices) if p is not PADDING] if indices is not None else None
         kept = [micro_batches[i] for i in real] if real is not None else list(micro_batches)
-        self.tags: dict[int, int] = {}  # id(nested int) -> slot; ``kept`` holds those nested ints (ids unique)
-        self.kept: list[Any] = []
-        for m, mb in enumerate(kept):
-            for v in mb.values() if hasattr(mb, "values") else ():
-                size = _ragged(v)
-                if size is not None:
-                    self.kept.append(size)
-                    self.tags[id(size)] = m
+        fields = ((m, v) for m, mb in enumerate(kept) for v in (mb.values() if hasattr(mb, "values") else ()))
+        self.kept = [(m, size) for m, v in fields if (size := _ragged(v)) is not None]  # each micro-batch's nested ints
+        self.tags = {id(size): m for m, size in self.kept}  # id(nested int) -> slot (``kept`` holds them: ids unique)
         self.sizes: tuple[int, ...] = tuple(int(mb.batch_size[0]) if mb.batch_size else 0 for mb in kept)
+        self.slots: list[int | None] = list(range(len(kept)))  # each output's own slot
         self.flat: np.ndarray | None = None
         if real is not None and indices is not None:
             parts = [indices[i] for i in real]
             self.flat = np.fromiter(itertools.chain.from_iterable(parts), dtype=np.int64, count=sum(self.sizes))
-        self.flat_bytes = b"" if self.flat is None else self.flat.tobytes()
+        if self.flat is not None and not np.array_equal(np.sort(self.flat), np.arange(len(self.flat))):
+            raise ValueError("the split's indices are not a permutation")  # its calls unrecorded (`record`)
+        self.flat_bytes = None if self.flat is None else self.flat.tobytes()
 
     def rows(self) -> list[list[int]]:
         """The split's indices, padding left out (for the error path)."""
         flat = self.flat.tolist() if self.flat is not None else []
-        bounds = list(itertools.accumulate(self.sizes, initial=0))
-        return [flat[a:b] for a, b in itertools.pairwise(bounds)]
+        return [flat[a:b] for a, b in itertools.pairwise(itertools.accumulate(self.sizes, initial=0))]
 
     def judge(
-        self, outs: Sequence[Mapping[Any, Any]], indices: Sequence[Any] | None, perm: torch.Tensor | None
+        self, checked: Mapping[Any, Sequence[Part]], indices: Sequence[Any] | None, perm: torch.Tensor | None
     ) -> tuple[bool, RebatchError | None]:
-        """``(proven, error)`` of a call (``outs``: its model outputs, padding left out; ``perm``: its
-        checked permutation, None without dynamic batch size): the indices against the split's, then each
-        output's nested ints against its slot; proven where every output holds a recorded nested int of
-        its own slot. The error is returned, for the call to raise in the order of checks."""
-        if perm is not None and self.flat is not None:
-            sizes = tuple(map(len, indices)) if indices is not None else ()
-            if sizes != self.sizes or perm.numpy().tobytes() != self.flat_bytes:
-                try:
-                    check_indices([list(p) for p in indices or ()], self.rows())
-                except RebatchError as err:
-                    return False, err
-        tags, proven, keys_proven = self.tags, 0, 0
-        for m, o in enumerate(outs):
-            own = False
-            for key, v in o.items():
-                if type(v) is NestedTensor and v._ragged_idx == 1:  # dense keys carry no provenance
-                    q = tags.get(id(v._size[1]))  # None: a ragged size this split did not hand out
-                    if q is not None:
-                        if q != m:
-                            return False, stray_output(key, m, q)
-                        own = True
-            if own:
-                proven += 1
-                keys_proven += len(o)
-        _count(proven, len(outs), keys_proven, sum(map(len, outs)) - keys_proven)
-        return bool(outs) and proven == len(outs), None
+        """``(proven, error)`` of a call (``checked``: each key's checked parts, one an output, padding
+        left out; ``perm``: its checked permutation, None without dynamic batch size): the indices against
+        the split's, then each output's nested ints (its jagged keys' `JaggedPart.ragged`; dense keys
+        carry none) against its slot; proven where every output holds a recorded nested int of its own
+        slot. The error is returned, for the call to raise in the order of checks."""
+        given = (tuple(map(len, indices or ())), as_bytes(perm)) if perm is not None and self.flat is not None else None
+        if given is not None and given != (self.sizes, self.flat_bytes):  # the indices are not the split's
+            try:
+                check_indices([list(p) for p in indices or ()], self.rows())
+            except RebatchError as err:
+                return False, err
+        keys = [key for key, p in checked.items() if p and type(p[0]) is JaggedPart]  # dense keys carry none
+        # each jagged key's slot of each output's nested int (None: a ragged size this split did not hand out)
+        slots = [[*map(self.tags.get, map(id, map(_RAGGED, checked[key])))] for key in keys]
+        outputs = len(next(iter(checked.values()), ()))
+        proven = outputs if keys and slots.count(self.slots) == len(keys) else 0  # the common case at once
+        for m in range(outputs) if not proven else ():
+            for key, s in zip(keys, slots, strict=True):
+                if s[m] is not None and s[m] != m:
+                    return False, stray_output(key, m, s[m])
+            proven += any(s[m] == m for s in slots)
+        _count(proven, outputs, proven * len(checked), (outputs - proven) * len(checked))
+        return bool(outputs) and proven == outputs, None
 
 
 def _forget(key: int, ref: weakref.ref[Any]) -> None:
@@ -123,12 +121,7 @@ def record(batch: Any, micro_batches: Sequence[Any], indices: Sequence[Any] | No
     weakly, or micro-batches without a batch size, are left unrecorded (their calls stay unproven)."""
     try:
         rec = Provenance(batch, micro_batches, indices)
-    except (
-        TypeError,
-        AttributeError,
-        ValueError,
-        IndexError,
-    ):  # not weakly held, odd micro-batches: unrecorded (counted)
+    except (TypeError, AttributeError, ValueError, IndexError):  # not weakly held, odd micro-batches, no permutation
         return
     with _lock:
         _records[id(batch)] = rec
@@ -154,8 +147,6 @@ def recorded(batch: Any) -> Provenance | _Unrecorded:
 def check_latest(partitions: Sequence[Any], num_rows: int) -> None:
     """`restore_dynamic_batch`'s check: ``partitions`` against this thread's latest split, where that
     split's batch is alive and its micro-batches have the same sizes (else unproven, never an error)."""
-    from ._witness import witness_config
-
     rec = getattr(_here, "latest", None)
     if not witness_config()[0] or rec is None or rec.flat is None or rec.batch() is None or sum(rec.sizes) != num_rows:
         return
@@ -168,8 +159,6 @@ def check_latest(partitions: Sequence[Any], num_rows: int) -> None:
     if np.array_equal(given, rec.flat):
         _count(1, 1, 0, 0)
         return
-    from ._permutation import check_permutation
-
     check_permutation(partitions, num_rows)  # a structural defect first, as the order of checks says
     check_indices([list(p) for p in partitions], rec.rows())
     raise stray_indices(0, None, num_rows, num_rows)  # unreachable: the values differ somewhere
@@ -189,8 +178,11 @@ def _count(proven: int, outputs: int, keys_proven: int, keys_unproven: int) -> N
 class _Unrecorded:
     """The record of a drop-in call whose ``data`` no split of rebatch's recorded: unproven, counted."""
 
-    def judge(self, outs: Sequence[Mapping[Any, Any]], *_: Any) -> tuple[bool, None]:
-        _count(0, len(outs) or 1, 0, sum(map(len, outs)))
+    flat_bytes = None  # no split's permutation to vouch for the call's
+
+    def judge(self, checked: Mapping[Any, Sequence[Any]], *_: Any) -> tuple[bool, None]:
+        outputs = len(next(iter(checked.values()), ()))
+        _count(0, outputs or 1, 0, outputs * len(checked))
         return False, None
 
 

@@ -142,7 +142,9 @@ def _clones(wholes: list[Any]) -> list[Any]:
 def _worker() -> int:
     """Serve the harness: ``setup`` (a case: inputs built, a warm-up call, the result's digest),
     ``time`` (``n`` calls of ``impl`` or ``clone``, each timed alone after returning the C heap's free
-    pages; with ``core``, the calling thread on that core alone meanwhile), ``quit``."""
+    pages; with ``core``, the calling thread on that core alone meanwhile), ``pair`` (``n`` pairs of
+    calls of two functions ``fns``, alternated, timed as ``time`` times: `rebatch.bench.checkcost`),
+    ``quit``."""
     import torch
 
     import torch_impl
@@ -209,6 +211,18 @@ def _worker() -> int:
                     fn()
                     times.append(time.perf_counter() - start)
             reply = {"times": times}
+        elif msg["cmd"] == "pair":  # two functions call by call, each pair in a shuffled order
+            pair = [fns[name] for name in msg["fns"]]
+            rng = random.Random(msg["seed"])
+            paired: tuple[list[float], list[float]] = ([], [])
+            with on_core(msg.get("core")):
+                for _ in range(msg["n"]):
+                    for k in rng.sample((0, 1), 2):
+                        release_free_memory()
+                        start = time.perf_counter()
+                        pair[k]()
+                        paired[k].append(time.perf_counter() - start)
+            reply = {"times": paired}
         elif msg["cmd"] == "quit":
             return 0
         else:
@@ -356,82 +370,6 @@ def _medians(
     result.update({f"{name}_first": statistics.median(t) for name, t in firsts.items()})
     result.update({name: statistics.median(r) for name, r in paired.items() if r})
     return result
-
-
-def witness_grid() -> list[Any]:
-    """The cases of issue 38's cost targets: the small call (at most 0.02 ms more) and B=1024 M=16 (at
-    most 5% more), each with one key and with five."""
-    from .cases import Case
-
-    return [
-        Case(8, 16, 4, 1, "float32", 2),
-        Case(1024, 512, 16, 1, "float32", 2),
-        Case(1024, 512, 16, 5, "float32", 2),
-        Case(1024, 512, 64, 5, "float32", 2),
-    ]
-
-
-def witness_cost(
-    cases: list[Any], *, rounds: int = 11, min_time: float = 0.5, log: Any = None, provenance: bool = False
-) -> dict[str, Any]:
-    """The alignment witness's cost, paired in one run: today's drop-in on each case's inputs with
-    ``data`` holding ``input_ids`` (the witness read and checked) against the same call with the same
-    ``data`` less its ``input_ids`` (`_witness_data`: no witness), in one worker, round by round
-    (`_medians`: each round's ratio, its median). ``provenance``: exact provenance's cost instead, the
-    witnessed call with ``data`` recorded by a split (`_provenanced_data`: every output proven) against
-    the same call with ``data`` unrecorded (reported in the same columns: "with" is with provenance)."""
-    from .contention import cores
-
-    today = Worker(ROOT)
-    rows = []
-    try:
-        fns = {"today": (today, "unwitnessed"), "witnessed": (today, "witnessed")}
-        if provenance:
-            fns = {"today": (today, "witnessed"), "witnessed": (today, "provenanced")}
-        for i, case in enumerate(cases):
-            reply = today.ask(cmd="setup", case=list(case), witness=not provenance, provenance=provenance)
-            if reply["digest"] != reply["witnessed_digest"]:
-                raise AssertionError(f"{case.name}: the witnessed call's result differs from the plain call's")
-            timed = _medians(fns, {"today": reply["first"]}, min_time=min_time, rounds=rounds, seed=i, cores=cores())
-            row = {"case": case._asdict(), "name": case.name, "quiet": timed}
-            rows.append(row)
-            if log is not None:
-                print(f"{case.name}: {_witness_line(row)}", file=log, flush=True)
-    finally:
-        today.close()
-    return {"today": _describe(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows}
-
-
-def _paired_ms(q: dict[str, Any]) -> float:
-    """The witness's cost in ms from the paired ratio (``(with / without - 1) * without``): the
-    difference of two medians taken in other rounds moves with the machine's noise, the ratio of each
-    round's pair much less."""
-    return 1e3 * (q["witness_cost"] - 1.0) * q["today"]
-
-
-def _witness_line(row: dict[str, Any]) -> str:
-    q = row["quiet"]
-    return (
-        f"without {_ms(q['today'])} ms, with the witness {_ms(q['witnessed'])} ms: "
-        f"{q['witness_cost']:.3f}x paired, {_paired_ms(q):+.4f} ms (paired), "
-        f"{1e3 * (q['witnessed'] - q['today']):+.4f} ms (difference of the medians)"
-    )
-
-
-def witness_markdown(results: dict[str, Any]) -> list[str]:
-    """The witness's cost as a Markdown table."""
-    lines = [
-        "| case | without (ms) | with the witness (ms) | with / without (paired) | cost (ms, paired) | "
-        "difference of the medians (ms) |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in results["rows"]:
-        q = r["quiet"]
-        lines.append(
-            f"| {r['name']} | {_ms(q['today'])} | {_ms(q['witnessed'])} | {q['witness_cost']:.3f}x | "
-            f"{_paired_ms(q):+.4f} | {1e3 * (q['witnessed'] - q['today']):+.4f} |"
-        )
-    return lines
 
 
 def targets_grid() -> list[Any]:
@@ -765,9 +703,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         return _worker()
     if args.witness:
-        results = witness_cost(witness_grid(), rounds=args.rounds, log=sys.stderr, provenance=args.provenance)
+        from .checkcost import checks_cost, checks_markdown, witness_grid
+
+        results = checks_cost(witness_grid(), rounds=args.rounds, log=sys.stderr, provenance=args.provenance)
         results["command"] = "python -m rebatch.bench.versus " + " ".join(argv if argv is not None else sys.argv[1:])
-        print("\n".join(witness_markdown(results)))
+        print("\n".join(checks_markdown(results)))
         if args.out:
             Path(args.out).write_text(json.dumps(results, indent=1))
         return 0
