@@ -14,7 +14,8 @@ whole by the code that wrote it. The sources: the trainers' speed table of ``doc
 from the conformance reports by ``property_tests.conformance --report``, and checked here for its own
 arithmetic), ``docs/durations.json`` (the test command's time, measured; CI times it again and checks the
 stated range), ``.ci/verl_upstream/expected.txt`` (verl's own outcomes), ``docs/benchmarks.json``,
-``docs/versus.json``, ``docs/split.json`` and ``docs/provenance.json``.
+``docs/versus.json``, ``docs/split.json``, and the checks' costs: ``docs/witness.json``, ``docs/provenance.json``,
+``docs/versus-checked.json``.
 """
 
 from __future__ import annotations
@@ -206,21 +207,23 @@ def _copy(root: Path) -> str:
     return versus.copy_section(*runs)
 
 
-def _provenance_region(text: str) -> str:
+def _check_cost(check: str, *against: str) -> Page:
+    """docs/witness.md's section of a check's cost (`rebatch.bench.checkcost.section`)."""
     from .bench import checkcost
 
-    return checkcost.kept_provenance_section(text)
-
-
-def _provenance(root: Path) -> str:
-    from .bench import checkcost
-
-    return checkcost.provenance_section(json.loads((root / "docs/provenance.json").read_text()))
+    sources = (f"docs/{check}.json", *against)
+    return Page(
+        "docs/witness.md",
+        sources,
+        lambda text: checkcost.kept_section(check, text),
+        lambda root: checkcost.section(*(json.loads((root / name).read_text()) for name in sources)),
+    )
 
 
 PAGES = (
     Page("docs/benchmarks.md", ("docs/benchmarks.json",), _before_versus, _benchmarks),
-    Page("docs/witness.md", ("docs/provenance.json",), _provenance_region, _provenance),
+    _check_cost("witness"),
+    _check_cost("provenance", "docs/versus-checked.json"),
     Page("docs/benchmarks.md", ("docs/versus.json",), _versus_region, _versus),
     Page("docs/benchmarks.md", ("docs/benchmarks-copy.json", "docs/benchmarks-small-pins.json"), _copy_region, _copy),
 )

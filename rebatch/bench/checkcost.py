@@ -21,7 +21,7 @@ from typing import Any
 
 from .versus import ROOT, Worker, _describe, _ms
 
-__all__ = ["PROVENANCE_BEGIN", "checks_cost", "checks_markdown", "provenance_section", "targets", "witness_grid"]
+__all__ = ["TARGETS", "checks_cost", "checks_markdown", "kept_section", "paired", "section", "targets", "witness_grid"]
 
 #: Each check's cost targets: case name -> (at most this many ms more, at most this ratio). Issue 38's
 #: for the witness, issue 49's for exact provenance.
@@ -69,10 +69,11 @@ def checks_cost(cases: list[Any], *, rounds: int = 31, log: Any = None, provenan
     check = "provenance" if provenance else "witness"
     without, with_ = ("witnessed", "provenanced") if provenance else ("unwitnessed", "witnessed")
     worker = Worker(ROOT)
-    rows = []
+    rows, torch_version = [], None
     try:
         for i, case in enumerate(cases):
             reply = worker.ask(cmd="setup", case=list(case), witness=not provenance, provenance=provenance)
+            torch_version = reply["torch"]
             if reply["digest"] != reply["witnessed_digest"]:
                 raise AssertionError(f"{case.name}: the checked call's result differs from the plain call's")
             n = max(1, min(_MOST_PAIRS, int(_ROUND_S / max(reply["first"], 1e-6))))
@@ -95,7 +96,7 @@ def checks_cost(cases: list[Any], *, rounds: int = 31, log: Any = None, provenan
     finally:
         worker.close()
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    return {"check": check, "today": _describe(), "date": date, "rounds": rounds, "rows": rows}
+    return {"check": check, "today": _describe(), "torch": torch_version, "date": date, "rounds": rounds, "rows": rows}
 
 
 def _line(row: dict[str, Any]) -> str:
@@ -144,28 +145,45 @@ def checks_markdown(results: dict[str, Any]) -> list[str]:
     return lines
 
 
-PROVENANCE_BEGIN = (
-    "<!-- provenance-cost: rendered by rebatch.bench.checkcost.provenance_section from docs/provenance.json -->"
-)
-PROVENANCE_END = "<!-- /provenance-cost -->"
+def _markers(check: str) -> tuple[str, str]:
+    """The lines around a check's generated section of docs/witness.md."""
+    sources = f"docs/{check}.json" + (" and docs/versus-checked.json" if check == "provenance" else "")
+    return (
+        f"<!-- {check}-cost: rendered by rebatch.bench.checkcost.section from {sources} -->",
+        f"<!-- /{check}-cost -->",
+    )
 
 
-def provenance_section(results: dict[str, Any]) -> str:
-    """Exact provenance's cost (a ``--witness --provenance`` run) between `PROVENANCE_BEGIN` and
-    `PROVENANCE_END` (`rebatch.figures` checks docs/witness.md against the file)."""
-    pairs = {r["name"]: r["check"]["pairs"] for r in results["rows"]}
+def section(results: dict[str, Any], against_verl: dict[str, Any] | None = None) -> str:
+    """A check's cost (``results``: a ``--witness`` or ``--witness --provenance`` run) and, for
+    provenance, the drop-in with every check on against verl's own function (``against_verl``: a
+    ``--commit verl --checked`` run of `rebatch.bench.versus`), between its markers (`rebatch.figures`
+    checks docs/witness.md against the files)."""
+    from .versus import markdown
+
+    begin, end = _markers(results["check"])
+    pairs = [r["check"]["pairs"] for r in results["rows"]]
     lines = [
-        PROVENANCE_BEGIN,
-        f"Torch {results['today']}, {results['date']}, {results['rounds']} rounds "
-        f"({min(pairs.values())} to {max(pairs.values())} pairs a case): `{results['command']}`",
+        begin,
+        f"Torch {results['torch']}, {results['date']}, today {results['today']}, {results['rounds']} rounds "
+        f"({min(pairs)} to {max(pairs)} pairs a case): `{results['command']}`",
         "",
         *checks_markdown(results),
-        PROVENANCE_END,
     ]
-    return "\n".join(lines) + "\n"
+    if against_verl is not None:
+        lines += [
+            "",
+            f"With both checks on (the witness and provenance, every output proven), against "
+            f"{against_verl['commit']}'s own function given the same `data`: torch {against_verl['torch']}, "
+            f"{against_verl['date']}, today {against_verl['today']}: `{against_verl['command']}`",
+            "",
+            *markdown(against_verl),
+        ]
+    return "\n".join([*lines, end]) + "\n"
 
 
-def kept_provenance_section(text: str) -> str:
-    """The provenance-cost section of a page ("" if none)."""
-    start, end = text.find(PROVENANCE_BEGIN), text.find(PROVENANCE_END)
-    return "" if start < 0 or end < start else text[start : end + len(PROVENANCE_END)] + "\n"
+def kept_section(check: str, text: str) -> str:
+    """A check's generated section of a page ("" if none)."""
+    begin, end = _markers(check)
+    start, stop = text.find(begin), text.find(end)
+    return "" if start < 0 or stop < start else text[start : stop + len(end)] + "\n"

@@ -178,7 +178,12 @@ def _worker() -> int:
             fns.clear()
             case = Case(*msg["case"])
             outs, indices, wholes = _inputs(case)
-            fns["impl"] = functools.partial(call, outs, indices, data_of(case))
+            data = data_of(case)
+            if msg.get("checked"):  # the same data to both: rebatch's recorded by a split, which verl's ignores
+                data = (
+                    _witness_data(case) if os.environ.get(IMPL_ENV) == VERL else _provenanced_data(case, outs, indices)
+                )
+            fns["impl"] = functools.partial(call, outs, indices, data)
             fns["witnessed"] = functools.partial(torch_impl.postprocess_batch_func, outs, indices, _witness_data(case))
             fns["unwitnessed"] = functools.partial(
                 torch_impl.postprocess_batch_func, outs, indices, _witness_data(case, witness=False)
@@ -391,9 +396,19 @@ VERL = "verl"
 
 
 def versus(
-    cases: list[Any], commit: str, *, contended: bool, rounds: int = 7, min_time: float = 0.5, log: Any = None
+    cases: list[Any],
+    commit: str,
+    *,
+    contended: bool,
+    rounds: int = 7,
+    min_time: float = 0.5,
+    log: Any = None,
+    checked: bool = False,
 ) -> dict[str, Any]:
-    """``commit``: a commit of this repository, or ``verl`` (verl's own function, in this environment)."""
+    """``commit``: a commit of this repository, or ``verl`` (verl's own function, in this environment).
+    ``checked``: today's drop-in given ``data`` with the batch's ``input_ids``, recorded by a split (the
+    alignment witness and exact provenance both checking every call; `_provenanced_data`), and verl's own
+    function the same ``data`` (`_witness_data`: the settings it reads are read from it as from ours)."""
     from .contention import busy_processes, core_count, cores
 
     base = Worker(ROOT, verl=True) if commit == VERL else Worker(baseline_root(commit))
@@ -403,8 +418,8 @@ def versus(
         fns = {"baseline": (base, "impl"), "today": (today, "impl"), "clone": (today, "clone")}
         start = time.perf_counter()
         for i, case in enumerate(cases):
-            a = base.ask(cmd="setup", case=list(case))
-            b = today.ask(cmd="setup", case=list(case))
+            a = base.ask(cmd="setup", case=list(case), checked=checked and commit == VERL)
+            b = today.ask(cmd="setup", case=list(case), checked=checked)
             for w, reply in ((base, a), (today, b)):
                 if not Path(reply["torch_impl"]).resolve().is_relative_to(w.root.resolve()):
                     raise AssertionError(f"a worker for {w.root} imported {reply['torch_impl']}")
@@ -431,6 +446,7 @@ def versus(
         "commit": commit,
         "today": _describe(),
         "torch": a["torch"] if cases else None,
+        "checked": checked,
         "busy_processes": core_count() if contended else 0,
         "pinned": cores(),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -688,6 +704,11 @@ def main(argv: list[str] | None = None) -> int:
         help="targets (issue 25's cases), acceptance (the standard grid and the targets), or a grid of rebatch.bench.cases",
     )
     parser.add_argument("--contended", action="store_true", help="also time every case with one busy process per core")
+    parser.add_argument(
+        "--checked",
+        action="store_true",
+        help="today's drop-in with the witness and exact provenance checking every call",
+    )
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--docs", help="put the results into this markdown file's side-by-side section")
@@ -724,7 +745,9 @@ def main(argv: list[str] | None = None) -> int:
         cases += [c for c in targets_grid() if c not in cases]
     else:
         cases = grid(args.grid)
-    results = versus(cases, args.commit, contended=args.contended, rounds=args.rounds, log=sys.stderr)
+    results = versus(
+        cases, args.commit, contended=args.contended, rounds=args.rounds, log=sys.stderr, checked=args.checked
+    )
     results["command"] = "python -m rebatch.bench.versus " + " ".join(argv if argv is not None else sys.argv[1:])
     print("\n".join(markdown(results)))
     if args.out:
