@@ -351,7 +351,9 @@ def test_checks_cost_runs_the_provenance_pairs_end_to_end_on_the_small_call() ->
     assert results["check"] == "provenance"
     for figures in (row["check"], row["null"]):
         assert set(figures) == {"without", "with", "ratio", "cost_ms", "pairs"}
-        assert figures["without"] > 0 and figures["with"] > 0 and figures["ratio"] > 0
+        assert figures["without"] > 0
+        assert figures["with"] > 0
+        assert figures["ratio"] > 0
         assert figures["pairs"] >= 1
     assert set(targets(results)) == {"B=8 L=16 M=4 keys=1 float32 2-D"}
     assert "| B=8 L=16 M=4 keys=1 float32 2-D |" in "\n".join(checks_markdown(results))
@@ -365,8 +367,10 @@ def test_checks_cost_figures_are_the_medians_of_each_pairs_ratio_and_difference(
 
     pairs = [(0.001, 0.0011), (0.002, 0.0021), (0.004, 0.0041)]
     got = paired(pairs)
-    assert got["without"] == pytest.approx(2.0) and got["with"] == pytest.approx(2.1)
-    assert got["ratio"] == pytest.approx(1.05) and got["cost_ms"] == pytest.approx(0.1)
+    assert got["without"] == pytest.approx(2.0)
+    assert got["with"] == pytest.approx(2.1)
+    assert got["ratio"] == pytest.approx(1.05)
+    assert got["cost_ms"] == pytest.approx(0.1)
     small, large = TARGETS["provenance"]
     row = {"check": {"without": 0.3, "with": 0.305, "ratio": 1.016, "cost_ms": 0.005, "pairs": 9}}
     row["null"] = row["check"]
@@ -376,7 +380,26 @@ def test_checks_cost_figures_are_the_medians_of_each_pairs_ratio_and_difference(
     }
     assert targets(results) == {small: True, large: False}
     text = "\n".join(checks_markdown(results))
-    assert "within 0.02 ms and 3%: met" in text and "within 0.02 ms and 3%: NOT met" in text
+    assert "within 0.02 ms and 3%: met" in text
+    assert "within 0.02 ms and 3%: NOT met" in text
     witness = {"check": "witness", "rows": [{**row, "name": large, "check": {**row["check"], "ratio": 1.06}}]}
     assert targets(witness) == {large: False}
     assert "within 5%: NOT met" in "\n".join(checks_markdown(witness))
+
+
+def test_versus_checked_gives_today_data_with_both_checks_and_the_same_result() -> None:
+    """``--checked``: today's drop-in given ``data`` with ``input_ids`` recorded by a split (the witness
+    and exact provenance checking the call, every output proven) returns the baseline's bytes (the
+    harness checks the digests before timing) and the run says it was checked."""
+    import torch_impl
+    from rebatch.bench.cases import Case
+    from rebatch.bench.versus import _inputs, _provenanced_data, versus
+
+    case = Case(8, 16, 4, 1, "float32", 2)
+    outs, indices, _ = _inputs(case)
+    before = torch_impl.provenance_stats()["calls_proven"]
+    torch_impl.postprocess_batch_func(outs, indices, _provenanced_data(case, outs, indices))
+    assert torch_impl.provenance_stats()["calls_proven"] == before + 1
+    results = versus([case], "HEAD", contended=False, rounds=1, min_time=0.0, checked=True)
+    assert results["checked"] is True
+    assert results["rows"][0]["quiet"]["today"] > 0

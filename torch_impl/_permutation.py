@@ -100,9 +100,8 @@ def _from_lists(lists: dict[int, Any], num_rows: int, at: Locator) -> torch.Tens
             m, pos = _locate(j, local_sizes)
             raise NotAPermutationError(f"{at(ms[m], pos)}: index {flat[j]!r} is not an integer")
     try:
-        if kinds <= {int} and numpy_bridge():
-            whole = torch.empty(len(flat), dtype=torch.int64, device="cpu")
-            whole.numpy()[:] = flat  # NumPy converts Python ints in a fraction of torch.tensor's time
+        if kinds <= {int} and numpy_bridge():  # NumPy converts Python ints in a fraction of torch.tensor's time
+            whole = torch.from_numpy(np.array(flat, dtype=np.int64))
         else:
             whole = torch.tensor(flat, dtype=torch.int64, device="cpu")
     except (OverflowError, RuntimeError, ValueError):
@@ -163,9 +162,11 @@ def check_permutation(
     return perm
 
 
-def as_bytes(perm: torch.Tensor) -> bytes:
-    """A CPU int64 tensor's bytes (its memory's, or its values' where NumPy cannot share it)."""
-    return (perm.numpy() if numpy_bridge() else np.array(perm.tolist(), dtype=np.int64)).tobytes()
+def as_bytes(perm: torch.Tensor, host: np.ndarray | None = None) -> bytes:
+    """A CPU int64 tensor's bytes (``host``: its NumPy view where read already, as `is_identity` and `invert`
+    take it; where NumPy cannot share its memory, its values')."""
+    no_view = host is None and not numpy_bridge()
+    return (np.array(perm.tolist(), dtype=np.int64) if no_view else perm.numpy() if host is None else host).tobytes()
 
 
 #: Up to this many indices `_valid` sorts them as Python ints (docs/kernels.md, "Host bookkeeping").
@@ -209,25 +210,25 @@ def inverse_permutation(perm: Any) -> torch.Tensor:
     return inv.to(device, non_blocking=inv.is_cpu)
 
 
-def is_identity(perm: torch.Tensor) -> bool:
-    """Whether a checked permutation (CPU int64 ``[B]``) is ``range(B)``: ``perm == list(range(B))``.
-    Most are not, and say so at their first or last index; the rest are compared whole, with NumPy
-    where torch has it."""
+def is_identity(perm: torch.Tensor, host: np.ndarray | None = None) -> bool:
+    """Whether a checked permutation (CPU int64 ``[B]``; ``host``: its NumPy view, where read already) is
+    ``range(B)``: ``perm == list(range(B))``. Most are not, and say so at their first or last index; the
+    rest are compared whole, with NumPy where torch has it."""
     n = perm.numel()
-    if not numpy_bridge():
+    if host is None and not numpy_bridge():
         return bool(torch.equal(perm, torch.arange(n, dtype=perm.dtype, device=perm.device)))
-    p = perm.numpy()
+    p = perm.numpy() if host is None else host
     if n == 0 or p[0] != 0 or p[-1] != n - 1:
         return n == 0
     return bool((p == np.arange(n, dtype=p.dtype)).all())
 
 
-def invert(perm: torch.Tensor) -> torch.Tensor:
-    """The inverse of a checked permutation: on the CPU one NumPy assignment on its memory, elsewhere
-    one ``scatter_`` (not ``inv[perm] = ...``, whose CPU kernel goes parallel from a few thousand rows
-    and leaves torch's OpenMP threads spinning for milliseconds afterwards)."""
-    if perm.is_cpu and numpy_bridge():
-        p = perm.numpy()
+def invert(perm: torch.Tensor, host: np.ndarray | None = None) -> torch.Tensor:
+    """The inverse of a checked permutation (``host``: its NumPy view, where read already): on the CPU one
+    NumPy assignment on its memory, elsewhere one ``scatter_`` (not ``inv[perm] = ...``, whose CPU kernel
+    goes parallel from a few thousand rows and leaves torch's OpenMP threads spinning for milliseconds)."""
+    if host is not None or (perm.is_cpu and numpy_bridge()):
+        p = perm.numpy() if host is None else host
         inv = np.empty_like(p)
         inv[p] = np.arange(p.shape[0], dtype=p.dtype)
         return torch.from_numpy(inv)

@@ -89,15 +89,14 @@ def _checked_plans(
     perm = None
     if dynamic:
         check_partition_count(indices, len(outs))
-        known = provenance.flat_bytes if provenance is not None else None  # the split's vouches for itself
-        perm = check_permutation(indices, sum(len(p) for p in indices), known=known)
+        perm = check_permutation(indices, sum(len(p) for p in indices), known=getattr(provenance, "flat_bytes", None))
     keys = list(outs[0]) if outs else []
     sizes = [len(p) for p in indices] if perm is not None and indices is not None else None
     checked = _check_keys(outs, keys, sizes, pad_mode)
     if not checked:
         return output_lst, []
-    stray = provenance.judge(checked, indices, perm)[1] if provenance is not None else None
     rows = CallRows([p.rows for p in checked[keys[0]]], perm)
+    stray = provenance.judge(checked, indices, perm, rows.given)[1] if provenance is not None else None
     judge = Witness(witness, sum(rows.rows), rows.perm, rows.rows, unbound) if witness is not None else None
     plans = []
     for key, parts in checked.items():

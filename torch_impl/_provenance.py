@@ -80,22 +80,22 @@ class Provenance:
         return [flat[a:b] for a, b in itertools.pairwise(itertools.accumulate(self.sizes, initial=0))]
 
     def judge(
-        self, checked: Mapping[Any, Sequence[Part]], indices: Sequence[Any] | None, perm: torch.Tensor | None
+        self, checked: Mapping[Any, Sequence[Part]], indices: Any, perm: torch.Tensor | None, host: Any = None
     ) -> tuple[bool, RebatchError | None]:
         """``(proven, error)`` of a call (``checked``: each key's checked parts, one an output, padding
-        left out; ``perm``: its checked permutation, None without dynamic batch size): the indices against
+        left out; ``perm``: its checked permutation, None without dynamic batch size, ``host`` its NumPy
+        view where read already: `torch_impl._rows.CallRows.given`): the indices against
         the split's, then each output's nested ints (its jagged keys' `JaggedPart.ragged`; dense keys
         carry none) against its slot; proven where every output holds a recorded nested int of its own
         slot. The error is returned, for the call to raise in the order of checks."""
-        given = (tuple(map(len, indices or ())), as_bytes(perm)) if perm is not None and self.flat is not None else None
-        if given is not None and given != (self.sizes, self.flat_bytes):  # the indices are not the split's
+        split = None if self.flat is None else (self.sizes, self.flat_bytes)  # with dynamic batch size, the split's
+        if split and perm is not None and (tuple(map(len, indices or ())), as_bytes(perm, host)) != split:
             try:
                 check_indices([list(p) for p in indices or ()], self.rows())
             except RebatchError as err:
                 return False, err
         keys = [key for key, p in checked.items() if p and type(p[0]) is JaggedPart]  # dense keys carry none
-        # each jagged key's slot of each output's nested int (None: a ragged size this split did not hand out)
-        slots = [[*map(self.tags.get, map(id, map(_RAGGED, checked[key])))] for key in keys]
+        slots = [[*map(self.tags.get, map(id, map(_RAGGED, checked[key])))] for key in keys]  # None: not the split's
         outputs = len(next(iter(checked.values()), ()))
         proven = outputs if keys and slots.count(self.slots) == len(keys) else 0  # the common case at once
         for m in range(outputs) if not proven else ():
@@ -177,8 +177,6 @@ def _count(proven: int, outputs: int, keys_proven: int, keys_unproven: int) -> N
 
 class _Unrecorded:
     """The record of a drop-in call whose ``data`` no split of rebatch's recorded: unproven, counted."""
-
-    flat_bytes = None  # no split's permutation to vouch for the call's
 
     def judge(self, checked: Mapping[Any, Sequence[Any]], *_: Any) -> tuple[bool, None]:
         outputs = len(next(iter(checked.values()), ()))

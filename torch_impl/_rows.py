@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from ._parts import row_steps
+from ._parts import numpy_bridge, row_steps
 from ._permutation import invert, is_identity
 
 __all__ = ["CallRows"]
@@ -23,7 +23,8 @@ class CallRows:
 
     def __init__(self, rows: Sequence[int], perm: torch.Tensor | None) -> None:
         self.rows = list(rows)
-        self.perm: torch.Tensor | None = None if perm is None or is_identity(perm) else perm
+        self.given = perm.numpy() if perm is not None and numpy_bridge() else None  # its NumPy view, read once
+        self.perm: torch.Tensor | None = None if perm is None or is_identity(perm, self.given) else perm
         self._made: dict[tuple[str, torch.device], torch.Tensor] = {}
         self._inverse: torch.Tensor | None = None
         self._host: tuple[np.ndarray, np.ndarray] | None = None
@@ -32,14 +33,14 @@ class CallRows:
         """``inv[perm[k]] == k`` (CPU int64 ``[B]``): the one inverse of the call."""
         if self._inverse is None:
             assert self.perm is not None, "rebatch internal error: an inverse asked of rows in order"
-            self._inverse = invert(self.perm)
+            self._inverse = invert(self.perm, self.given)
         return self._inverse
 
     def host(self) -> tuple[np.ndarray, np.ndarray]:
         """The permutation and its inverse as NumPy arrays (views, no copy) for the host kernels."""
         if self._host is None:
             assert self.perm is not None, "rebatch internal error: no permutation on the host"
-            self._host = self.perm.numpy(), self.inverse().numpy()
+            self._host = self.perm.numpy() if self.given is None else self.given, self.inverse().numpy()
         return self._host
 
     def _once(self, what: str, device: torch.device, make: Callable[[], torch.Tensor]) -> torch.Tensor:
