@@ -75,17 +75,15 @@ def scatter_values(plan: KeyPlan) -> torch.Tensor:
     out = _output(plan)
     if out.numel() == 0:
         return out
-    assert plan.lengths is not None
-    assert plan.offsets is not None
-    assert plan.restored is not None
+    assert plan.host is not None, "rebatch internal error: a host kernel given a key planned off the host"
     dest = _value_rows(out)
     perm, inv = plan.rows.host()
-    lengths, offsets = plan.lengths.numpy(), plan.offsets.numpy()
+    lengths, restored, offsets = plan.host
     chunk = index_chunk(first)
     if total <= chunk:
         src = _value_rows(first, np.concatenate([_bytes(p.values) for p in parts]) if len(parts) > 1 else None)
         starts = host_offsets(lengths)[:-1]
-        where = (starts[inv] - offsets[:-1]).repeat(plan.restored.numpy())
+        where = (starts[inv] - offsets[:-1]).repeat(restored)
         where += np.arange(total, dtype=np.int64)
         np.take(src, where, out=dest)
         return out
@@ -118,14 +116,13 @@ def copy_rows(plan: KeyPlan) -> torch.Tensor:
     if out.numel() == 0:
         return out
     width = out.element_size() * math.prod(out.shape[1:])
-    assert plan.lengths is not None
-    assert plan.offsets is not None
-    perm, lengths = plan.rows.host()[0], plan.lengths.numpy()
+    assert plan.host is not None, "rebatch internal error: a host kernel given a key planned off the host"
+    perm, (lengths, _, offsets) = plan.rows.host()[0], plan.host
     of_row = np.arange(len(parts)).repeat([p.rows for p in parts])
     # each row's start in its part (concatenation order): its start among all rows less its part's first
     starts = host_offsets(lengths)[:-1]
     starts -= np.array(list(itertools.accumulate((p.values.shape[0] for p in parts[:-1]), initial=0)))[of_row]
-    targets = plan.offsets.numpy()[:-1][perm] * width  # row k of the concatenation goes to output row perm[k]
+    targets = offsets[:-1][perm] * width  # row k of the concatenation goes to output row perm[k]
     part_of_row, src, dst, n = of_row.tolist(), (starts * width).tolist(), targets.tolist(), (lengths * width).tolist()
     whole = [_bytes(p.values) for p in parts]
     get: Any = operator.getitem  # typed Any: NumPy's overloads of ``ndarray[slice]`` defeat ``map``'s inference

@@ -24,7 +24,9 @@ class KeyPlan(NamedTuple):
     """One key planned: ``parts`` (checked), ``rows`` (the call's), a jagged key's ``lengths`` ``[B]``,
     ``restored`` ``[B]`` (original order) and result ``offsets`` ``[B + 1]`` (int64, the parts' device;
     None for a dense key); ``total``: the result's leading size (value rows, or rows of a dense key);
-    ``seqlens``: the result's cached sizes (`torch_impl._jagged.Seqlens`)."""
+    ``seqlens``: the result's cached sizes (`torch_impl._jagged.Seqlens`); ``host``: ``(lengths, restored,
+    offsets)`` as the NumPy arrays they were computed in, where planned on the host (the host kernels and
+    the witness read these, not a second view of the tensors)."""
 
     key: Any
     parts: Sequence[Part]
@@ -34,6 +36,7 @@ class KeyPlan(NamedTuple):
     offsets: torch.Tensor | None
     total: int
     seqlens: Seqlens = None
+    host: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     @property
     def device(self) -> torch.device:
@@ -60,8 +63,8 @@ def plan_key(parts: Sequence[Part], key: Any, rows: CallRows, sources: Sequence[
         host = lengths.numpy()
         restored = host if rows.perm is None else host[rows.host()[1]]
         offsets = host_offsets(restored)
-        sizes = seqlens_of(host)
-        return KeyPlan(key, parts, rows, lengths, torch.from_numpy(restored), torch.from_numpy(offsets), total, sizes)
+        tensors = torch.from_numpy(restored), torch.from_numpy(offsets)
+        return KeyPlan(key, parts, rows, lengths, *tensors, total, seqlens_of(host), (host, restored, offsets))
     restored_t = lengths if rows.perm is None else lengths.index_select(0, rows.inverse_on(device))
     sizes = seqlens_of(lengths) if lengths.is_cpu else cached_seqlens(sources)
     return KeyPlan(key, parts, rows, lengths, restored_t, zero_prefixed_cumsum(restored_t), total, sizes)

@@ -240,8 +240,9 @@ class Witness:
         except RebatchError as err:  # a negative length of a witness read from a device: step 6a, at the verdict
             self._error = err
             return
-        bad = -1 if (got := restored.numpy()).tobytes() == host.tobytes() else int(np.flatnonzero(got != host)[0])
-        self._entries.append((key, restored, bad, None))  # a match costs one memcmp
+        got = restored.numpy() if plan.host is None else plan.host[1]  # the plan's own array, where it has one
+        bad = -1 if got.tobytes() == host.tobytes() else int(np.flatnonzero(got != host)[0])  # a match: one memcmp
+        self._entries.append((key, restored, bad, None))
 
     def verdict(self) -> None:
         """Raise `MisalignmentError` for the first compared key (in order) with a mismatch: every device
