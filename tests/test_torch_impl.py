@@ -72,6 +72,16 @@ def test_postprocess_batch_func_reads_settings_like_verl(data) -> None:
     assert_same(torch_impl.postprocess_batch_func(outs, parts, data), verl_postprocess_batch_func(outs, parts, data))
 
 
+@pytest.mark.parametrize("value", [True, 0, "no_padding", DatasetPadMode.RIGHT, torch.tensor(1), [1, 2], None])
+def test_a_setting_is_read_as_its_non_tensor_datas_data(value) -> None:
+    """A ``NonTensorData`` setting is read as its field is stored (not through tensorclass's slow attribute
+    hook): the very object ``.data`` gives, whatever it holds."""
+    from torch_impl._postprocess import read_setting
+
+    data = _td(k=value)
+    assert read_setting(data, "k", "default") is data.get("k").data
+
+
 def test_postprocess_batch_func_without_dynamic_bsz() -> None:
     outs, _ = _outputs(9, 3)
     data = _td(use_dynamic_bsz=False)

@@ -66,13 +66,11 @@ class Provenance:
         self.tags = {id(size): m for m, size in self.kept}  # id(nested int) -> slot (``kept`` holds them: ids unique)
         self.sizes: tuple[int, ...] = tuple(int(mb.batch_size[0]) if mb.batch_size else 0 for mb in kept)
         self.slots: list[int | None] = list(range(len(kept)))  # each output's own slot
-        self.flat: np.ndarray | None = None
-        if real is not None and indices is not None:
-            parts = [indices[i] for i in real]
-            self.flat = np.fromiter(itertools.chain.from_iterable(parts), dtype=np.int64, count=sum(self.sizes))
-        if self.flat is not None and not np.array_equal(np.sort(self.flat), np.arange(len(self.flat))):
+        parts = [indices[i] for i in real] if real is not None and indices is not None else None
+        flat = None if parts is None else np.fromiter(itertools.chain.from_iterable(parts), np.int64, sum(self.sizes))
+        if flat is not None and not np.array_equal(np.sort(flat), np.arange(len(flat))):
             raise ValueError("the split's indices are not a permutation")  # its calls unrecorded (`record`)
-        self.flat_bytes = None if self.flat is None else self.flat.tobytes()
+        self.flat, self.flat_bytes = flat, None if flat is None else flat.tobytes()
 
     def rows(self) -> list[list[int]]:
         """The split's indices, padding left out (for the error path)."""
