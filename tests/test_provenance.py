@@ -215,6 +215,11 @@ def test_a_split_whose_indices_are_not_a_permutation_is_left_unrecorded() -> Non
     dup[0][0] = dup[1][0]
     _provenance.observe_split((mbs, dup), other)
     assert torch_impl.recorded(other) is _provenance.UNRECORDED
+    for odd in ([[float(i) for i in p] for p in indices], [[2**63 + i for i in p] for p in indices]):
+        _provenance.observe_split((mbs, odd), other)  # never raises into the trainer's split
+        assert torch_impl.recorded(other) is _provenance.UNRECORDED
+    _provenance.observe_split((mbs, indices), other)  # the control: the same split with its own indices
+    assert isinstance(torch_impl.recorded(other), _provenance.Provenance)
 
 
 def test_a_stray_on_any_jagged_key_raises_naming_that_key() -> None:
@@ -233,6 +238,30 @@ def test_a_stray_on_any_jagged_key_raises_naming_that_key() -> None:
     outs[1]["model_output"]["entropy"] = torch.nested.nested_tensor_from_jagged(first.values().float(), first.offsets())
     with pytest.raises(MisalignmentError, match="key 'entropy', micro-batch 1: this output holds micro-batch 0's"):
         torch_impl.postprocess_batch_func(outs, indices, data)
+
+
+def test_outputs_proven_by_one_key_and_unproven_outputs_are_counted() -> None:
+    """An output proven by one jagged key (another built on fresh offsets) is proven; an output carrying
+    no recorded nested int leaves the call partly proven, never an error."""
+    data, mbs, indices = _split()
+    outs = _engine(mbs)
+    for o in outs:  # a second jagged key on fresh offsets of the same lengths: no recorded nested int
+        lp = o["model_output"]["log_probs"]
+        o["model_output"]["entropy"] = torch.nested.nested_tensor_from_jagged(lp.values().clone(), lp.offsets().clone())
+    before = torch_impl.provenance_stats()
+    torch_impl.postprocess_batch_func(outs, indices, data)
+    after = torch_impl.provenance_stats()
+    assert after["calls_proven"] == before["calls_proven"] + 1
+    assert after["keys_proven"] == before["keys_proven"] + 3 * len(outs)
+    fresh = outs[1]["model_output"]["log_probs"]
+    outs[1]["model_output"]["log_probs"] = torch.nested.nested_tensor_from_jagged(
+        fresh.values(), fresh.offsets().clone()
+    )
+    torch_impl.postprocess_batch_func(outs, indices, data)
+    last = torch_impl.provenance_stats()
+    assert last["calls_partly_proven"] == after["calls_partly_proven"] + 1
+    assert last["keys_unproven"] == after["keys_unproven"] + 3
+    assert last["keys_proven"] == after["keys_proven"] + 3 * (len(outs) - 1)
 
 
 def test_restore_dynamic_batch_given_indices_that_are_not_the_latest_splits() -> None:

@@ -82,6 +82,18 @@ def test_a_setting_is_read_as_its_non_tensor_datas_data(value) -> None:
     assert read_setting(data, "k", "default") is data.get("k").data
 
 
+@pytest.mark.parametrize("value", [False, 0, "no_padding"])
+def test_a_setting_of_a_shared_tensordict_is_its_value_not_its_wrapper(value) -> None:
+    """In shared memory a ``NonTensorData`` keeps a multiprocessing wrapper (a ``False`` in one is truthy):
+    the setting is the value ``.data`` unwraps, as verl reads it."""
+    from torch_impl._postprocess import read_setting
+
+    data = _td(k=value).share_memory_()
+    got, want = read_setting(data, "k", "default"), data.get("k").data
+    assert got == want == value  # tensordict 0.10 unwraps a shared False as 0: as verl reads it
+    assert type(got) is type(want)
+
+
 def test_postprocess_batch_func_without_dynamic_bsz() -> None:
     outs, _ = _outputs(9, 3)
     data = _td(use_dynamic_bsz=False)

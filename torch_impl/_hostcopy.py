@@ -75,10 +75,10 @@ def scatter_values(plan: KeyPlan) -> torch.Tensor:
     out = _output(plan)
     if out.numel() == 0:
         return out
-    assert plan.host is not None, "rebatch internal error: a host kernel given a key planned off the host"
+    assert plan.arrays is not None, "rebatch internal error: a host kernel given a key planned off the host"
     dest = _value_rows(out)
     perm, inv = plan.rows.host()
-    lengths, restored, offsets = plan.host
+    lengths, restored, offsets = plan.arrays
     chunk = index_chunk(first)
     if total <= chunk:
         src = _value_rows(first, np.concatenate([_bytes(p.values) for p in parts]) if len(parts) > 1 else None)
@@ -116,8 +116,8 @@ def copy_rows(plan: KeyPlan) -> torch.Tensor:
     if out.numel() == 0:
         return out
     width = out.element_size() * math.prod(out.shape[1:])
-    assert plan.host is not None, "rebatch internal error: a host kernel given a key planned off the host"
-    perm, (lengths, _, offsets) = plan.rows.host()[0], plan.host
+    assert plan.arrays is not None, "rebatch internal error: a host kernel given a key planned off the host"
+    perm, (lengths, _, offsets) = plan.rows.host()[0], plan.arrays
     of_row = np.arange(len(parts)).repeat([p.rows for p in parts])
     # each row's start in its part (concatenation order): its start among all rows less its part's first
     starts = host_offsets(lengths)[:-1]

@@ -24,7 +24,7 @@ class KeyPlan(NamedTuple):
     """One key planned: ``parts`` (checked), ``rows`` (the call's), a jagged key's ``lengths`` ``[B]``,
     ``restored`` ``[B]`` (original order) and result ``offsets`` ``[B + 1]`` (int64, the parts' device;
     None for a dense key); ``total``: the result's leading size (value rows, or rows of a dense key);
-    ``seqlens``: the result's cached sizes (`torch_impl._jagged.Seqlens`); ``host``: ``(lengths, restored,
+    ``seqlens``: the result's cached sizes (`torch_impl._jagged.Seqlens`); ``arrays``: ``(lengths, restored,
     offsets)`` as the NumPy arrays they were computed in, where planned on the host (the host kernels and
     the witness read these, not a second view of the tensors)."""
 
@@ -36,7 +36,7 @@ class KeyPlan(NamedTuple):
     offsets: torch.Tensor | None
     total: int
     seqlens: Seqlens = None
-    host: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     @property
     def device(self) -> torch.device:

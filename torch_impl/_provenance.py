@@ -17,7 +17,7 @@ import itertools
 import threading
 import weakref
 from collections.abc import Mapping, Sequence
-from operator import attrgetter
+from operator import attrgetter, index
 from typing import Any
 
 import numpy as np
@@ -67,7 +67,8 @@ class Provenance:
         self.sizes: tuple[int, ...] = tuple(int(mb.batch_size[0]) if mb.batch_size else 0 for mb in kept)
         self.slots: list[int | None] = list(range(len(kept)))  # each output's own slot
         parts = [indices[i] for i in real] if real is not None and indices is not None else None
-        flat = None if parts is None else np.fromiter(itertools.chain.from_iterable(parts), np.int64, sum(self.sizes))
+        values = None if parts is None else map(index, itertools.chain.from_iterable(parts))  # integers only
+        flat = None if values is None else np.fromiter(values, np.int64, sum(self.sizes))
         if flat is not None and not np.array_equal(np.sort(flat), np.arange(len(flat))):
             raise ValueError("the split's indices are not a permutation")  # its calls unrecorded (`record`)
         self.flat, self.flat_bytes = flat, None if flat is None else flat.tobytes()
@@ -119,7 +120,7 @@ def record(batch: Any, micro_batches: Sequence[Any], indices: Sequence[Any] | No
     weakly, or micro-batches without a batch size, are left unrecorded (their calls stay unproven)."""
     try:
         rec = Provenance(batch, micro_batches, indices)
-    except (TypeError, AttributeError, ValueError, IndexError):  # not weakly held, odd micro-batches, no permutation
+    except (TypeError, AttributeError, ValueError, IndexError, OverflowError):  # not weakly held, odd, no permutation
         return
     with _lock:
         _records[id(batch)] = rec
@@ -177,8 +178,7 @@ class _Unrecorded:
     """The record of a drop-in call whose ``data`` no split of rebatch's recorded: unproven, counted."""
 
     def judge(self, checked: Mapping[Any, Sequence[Any]], *_: Any) -> tuple[bool, None]:
-        outputs = len(next(iter(checked.values()), ()))
-        _count(0, outputs or 1, 0, outputs * len(checked))
+        _count(0, (outputs := len(next(iter(checked.values()), ()))) or 1, 0, outputs * len(checked))
         return False, None
 
 

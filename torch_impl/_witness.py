@@ -240,8 +240,8 @@ class Witness:
         except RebatchError as err:  # a negative length of a witness read from a device: step 6a, at the verdict
             self._error = err
             return
-        got = restored.numpy() if plan.host is None else plan.host[1]  # the plan's own array, where it has one
-        bad = -1 if got.tobytes() == host.tobytes() else int(np.flatnonzero(got != host)[0])  # a match: one memcmp
+        got = restored.numpy() if plan.arrays is None else plan.arrays[1]  # the plan's own array, where it has one
+        bad = -1 if got.tobytes() == host.tobytes() else int(np.flatnonzero(got != host)[0])  # a match: bytes equal
         self._entries.append((key, restored, bad, None))
 
     def verdict(self) -> None:

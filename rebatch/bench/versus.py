@@ -368,8 +368,6 @@ def _medians(
         if {"baseline", "today", "clone"} <= turn.keys():
             paired["speedup"].append(turn["baseline"] / turn["today"])
             paired["vs_clone"].append(turn["today"] / turn["clone"])
-        if {"today", "witnessed"} <= turn.keys():
-            paired.setdefault("witness_cost", []).append(turn["witnessed"] / turn["today"])
         done += 1
     result = {name: statistics.median(t) for name, t in times.items()}
     result.update({f"{name}_first": statistics.median(t) for name, t in firsts.items()})
