@@ -82,6 +82,7 @@ def test_a_setting_is_read_as_its_non_tensor_datas_data(value) -> None:
     assert read_setting(data, "k", "default") is data.get("k").data
 
 
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # multiprocessing's resource tracker, with JAX loaded
 @pytest.mark.parametrize("value", [False, 0, "no_padding"])
 def test_a_setting_of_a_shared_tensordict_is_its_value_not_its_wrapper(value) -> None:
     """In shared memory a ``NonTensorData`` keeps a multiprocessing wrapper (a ``False`` in one is truthy):
