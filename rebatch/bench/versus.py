@@ -139,6 +139,16 @@ def _clones(wholes: list[Any]) -> list[Any]:
     return [w.clone() for w in wholes]
 
 
+def _timed_alone(fn: Callable[[], Any]) -> float:
+    """Seconds of one call of ``fn``, after the C heap's free pages go back to the kernel."""
+    from .memory import release_free_memory
+
+    release_free_memory()
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
 def _worker() -> int:
     """Serve the harness: ``setup`` (a case: inputs built, a warm-up call, the result's digest),
     ``time`` (``n`` calls of ``impl`` or ``clone``, each timed alone after returning the C heap's free
@@ -151,7 +161,6 @@ def _worker() -> int:
 
     from .cases import Case
     from .contention import on_core
-    from .memory import release_free_memory
 
     torch.zeros(2**20).fill_(1)  # torch's thread pool started now, on every core, before any turn pins
     call: Callable[..., Any] = torch_impl.postprocess_batch_func
@@ -208,13 +217,8 @@ def _worker() -> int:
             reply["first"] = min(warm)
         elif msg["cmd"] == "time":
             fn = fns[msg["fn"]]
-            times = []
             with on_core(msg.get("core")):
-                for _ in range(msg["n"]):
-                    release_free_memory()
-                    start = time.perf_counter()
-                    fn()
-                    times.append(time.perf_counter() - start)
+                times = [_timed_alone(fn) for _ in range(msg["n"])]
             reply = {"times": times}
         elif msg["cmd"] == "pair":  # two functions call by call, each pair in a shuffled order
             pair = [fns[name] for name in msg["fns"]]
@@ -223,10 +227,7 @@ def _worker() -> int:
             with on_core(msg.get("core")):
                 for _ in range(msg["n"]):
                     for k in rng.sample((0, 1), 2):
-                        release_free_memory()
-                        start = time.perf_counter()
-                        pair[k]()
-                        paired[k].append(time.perf_counter() - start)
+                        paired[k].append(_timed_alone(pair[k]))
             reply = {"times": paired}
         elif msg["cmd"] == "quit":
             return 0
