@@ -29,7 +29,7 @@ def postprocess_batch(
     pad_mode: str = "no_padding",
     witness: Any = None,
     unbound: Collection[Any] = (),
-    provenance: Provenance | None = None,
+    provenance: Provenance | Sequence[Provenance] | None = None,
 ) -> dict[str, Any]:
     """Put the outputs of micro-batches back together, in original sample order.
 
@@ -50,11 +50,13 @@ def postprocess_batch(
     key's), then every micro-batch's jagged invariants; last, with a ``witness`` (``[B]`` row lengths in
     original order, `ref.structure.witness_binds` deciding which keys it binds, ``unbound`` keys left
     out), every bound key's restored row lengths against it (`MisalignmentError`; ``docs/spec.md``,
-    "The alignment witness"). With the split's ``provenance`` (`ref.provenance.Provenance`), before the
-    witness: the indices must be the split's and every output carrying its own (``output_lst[m]
-    ["provenance"]``, the rows it was computed on) must hold micro-batch ``m``'s rows
-    (`MisalignmentError`); where every output carries one, every key of the call is proven, dense keys
-    included, whatever the lengths (``docs/spec.md``, "Exact provenance"). Jagged results have int64 offsets.
+    "The alignment witness"). With the split's ``provenance`` (`ref.provenance.Provenance`, or every
+    live split of the batch), before the witness: the outputs' provenance (``output_lst[m]["provenance"]``:
+    the rows it was computed on, bare or as a `ref.provenance.Carried` naming its split) decides the split
+    (an output of another split raises), the indices must be that split's and every output carrying its
+    rows must hold micro-batch ``m``'s (`MisalignmentError`); where every output carries one, every key of
+    the call is proven, dense keys included, whatever the lengths (``docs/spec.md``, "Exact provenance").
+    Jagged results have int64 offsets.
 
     >>> lp = [Jagged.from_rows([[1.0], [2.0, 3.0]]), Jagged.from_rows([[4.0, 5.0, 6.0]])]
     >>> indices = [[2, 0], [1]]

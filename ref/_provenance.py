@@ -8,7 +8,7 @@ Python; traced ones (inside `ref.checked`) by ``checkify`` in the compiled progr
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import jax.numpy as jnp
@@ -16,7 +16,17 @@ import numpy as np
 
 from ._checked import _check, _first, _shown
 from ._jagged import is_concrete
-from .provenance import PROVENANCE, Provenance, check_indices, real_rows, stray_indices, stray_output
+from .provenance import (
+    PROVENANCE,
+    Carried,
+    Provenance,
+    check_indices,
+    mixed_splits,
+    real_rows,
+    stray_indices,
+    stray_output,
+)
+from .structure import PADDING
 
 __all__ = ["check_provenance", "split_with_provenance"]
 
@@ -56,12 +66,20 @@ def _same(a: Any, b: Any) -> Any:
 
 
 def check_provenance(
-    output_lst: Sequence[Mapping[str, Any]], indices: Sequence[Sequence[int]] | None, provenance: Provenance, key: Any
+    output_lst: Sequence[Mapping[str, Any]],
+    indices: Sequence[Sequence[int]] | None,
+    provenance: Provenance | Sequence[Provenance],
+    key: Any,
 ) -> bool:
-    """Step 6p: the indices are the split's (with dynamic batch size), then every output carrying its
-    provenance holds its own micro-batch's rows; returns whether every output carried one (then every
-    key of the call is proven, dense keys included). ``output_lst`` and ``indices`` without padding
-    micro-batches; ``key``: the first model-output key, named by an output's error.
+    """Step 6p: the split the outputs answer to, then the indices against that split's (with dynamic
+    batch size), then every output carrying its provenance against its slot; returns whether every
+    output carried one (then every key of the call is proven, dense keys included). ``provenance``: the
+    split's `Provenance`, or every live split of the batch; ``output_lst`` and ``indices`` without
+    padding micro-batches; ``key``: the first model-output key, named by an output's error.
+
+    The split is the one whose rows the first output carrying any holds; an output carrying another
+    given split's rows raises (two splits mixed); an output carrying none, or a split not given, is
+    unproven; no output carrying any: nothing is checked (``docs/spec.md``, "Exact provenance").
 
     >>> prov = Provenance(((2, 0), (1,)))
     >>> check_provenance([{"provenance": [2, 0]}, {"provenance": [1]}], [[2, 0], [1]], prov, "lp")
@@ -70,24 +88,66 @@ def check_provenance(
     Traceback (most recent call last):
     ...
     ref.errors.MisalignmentError: key 'lp', micro-batch 0: this output holds micro-batch 1's rows, ...
+    >>> check_provenance([{}, {}], [[1], [0, 2]], prov, "lp")  # nothing carried: unproven, never an error
+    False
+    >>> a, b = Provenance(((0,), (1,)), "a"), Provenance(((1,), (0,)), "b")  # one batch split twice
+    >>> outs = [{"provenance": Carried("a", [0])}, {"provenance": Carried("b", [0])}]
+    >>> check_provenance(outs, [[0], [1]], (a, b), "lp")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ref.errors.MisalignmentError: key 'lp', micro-batch 1: this output holds rows of split 'b', ...
     """
-    rows = real_rows(provenance)
+    splits = _by_name(provenance)
+    tags = [_carried(o, splits) for o in output_lst]
+    first = next((m for m, tag in enumerate(tags) if tag is not None), None)
+    if first is None:
+        return False
+    split = tags[first][0]  # type: ignore[index]
+    for m, tag in enumerate(tags):
+        if tag is not None and tag[0] is not split:
+            raise mixed_splits(key, m, tag[0].name, first, split.name)
+    rows = real_rows(split)
     if indices is not None:
         _check_indices(indices, rows)
-    carried = 0
-    for m, o in enumerate(output_lst):
-        if PROVENANCE not in o:
+    for m, tag in enumerate(tags):
+        if tag is None:
             continue
-        carried += 1
-        mine = o[PROVENANCE]
+        mine = tag[1]
+        if mine is PADDING:
+            raise stray_output(key, m, PADDING)
         same = _same(mine, rows[m]) if m < len(rows) else False
         if same is True:
             continue
         if same is False:
-            holder = next((q for q, r in enumerate(rows) if q != m and _same(mine, r) is True), None)
-            raise stray_output(key, m, holder)
+            raise stray_output(key, m, _holder(mine, rows, m))
         _check_slot(same, mine, rows, key, m)
-    return carried == len(output_lst) and len(output_lst) > 0
+    return all(tag is not None for tag in tags) and len(tags) > 0
+
+
+def _by_name(provenance: Provenance | Sequence[Provenance]) -> dict[Hashable, Provenance]:
+    """The splits given, by name (the first of a name kept), in the order given."""
+    given = (provenance,) if isinstance(provenance, Provenance) else tuple(provenance)
+    splits: dict[Hashable, Provenance] = {}
+    for split in given:
+        splits.setdefault(split.name, split)
+    return splits
+
+
+def _carried(output: Mapping[str, Any], splits: Mapping[Hashable, Provenance]) -> tuple[Provenance, Any] | None:
+    """``(split, rows)`` an output carries (bare rows: the first split's), or None where it carries none
+    of a split given."""
+    if PROVENANCE not in output or not splits:
+        return None
+    carried = output[PROVENANCE]
+    if isinstance(carried, Carried):
+        split = splits.get(carried.split)
+        return None if split is None else (split, carried.rows)
+    return next(iter(splits.values())), carried
+
+
+def _holder(mine: Any, rows: Sequence[Any], m: int) -> int | None:
+    """The micro-batch other than ``m`` whose rows ``mine`` are (concrete), or None."""
+    return next((q for q, r in enumerate(rows) if q != m and _same(mine, r) is True), None)
 
 
 def _check_slot(same: Any, mine: Any, rows: Sequence[Any], key: Any, m: int) -> None:
@@ -98,7 +158,7 @@ def _check_slot(same: Any, mine: Any, rows: Sequence[Any], key: Any, m: int) -> 
     for q in reversed(range(len(rows))):
         if q != m:
             holder = jnp.where(jnp.asarray(flags[q]), q, holder)
-    text = _escaped(str(stray_output(key, m, "\x00h\x00"))).replace("\x00h\x00", "{h}")  # type: ignore[arg-type]
+    text = _escaped(str(stray_output(key, m, "\x00h\x00"))).replace("\x00h\x00", "{h}")
     _check(jnp.asarray(same), "MisalignmentError: " + text, h=_shown(holder))
 
 
@@ -127,3 +187,19 @@ def _check_indices(indices: Sequence[Sequence[int]], rows: Sequence[Any]) -> Non
             text.replace("position 0", "position {j}").replace("\x00got\x00", "{got}").replace("\x00want\x00", "{want}")
         )
         _check(~jnp.any(bad), "MisalignmentError: " + text, j=_shown(j), got=_shown(a[j]), want=_shown(b[j]))
+
+
+def _register_pytrees() -> None:
+    """`Provenance` and `Carried` as pytrees whose names are static (aux data): a split's name is a
+    Python value that decides which split a restore answers to at trace time; the rows are leaves."""
+    from jax import tree_util
+
+    tree_util.register_pytree_node(
+        Provenance, lambda p: ((p.rows,), p.name), lambda name, children: Provenance(children[0], name)
+    )
+    tree_util.register_pytree_node(
+        Carried, lambda c: ((c.rows,), c.split), lambda split, children: Carried(split, children[0])
+    )
+
+
+_register_pytrees()

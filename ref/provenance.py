@@ -10,13 +10,22 @@ words of its errors (`stray_output`, `stray_indices`), so that ``ref`` and ``tor
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any, NamedTuple
 
 from .errors import MisalignmentError, where
 from .structure import PADDING
 
-__all__ = ["PROVENANCE", "Provenance", "check_indices", "provenance_of", "stray_indices", "stray_output"]
+__all__ = [
+    "PROVENANCE",
+    "Carried",
+    "Provenance",
+    "check_indices",
+    "mixed_splits",
+    "provenance_of",
+    "stray_indices",
+    "stray_output",
+]
 
 #: The key of an output dict that carries its micro-batch's provenance in ``ref`` (``output_lst[m]``:
 #: ``{"model_output": ..., "provenance": rows}``, ``rows`` the original rows it was computed on).
@@ -29,19 +38,30 @@ _OFF = "switch the check off: provenance=None, torch_impl.set_witness(False) or 
 
 class Provenance(NamedTuple):
     """A split's provenance: ``rows[m]``, the original rows of micro-batch ``m`` in the order it holds
-    them (a 1-D integer array or sequence; `PADDING` for a padding micro-batch). A NamedTuple, so a JAX
-    pytree: a value ``jax.jit`` takes and returns."""
+    them (a 1-D integer array or sequence; `PADDING` for a padding micro-batch), and ``name``, the split's
+    name (a static hashable, distinct among the splits of one batch given together; ``torch_impl`` numbers
+    its records). A NamedTuple, so a JAX pytree: a value ``jax.jit`` takes and returns."""
 
     rows: tuple[Any, ...]
+    name: Hashable = 0
 
 
-def provenance_of(partitions: Sequence[Any]) -> Provenance:
+class Carried(NamedTuple):
+    """What an output carries (``output_lst[m]["provenance"]``): the name of the split that made its
+    micro-batch and the rows it was computed on (`PADDING` for a padding micro-batch's). Bare rows, not
+    a `Carried`, are carried from the first split given."""
+
+    split: Hashable
+    rows: Any
+
+
+def provenance_of(partitions: Sequence[Any], name: Hashable = 0) -> Provenance:
     """The provenance of a split by ``partitions`` (each micro-batch's rows, as the split took them).
 
     >>> provenance_of([[2, 0], [1]]).rows
     ((2, 0), (1,))
     """
-    return Provenance(tuple(p if p is PADDING else tuple(int(i) for i in p) for p in partitions))
+    return Provenance(tuple(p if p is PADDING else tuple(int(i) for i in p) for p in partitions), name)
 
 
 def real_rows(provenance: Provenance) -> list[Any]:
@@ -49,13 +69,34 @@ def real_rows(provenance: Provenance) -> list[Any]:
     return [r for r in provenance.rows if r is not PADDING]
 
 
-def stray_output(key: Any, slot: int, holder: int | None) -> MisalignmentError:
-    """Output ``slot``'s rows are not its micro-batch's: they are micro-batch ``holder``'s (None: no
-    micro-batch of this split holds them). ``key``: the first key of that output."""
-    whose = f"micro-batch {holder}'s rows" if holder is not None else "rows no micro-batch of this split holds"
+def _whose(holder: Any) -> str:
+    """Whose rows an output holds, in an error's words: micro-batch ``holder``'s, a padding micro-batch's
+    (`PADDING`) or none of the split's (None)."""
+    if holder is None:
+        return "rows no micro-batch of this split holds"
+    if holder is PADDING:
+        return "a padding micro-batch's rows"
+    return f"micro-batch {holder}'s rows"
+
+
+def stray_output(key: Any, slot: int, holder: Any) -> MisalignmentError:
+    """Output ``slot``'s rows are not its micro-batch's: they are micro-batch ``holder``'s (`PADDING`: a
+    padding micro-batch's; None: no micro-batch of this split holds them). ``key``: the key that says so
+    (``ref``: the first key of that output; ``torch_impl``: the jagged key whose nested int does)."""
+    whose = _whose(holder)
     return MisalignmentError(
         f"{where(key, slot)}this output holds {whose}, by the split's provenance, not micro-batch {slot}'s "
         f"(outputs in the wrong order, or computed on another micro-batch; {_OFF})"
+    )
+
+
+def mixed_splits(key: Any, slot: int, split: Hashable, first: int, first_split: Hashable) -> MisalignmentError:
+    """Output ``slot`` holds rows of split ``split``, while output ``first`` (the first output carrying
+    a split's rows) holds split ``first_split``'s: outputs of two splits restored as one batch."""
+    return MisalignmentError(
+        f"{where(key, slot)}this output holds rows of split {split!r}, by the splits' provenance, while "
+        f"micro-batch {first}'s holds rows of split {first_split!r} (outputs of two splits of the batch "
+        f"restored together; {_OFF})"
     )
 
 

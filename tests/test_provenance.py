@@ -101,7 +101,7 @@ def test_outputs_built_on_a_moved_micro_batch_are_proven(move: Any) -> None:
     rec = torch_impl.recorded(data)
     assert isinstance(rec, _provenance.Provenance)
     for m, mb in enumerate(moved):
-        assert rec.tags[id(_provenance._ragged(mb["input_ids"]))] == m  # the nested int survives the move
+        assert rec.tags[id(_provenance._ragged(mb["input_ids"]))][1] == m  # the nested int survives the move
     outs = _engine(mbs, move)
     before = torch_impl.provenance_stats()["calls_proven"]
     torch_impl.postprocess_batch_func(outs, indices, data)
@@ -299,11 +299,11 @@ def test_the_record_keeps_no_batch_alive() -> None:
     data, mbs, _indices = _split()
     alive = weakref.ref(data)
     key = id(data)
-    assert key in _provenance._records
+    assert key in _provenance._batches
     del data, mbs
     gc.collect()
     assert alive() is None
-    assert key not in _provenance._records
+    assert key not in _provenance._batches
 
 
 def test_several_threads_each_proven_with_their_own_split() -> None:

@@ -89,7 +89,7 @@ def _checked_plans(
     perm = None
     if dynamic:
         check_partition_count(indices, len(outs))
-        known = provenance.flat_bytes if isinstance(provenance, Provenance) else None  # the split's vouches for itself
+        known = provenance.known if isinstance(provenance, Provenance) else ()  # a live split's vouch for themselves
         perm = check_permutation(indices, sum(map(len, indices)), known=known)
     keys = list(outs[0]) if outs else []
     sizes = [len(p) for p in indices] if perm is not None and indices is not None else None
@@ -97,7 +97,7 @@ def _checked_plans(
     if not checked:
         return output_lst, []
     rows = CallRows([p.rows for p in checked[keys[0]]], perm)
-    stray = provenance.judge(checked, indices, perm, rows.given)[1] if provenance is not None else None
+    stray = provenance.judge(checked, sizes, perm, rows.given)[1] if provenance is not None else None
     judge = Witness(witness, sum(rows.rows), rows.perm, rows.rows, unbound) if witness is not None else None
     plans = []
     for key, parts in checked.items():

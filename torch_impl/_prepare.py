@@ -25,7 +25,7 @@ from ._agree import agree
 from ._ops import restore, split, take
 from ._parts import JaggedPart, unpack
 from ._postprocess import read_setting
-from ._provenance import check_latest, record
+from ._provenance import check_restore, record
 
 __all__ = [
     "DistSync",
@@ -246,10 +246,10 @@ def restore_dynamic_batch(data: torch.Tensor, batch_idx_list: Sequence[Sequence[
     """verl's ``restore_dynamic_batch``: rows of ``data`` (micro-batch order) back in original order.
 
     `torch_impl.restore`, validated: ``batch_idx_list`` must flatten to a permutation of ``range(B)``
-    (`NotAPermutationError`, where verl would silently misalign a duplicate or wrap a negative index),
-    and be this thread's latest split's where that split's batch is alive and its micro-batches have the
-    same sizes (`MisalignmentError`; ``docs/spec.md``, "Exact provenance").
+    (`NotAPermutationError`, where verl would silently misalign a duplicate or wrap a negative index);
+    proven where they are a live split's indices, `MisalignmentError` where they are the inverse of one
+    (``docs/spec.md``, "Exact provenance"), else unproven.
     """
     if isinstance(data, torch.Tensor) and isinstance(batch_idx_list, list | tuple):
-        check_latest(batch_idx_list, int(data.shape[0]) if data.dim() else 0)
+        check_restore(batch_idx_list, int(data.shape[0]) if data.dim() else 0)
     return restore(data, batch_idx_list)

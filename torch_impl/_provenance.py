@@ -1,130 +1,261 @@
-"""Exact provenance in torch: what rebatch's split handed out for each batch, checked by the restore.
+"""Exact provenance in torch: what rebatch's splits handed out for each batch, checked by the restore.
 
-``docs/spec.md``, "Exact provenance" (the rule and the error's words are `ref.provenance`'s). The split
-(`torch_impl._prepare`, or a trainer's own split observed in shadow mode) `record`\\ s, for the batch it
-split (keyed by identity, held weakly: the record goes with the batch), each micro-batch's ragged sizes
-(the nested ints of its jagged fields, which torch keeps through device and dtype moves, ``detach``,
-``clone`` and ``nested_tensor_from_jagged(v, moved.offsets())``) and the indices it returned. The restore
-finds the record from its ``data`` (`recorded`) and `Provenance.judge`\\ s the call before any data moves:
-the indices must be the split's, and an output whose jagged keys carry micro-batch ``q``'s nested int must
-sit in slot ``q``. Host-side facts only: no device read. Unproven (never an error) where no output carries
-a recorded nested int. `provenance_stats` counts it.
+``docs/spec.md``, "Exact provenance" (the rule and the error's words are `ref.provenance`'s). Each split
+(`torch_impl._prepare`, or a trainer's own split observed in shadow mode) `record`\\ s a `Split`: its
+name (a number of this process), each micro-batch's ragged sizes (the nested ints of its jagged fields,
+which torch keeps through device and dtype moves, ``detach``, ``clone`` and
+``nested_tensor_from_jagged(v, moved.offsets())``; a padding micro-batch's too) and the indices it
+returned. A batch keeps its last `MAX_SPLITS` splits (keyed by identity, held weakly: the records go with
+the batch) in one read-only `Provenance`, replaced whole on each record, so a restore reads it without a
+lock. The restore finds it from its ``data`` (`recorded`) and `Provenance.judge`\\ s the call before any
+data moves: the outputs' nested ints decide which split the call answers to, the indices must be that
+split's, and an output whose jagged keys carry micro-batch ``q``'s nested int must sit in slot ``q``.
+Host-side facts only: no device read. Unproven (never an error) where no output carries a recorded
+nested int. `provenance_stats` counts it.
 """
 
 from __future__ import annotations
 
 import itertools
-import threading
 import weakref
 from collections.abc import Mapping, Sequence
-from operator import attrgetter, index
-from typing import Any
+from operator import index
+from typing import Any, cast
 
 import numpy as np
 import torch
 
 from rebatch_startup import ForkSafeLock
 from ref.errors import RebatchError
-from ref.provenance import check_indices, stray_indices, stray_output
+from ref.provenance import check_indices, mixed_splits, stray_output
 from ref.structure import PADDING
 
 from ._parts import JaggedPart, NestedTensor, Part
-from ._permutation import as_bytes, check_permutation
+from ._permutation import as_bytes
 from ._tally import Tally
 from ._witness import witness_config
 
-__all__ = ["UNRECORDED", "Provenance", "check_latest", "observe_split", "provenance_stats", "record", "recorded"]
+__all__ = [
+    "MAX_BATCHES",
+    "MAX_SPLITS",
+    "UNRECORDED",
+    "Provenance",
+    "Split",
+    "check_restore",
+    "observe_split",
+    "provenance_stats",
+    "record",
+    "recorded",
+]
+
+#: The splits kept for one batch, newest last: an older split's restore is unproven, never an error.
+MAX_SPLITS = 8
+#: The batches whose splits are kept at once (the batch recorded longest ago goes first): a bound on
+#: memory where a trainer keeps its batches alive.
+MAX_BATCHES = 64
 
 _lock = ForkSafeLock()  # a forked child finds it free (`rebatch_startup.renew_at_fork`)
-_records: dict[int, Provenance] = {}  # id(batch) -> its latest split's record (dropped with the batch)
-_here = threading.local()  # ``latest``: this thread's latest split (`check_latest`)
-_RAGGED = attrgetter("ragged")  # a `JaggedPart`'s nested int
+_batches: dict[int, Provenance] = {}  # id(batch) -> its live splits (dropped with the batch)
+_names = itertools.count()  # each split's name, in this process
 #: The counters (zeroed in a forked child: `torch_impl._tally.Tally`).
 _STATS = Tally(("calls_proven", "calls_partly_proven", "calls_unproven", "keys_proven", "keys_unproven"))
+
+#: A tag: what a recorded nested int says of the output that carries it, ``(split's name, slot)``
+#: (the slot among the split's real micro-batches, or `PADDING`).
+Tag = tuple[int, Any]
 
 
 def _ragged(x: Any) -> Any:
     """A jagged nested tensor's ragged size, the nested int (a host object torch keeps through moves),
     else None."""
-    return x._size[1] if isinstance(x, NestedTensor) and x._ragged_idx == 1 else None
+    if isinstance(x, NestedTensor) and x._ragged_idx == 1:
+        return x._size[1]
+    return None
 
 
-class Provenance:
-    """One split's record: ``tags`` (each micro-batch's nested ints -> its slot, padding left out),
-    ``sizes`` (each real micro-batch's rows) and ``flat`` (its indices flattened, None for fixed-size
-    chunks: the outputs in order are the batch). Read-only once made; shared by threads."""
+class Split:
+    """One split's record: ``name``; ``slots`` (each micro-batch's slot among the real ones, or
+    `PADDING`); ``sizes`` (each real micro-batch's rows); ``flat`` (its indices
+    flattened, padding left out; None for fixed-size chunks in order: the outputs in order are the
+    batch) and ``flat_bytes``; ``kept``, each micro-batch's nested ints with their tags (held, so their
+    ids stay theirs while the record lives); ``expected``, each real slot's own tag. Read-only once
+    made; shared by threads. Raises ValueError for indices that are not a permutation (left unrecorded)."""
 
-    __slots__ = ("__weakref__", "batch", "flat", "flat_bytes", "kept", "sizes", "slots", "tags")
+    __slots__ = ("expected", "flat", "flat_bytes", "kept", "name", "sizes", "slots")
 
-    def __init__(self, batch: Any, micro_batches: Sequence[Any], indices: Sequence[Any] | None) -> None:
-        key = id(batch)
-        self.batch = weakref.ref(batch, lambda ref: _forget(key, ref))
-        real = [i for i, p in enumerate(indices) if p is not PADDING] if indices is not None else None
-        kept = [micro_batches[i] for i in real] if real is not None else list(micro_batches)
-        fields = ((m, v) for m, mb in enumerate(kept) for v in (mb.values() if hasattr(mb, "values") else ()))
-        self.kept = [(m, size) for m, v in fields if (size := _ragged(v)) is not None]  # each micro-batch's nested ints
-        self.tags = {id(size): m for m, size in self.kept}  # id(nested int) -> slot (``kept`` holds them: ids unique)
-        self.sizes: tuple[int, ...] = tuple(int(mb.batch_size[0]) if mb.batch_size else 0 for mb in kept)
-        self.slots: list[int | None] = list(range(len(kept)))  # each output's own slot
-        parts = [indices[i] for i in real] if real is not None and indices is not None else None
-        values = None if parts is None else map(index, itertools.chain.from_iterable(parts))  # integers only
-        flat = None if values is None else np.fromiter(values, np.int64, sum(self.sizes))
-        if flat is not None and not np.array_equal(np.sort(flat), np.arange(len(flat))):
-            raise ValueError("the split's indices are not a permutation")  # its calls unrecorded (`record`)
-        self.flat, self.flat_bytes = flat, None if flat is None else flat.tobytes()
+    def __init__(self, name: int, micro_batches: Sequence[Any], indices: Sequence[Any] | None) -> None:
+        self.name = name
+        self.kept: list[tuple[Any, Tag]] = []
+        self.slots: list[Any] = []  # each micro-batch's slot, in the split's order (`PADDING` for padding)
+        sizes: list[int] = []
+        for i, micro_batch in enumerate(micro_batches):
+            padding = indices is not None and indices[i] is PADDING
+            slot = PADDING if padding else len(sizes)
+            self.slots.append(slot)
+            if not padding:
+                sizes.append(int(micro_batch.batch_size[0]) if micro_batch.batch_size else 0)
+            fields = micro_batch.values() if hasattr(micro_batch, "values") else ()
+            for value in fields:
+                size = _ragged(value)
+                if size is not None:
+                    self.kept.append((size, (name, slot)))
+        self.sizes: tuple[int, ...] = tuple(sizes)
+        self.expected: list[Tag] = [(name, m) for m in range(len(sizes))]
+        self.flat = None if indices is None else _flat(indices, sum(sizes))
+        self.flat_bytes = None if self.flat is None else self.flat.tobytes()
 
     def rows(self) -> list[list[int]]:
         """The split's indices, padding left out (for the error path)."""
         flat = self.flat.tolist() if self.flat is not None else []
-        return [flat[a:b] for a, b in itertools.pairwise(itertools.accumulate(self.sizes, initial=0))]
+        return _cut(flat, self.sizes)
+
+
+def _flat(indices: Sequence[Any], count: int) -> np.ndarray:
+    """A split's indices flattened, padding left out, checked to be a permutation of ``range(count)``
+    (ValueError otherwise: the split vouches for nothing)."""
+    real = (p for p in indices if p is not PADDING)
+    values = map(index, itertools.chain.from_iterable(real))  # integers only
+    flat = np.fromiter(values, np.int64, count)
+    if not np.array_equal(np.sort(flat), np.arange(count)):
+        raise ValueError("the split's indices are not a permutation")
+    return flat
+
+
+def _cut(flat: Sequence[int], sizes: Sequence[int]) -> list[list[int]]:
+    """``flat`` cut into consecutive pieces of ``sizes``."""
+    bounds = itertools.pairwise(itertools.accumulate(sizes, initial=0))
+    return [list(flat[a:b]) for a, b in bounds]
+
+
+class Provenance:
+    """The live splits of one batch (``splits``, oldest first, at most `MAX_SPLITS`), as the restore
+    reads them: ``tags`` (each recorded nested int's id -> its tag; a newer split's wins), ``by_name``
+    and ``known`` (the dynamic splits' flattened indices, each a permutation: `check_permutation`'s
+    ``known``). Read-only: a new split makes a new one."""
+
+    __slots__ = ("batch", "by_name", "known", "splits", "tags")
+
+    def __init__(self, batch: weakref.ref[Any], splits: Sequence[Split]) -> None:
+        self.batch = batch
+        self.splits = tuple(splits)
+        self.by_name = {split.name: split for split in self.splits}
+        self.tags = {id(size): tag for split in self.splits for size, tag in split.kept}
+        self.known = tuple(split.flat_bytes for split in reversed(self.splits) if split.flat_bytes is not None)
 
     def judge(
-        self, checked: Mapping[Any, Sequence[Part]], indices: Any, perm: torch.Tensor | None, host: Any = None
+        self,
+        checked: Mapping[Any, Sequence[Part]],
+        sizes: Sequence[int] | None,
+        perm: torch.Tensor | None,
+        host: Any = None,
     ) -> tuple[bool, RebatchError | None]:
-        """``(proven, error)`` of a call (``checked``: each key's checked parts, one an output, padding
-        left out; ``perm``: its checked permutation, None without dynamic batch size, ``host`` its NumPy
-        view where read already: `torch_impl._rows.CallRows.given`): the indices against
-        the split's, then each output's nested ints (its jagged keys' `JaggedPart.ragged`; dense keys
-        carry none) against its slot; proven where every output holds a recorded nested int of its own
-        slot. The error is returned, for the call to raise in the order of checks."""
-        split = None if self.flat is None else (self.sizes, self.flat_bytes)  # with dynamic batch size, the split's
-        if split and perm is not None and (tuple(map(len, indices or ())), as_bytes(perm, host)) != split:
-            try:
-                check_indices([list(p) for p in indices or ()], self.rows())
-            except RebatchError as err:
-                return False, err
-        keys = [key for key, p in checked.items() if p and type(p[0]) is JaggedPart]  # dense keys carry none
-        slots = [[*map(self.tags.get, map(id, map(_RAGGED, checked[key])))] for key in keys]  # None: not the split's
+        """``(proven, error)`` of a call. ``checked``: each key's checked parts, one an output, padding
+        left out; ``sizes``: each micro-batch's rows and ``perm`` its checked permutation (both None
+        without dynamic batch size; ``host``, its NumPy view where read already: `CallRows.given`).
+
+        The outputs' tags (their jagged keys' `JaggedPart.ragged`; dense keys carry none), outputs in
+        order then keys in order, decide the split: the first tag's. Then, the first defect returned:
+        a tag of another split (two splits mixed), the indices not that split's, a tag of another slot.
+        Proven where every output carries a tag of its own slot. The error is returned, for the call to
+        raise in the order of checks."""
+        keys = [key for key, parts in checked.items() if parts and type(parts[0]) is JaggedPart]
+        jagged = [cast("Sequence[JaggedPart]", checked[key]) for key in keys]  # a key's parts are of one kind
+        found = [[self.tags.get(id(part.ragged)) for part in parts] for parts in jagged]
         outputs = len(next(iter(checked.values()), ()))
-        proven = outputs if keys and slots.count(self.slots) == len(keys) else 0  # the common case at once
-        for m in range(outputs) if not proven else ():
-            for key, s in zip(keys, slots, strict=True):
-                if s[m] is not None and s[m] != m:
-                    return False, stray_output(key, m, s[m])
-            proven += any(s[m] == m for s in slots)
-        _count(proven, outputs, proven * len(checked), (outputs - proven) * len(checked))
+        first = _first_tag(found, outputs)
+        if first is None:
+            _count(0, outputs, 0, outputs * len(checked))
+            return False, None
+        split = self.by_name[first[1][0]]
+        if all(tags == split.expected for tags in found):  # the common case at once
+            error = _stray_indices(split, sizes, perm, host)
+            if error is None:
+                _count(outputs, outputs, outputs * len(checked), 0)
+            return error is None, error
+        mixed = _mixed(keys, found, outputs, first)
+        if mixed is not None:
+            return False, mixed
+        error = _stray_indices(split, sizes, perm, host)
+        if error is not None:
+            return False, error
+        proven = 0
+        for m in range(outputs):
+            for key, tags in zip(keys, found, strict=True):
+                tag = tags[m]
+                if tag is not None and tag[1] != m:
+                    return False, stray_output(key, m, tag[1])
+            proven += any(tags[m] is not None for tags in found)
+        unproven = outputs - proven
+        _count(proven, outputs, proven * len(checked), unproven * len(checked))
         return bool(outputs) and proven == outputs, None
 
 
+def _first_tag(found: Sequence[Sequence[Tag | None]], outputs: int) -> tuple[int, Tag] | None:
+    """``(output, tag)`` of the first tag, outputs in order then keys in order; None where none."""
+    for m in range(outputs):
+        for tags in found:
+            tag = tags[m]
+            if tag is not None:
+                return m, tag
+    return None
+
+
+def _mixed(keys: Sequence[Any], found: Sequence[Sequence[Tag | None]], outputs: int, first: tuple[int, Tag]) -> Any:
+    """The error of the first tag (outputs in order, then keys) of a split other than the first tag's."""
+    first_output, (name, _slot) = first
+    for m in range(outputs):
+        for key, tags in zip(keys, found, strict=True):
+            tag = tags[m]
+            if tag is not None and tag[0] != name:
+                return mixed_splits(key, m, tag[0], first_output, name)
+    return None
+
+
+def _stray_indices(split: Split, sizes: Sequence[int] | None, perm: torch.Tensor | None, host: Any) -> Any:
+    """The error where the call's indices (with dynamic batch size) are not ``split``'s, else None (also
+    for a split of fixed-size chunks, or a call without dynamic batch size: no indices to compare)."""
+    if split.flat is None or perm is None or sizes is None:
+        return None
+    if tuple(sizes) == split.sizes and as_bytes(perm, host) == split.flat_bytes:
+        return None
+    given = host if host is not None else perm.tolist()
+    try:
+        check_indices(_cut([int(i) for i in given], sizes), split.rows())
+    except RebatchError as err:
+        return err
+    return None
+
+
 def _forget(key: int, ref: weakref.ref[Any]) -> None:
-    """The batch ``ref`` died: its record goes (unless a newer batch of the same id has one already)."""
+    """The batch ``ref`` died: its splits go (unless a newer batch of the same id has some already)."""
     with _lock:
-        rec = _records.get(key)
-        if rec is not None and rec.batch is ref:
-            del _records[key]
+        kept = _batches.get(key)
+        if kept is not None and kept.batch is ref:
+            del _batches[key]
 
 
 def record(batch: Any, micro_batches: Sequence[Any], indices: Sequence[Any] | None) -> None:
     """What a split of ``batch`` handed out: its ``micro_batches`` and ``indices`` (None: fixed-size
-    chunks in order), the latest split of ``batch`` and of this thread. A batch that cannot be held
-    weakly, or micro-batches without a batch size, are left unrecorded (their calls stay unproven)."""
+    chunks in order), kept beside the batch's other live splits (the oldest beyond `MAX_SPLITS` goes).
+    A batch that cannot be held weakly, micro-batches without a batch size, or indices that are not a
+    permutation are left unrecorded (their calls stay unproven). Never raises."""
     try:
-        rec = Provenance(batch, micro_batches, indices)
-    except (TypeError, AttributeError, ValueError, IndexError, OverflowError):  # not weakly held, odd, no permutation
+        split = Split(next(_names), micro_batches, indices)
+    except (TypeError, AttributeError, ValueError, IndexError, OverflowError):  # odd, or not a permutation
         return
+    key = id(batch)
     with _lock:
-        _records[id(batch)] = rec
-    _here.latest = rec
+        kept = _batches.pop(key, None)
+        if kept is not None and kept.batch() is not batch:
+            kept = None  # a dead batch's id reused before its callback ran
+        try:
+            ref = kept.batch if kept is not None else weakref.ref(batch, lambda ref: _forget(key, ref))
+        except TypeError:  # not weakly held
+            return
+        splits = (*(kept.splits if kept is not None else ()), split)[-MAX_SPLITS:]
+        _batches[key] = Provenance(ref, splits)  # last in the order: recorded most recently
+        while len(_batches) > MAX_BATCHES:
+            del _batches[next(iter(_batches))]
 
 
 def observe_split(result: Any, *args: Any, **kwargs: Any) -> None:
@@ -137,37 +268,50 @@ def observe_split(result: Any, *args: Any, **kwargs: Any) -> None:
 
 
 def recorded(batch: Any) -> Provenance | _Unrecorded:
-    """The record of the latest split of ``batch`` by rebatch (or observed in shadow mode), or
-    `UNRECORDED`."""
-    rec = _records.get(id(batch)) if batch is not None else None
-    return rec if rec is not None and rec.batch() is batch else UNRECORDED
+    """The live splits of ``batch`` by rebatch (or observed in shadow mode), or `UNRECORDED`."""
+    kept = _batches.get(id(batch)) if batch is not None else None
+    if kept is not None and kept.batch() is batch:
+        return kept
+    return UNRECORDED
 
 
-def check_latest(partitions: Sequence[Any], num_rows: int) -> None:
-    """`restore_dynamic_batch`'s check: ``partitions`` against this thread's latest split, where that
-    split's batch is alive and its micro-batches have the same sizes (else unproven, never an error)."""
-    rec = getattr(_here, "latest", None)
-    if not witness_config()[0] or rec is None or rec.flat is None or rec.batch() is None or sum(rec.sizes) != num_rows:
-        return
-    if any(p is PADDING for p in partitions) or tuple(len(p) for p in partitions) != rec.sizes:
+def live_splits() -> list[Split]:
+    """Every live split of this process, of every batch (a snapshot)."""
+    with _lock:
+        kept = [p for p in _batches.values() if p.batch() is not None]
+    return [split for p in kept for split in p.splits]
+
+
+def check_restore(partitions: Sequence[Any], num_rows: int) -> None:
+    """`restore_dynamic_batch`'s check (it has no outputs to decide the split): proven where
+    ``partitions`` are a live split's indices; `MisalignmentError` where they are the inverse of one (its
+    sizes, its permutation inverted, not itself: the inverse given for the forward); else unproven,
+    never an error. Indices that are no permutation are left to the restore's own checks."""
+    if not witness_config()[0] or any(p is PADDING for p in partitions):
         return
     try:
+        sizes = tuple(len(p) for p in partitions)
         given = np.fromiter(itertools.chain.from_iterable(partitions), dtype=np.int64, count=num_rows)
     except (TypeError, ValueError, OverflowError):
-        return  # not integers: the restore's own checks say so
-    if np.array_equal(given, rec.flat):
+        return  # not integers, or not as many as rows: the restore's own checks say so
+    splits = [split for split in live_splits() if split.flat is not None and split.sizes == sizes]
+    if any(split.flat_bytes == given.tobytes() for split in splits):
         _count(1, 1, 0, 0)
         return
-    check_permutation(partitions, num_rows)  # a structural defect first, as the order of checks says
-    check_indices([list(p) for p in partitions], rec.rows())
-    raise stray_indices(0, None, num_rows, num_rows)  # unreachable: the values differ somewhere
+    if np.array_equal(np.sort(given), np.arange(num_rows)):
+        inverse = np.empty_like(given)
+        inverse[given] = np.arange(num_rows)
+        for split in splits:
+            if split.flat_bytes == inverse.tobytes():
+                check_indices(_cut(given.tolist(), sizes), split.rows())
+    _count(0, 1, 0, 0)
 
 
 def _count(proven: int, outputs: int, keys_proven: int, keys_unproven: int) -> None:
     with _STATS.lock:
         stats = _STATS.counts
         if not outputs or proven == outputs:
-            stats["calls_proven" if outputs else "calls_unproven"] += 1
+            stats["calls_proven" if outputs and proven else "calls_unproven"] += 1
         else:
             stats["calls_partly_proven" if proven else "calls_unproven"] += 1
         stats["keys_proven"] += keys_proven
@@ -177,8 +321,11 @@ def _count(proven: int, outputs: int, keys_proven: int, keys_unproven: int) -> N
 class _Unrecorded:
     """The record of a drop-in call whose ``data`` no split of rebatch's recorded: unproven, counted."""
 
+    known = ()
+
     def judge(self, checked: Mapping[Any, Sequence[Any]], *_: Any) -> tuple[bool, None]:
-        _count(0, (outputs := len(next(iter(checked.values()), ()))) or 1, 0, outputs * len(checked))
+        outputs = len(next(iter(checked.values()), ()))
+        _count(0, outputs, 0, outputs * len(checked))
         return False, None
 
 

@@ -101,8 +101,9 @@ class SplitProvenance(NamedTuple):
     """The provenance of a call's split (``docs/spec.md``, "Exact provenance"), as each implementation takes
     it: ``data``, the batch rebatch's split (`torch_impl.prepare_micro_batches`) made the call's
     micro-batches of, held here so that its record lives (`for_torch`: ``torch_impl.recorded(data)``;
-    verl's drop-in finds the record from ``data``); ``rows``, each micro-batch's original rows (`for_ref`:
-    ``ref.Provenance(rows)``; each output carries its own as ``output["provenance"]``)."""
+    verl's drop-in finds the record from ``data``); ``rows``, each micro-batch's original rows (each output
+    carries its own as ``output["provenance"]``: bare rows, the first split's). `for_ref`: the split
+    first, as ``ref.Provenance(rows)``, then the batch's other live splits as torch recorded them."""
 
     data: Any
     rows: tuple[tuple[int, ...], ...]
@@ -112,8 +113,12 @@ class SplitProvenance(NamedTuple):
 
         return torch_impl.recorded(self.data)
 
-    def for_ref(self) -> Provenance:
-        return Provenance(self.rows)
+    def for_ref(self) -> tuple[Provenance, ...]:
+        from property_tests.convert import ref_splits
+
+        splits = ref_splits(self.data)
+        mine = [p for p in splits if p.rows == self.rows][-1:] or [Provenance(self.rows)]
+        return (*mine, *(p for p in splits if p not in mine))
 
 
 # -- valid calls -----------------------------------------------------------------------------------

@@ -8,9 +8,9 @@ length and budget) and misaligns it, every structure valid and every row length 
 of identical lengths swapped in ``output_lst``; a row of one micro-batch transposed with a row of another
 in the indices; another partition of the same batch (its rows in order, cut into the split's sizes);
 another step's indices (the split's rotated); the inverse given for the forward permutation; two rows of
-one micro-batch transposed in the indices of a call whose only key is dense. Where a call has no room for
-the chosen misalignment (no two micro-batches of one size, an involution, no micro-batch of two rows), a
-row is transposed across micro-batches instead. Both implementations raise `MisalignmentError` given the
+one micro-batch transposed in the indices (the dense key's rows restored as each other's). Where a call
+has no room for the chosen misalignment (no two micro-batches of one size, an involution, no micro-batch
+of two rows), a row is transposed across micro-batches instead. Both implementations raise `MisalignmentError` given the
 split's provenance (``ref``: the rows each output carries and ``ref.Provenance``; ``torch_impl``: the
 nested ints and ``torch_impl.recorded(data)``); without it, both are silent.
 """
@@ -92,11 +92,10 @@ def _another_partition(flat: list[int], choose: Chooser) -> list[int]:
 
 
 def _dense_rows(call: Call, choose: Chooser) -> Call:
-    """The call's dense key alone (no per-token key: nothing the witness binds), two rows of one micro-batch
-    transposed in the indices (a dense key's rows restored as each other's)."""
+    """Two rows of one micro-batch transposed in the indices: the dense key's rows (which the witness never
+    binds) restored as each other's, as the jagged key's. The jagged key's nested int names the split the
+    call answers to (a call of dense keys alone carries no provenance in torch: unproven, never an error)."""
     call = _split_of(call, choose)
-    for o in call.args[0]:
-        o["model_output"] = {k: v for k, v in o["model_output"].items() if not v.is_nested}
     sizes, indices = _sizes(call), call.args[1]
     wide = [m for m, s in enumerate(sizes) if s >= 2]
     if not wide:

@@ -1,0 +1,328 @@
+"""Provenance that never cries wolf (docs/spec.md, "Exact provenance"): a record a split, not a batch; the
+outputs' nested ints decide which split a restore answers to. Each case of the issue, on fixed-length
+batches (every row one length: the witness is blind, so provenance alone decides): a correct restore is
+the trainer's result with no error; each misalignment a recorded split proves wrong raises."""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import threading
+import tracemalloc
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from tensordict import NonTensorData, TensorDict
+
+import ref
+import torch_impl
+from property_tests.baseline import verl_postprocess_batch_func
+from property_tests.compare import first_difference
+from property_tests.convert import outputs_to_ref, ref_splits
+from ref.errors import MisalignmentError, NotAPermutationError, RebatchError
+from ref.provenance import Carried
+from torch_impl import _provenance
+from torch_impl._postprocess import check_batch_func
+
+LENGTH = 4  # every row's length
+
+
+def _batch(b: int = 16) -> TensorDict:
+    ids = torch.nested.nested_tensor_from_jagged(torch.arange(b * LENGTH), torch.arange(0, b * LENGTH + 1, LENGTH))
+    return TensorDict({"input_ids": ids, "use_dynamic_bsz": NonTensorData(True)}, batch_size=[b])
+
+
+def _engine(micro_batches: Any) -> list[dict[str, Any]]:
+    """Each micro-batch's outputs as verl's FSDP engine builds them: on its input_ids' offsets."""
+    outs = []
+    for mb in micro_batches:
+        ids = mb["input_ids"]
+        lp = torch.nested.nested_tensor_from_jagged(ids.values().to(torch.float32) * 0.5, ids.offsets())
+        score = ids.values().reshape(-1, LENGTH)[:, :2].to(torch.float32)  # dense [b, 2]
+        outs.append({"model_output": {"log_probs": lp, "score": score}, "loss": torch.tensor(1.0)})
+    return outs
+
+
+def _split(data: TensorDict, rows_a_micro_batch: int) -> tuple[list[dict[str, Any]], list[list[int]]]:
+    mbs, indices = torch_impl.prepare_micro_batches(data, max_token_len=LENGTH * rows_a_micro_batch)
+    return _engine(mbs), [list(p) for p in indices]
+
+
+def _theirs(outs: Any, indices: Any, data: Any) -> Any:
+    return verl_postprocess_batch_func(outs, indices, data)
+
+
+def _same_as_verl(outs: Any, indices: Any, data: Any) -> None:
+    ours = torch_impl.postprocess_batch_func(outs, indices, data)
+    assert first_difference(ours, _theirs(outs, indices, data)) is None
+    check_batch_func(outs, indices, data)
+
+
+def test_one_batch_split_twice_each_split_restores_correctly() -> None:
+    """A log-prob pass and a training pass with another budget, two epochs: every restore answers to its
+    own split, proven, and is verl's result."""
+    data = _batch()
+    for _epoch in range(2):
+        logprob = _split(data, 8)
+        train = _split(data, 2)
+        before = torch_impl.provenance_stats()["calls_proven"]
+        _same_as_verl(*logprob, data)  # the older split's restore
+        _same_as_verl(*train, data)
+        assert torch_impl.provenance_stats()["calls_proven"] == before + 4  # two calls, each checked twice
+
+
+def test_two_threads_sharing_one_batch_never_raise() -> None:
+    data = _batch()
+    errors: list[BaseException] = []
+
+    def step(rows: int) -> None:
+        try:
+            for _ in range(40):
+                outs, indices = _split(data, rows)
+                _same_as_verl(outs, indices, data)
+        except BaseException as err:  # reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=step, args=(rows,)) for rows in (2, 4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def test_an_old_record_meeting_a_split_rebatch_did_not_make() -> None:
+    """rebatch split the batch once; a split rebatch did not make (fresh micro-batches, no record) feeds
+    the restore: unproven, verl's result."""
+    data = _batch()
+    _split(data, 2)
+    indices = [[0, 5, 10, 15], [1, 6, 11, 12], [2, 7, 8, 13], [3, 4, 9, 14]]
+    outs = _engine(torch_impl.split(data, indices))
+    before = torch_impl.provenance_stats()["calls_unproven"]
+    _same_as_verl(outs, indices, data)
+    assert torch_impl.provenance_stats()["calls_unproven"] == before + 2
+
+
+def test_restore_dynamic_batch_answers_to_any_live_split() -> None:
+    """Batch a split, then batch b: a's values restored with a's indices are proven; the inverse of a live
+    split's indices raises; indices no live split made are unproven."""
+    a, b = _batch(), _batch(8)
+    _, a_indices = _split(a, 2)
+    _, b_indices = _split(b, 4)
+    x = torch.arange(16.0)
+    before = torch_impl.provenance_stats()
+    assert torch.equal(torch_impl.restore_dynamic_batch(x, a_indices), ref_restore(x, a_indices))
+    after = torch_impl.provenance_stats()
+    assert after["calls_proven"] == before["calls_proven"] + 1
+    flat = [i for p in a_indices for i in p]
+    inverse = [flat.index(i) for i in range(16)]
+    if inverse != flat:
+        bounds = np.cumsum([0, *map(len, a_indices)])
+        with pytest.raises(MisalignmentError, match="the indices are not the split's"):
+            torch_impl.restore_dynamic_batch(x, [inverse[s:e] for s, e in itertools.pairwise(bounds)])
+    unmade = [[15 - i for i in p] for p in a_indices]
+    torch_impl.restore_dynamic_batch(x, unmade)
+    assert torch_impl.provenance_stats()["calls_unproven"] == after["calls_unproven"] + 1
+    torch_impl.restore_dynamic_batch(torch.arange(8.0), b_indices)
+
+
+def ref_restore(x: torch.Tensor, indices: Any) -> torch.Tensor:
+    flat = [i for p in indices for i in p]
+    out = torch.empty_like(x)
+    out[flat] = x
+    return out
+
+
+def _two_dimensional(indices: list[list[int]]) -> list[Any]:
+    return [torch.tensor(indices), np.asarray(indices), tuple(tuple(p) for p in indices)]
+
+
+@pytest.mark.parametrize("form", ["tensor", "array", "tuples"])
+def test_two_dimensional_indices_behave_alike_with_and_without_a_record(form: str) -> None:
+    """Indices as one 2-D tensor or array (equal micro-batches), or tuples: the same result with and
+    without a record, and a duplicate the same typed error."""
+    position = ["tensor", "array", "tuples"].index(form)
+    recorded = _batch()
+    outs, indices = _split(recorded, 4)
+    assert len({len(p) for p in indices}) == 1
+    unrecorded = _batch()
+    given = _two_dimensional(indices)[position]
+    with_record = torch_impl.postprocess_batch_func(outs, given, recorded)
+    without = torch_impl.postprocess_batch_func(outs, given, unrecorded)
+    assert first_difference(with_record, without) is None
+    assert first_difference(with_record, _theirs(outs, indices, recorded)) is None
+    duplicated = [list(p) for p in indices]
+    duplicated[1][0] = duplicated[0][0]
+    bad = _two_dimensional(duplicated)[position]
+    errors = []
+    for data in (recorded, unrecorded):
+        with pytest.raises(NotAPermutationError) as err:
+            torch_impl.postprocess_batch_func(outs, bad, data)
+        errors.append(str(err.value))
+    assert errors[0] == errors[1]
+
+
+def test_a_newer_split_leaves_the_older_splits_misalignment_caught() -> None:
+    data = _batch()
+    outs, indices = _split(data, 4)
+    _split(data, 8)  # a newer split of the same batch
+    with pytest.raises(MisalignmentError, match="micro-batch 0: this output holds micro-batch 1's rows"):
+        torch_impl.postprocess_batch_func([outs[1], outs[0], *outs[2:]], indices, data)
+
+
+def test_a_padding_micro_batch_swapped_into_a_real_slot_raises() -> None:
+    data = _batch(4)
+    mbs, indices = torch_impl.rearrange_micro_batches(data, LENGTH, min_num_micro_batch=6, pad_micro_batches=True)
+    assert indices[-1] is torch_impl.PADDING
+    outs = _engine(mbs)
+    torch_impl.postprocess_batch_func(outs, indices, data)  # the clean call: padding dropped, proven
+    swapped = [outs[-1], *outs[1:-1], outs[0]]
+    with pytest.raises(MisalignmentError, match="micro-batch 0: this output holds a padding micro-batch's rows"):
+        torch_impl.postprocess_batch_func(swapped, indices, data)
+
+
+def test_outputs_of_two_splits_raise_naming_both_in_ref_and_torch() -> None:
+    """Micro-batch 1's output from another split of the batch, of the same rows: two splits mixed."""
+    data = _batch(8)
+    mbs_a, indices_a = torch_impl.prepare_micro_batches(data, max_token_len=LENGTH * 4)
+    mbs_b, _ = torch_impl.prepare_micro_batches(data, max_token_len=LENGTH * 4)
+    names = [split.name for split in torch_impl.recorded(data).splits]
+    mixed = [*_engine(mbs_a[:1]), *_engine(mbs_b[1:])]
+    with pytest.raises(MisalignmentError) as torch_error:
+        torch_impl.postprocess_batch_func(mixed, indices_a, data)
+    assert f"this output holds rows of split {names[1]!r}" in str(torch_error.value)
+    assert f"micro-batch 0's holds rows of split {names[0]!r}" in str(torch_error.value)
+    outs = outputs_to_ref(mixed)
+    rows = [tuple(p) for p in indices_a]
+    for m, o in enumerate(outs):
+        o["provenance"] = Carried(names[0] if m == 0 else names[1], rows[m])
+    with pytest.raises(MisalignmentError) as ref_error:
+        ref.postprocess_batch(outs, indices_a, provenance=ref_splits(data), witness=[LENGTH] * 8)
+    assert str(ref_error.value) == str(torch_error.value)
+
+
+def test_a_batch_keeps_a_bounded_number_of_splits() -> None:
+    """Beyond `MAX_SPLITS` the oldest split goes: its restore is then unproven, never an error."""
+    data = _batch(8)
+    oldest = _split(data, 4)
+    for _ in range(_provenance.MAX_SPLITS):
+        _split(data, 2)
+    kept = torch_impl.recorded(data)
+    assert isinstance(kept, _provenance.Provenance)
+    assert len(kept.splits) == _provenance.MAX_SPLITS
+    before = torch_impl.provenance_stats()["calls_unproven"]
+    _same_as_verl(*oldest, data)
+    assert torch_impl.provenance_stats()["calls_unproven"] == before + 2
+
+
+def test_no_growth_over_ten_thousand_steps() -> None:
+    """10,000 steps, each a fresh batch whose split is recorded twice and whose restore is judged: the
+    records go with their batches and memory stays flat (the micro-batches are built once: the records,
+    not the split's work, are what is measured)."""
+    data = _batch(4)
+    mbs, indices = torch_impl.prepare_micro_batches(data, max_token_len=LENGTH * 2)
+    outs = _engine(mbs)
+    steps = 10_000
+    gc.collect()
+    tracemalloc.start()
+    try:
+        sizes = []
+        for step in range(steps):
+            data = TensorDict({}, batch_size=[4])  # a fresh batch (no witness: provenance alone judges)
+            _provenance.record(data, mbs, indices)
+            _provenance.record(data, mbs, indices)
+            check_batch_func(outs, indices, data)
+            if step in (steps // 10, steps - 1):
+                del data
+                gc.collect()
+                sizes.append(tracemalloc.get_traced_memory()[0])
+        assert len(_provenance._batches) <= _provenance.MAX_BATCHES
+    finally:
+        tracemalloc.stop()
+    assert sizes[1] - sizes[0] < 256 * 1024, sizes  # no growth a step (a record is about 2 KiB)
+
+
+def test_a_split_of_fixed_size_chunks_swapped_in_an_older_split_raises() -> None:
+    """Fixed-size chunks (no indices), split twice: the older split's swapped outputs raise."""
+    data = _batch(8)
+    data["use_dynamic_bsz"] = NonTensorData(False)
+    data["micro_batch_size_per_gpu"] = NonTensorData(2)
+    mbs, indices = torch_impl.prepare_micro_batches(data)
+    torch_impl.prepare_micro_batches(data)
+    outs = _engine(mbs)
+    _same_as_verl(outs, indices, data)
+    with pytest.raises(RebatchError, match="this output holds micro-batch 1's rows"):
+        torch_impl.postprocess_batch_func([outs[1], outs[0], *outs[2:]], indices, data)
+
+
+@pytest.mark.parametrize("mode", ["on", "shadow"])
+def test_on_and_shadow_give_the_same_verdicts_through_verls_names(mode: str) -> None:
+    """verl's own names, installed ``on`` (rebatch's split and restore) and in shadow mode (verl's split
+    observed, every call compared, a defect raised): the issue's correct restores return verl's result
+    with no error and no shadow defect; an older split's swapped outputs raise in both."""
+    from property_tests.verl_oracle import verl_or_skip
+    from torch_impl.integrations import verl as integration
+
+    verl = verl_or_skip()
+    theirs = verl.engine_utils.postprocess_batch_func
+    integration.install(mode=mode, sample=1.0, on_defect="raise")
+    try:
+        split = verl.seqlen_balancing.rearrange_micro_batches
+        restore = verl.engine_utils.postprocess_batch_func
+        data = _batch()
+        steps = []
+        for _epoch in range(2):
+            for rows in (8, 2):  # a log-prob pass and a training pass, other budgets
+                mbs, indices = split(data, LENGTH * rows)
+                steps.append((_engine(mbs), indices))
+        for outs, indices in steps:  # restored in another order than split
+            assert first_difference(restore(outs, indices, data), theirs(outs, indices, data)) is None
+        a, b = _batch(), _batch(8)
+        _, a_indices = split(a, LENGTH * 2)
+        split(b, LENGTH * 4)
+        x = torch.arange(16.0)
+        restore_dynamic = verl.seqlen_balancing.restore_dynamic_batch if mode == "on" else None
+        if restore_dynamic is not None:
+            assert torch.equal(restore_dynamic(x, a_indices), ref_restore(x, a_indices))
+        stats = integration.stats()
+        assert stats.get("defects", 0) == 0, stats
+        outs, indices = steps[0]
+        swapped = [outs[1], outs[0], *outs[2:]]
+        assert len(outs[0]["model_output"]["score"]) == len(outs[1]["model_output"]["score"])
+        with pytest.raises(RebatchError, match="this output holds micro-batch 1's rows"):
+            restore(swapped, indices, data)
+    finally:
+        integration.uninstall()
+
+
+def test_the_docs_state_the_bounds_in_force() -> None:
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    spec = (root / "docs" / "spec.md").read_text()
+    assert f"`torch_impl._provenance.MAX_SPLITS` ({_provenance.MAX_SPLITS})" in spec
+    assert f"`MAX_BATCHES` ({_provenance.MAX_BATCHES})" in spec
+    witness = (root / "docs" / "witness.md").read_text()
+    assert f"keeps its newest {_provenance.MAX_SPLITS} splits" in witness
+    assert f"older than the newest {_provenance.MAX_SPLITS}" in witness
+
+
+def test_ref_under_jit_names_are_static_and_rows_checked_in_the_program() -> None:
+    """Inside ``ref.checked`` (``jax.jit`` with ``checkify``) the splits' names decide at trace time and
+    the traced rows are checked in the compiled program, with the eager words."""
+    import jax.numpy as jnp
+
+    x = ref.Jagged.from_rows([[1.0] * 2] * 4)
+    parts, indices, prov = ref.split_with_provenance(x, [[1, 0], [3, 2]])
+
+    def restore(parts: Any, carried: Any, split_rows: Any) -> Any:
+        outs = [{"model_output": {"lp": p}, "provenance": Carried("s", r)} for p, r in zip(parts, carried, strict=True)]
+        return ref.postprocess_batch(outs, indices, provenance=(ref.Provenance(tuple(split_rows), "s"),))
+
+    checked = ref.checked(restore)
+    rows = [jnp.array(r) for r in prov.rows]
+    checked(parts, rows, rows)
+    with pytest.raises(MisalignmentError, match="key 'lp', micro-batch 0: this output holds micro-batch 1's rows"):
+        checked(parts[::-1], rows[::-1], rows)
