@@ -135,15 +135,26 @@ def ref_restore(x: torch.Tensor, indices: Any) -> torch.Tensor:
     return out
 
 
+FORMS = ["tensor", "array", "tuples", "tensors", "arrays"]
+
+
 def _two_dimensional(indices: list[list[int]]) -> list[Any]:
-    return [torch.tensor(indices), np.asarray(indices), tuple(tuple(p) for p in indices)]
+    """The indices in each of verl's forms (`FORMS`): one 2-D tensor, one 2-D array, tuples, a list of
+    1-D tensors, a list of 1-D arrays."""
+    return [
+        torch.tensor(indices),
+        np.asarray(indices),
+        tuple(tuple(p) for p in indices),
+        [torch.tensor(p) for p in indices],
+        [np.asarray(p) for p in indices],
+    ]
 
 
-@pytest.mark.parametrize("form", ["tensor", "array", "tuples"])
+@pytest.mark.parametrize("form", FORMS)
 def test_two_dimensional_indices_behave_alike_with_and_without_a_record(form: str) -> None:
-    """Indices as one 2-D tensor or array (equal micro-batches), or tuples: the same result with and
-    without a record, and a duplicate the same typed error."""
-    position = ["tensor", "array", "tuples"].index(form)
+    """Indices in each form verl takes (one 2-D tensor or array: equal micro-batches): the same result
+    with and without a record, and a duplicate the same typed error."""
+    position = FORMS.index(form)
     recorded = _batch()
     outs, indices = _split(recorded, 4)
     assert len({len(p) for p in indices}) == 1
@@ -326,3 +337,23 @@ def test_ref_under_jit_names_are_static_and_rows_checked_in_the_program() -> Non
     checked(parts, rows, rows)
     with pytest.raises(MisalignmentError, match="key 'lp', micro-batch 0: this output holds micro-batch 1's rows"):
         checked(parts[::-1], rows[::-1], rows)
+
+
+def test_the_state_machine_with_verls_own_function_as_oracle() -> None:
+    """The provenance state machine (`property_tests.provenance_machine`) where verl is installed (CI's
+    pins lane), its correct restores compared with verl 0.9.1's own function too (the main lane runs it
+    at length, under the profile, with `ref` and the baseline)."""
+    from hypothesis import seed, settings
+
+    from property_tests.provenance_machine import ProvenanceMachine
+    from property_tests.verl_oracle import verl_or_skip
+
+    verl_or_skip()
+
+    class WithVerl(ProvenanceMachine):
+        pass
+
+    assert WithVerl().verl is not None
+    case = seed(59)(WithVerl.TestCase)
+    case.settings = settings(settings(), max_examples=10, stateful_step_count=10, derandomize=False)
+    case("runTest").runTest()
