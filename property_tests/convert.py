@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import torch
@@ -11,7 +10,6 @@ __all__ = [
     "outputs_to_ref",
     "provenance_for",
     "ref_postprocess",
-    "ref_splits",
     "result_to_torch",
     "to_ref",
     "torch_postprocess",
@@ -74,27 +72,6 @@ def provenance_for(impl: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(given, SplitProvenance):
         return kwargs
     return {**kwargs, "provenance": given.for_ref() if impl == "ref" else given.for_torch()}
-
-
-def ref_splits(data: Any) -> tuple[Any, ...]:
-    """Every live split torch recorded for ``data`` (``torch_impl.recorded(data)``), oldest first, as
-    ``ref.Provenance`` values of the same names (padding micro-batches as ``ref.PADDING``)."""
-    import torch_impl
-    from ref import PADDING, Provenance
-
-    kept = torch_impl.recorded(data)
-    out = []
-    for split in getattr(kept, "splits", ()):
-        real = iter(split.rows() if split.flat is not None else _in_order(split.sizes))
-        rows = tuple(PADDING if slot is PADDING else tuple(next(real)) for slot in split.slots)
-        out.append(Provenance(rows, split.name))
-    return tuple(out)
-
-
-def _in_order(sizes: Any) -> list[list[int]]:
-    """Fixed-size chunks' rows: the batch in order, cut into ``sizes``."""
-    bounds = [0, *itertools.accumulate(sizes)]
-    return [list(range(a, b)) for a, b in itertools.pairwise(bounds)]
 
 
 def result_to_torch(result: Any) -> Any:

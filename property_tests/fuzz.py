@@ -6,6 +6,10 @@ round under way when the share runs out ends at its next example (so the budget 
 ``.hypothesis/fuzz-db`` (``REBATCH_FUZZ_DB`` overrides), so a failure found once is replayed first
 next time. On a failure it prints the shrunk example and the ``@reproduce_failure`` blob and exits 1.
 The same properties run under HypoFuzz (``hypothesis fuzz property_tests/test_properties.py``).
+
+``python -m property_tests.fuzz --machine provenance --minutes N`` runs a state machine (`MACHINES`)
+instead, in rounds of `MACHINE_ROUND` runs of `MACHINE_STEPS` steps until the budget is spent (a round
+under way when it runs out is finished: a run cannot stop midway).
 """
 
 from __future__ import annotations
@@ -28,6 +32,11 @@ from .properties import PROPERTIES
 __all__ = ["main", "fuzz"]
 
 ROUND = 25  # examples per round; rounds repeat until a property's share of the time is spent
+MACHINE_ROUND = 5  # runs of a state machine per round
+MACHINE_STEPS = 20  # steps a run
+
+#: The state machines, by name: their module and class.
+MACHINES = {"provenance": ("property_tests.provenance_machine", "ProvenanceMachine")}
 
 
 class _TimeUp(BaseException):
@@ -95,6 +104,39 @@ def fuzz(minutes: float, *, only: list[str] | None = None, out: Any = None) -> i
     return 0
 
 
+def fuzz_machine(name: str, minutes: float, *, out: Any = None) -> int:
+    """The state machine ``name`` (`MACHINES`) under the ``fuzz`` profile for ``minutes``, in rounds."""
+    import importlib
+
+    from hypothesis.stateful import run_state_machine_as_test
+
+    out = out or sys.stdout
+    register_profiles()
+    module, cls = MACHINES[name]
+    machine = getattr(importlib.import_module(module), cls)
+    database = DirectoryBasedExampleDatabase(os.environ.get("REBATCH_FUZZ_DB", FUZZ_DATABASE_DIR))
+    each = settings(
+        settings.get_profile("fuzz"), max_examples=MACHINE_ROUND, stateful_step_count=MACHINE_STEPS, database=database
+    )
+    print(f"fuzzing the {name} state machine for {minutes:g} min; database {database.path}", file=out)
+    start = time.perf_counter()
+    runs = 0
+    while time.perf_counter() < start + minutes * 60.0:
+        lines: list[object] = []
+        try:
+            with with_reporter(lines.append):
+                run_state_machine_as_test(machine, settings=each)
+        except Exception:
+            print("\n".join(map(str, lines)), file=out)
+            print(f"FAILED the {name} state machine after {runs} runs:", file=out)
+            traceback.print_exc(file=out)
+            return 1
+        runs += MACHINE_ROUND
+    elapsed = time.perf_counter() - start
+    print(f"ok   the {name} state machine: {runs} runs of up to {MACHINE_STEPS} steps ({elapsed:.0f} s)", file=out)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")  # device defects need 2
     parser = argparse.ArgumentParser(
@@ -104,7 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--property", action="append", choices=list(PROPERTIES), help="fuzz only this property (repeatable)"
     )
+    parser.add_argument("--machine", choices=list(MACHINES), help="fuzz this state machine instead")
     args = parser.parse_args(argv)
+    if args.machine is not None:
+        return fuzz_machine(args.machine, args.minutes)
     return fuzz(args.minutes, only=args.property)
 
 

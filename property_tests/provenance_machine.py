@@ -35,7 +35,8 @@ from torch_impl._postprocess import check_batch_func
 
 from .baseline import verl_postprocess_batch_func
 from .compare import first_difference
-from .convert import outputs_to_ref, ref_splits
+from .convert import outputs_to_ref
+from .splits import ref_splits
 
 __all__ = ["MISALIGNMENTS", "ProvenanceMachine", "engine_outputs"]
 
@@ -237,7 +238,7 @@ class ProvenanceMachine(RuleBasedStateMachine):
         if any(tag[0] != decided.name for _m, tag in known):
             return True
         own = [r for r in decided.rows if r is not PADDING]
-        if indices is not None and decided.indices is not None and [indices[m] for m in real] != own:
+        if indices is not None and [indices[m] for m in real] != own:  # chunks: their rows in order
             return True
         return any(tag[1] is PADDING or tag[1] != own[m] for m, tag in known if m < len(own))
 

@@ -6,6 +6,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from ._concat import concat
+from ._jagged import Jagged
 from ._parts import check_invariants, check_parts, num_rows
 from ._permutation import check_permutation
 from ._provenance import check_provenance
@@ -110,7 +111,8 @@ def postprocess_batch(
         model_output[key] = restore(joined, indices) if use_dynamic_bsz else joined
 
     if provenance is not None and model_output:
-        check_provenance(output_lst, indices if use_dynamic_bsz else None, provenance, next(iter(outs[0])))
+        named = next((k for k, v in model_output.items() if isinstance(v, Jagged)), next(iter(outs[0])))
+        check_provenance(output_lst, indices if use_dynamic_bsz else None, provenance, named)
     if witness is not None and model_output:
         if use_dynamic_bsz:
             sizes = [len(list(p)) for p in indices]

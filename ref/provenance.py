@@ -82,7 +82,8 @@ def _whose(holder: Any) -> str:
 def stray_output(key: Any, slot: int, holder: Any) -> MisalignmentError:
     """Output ``slot``'s rows are not its micro-batch's: they are micro-batch ``holder``'s (`PADDING`: a
     padding micro-batch's; None: no micro-batch of this split holds them). ``key``: the key that says so
-    (``ref``: the first key of that output; ``torch_impl``: the jagged key whose nested int does)."""
+    (``ref``: the output's first jagged key, else its first key; ``torch_impl``: the jagged key whose
+    nested int does: the first where all of an output's carry one)."""
     whose = _whose(holder)
     return MisalignmentError(
         f"{where(key, slot)}this output holds {whose}, by the split's provenance, not micro-batch {slot}'s "

@@ -136,3 +136,14 @@ def test_fuzz_entry_point(tmp_path, monkeypatch, capsys) -> None:
     out = capsys.readouterr().out
     assert "inverse_is_an_involution" in out
     assert "examples/s" in out
+
+
+def test_fuzz_runs_a_state_machine(tmp_path, monkeypatch, capsys) -> None:
+    from property_tests import fuzz
+
+    monkeypatch.setenv("REBATCH_FUZZ_DB", str(tmp_path / "db"))
+    monkeypatch.setattr(fuzz, "MACHINE_ROUND", 1)
+    monkeypatch.setattr(fuzz, "MACHINE_STEPS", 3)
+    assert fuzz.main(["--minutes", "0.001", "--machine", "provenance"]) == 0
+    out = capsys.readouterr().out
+    assert "ok   the provenance state machine: 1 runs of up to 3 steps" in out

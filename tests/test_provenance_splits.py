@@ -20,7 +20,8 @@ import ref
 import torch_impl
 from property_tests.baseline import verl_postprocess_batch_func
 from property_tests.compare import first_difference
-from property_tests.convert import outputs_to_ref, ref_splits
+from property_tests.convert import outputs_to_ref
+from property_tests.splits import ref_splits
 from ref.errors import MisalignmentError, NotAPermutationError, RebatchError
 from ref.provenance import Carried
 from torch_impl import _provenance
@@ -117,15 +118,96 @@ def test_restore_dynamic_batch_answers_to_any_live_split() -> None:
     after = torch_impl.provenance_stats()
     assert after["calls_proven"] == before["calls_proven"] + 1
     flat = [i for p in a_indices for i in p]
-    inverse = [flat.index(i) for i in range(16)]
-    if inverse != flat:
-        bounds = np.cumsum([0, *map(len, a_indices)])
-        with pytest.raises(MisalignmentError, match="the indices are not the split's"):
-            torch_impl.restore_dynamic_batch(x, [inverse[s:e] for s, e in itertools.pairwise(bounds)])
+    inverse = _cut([flat.index(i) for i in range(16)], a_indices)
+    assert inverse != a_indices
+    assert any(p != sorted(p) for p in inverse)  # not as a split lists its indices
+    with pytest.raises(MisalignmentError, match="the indices are not the split's"):
+        torch_impl.restore_dynamic_batch(x, inverse)
     unmade = [[15 - i for i in p] for p in a_indices]
     torch_impl.restore_dynamic_batch(x, unmade)
     assert torch_impl.provenance_stats()["calls_unproven"] == after["calls_unproven"] + 1
     torch_impl.restore_dynamic_batch(torch.arange(8.0), b_indices)
+
+
+def _cut(flat: list[int], like: list[list[int]]) -> list[list[int]]:
+    bounds = itertools.accumulate(map(len, like), initial=0)
+    return [flat[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+def _lengths_batch(lengths: list[int]) -> TensorDict:
+    offsets = torch.tensor([0, *itertools.accumulate(lengths)])
+    ids = torch.nested.nested_tensor_from_jagged(torch.arange(int(offsets[-1])), offsets)
+    return TensorDict({"input_ids": ids, "use_dynamic_bsz": NonTensorData(True)}, batch_size=[len(lengths)])
+
+
+def test_restore_dynamic_batch_given_an_evicted_splits_indices_that_invert_a_live_one() -> None:
+    """A review's case: batch y's live split is the inverse of batch x's split, which is then no longer
+    kept; x's restore with its own indices ascends within each micro-batch as a split's own do, so it is
+    unproven, never an error."""
+    y, x = _lengths_batch([1, 2, 5, 6, 5]), _lengths_batch([1, 6, 5, 3, 4])
+    _, y_indices = torch_impl.prepare_micro_batches(y, max_token_len=8)
+    _, x_indices = torch_impl.prepare_micro_batches(x, max_token_len=8)
+    flat = [i for p in y_indices for i in p]
+    assert [list(p) for p in x_indices] == _cut([flat.index(i) for i in range(5)], y_indices)
+    for k in range(_provenance.MAX_SPLITS):
+        torch_impl.prepare_micro_batches(x, max_token_len=(6, 12, 20)[k % 3])
+    router = torch.randn(5, 3)
+    assert torch.equal(torch_impl.restore_dynamic_batch(router, x_indices), ref_restore(router, x_indices))
+
+
+def test_restore_dynamic_batch_raises_the_restores_own_typed_errors_first() -> None:
+    """Indices the restore itself refuses (on ``meta``; floats) raise its typed error, whatever a live
+    split says of them."""
+    from ref.errors import UnsupportedSettingError
+
+    data = _batch(8)
+    _, indices = _split(data, 4)
+    x = torch.arange(8.0)
+    with pytest.raises(UnsupportedSettingError):
+        torch_impl.restore_dynamic_batch(x, [torch.tensor(p, device="meta") for p in indices])
+    flat = [i for p in indices for i in p]
+    inverse = _cut([flat.index(i) for i in range(8)], indices)
+    with pytest.raises(NotAPermutationError, match="not an integer"):
+        torch_impl.restore_dynamic_batch(x, [[float(i) for i in p] for p in inverse])
+
+
+def test_fixed_size_chunks_restored_with_other_indices_raise_alike_in_ref_and_torch() -> None:
+    """A split of fixed-size chunks holds the rows in order: a dynamic restore of its outputs with other
+    indices is proven wrong, in both implementations, in the same words."""
+    data = _batch(6)
+    _, dynamic = torch_impl.prepare_micro_batches(data, max_token_len=LENGTH * 2)
+    chunks, _ = torch_impl.prepare_micro_batches(data, micro_batch_size=2)
+    outs = _engine(chunks)
+    given = [list(p) for p in dynamic]
+    assert given != [[0, 1], [2, 3], [4, 5]]
+    with pytest.raises(MisalignmentError) as torch_error:
+        torch_impl.postprocess_batch_func(outs, given, data)
+    names = {split.name: split for split in torch_impl.recorded(data).splits}
+    chunk_name = list(names)[-1]
+    ref_outs = outputs_to_ref(outs)
+    for m, o in enumerate(ref_outs):
+        o["provenance"] = Carried(chunk_name, (2 * m, 2 * m + 1))
+    with pytest.raises(MisalignmentError) as ref_error:
+        ref.postprocess_batch(ref_outs, given, provenance=ref_splits(data), witness=[LENGTH] * 6)
+    assert str(ref_error.value) == str(torch_error.value)
+
+
+def test_ref_names_the_jagged_key_as_torch_does() -> None:
+    """The first model-output key dense: both name the jagged key whose provenance says so."""
+    data = _batch(8)
+    mbs, indices = torch_impl.prepare_micro_batches(data, max_token_len=LENGTH * 4)
+    outs = [{**o, "model_output": dict(reversed(list(o["model_output"].items())))} for o in _engine(mbs)]
+    assert next(iter(outs[0]["model_output"])) == "score"
+    swapped = [outs[1], outs[0]]
+    with pytest.raises(MisalignmentError) as torch_error:
+        torch_impl.postprocess_batch_func(swapped, indices, data)
+    ref_outs = outputs_to_ref(swapped)
+    for o, rows in zip(ref_outs, [indices[1], indices[0]], strict=True):
+        o["provenance"] = tuple(rows)
+    with pytest.raises(MisalignmentError) as ref_error:
+        ref.postprocess_batch(ref_outs, indices, provenance=ref_splits(data), witness=[LENGTH] * 8)
+    assert str(ref_error.value) == str(torch_error.value)
+    assert "key 'log_probs'" in str(torch_error.value)
 
 
 def ref_restore(x: torch.Tensor, indices: Any) -> torch.Tensor:
@@ -318,6 +400,8 @@ def test_the_docs_state_the_bounds_in_force() -> None:
     witness = (root / "docs" / "witness.md").read_text()
     assert f"keeps its newest {_provenance.MAX_SPLITS} splits" in witness
     assert f"older than the newest {_provenance.MAX_SPLITS}" in witness
+    architecture = (root / "docs" / "architecture.md").read_text()
+    assert f"a batch's newest {_provenance.MAX_SPLITS} kept together" in architecture
 
 
 def test_ref_under_jit_names_are_static_and_rows_checked_in_the_program() -> None:

@@ -250,6 +250,7 @@ def restore_dynamic_batch(data: torch.Tensor, batch_idx_list: Sequence[Sequence[
     proven where they are a live split's indices, `MisalignmentError` where they are the inverse of one
     (``docs/spec.md``, "Exact provenance"), else unproven.
     """
-    if isinstance(data, torch.Tensor) and isinstance(batch_idx_list, list | tuple):
-        check_restore(batch_idx_list, int(data.shape[0]) if data.dim() else 0)
-    return restore(data, batch_idx_list)
+    result = restore(data, batch_idx_list)  # every defect of the indices raised first, typed
+    if isinstance(batch_idx_list, list | tuple):
+        check_restore(batch_idx_list)
+    return result

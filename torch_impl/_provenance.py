@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from operator import index
 from typing import Any, cast
@@ -55,7 +56,8 @@ MAX_SPLITS = 8
 MAX_BATCHES = 64
 
 _lock = ForkSafeLock()  # a forked child finds it free (`rebatch_startup.renew_at_fork`)
-_batches: dict[int, Provenance] = {}  # id(batch) -> its live splits (dropped with the batch)
+#: id(batch) -> its live splits (dropped with the batch), the batch recorded longest ago first.
+_batches: OrderedDict[int, Provenance] = OrderedDict()
 _names = itertools.count()  # each split's name, in this process
 #: The counters (zeroed in a forked child: `torch_impl._tally.Tally`).
 _STATS = Tally(("calls_proven", "calls_partly_proven", "calls_unproven", "keys_proven", "keys_unproven"))
@@ -75,9 +77,8 @@ def _ragged(x: Any) -> Any:
 
 class Split:
     """One split's record: ``name``; ``slots`` (each micro-batch's slot among the real ones, or
-    `PADDING`); ``sizes`` (each real micro-batch's rows); ``flat`` (its indices
-    flattened, padding left out; None for fixed-size chunks in order: the outputs in order are the
-    batch) and ``flat_bytes``; ``kept``, each micro-batch's nested ints with their tags (held, so their
+    `PADDING`); ``sizes`` (each real micro-batch's rows); ``flat`` (its indices flattened, padding
+    left out; for fixed-size chunks, the rows in order) and ``flat_bytes``; ``kept``, each micro-batch's nested ints with their tags (held, so their
     ids stay theirs while the record lives); ``expected``, each real slot's own tag. Read-only once
     made; shared by threads. Raises ValueError for indices that are not a permutation (left unrecorded)."""
 
@@ -101,13 +102,13 @@ class Split:
                     self.kept.append((size, (name, slot)))
         self.sizes: tuple[int, ...] = tuple(sizes)
         self.expected: list[Tag] = [(name, m) for m in range(len(sizes))]
-        self.flat = None if indices is None else _flat(indices, sum(sizes))
-        self.flat_bytes = None if self.flat is None else self.flat.tobytes()
+        # fixed-size chunks (no indices): the rows in order
+        self.flat = np.arange(sum(sizes), dtype=np.int64) if indices is None else _flat(indices, sum(sizes))
+        self.flat_bytes = self.flat.tobytes()
 
     def rows(self) -> list[list[int]]:
         """The split's indices, padding left out (for the error path)."""
-        flat = self.flat.tolist() if self.flat is not None else []
-        return _cut(flat, self.sizes)
+        return _cut(self.flat.tolist(), self.sizes)
 
 
 def _flat(indices: Sequence[Any], count: int) -> np.ndarray:
@@ -140,7 +141,7 @@ class Provenance:
         self.splits = tuple(splits)
         self.by_name = {split.name: split for split in self.splits}
         self.tags = {id(size): tag for split in self.splits for size, tag in split.kept}
-        self.known = tuple(split.flat_bytes for split in reversed(self.splits) if split.flat_bytes is not None)
+        self.known = tuple(split.flat_bytes for split in reversed(self.splits))
 
     def judge(
         self,
@@ -212,9 +213,10 @@ def _mixed(keys: Sequence[Any], found: Sequence[Sequence[Tag | None]], outputs: 
 
 
 def _stray_indices(split: Split, sizes: Sequence[int] | None, perm: torch.Tensor | None, host: Any) -> Any:
-    """The error where the call's indices (with dynamic batch size) are not ``split``'s, else None (also
-    for a split of fixed-size chunks, or a call without dynamic batch size: no indices to compare)."""
-    if split.flat is None or perm is None or sizes is None:
+    """The error where the call's indices (with dynamic batch size) are not ``split``'s (a split of
+    fixed-size chunks: the rows in order), else None (also for a call without dynamic batch size: no
+    indices to compare)."""
+    if perm is None or sizes is None:
         return None
     if tuple(sizes) == split.sizes and as_bytes(perm, host) == split.flat_bytes:
         return None
@@ -245,7 +247,7 @@ def record(batch: Any, micro_batches: Sequence[Any], indices: Sequence[Any] | No
         return
     key = id(batch)
     with _lock:
-        kept = _batches.pop(key, None)
+        kept = _batches.get(key)
         if kept is not None and kept.batch() is not batch:
             kept = None  # a dead batch's id reused before its callback ran
         try:
@@ -253,9 +255,10 @@ def record(batch: Any, micro_batches: Sequence[Any], indices: Sequence[Any] | No
         except TypeError:  # not weakly held
             return
         splits = (*(kept.splits if kept is not None else ()), split)[-MAX_SPLITS:]
-        _batches[key] = Provenance(ref, splits)  # last in the order: recorded most recently
+        _batches[key] = Provenance(ref, splits)  # replaced whole: a reader sees the old or the new
+        _batches.move_to_end(key)  # recorded most recently
         while len(_batches) > MAX_BATCHES:
-            del _batches[next(iter(_batches))]
+            _batches.popitem(last=False)
 
 
 def observe_split(result: Any, *args: Any, **kwargs: Any) -> None:
@@ -282,29 +285,43 @@ def live_splits() -> list[Split]:
     return [split for p in kept for split in p.splits]
 
 
-def check_restore(partitions: Sequence[Any], num_rows: int) -> None:
-    """`restore_dynamic_batch`'s check (it has no outputs to decide the split): proven where
-    ``partitions`` are a live split's indices; `MisalignmentError` where they are the inverse of one (its
-    sizes, its permutation inverted, not itself: the inverse given for the forward); else unproven,
-    never an error. Indices that are no permutation are left to the restore's own checks."""
+def check_restore(partitions: Sequence[Any]) -> None:
+    """`restore_dynamic_batch`'s check, after the restore's own (``partitions`` a permutation of its rows;
+    it has no outputs to decide the split): proven where ``partitions`` are a live split's indices;
+    `MisalignmentError` where they are the inverse of one (its sizes, its permutation inverted, not
+    itself a live split's, and not ascending within every micro-batch as a split's own indices are: the
+    inverse given for the forward); else unproven, never an error."""
     if not witness_config()[0] or any(p is PADDING for p in partitions):
         return
     try:
         sizes = tuple(len(p) for p in partitions)
-        given = np.fromiter(itertools.chain.from_iterable(partitions), dtype=np.int64, count=num_rows)
-    except (TypeError, ValueError, OverflowError):
-        return  # not integers, or not as many as rows: the restore's own checks say so
-    splits = [split for split in live_splits() if split.flat is not None and split.sizes == sizes]
+        pieces = [_host_ints(p) for p in partitions]
+    except (TypeError, ValueError, OverflowError, RuntimeError):
+        return  # not a form this check reads: unproven
+    given = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+    splits = [split for split in live_splits() if split.sizes == sizes]
     if any(split.flat_bytes == given.tobytes() for split in splits):
         _count(1, 1, 0, 0)
         return
-    if np.array_equal(np.sort(given), np.arange(num_rows)):
+    if not all(_ascending(piece) for piece in pieces):
         inverse = np.empty_like(given)
-        inverse[given] = np.arange(num_rows)
+        inverse[given] = np.arange(given.shape[0])
         for split in splits:
             if split.flat_bytes == inverse.tobytes():
                 check_indices(_cut(given.tolist(), sizes), split.rows())
     _count(0, 1, 0, 0)
+
+
+def _host_ints(partition: Any) -> np.ndarray:
+    """One checked partition's indices as host int64 (a tensor read once, whole)."""
+    if isinstance(partition, torch.Tensor):
+        partition = partition.detach().cpu().numpy()
+    return np.asarray(partition, dtype=np.int64).reshape(-1)
+
+
+def _ascending(piece: np.ndarray) -> bool:
+    """Whether a micro-batch's indices ascend, as every split of rebatch's and verl's lists them."""
+    return bool((piece[1:] > piece[:-1]).all())
 
 
 def _count(proven: int, outputs: int, keys_proven: int, keys_unproven: int) -> None:

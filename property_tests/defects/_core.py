@@ -114,7 +114,7 @@ class SplitProvenance(NamedTuple):
         return torch_impl.recorded(self.data)
 
     def for_ref(self) -> tuple[Provenance, ...]:
-        from property_tests.convert import ref_splits
+        from property_tests.splits import ref_splits
 
         splits = ref_splits(self.data)
         mine = [p for p in splits if p.rows == self.rows][-1:] or [Provenance(self.rows)]
