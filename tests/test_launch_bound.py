@@ -71,3 +71,26 @@ def test_a_larger_output_adds_at_most_ten_operations_per_16_mib(layout: str, dyn
     assert at_16 <= allowed(1, MIB16)
     assert at_64 <= allowed(1, 4 * MIB16), (at_16, at_64)
     assert at_64 - at_16 <= 3 * PER_FURTHER_16_MIB, (at_16, at_64)
+
+
+#: Each key after the first on the same offsets tensors (as verl's engines build every per-token key of
+#: a micro-batch): its values joined, the result allocated, one index copy; the plan and the element
+#: indices are the first key's (`torch_impl._plan.KeyPlan.group`).
+PER_SHARED_KEY = 3
+
+
+@pytest.mark.parametrize("rows", ROWS)
+def test_keys_on_one_offsets_tensor_share_their_plan(rows: int) -> None:
+    """verl's call, keys of a micro-batch on one offsets tensor: a further key adds at most
+    `PER_SHARED_KEY` operations (it was 25 with a plan a key)."""
+    for micro_batches in (1, 16):
+        one = _ops(rows, micro_batches, "[b, (j)]", 1, True, True)
+        two = _ops(rows, micro_batches, "[b, (j)]", 2, True, True)
+        assert two - one <= PER_SHARED_KEY, f"B={rows} M={micro_batches}: {one}, {two} ops"
+
+
+def test_the_docs_state_the_shared_keys_bound() -> None:
+    from pathlib import Path
+
+    kernels = (Path(__file__).resolve().parent.parent / "docs" / "kernels.md").read_text()
+    assert f"a further key costs at most {PER_SHARED_KEY} operations" in kernels

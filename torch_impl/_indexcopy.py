@@ -62,11 +62,16 @@ def permute_by_indices(plan: KeyPlan) -> torch.Tensor:
     assert lengths is not None
     assert plan.offsets is not None
     chunk = index_chunk(first)
-    dest_starts = plan.offsets.index_select(0, plan.rows.perm_on(plan.device))
+    rows, device, offsets = plan.rows, plan.device, plan.offsets
+    dest_starts = rows.once(("dest_starts", plan.group), device, lambda: offsets.index_select(0, rows.perm_on(device)))
     out = as_bits(first).new_empty((total, *first.shape[1:]))
     if first.device.type != "cpu" or total <= chunk:
         values = first if len(parts) == 1 else torch.cat([p.values for p in parts])
-        _copy_in_chunks(out, as_bits(values), Runs.of(dest_starts, zero_prefixed_cumsum(lengths)[:-1], total), chunk)
+        runs = rows.once(("runs", plan.group), device, lambda: Runs.of(dest_starts, sources_of(lengths), total))
+        if total <= chunk:  # one chunk: its element indices made once for the group's keys
+            out.index_copy_(0, rows.once(("indices", plan.group), device, runs.indices), as_bits(values))
+        else:  # several: made chunk by chunk for each key (a group's would all be held at once)
+            _copy_in_chunks(out, as_bits(values), runs, chunk)
         return from_bits(out, first.dtype)
     row = 0
     for p in parts:
@@ -74,6 +79,11 @@ def permute_by_indices(plan: KeyPlan) -> torch.Tensor:
         _copy_in_chunks(out, as_bits(p.values), runs, chunk)
         row += p.rows
     return from_bits(out, first.dtype)
+
+
+def sources_of(lengths: torch.Tensor) -> torch.Tensor:
+    """Each row's first value among the parts' values laid end to end (``[B]``, from the lengths)."""
+    return zero_prefixed_cumsum(lengths)[:-1]
 
 
 def _copy_in_chunks(out: torch.Tensor, values: torch.Tensor, runs: Runs, chunk: int) -> None:

@@ -26,7 +26,9 @@ class KeyPlan(NamedTuple):
     None for a dense key); ``total``: the result's leading size (value rows, or rows of a dense key);
     ``seqlens``: the result's cached sizes (`torch_impl._jagged.Seqlens`); ``arrays``: ``(lengths, restored,
     offsets)`` as the NumPy arrays they were computed in, where planned on the host (the host kernels and
-    the witness read these, not a second view of the tensors)."""
+    the witness read these, not a second view of the tensors); ``group``: a jagged key's offsets
+    tensors (their ids, part by part): keys of one group share their plan, its result offsets and what
+    the kernels derive from them (`CallRows.once`)."""
 
     key: Any
     parts: Sequence[Part]
@@ -37,6 +39,7 @@ class KeyPlan(NamedTuple):
     total: int
     seqlens: Seqlens = None
     arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    group: tuple[int, ...] | None = None
 
     @property
     def device(self) -> torch.device:
@@ -50,11 +53,35 @@ def host_offsets(lengths: np.ndarray) -> np.ndarray:
     return out
 
 
-def plan_key(parts: Sequence[Part], key: Any, rows: CallRows, sources: Sequence[Any] = ()) -> KeyPlan:
+def plan_key(
+    parts: Sequence[Part],
+    key: Any,
+    rows: CallRows,
+    sources: Sequence[Any] = (),
+    groups: dict[tuple[int, ...], KeyPlan] | None = None,
+) -> KeyPlan:
     """The plan of one key's checked ``parts`` (at least one), its offsets checked here; off the CPU the
-    result's cached sizes are those ``sources`` (the parts as given) all cache, if they do."""
+    result's cached sizes are those ``sources`` (the parts as given) all cache, if they do. ``groups``:
+    the call's plans so far by their parts' offsets tensors: a jagged key on the same offsets tensors as
+    an earlier key (verl's engines build every per-token key of a micro-batch on its ``input_ids``'
+    offsets) takes that key's plan, already checked, with no operation."""
     if isinstance(parts[0], DensePart):
         return KeyPlan(key, parts, rows, None, None, None, sum(rows.rows))
+    group = tuple([id(p.offsets) for p in parts])  # type: ignore[union-attr]  # jagged parts
+    shared = groups.get(group) if groups is not None else None
+    if shared is not None:  # the same offsets tensors (alive: the call holds them): the same plan
+        if shared.arrays is not None:  # planned on the host: its sizes are the lengths'
+            return shared._replace(key=key, parts=parts)
+        return shared._replace(key=key, parts=parts, seqlens=shared.seqlens or cached_seqlens(sources))
+    plan = _plan_jagged(parts, key, rows, sources)._replace(group=group)
+    if groups is not None:
+        groups[group] = plan
+    return plan
+
+
+def _plan_jagged(parts: Sequence[Part], key: Any, rows: CallRows, sources: Sequence[Any]) -> KeyPlan:
+    """`plan_key` of a jagged key: its lengths (its offsets checked), restored lengths and result offsets,
+    on the host with NumPy where its offsets are there, else on their device."""
     device = parts[0].values.device
     steps = rows.steps(device) if device.type != "cpu" else None  # the CPU's are checked with NumPy
     lengths = check_offsets(parts, key, steps)  # type: ignore[arg-type]  # jagged parts

@@ -100,8 +100,9 @@ def _checked_plans(
     stray = provenance.judge(checked, sizes, perm, rows.given)[1] if provenance is not None else None
     judge = Witness(witness, sum(rows.rows), rows.perm, rows.rows, unbound) if witness is not None else None
     plans = []
+    groups: dict[tuple[int, ...], KeyPlan] = {}  # keys on the same offsets tensors share one plan
     for key, parts in checked.items():
-        plan = plan_key(parts, key, rows, [mo[key] for mo in outs])
+        plan = plan_key(parts, key, rows, [mo[key] for mo in outs], groups)
         if judge is not None:
             judge.observe(plan)
         plans.append(plan)

@@ -6,7 +6,8 @@ inverse, computed on the host; copies on the keys' device; `row_steps`) is built
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -15,6 +16,8 @@ from ._parts import numpy_bridge, row_steps
 from ._permutation import invert, is_identity
 
 __all__ = ["CallRows"]
+
+T = TypeVar("T")
 
 
 class CallRows:
@@ -25,7 +28,7 @@ class CallRows:
         self.rows = list(rows)
         self.given = perm.numpy() if perm is not None and numpy_bridge() else None  # its NumPy view, read once
         self.perm: torch.Tensor | None = None if perm is None or is_identity(perm, self.given) else perm
-        self._made: dict[tuple[str, torch.device], torch.Tensor] = {}
+        self._made: dict[tuple[Hashable, torch.device], Any] = {}
         self._inverse: torch.Tensor | None = None
         self._host: tuple[np.ndarray, np.ndarray] | None = None
 
@@ -43,7 +46,9 @@ class CallRows:
             self._host = self.perm.numpy() if self.given is None else self.given, self.inverse().numpy()
         return self._host
 
-    def _once(self, what: str, device: torch.device, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+    def once(self, what: Hashable, device: torch.device, make: Callable[[], T]) -> T:
+        """``make()``'s tensor, made once a call for ``(what, device)`` (a kernel's bookkeeping that
+        depends only on the rows and a group's offsets: `torch_impl._plan.KeyPlan.group`)."""
         if (what, device) not in self._made:
             self._made[what, device] = make()
         return self._made[what, device]
@@ -58,10 +63,10 @@ class CallRows:
         return self._on("inverse", self.inverse(), device)
 
     def _on(self, what: str, host: torch.Tensor, device: torch.device) -> torch.Tensor:
-        return host if device.type == "cpu" else self._once(what, device, lambda: host.to(device, non_blocking=True))
+        return host if device.type == "cpu" else self.once(what, device, lambda: host.to(device, non_blocking=True))
 
     def steps(self, device: torch.device) -> torch.Tensor | None:
         """`row_steps` of the row counts on ``device``; None for one micro-batch (nothing to leave out)."""
         if len(self.rows) < 2:
             return None
-        return self._once("steps", device, lambda: row_steps(self.rows, device))
+        return self.once("steps", device, lambda: row_steps(self.rows, device))
