@@ -363,16 +363,23 @@ def _nbytes(t: torch.Tensor) -> int:
 def fake_like(x: Any, fc: FakeCuda) -> Any:
     """``x`` (tensors, nested tensors, in lists and dicts) as fake CUDA tensors of the same shapes and
     dtypes (made inside ``fc``); a jagged nested tensor's offsets carried over (their values: the
-    host's, as a trainer's micro-batch holds them after ``.to("cuda")``)."""
+    host's, as a trainer's micro-batch holds them after ``.to("cuda")``). One tensor is one fake tensor
+    however often it occurs: keys built on one offsets tensor (as verl's engines build every per-token
+    key of a micro-batch) keep one offsets tensor on the device."""
+    made: dict[int, tuple[torch.Tensor, Any]] = {}  # id -> (the source, kept: its id stays its own; the fake)
 
     def one(t: Any) -> Any:
         if not isinstance(t, torch.Tensor):
             return t
+        if id(t) in made:
+            return made[id(t)][1]
         if t.is_nested:
             values, offsets = one(t.values()), one(offsets_of(t))
-            return torch.nested.nested_tensor_from_jagged(values, offsets)
-        fake = torch.empty_strided(tuple(t.shape), t.stride(), dtype=t.dtype, device="cuda")
-        fc.shadow(fake, t.detach().clone())
+            fake = torch.nested.nested_tensor_from_jagged(values, offsets)
+        else:
+            fake = torch.empty_strided(tuple(t.shape), t.stride(), dtype=t.dtype, device="cuda")
+            fc.shadow(fake, t.detach().clone())
+        made[id(t)] = (t, fake)
         return fake
 
     with fc:

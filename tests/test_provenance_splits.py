@@ -441,3 +441,19 @@ def test_the_state_machine_with_verls_own_function_as_oracle() -> None:
     case = seed(59)(WithVerl.TestCase)
     case.settings = settings(settings(), max_examples=10, stateful_step_count=10, derandomize=False)
     case("runTest").runTest()
+
+
+def test_verls_own_split_after_a_split_of_rebatchs_is_unproven_and_verls_result() -> None:
+    """The issue's case with verl's own ``rearrange_micro_batches`` (pins environment): rebatch split the
+    batch first, then verl's own split made the micro-batches the restore gets."""
+    from property_tests.verl_oracle import verl_or_skip
+
+    verl = verl_or_skip()
+    data = _batch()
+    _split(data, 2)  # rebatch's split of the same batch, recorded
+    mbs, indices = verl.seqlen_balancing.rearrange_micro_batches(data, LENGTH * 4)
+    outs = _engine(mbs)
+    before = torch_impl.provenance_stats()["calls_unproven"]
+    ours = torch_impl.postprocess_batch_func(outs, indices, data)
+    assert torch_impl.provenance_stats()["calls_unproven"] == before + 1
+    assert first_difference(ours, verl.engine_utils.postprocess_batch_func(outs, indices, data)) is None
