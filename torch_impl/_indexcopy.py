@@ -13,8 +13,8 @@ start or end inside a row.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import torch
 
@@ -24,6 +24,8 @@ from ._plan import KeyPlan
 from ._settings import get_settings
 
 __all__ = ["CPU_CHUNK_ROWS", "index_chunk", "permute_by_indices", "permute_rows"]
+
+T = TypeVar("T")
 
 #: On the CPU, the most value rows a chunk covers: each chunk's torch kernels then stay below torch's
 #: OpenMP grain size (32768 elements for a 1-D key) and run on the calling thread, and the index
@@ -63,13 +65,13 @@ def permute_by_indices(plan: KeyPlan) -> torch.Tensor:
     assert plan.offsets is not None
     chunk = index_chunk(first)
     rows, device, offsets = plan.rows, plan.device, plan.offsets
-    dest_starts = rows.once(("dest_starts", plan.group), device, lambda: offsets.index_select(0, rows.perm_on(device)))
+    dest_starts = _per_group(plan, "dest_starts", lambda: offsets.index_select(0, rows.perm_on(device)))
     out = as_bits(first).new_empty((total, *first.shape[1:]))
     if first.device.type != "cpu" or total <= chunk:
         values = first if len(parts) == 1 else torch.cat([p.values for p in parts])
-        runs = rows.once(("runs", plan.group), device, lambda: Runs.of(dest_starts, sources_of(lengths), total))
+        runs = _per_group(plan, "runs", lambda: Runs.of(dest_starts, sources_of(lengths), total))
         if total <= chunk:  # one chunk: its element indices made once for the group's keys
-            out.index_copy_(0, rows.once(("indices", plan.group), device, runs.indices), as_bits(values))
+            out.index_copy_(0, _per_group(plan, "indices", runs.indices), as_bits(values))
         else:  # several: made chunk by chunk for each key (a group's would all be held at once)
             _copy_in_chunks(out, as_bits(values), runs, chunk)
         return from_bits(out, first.dtype)
@@ -79,6 +81,13 @@ def permute_by_indices(plan: KeyPlan) -> torch.Tensor:
         _copy_in_chunks(out, as_bits(p.values), runs, chunk)
         row += p.rows
     return from_bits(out, first.dtype)
+
+
+def _per_group(plan: KeyPlan, what: str, make: Callable[[], T]) -> T:
+    """``make()``, made once a call for ``plan``'s group (`KeyPlan.group`; a key of none: made here)."""
+    if plan.group is None:
+        return make()
+    return plan.rows.once((what, plan.group), plan.device, make)
 
 
 def sources_of(lengths: torch.Tensor) -> torch.Tensor:

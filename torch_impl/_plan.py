@@ -69,14 +69,16 @@ def plan_key(
         return KeyPlan(key, parts, rows, None, None, None, sum(rows.rows))
     group = tuple([id(p.offsets) for p in parts])  # type: ignore[union-attr]  # jagged parts
     shared = groups.get(group) if groups is not None else None
-    if shared is not None:  # the same offsets tensors (alive: the call holds them): the same plan
-        if shared.arrays is not None:  # planned on the host: its sizes are the lengths'
-            return shared._replace(key=key, parts=parts)
-        return shared._replace(key=key, parts=parts, seqlens=shared.seqlens or cached_seqlens(sources))
-    plan = _plan_jagged(parts, key, rows, sources)._replace(group=group)
-    if groups is not None:
-        groups[group] = plan
-    return plan
+    if shared is None:
+        plan = _plan_jagged(parts, key, rows, sources)._replace(group=group)
+        if groups is not None:
+            groups[group] = plan
+        return plan
+    if shared.total != sum(p.values.shape[0] for p in parts):  # values that do not fill the offsets
+        return _plan_jagged(parts, key, rows, sources)  # (trusted off the CPU): planned alone, in no group
+    if shared.arrays is not None:  # planned on the host: its sizes are the lengths'
+        return shared._replace(key=key, parts=parts)
+    return shared._replace(key=key, parts=parts, seqlens=shared.seqlens or cached_seqlens(sources))
 
 
 def _plan_jagged(parts: Sequence[Part], key: Any, rows: CallRows, sources: Sequence[Any]) -> KeyPlan:
