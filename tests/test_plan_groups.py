@@ -64,3 +64,49 @@ def test_a_key_whose_values_do_not_fill_the_shared_offsets_is_planned_alone() ->
     outs[1]["model_output"]["entropy"] = torch.nested.nested_tensor_from_jagged(longer.to(torch.float64), lp.offsets())
     with pytest.raises(InvalidJaggedError, match="key 'entropy', micro-batch 1: offsets\\[-1\\] must equal"):
         torch_impl.postprocess_batch(outs, indices)
+
+
+def test_values_filling_the_shared_offsets_otherwise_in_each_micro_batch_raise() -> None:
+    """A review's case: a key whose values add up to the group's in total but not micro-batch by
+    micro-batch (values attached to another micro-batch's offsets) is planned alone: its defect raises."""
+    first = torch.tensor([0, 2, 5])
+    second = torch.tensor([0, 3, 7])
+    outs = []
+    for offsets, mine in ((first, 6), (second, 6)):  # 6 + 6 values where the offsets hold 5 + 7
+        a = torch.nested.nested_tensor_from_jagged(torch.arange(float(offsets[-1])), offsets)
+        b = torch.nested.nested_tensor_from_jagged(torch.arange(float(mine)), offsets)
+        outs.append({"model_output": {"a": a, "b": b}})
+    with pytest.raises(InvalidJaggedError, match="key 'b', micro-batch 0: offsets\\[-1\\] must equal"):
+        torch_impl.postprocess_batch(outs, [[0, 3], [1, 2]])
+
+
+def _meta_outputs(*, shared: bool) -> list[dict[str, Any]]:
+    """Keys on ``meta`` caching other sizes: ``a`` (4, 4), ``b`` none, ``c`` (1, 9)."""
+    nested = torch.nested.nested_tensor_from_jagged
+    outs = []
+    for b in (2, 3):
+        offsets = torch.arange(0, (b + 1) * 4, 4, device="meta")
+        other = offsets if shared else offsets.clone()
+        values = torch.zeros(b * 4, device="meta")
+        keys = {
+            "a": nested(values, offsets, min_seqlen=4, max_seqlen=4),
+            "b": nested(values, other),
+            "c": nested(values, other, min_seqlen=1, max_seqlen=9),
+        }
+        outs.append({"model_output": keys})
+    return outs
+
+
+def test_off_the_cpu_each_key_keeps_its_own_cached_sizes_and_is_counted() -> None:
+    """A review's cases: off the CPU a key of a group caches the sizes its own parts cache (as planned
+    alone), and each key's trusted offsets are counted (``skipped_device_offsets``), not each group's."""
+    from property_tests.compare import cached_sizes
+
+    indices = [[4, 3], [2, 1, 0]]
+    before = torch_impl.witness_stats()["skipped_device_offsets"]
+    shared = torch_impl.postprocess_batch(_meta_outputs(shared=True), indices)["model_output"]
+    counted = torch_impl.witness_stats()["skipped_device_offsets"] - before
+    alone = torch_impl.postprocess_batch(_meta_outputs(shared=False), indices)["model_output"]
+    assert counted == torch_impl.witness_stats()["skipped_device_offsets"] - before - counted
+    for key in "abc":
+        assert cached_sizes(shared[key]) == cached_sizes(alone[key]), key

@@ -16,6 +16,7 @@ import torch
 from ._jagged import Seqlens, cached_seqlens, seqlens_of, zero_prefixed_cumsum
 from ._parts import DensePart, Part, check_offsets, numpy_bridge
 from ._rows import CallRows
+from ._tally import skipped
 
 __all__ = ["KeyPlan", "host_offsets", "plan_key"]
 
@@ -74,11 +75,26 @@ def plan_key(
         if groups is not None:
             groups[group] = plan
         return plan
-    if shared.total != sum(p.values.shape[0] for p in parts):  # values that do not fill the offsets
-        return _plan_jagged(parts, key, rows, sources)  # (trusted off the CPU): planned alone, in no group
+    if not _fill_alike(parts, shared.parts):  # values that do not fill the offsets as the group's do
+        return _plan_jagged(parts, key, rows, sources)  # (a defect, trusted off the CPU): planned alone
     if shared.arrays is not None:  # planned on the host: its sizes are the lengths'
         return shared._replace(key=key, parts=parts)
-    return shared._replace(key=key, parts=parts, seqlens=shared.seqlens or cached_seqlens(sources))
+    if shared.device.type != "cpu":
+        skipped("skipped_device_offsets")  # this key's offsets trusted too, and counted (`check_offsets`)
+    return shared._replace(key=key, parts=parts, seqlens=_own_seqlens(shared, sources))
+
+
+def _fill_alike(parts: Sequence[Part], group: Sequence[Part]) -> bool:
+    """Whether each micro-batch's values have as many rows as the group's first key's."""
+    return all(p.values.shape[0] == q.values.shape[0] for p, q in zip(parts, group, strict=True))
+
+
+def _own_seqlens(shared: KeyPlan, sources: Sequence[Any]) -> Seqlens:
+    """A key's own cached sizes on its group's plan: where the group's lengths are on the CPU (read
+    there), theirs; off it, the ones this key's parts as given cache (`cached_seqlens`), as planned alone."""
+    if shared.lengths is not None and shared.lengths.is_cpu:
+        return shared.seqlens
+    return cached_seqlens(sources)
 
 
 def _plan_jagged(parts: Sequence[Part], key: Any, rows: CallRows, sources: Sequence[Any]) -> KeyPlan:
