@@ -295,6 +295,12 @@ def _words(err: BaseException | None) -> tuple[str, str] | None:
     return None if err is None else (type(err).__name__, str(err))
 
 
+def _swap(outputs: list[Any], carried: list[Any], m: int, n: int) -> None:
+    """Outputs ``m`` and ``n`` swapped, with what each carries."""
+    outputs[m], outputs[n] = outputs[n], outputs[m]
+    carried[m], carried[n] = carried[n], carried[m]
+
+
 def _misaligned(
     name: str,
     split: Split,
@@ -312,18 +318,14 @@ def _misaligned(
         pairs = [(m, n) for m, n in itertools.combinations(real, 2) if sizes[m] == sizes[n] > 0]
         if not pairs:
             return False
-        m, n = data.draw(st.sampled_from(pairs))
-        outputs[m], outputs[n] = outputs[n], outputs[m]
-        carried[m], carried[n] = carried[n], carried[m]
+        _swap(outputs, carried, *data.draw(st.sampled_from(pairs)))
         return True
     if name == "padding_swapped_into_a_real_slot":
         padding = [m for m in range(len(outputs)) if m not in sizes]
         fits = [(m, p) for m in real for p in padding if sizes[m] == 1]  # the filler has one row
         if not fits:
             return False
-        m, p = data.draw(st.sampled_from(fits))
-        outputs[m], outputs[p] = outputs[p], outputs[m]
-        carried[m], carried[p] = carried[p], carried[m]
+        _swap(outputs, carried, *data.draw(st.sampled_from(fits)))
         return True
     if name == "output_of_another_split":
         others = [

@@ -75,7 +75,8 @@ def check_provenance(
     batch size), then every output carrying its provenance against its slot; returns whether every
     output carried one (then every key of the call is proven, dense keys included). ``provenance``: the
     split's `Provenance`, or every live split of the batch; ``output_lst`` and ``indices`` without
-    padding micro-batches; ``key``: the first jagged model-output key (else the first key), named by an output's error.
+    padding micro-batches; ``key``: the first jagged model-output key (else the first key), named by an
+    output's error.
 
     The split is the one whose rows the first output carrying any holds; an output carrying another
     given split's rows raises (two splits mixed); an output carrying none, or a split not given, is
@@ -133,7 +134,10 @@ def _by_name(provenance: Provenance | Sequence[Provenance]) -> dict[Hashable, Pr
     return splits
 
 
-def _carried(output: Mapping[str, Any], splits: Mapping[Hashable, Provenance]) -> tuple[Provenance, Any] | None:
+def _carried(
+    output: Mapping[str, Any],
+    splits: Mapping[Hashable, Provenance],
+) -> tuple[Provenance, Any] | None:
     """``(split, rows)`` an output carries (bare rows: the first split's), or None where it carries none
     of a split given."""
     if PROVENANCE not in output or not splits:

@@ -91,7 +91,13 @@ def stray_output(key: Any, slot: int, holder: Any) -> MisalignmentError:
     )
 
 
-def mixed_splits(key: Any, slot: int, split: Hashable, first: int, first_split: Hashable) -> MisalignmentError:
+def mixed_splits(
+    key: Any,
+    slot: int,
+    split: Hashable,
+    first: int,
+    first_split: Hashable,
+) -> MisalignmentError:
     """Output ``slot`` holds rows of split ``split``, while output ``first`` (the first output carrying
     a split's rows) holds split ``first_split``'s: outputs of two splits restored as one batch."""
     return MisalignmentError(

@@ -89,7 +89,8 @@ def _checked_plans(
     perm = None
     if dynamic:
         check_partition_count(indices, len(outs))
-        known = provenance.known if isinstance(provenance, Provenance) else ()  # a live split's vouch for themselves
+        # the live splits' indices vouch for themselves (each a permutation, checked when recorded)
+        known = provenance.known if isinstance(provenance, Provenance) else ()
         perm = check_permutation(indices, sum(map(len, indices)), known=known)
     keys = list(outs[0]) if outs else []
     sizes = [len(p) for p in indices] if perm is not None and indices is not None else None

@@ -78,9 +78,10 @@ def _ragged(x: Any) -> Any:
 class Split:
     """One split's record: ``name``; ``slots`` (each micro-batch's slot among the real ones, or
     `PADDING`); ``sizes`` (each real micro-batch's rows); ``flat`` (its indices flattened, padding
-    left out; for fixed-size chunks, the rows in order) and ``flat_bytes``; ``kept``, each micro-batch's nested ints with their tags (held, so their
-    ids stay theirs while the record lives); ``expected``, each real slot's own tag. Read-only once
-    made; shared by threads. Raises ValueError for indices that are not a permutation (left unrecorded)."""
+    left out; for fixed-size chunks, the rows in order) and ``flat_bytes``; ``kept``, each
+    micro-batch's nested ints with their tags (held, so their ids stay theirs while the record lives);
+    ``expected``, each real slot's own tag. Read-only once made; shared by threads. Raises ValueError
+    for indices that are not a permutation (left unrecorded)."""
 
     __slots__ = ("expected", "flat", "flat_bytes", "kept", "name", "sizes", "slots")
 
@@ -201,7 +202,12 @@ def _first_tag(found: Sequence[Sequence[Tag | None]], outputs: int) -> tuple[int
     return None
 
 
-def _mixed(keys: Sequence[Any], found: Sequence[Sequence[Tag | None]], outputs: int, first: tuple[int, Tag]) -> Any:
+def _mixed(
+    keys: Sequence[Any],
+    found: Sequence[Sequence[Tag | None]],
+    outputs: int,
+    first: tuple[int, Tag],
+) -> Any:
     """The error of the first tag (outputs in order, then keys) of a split other than the first tag's."""
     first_output, (name, _slot) = first
     for m in range(outputs):

@@ -63,7 +63,9 @@ class CallRows:
         return self._on("inverse", self.inverse(), device)
 
     def _on(self, what: str, host: torch.Tensor, device: torch.device) -> torch.Tensor:
-        return host if device.type == "cpu" else self.once(what, device, lambda: host.to(device, non_blocking=True))
+        if device.type == "cpu":
+            return host
+        return self.once(what, device, lambda: host.to(device, non_blocking=True))
 
     def steps(self, device: torch.device) -> torch.Tensor | None:
         """`row_steps` of the row counts on ``device``; None for one micro-batch (nothing to leave out)."""
