@@ -132,7 +132,7 @@ def _cut(flat: Sequence[int], sizes: Sequence[int]) -> list[list[int]]:
 class Provenance:
     """The live splits of one batch (``splits``, oldest first, at most `MAX_SPLITS`), as the restore
     reads them: ``tags`` (each recorded nested int's id -> its tag; a newer split's wins), ``by_name``
-    and ``known`` (the dynamic splits' flattened indices, each a permutation: `check_permutation`'s
+    and ``known`` (each split's flattened indices, newest first, each a permutation: `check_permutation`'s
     ``known``). Read-only: a new split makes a new one."""
 
     __slots__ = ("batch", "by_name", "known", "splits", "tags")
