@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 import pytest
+import torch
 
 from property_tests.launches import LAYOUTS, count_call, meta_batch, output_bytes
 
@@ -120,3 +121,102 @@ def test_the_docs_state_the_shared_keys_bound() -> None:
     kernels = (Path(__file__).resolve().parent.parent / "docs" / "kernels.md").read_text()
     assert f"a further key costs at most {PER_SHARED_KEY} operations" in kernels
     assert f"{LAUNCHES_PER_SHARED_KEY} kernel launches" in kernels
+    assert f"at most {LAUNCHES_PER_CALL} kernel\n  launches a call and {LAUNCHES_PER_KEY} a key" in kernels
+
+
+#: verl's call on the device path (issue 56), keys of a micro-batch on one offsets tensor, whatever B and
+#: M: kernel launches a call (its group's plan: `torch_impl._devplan`), a key (its values joined, one
+#: index copy), and what the alignment witness may add a call (its comparison and its one read).
+LAUNCHES_PER_CALL, LAUNCHES_PER_KEY, WITNESS_LAUNCHES = 10, 2, 4
+
+
+def _verl_call(rows: int, micro_batches: int, keys: int, witness: bool, move: Any) -> Any:
+    """verl's call of ``keys`` float32 keys on each micro-batch's one offsets tensor, the outputs moved with
+    ``move``; ``data`` holds the batch's ``input_ids`` on the host (as verl's engines leave it) where
+    ``witness``."""
+    from tensordict import TensorDict
+
+    import torch_impl
+    from property_tests.peers import sized_call
+
+    outs, partitions = sized_call(rows, LENGTH, micro_batches)
+    parts = [o["model_output"]["log_probs"] for o in outs]
+    output_lst = move([{"model_output": {f"k{k}": p for k in range(keys)}} for p in parts])
+    entries: dict[str, Any] = {}
+    if witness:
+        lengths = [0] * rows
+        for p, x in zip(partitions, parts, strict=True):
+            for i, n in zip(p, x.offsets().diff().tolist(), strict=True):
+                lengths[i] = n
+        entries["input_ids"] = torch_impl.from_packed(torch.zeros(sum(lengths), dtype=torch.int64), lengths)
+    data = TensorDict(entries, batch_size=[])
+    return lambda: torch_impl.postprocess_batch_func(output_lst, partitions, data)
+
+
+def _fake_cuda_launches(rows: int, micro_batches: int, keys: int, witness: bool) -> tuple[int, int]:
+    """Kernel launches and device reads of `_verl_call` traced on fake CUDA."""
+    from property_tests.fakecuda import FakeCuda, fake_like
+
+    fc = FakeCuda()
+    call = _verl_call(rows, micro_batches, keys, witness, functools.partial(fake_like, fc=fc))
+    with fc:
+        call()
+    trace = fc.trace()
+    return len(trace.launches), trace.syncs
+
+
+#: Operations that launch no kernel on ``meta``: views, allocations, and a host array taken as a tensor.
+_NO_LAUNCH = ("slice", "view", "select.int", "alias", "as_strided", "lift_fresh", "detach", "expand", "unbind", "empty")
+
+
+def _meta_launches(rows: int, micro_batches: int, keys: int, witness: bool) -> int:
+    """The operations of `_verl_call` on ``meta`` that launch a kernel."""
+    from property_tests.opcount import CountOps
+
+    call = _verl_call(rows, micro_batches, keys, witness, lambda x: tree_to(x, "meta"))
+    with CountOps() as counter:
+        call()
+    return sum(n for op, n in counter.ops.items() if not any(v in op for v in _NO_LAUNCH))
+
+
+def tree_to(x: Any, device: str) -> Any:
+    """``x``'s tensors (nested ones too, keys on one offsets tensor kept on one) on ``device``."""
+    from torch.utils._pytree import tree_map
+
+    made: dict[int, Any] = {}
+
+    def one(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor):
+            return t
+        if id(t) not in made:
+            if t.is_nested:
+                made[id(t)] = torch.nested.nested_tensor_from_jagged(t.values().to(device), t.offsets().to(device))
+            else:
+                made[id(t)] = t.to(device)
+        return made[id(t)]
+
+    return tree_map(one, x)
+
+
+@pytest.mark.parametrize(
+    ("rows", "micro_batches"), [(8, 1), (8, 4), (1024, 1), (1024, 16), (1024, 64), (16384, 16), (16384, 64)]
+)
+def test_verls_call_launches_at_most_ten_a_call_and_two_a_key(rows: int, micro_batches: int) -> None:
+    """Fake CUDA: one key and five within ``10 + 2 * keys`` launches and no read; witnessed (``data``
+    carrying ``input_ids``), at most `WITNESS_LAUNCHES` more and one read (its verdict)."""
+    for keys in (1, 5):
+        allowed = LAUNCHES_PER_CALL + LAUNCHES_PER_KEY * keys
+        plain, plain_reads = _fake_cuda_launches(rows, micro_batches, keys, witness=False)
+        checked, checked_reads = _fake_cuda_launches(rows, micro_batches, keys, witness=True)
+        case = f"B={rows} M={micro_batches} keys={keys}: {plain} launches, {checked} witnessed"
+        assert plain <= allowed, case
+        assert checked <= allowed + WITNESS_LAUNCHES, case
+        assert (plain_reads, checked_reads) == (0, 1), case
+
+
+@pytest.mark.parametrize("witness", [False, True])
+def test_verls_call_on_meta_launches_as_on_fake_cuda(witness: bool) -> None:
+    """The ``meta`` device (the device path without data), B=1024 M=16: the same bound."""
+    for keys in (1, 5):
+        allowed = LAUNCHES_PER_CALL + LAUNCHES_PER_KEY * keys + (WITNESS_LAUNCHES if witness else 0)
+        assert _meta_launches(1024, 16, keys, witness) <= allowed, keys

@@ -16,6 +16,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 
 from ._bits import as_bits, from_bits
@@ -33,12 +34,13 @@ T = TypeVar("T")
 CPU_CHUNK_ROWS = 2**14
 
 
-def index_chunk(values: torch.Tensor) -> int:
+def index_chunk(values: torch.Tensor, as_on_device: bool = False) -> int:
     """Value rows per destination buffer: as many as cover ``Settings.index_chunk_bytes`` of output
-    (rows of ``values[0]``'s size), rounded up, at least 1; on the CPU at most `CPU_CHUNK_ROWS`."""
+    (rows of ``values[0]``'s size), rounded up, at least 1; on the CPU at most `CPU_CHUNK_ROWS`, unless
+    ``as_on_device`` (a key planned as on an accelerator: ``Settings.plan_on_device``)."""
     row_bytes = values.element_size() * math.prod(values.shape[1:])
     rows = max(1, -(-get_settings().index_chunk_bytes // max(1, row_bytes)))
-    return min(rows, CPU_CHUNK_ROWS) if values.device.type == "cpu" else rows
+    return min(rows, CPU_CHUNK_ROWS) if values.device.type == "cpu" and not as_on_device else rows
 
 
 def permute_rows(plan: KeyPlan) -> torch.Tensor:
@@ -63,24 +65,51 @@ def permute_by_indices(plan: KeyPlan) -> torch.Tensor:
     first, total, lengths = parts[0].values, plan.total, plan.lengths
     assert lengths is not None
     assert plan.offsets is not None
-    chunk = index_chunk(first)
-    rows, device, offsets = plan.rows, plan.device, plan.offsets
-    dest_starts = _per_group(plan, "dest_starts", lambda: offsets.index_select(0, rows.perm_on(device)))
+    chunk = index_chunk(first, as_on_device=plan.runs is not None)
     out = as_bits(first).new_empty((total, *first.shape[1:]))
-    if first.device.type != "cpu" or total <= chunk:
+    if plan.runs is not None or first.device.type != "cpu" or total <= chunk:
         values = first if len(parts) == 1 else torch.cat([p.values for p in parts])
-        runs = _per_group(plan, "runs", lambda: Runs.of(dest_starts, sources_of(lengths), total))
+        runs = _group_runs(plan)
         if total <= chunk:  # one chunk: its element indices made once for the group's keys
             out.index_copy_(0, _per_group(plan, "indices", runs.indices), as_bits(values))
         else:  # several: made chunk by chunk for each key (a group's would all be held at once)
             _copy_in_chunks(out, as_bits(values), runs, chunk)
         return from_bits(out, first.dtype)
+    dest_starts = _per_group(plan, "dest_starts", lambda: _dest_starts(plan))
     row = 0
     for p in parts:
         runs = Runs.of(dest_starts[row : row + p.rows], p.offsets[:-1], p.values.shape[0])
         _copy_in_chunks(out, as_bits(p.values), runs, chunk)
         row += p.rows
     return from_bits(out, first.dtype)
+
+
+def _group_runs(plan: KeyPlan) -> Runs:
+    """The element runs of ``plan``'s move, all parts laid end to end: the group's own where it was
+    planned on an accelerator (`torch_impl._devplan`), else made once for the group, with NumPy where it
+    was planned on the host."""
+    if plan.runs is not None:
+        return plan.runs
+    return _per_group(plan, "runs", lambda: _runs_of(plan))
+
+
+def _runs_of(plan: KeyPlan) -> Runs:
+    """`_group_runs` of a key planned on the CPU: from its host arrays where it has them (no torch
+    operation), else from its lengths and destinations."""
+    assert plan.lengths is not None
+    if plan.arrays is None:
+        return Runs.of(_dest_starts(plan), sources_of(plan.lengths), plan.total)
+    lengths, _, offsets = plan.arrays
+    sources = np.zeros(lengths.shape[0], dtype=np.int64)
+    np.cumsum(lengths[:-1], out=sources[1:])
+    positions, jumps = Runs.on_host(offsets[plan.rows.host()[0]], sources, plan.total)
+    return Runs(torch.from_numpy(positions), torch.from_numpy(jumps), plan.total)
+
+
+def _dest_starts(plan: KeyPlan) -> torch.Tensor:
+    """Each split row's first value in the result ``[B]`` (its restored row's offset)."""
+    assert plan.offsets is not None
+    return plan.offsets.index_select(0, plan.rows.perm_on(plan.device))
 
 
 def _per_group(plan: KeyPlan, what: str, make: Callable[[], T]) -> T:

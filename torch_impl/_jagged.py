@@ -113,6 +113,15 @@ class Runs(NamedTuple):
     total: int
 
     @classmethod
+    def on_host(cls, starts: np.ndarray, positions: np.ndarray, total: int) -> tuple[np.ndarray, np.ndarray]:
+        """`of` in NumPy (int64 arrays on the host): ``(positions, jumps)``, no torch operation."""
+        shift = starts - positions
+        jumps = shift.copy()
+        jumps[:1] -= 1
+        jumps[1:] -= shift[:-1]
+        return positions, jumps
+
+    @classmethod
     def of(cls, starts: torch.Tensor, positions: torch.Tensor, total: int) -> Runs:
         """Run ``r`` covering elements from ``positions[r]`` (non-decreasing, ``positions[0] == 0``) and
         standing for indices from ``starts[r]``. Four operations."""

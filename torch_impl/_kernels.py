@@ -51,7 +51,7 @@ def _concat(plan: KeyPlan) -> torch.Tensor:
 
 
 def _on_host(plan: KeyPlan) -> bool:
-    return plan.device.type == "cpu" and host_movable(plan.parts) and (plan.lengths is None or plan.lengths.is_cpu)
+    return plan.device.type == "cpu" and host_movable(plan.parts) and (plan.lengths is None or plan.arrays is not None)
 
 
 def _elements(plan: KeyPlan) -> int:

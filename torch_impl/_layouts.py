@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from ref.errors import InvalidJaggedError, ShapeMismatchError, UnsupportedSettingError
 from ref.structure import check_lengths, check_max_len, check_pad_value
 
 from ._bits import as_bits, from_bits
+from ._devplan import upload
 from ._entry import entry
 from ._jagged import Runs, njt, seqlens_of, zero_prefixed_cumsum
 from ._parts import DensePart, JaggedPart, check_offsets, check_parts
@@ -35,22 +37,45 @@ def host_lengths(lengths: Any, name: str, **rule: Any) -> list[int]:
 
 
 def scatter_padded(
-    values: torch.Tensor, lengths: torch.Tensor, rows: torch.Tensor, b: int, max_len: int, pad_value: Any
+    values: torch.Tensor,
+    lengths: torch.Tensor | np.ndarray,
+    rows: torch.Tensor | np.ndarray,
+    b: int,
+    max_len: int,
+    pad_value: Any,
 ) -> torch.Tensor:
     """``[b, max_len, *F]`` filled with ``pad_value``, where source row ``k`` (``lengths[k]`` values of
     ``values`` ``[N, *F]``, laid end to end) is written at the start of output row ``rows[k]``. Checked by
-    the caller: ``rows`` distinct in ``range(b)``, every length at most ``max_len``."""
+    the caller: ``rows`` distinct in ``range(b)``, every length at most ``max_len``. ``lengths`` and
+    ``rows`` as int64 NumPy arrays (known on the host): the element indices planned there and uploaded
+    once; as tensors: planned on ``values``' device."""
     trailing = tuple(values.shape[1:])
     out = values.new_full((b * max_len, *trailing), pad_value)
     n = int(values.shape[0])
     if n:
-        as_bits(out).index_copy_(0, _runs(rows * max_len, lengths, n), as_bits(values))  # a view: writes `out`
+        if isinstance(lengths, np.ndarray) and isinstance(rows, np.ndarray):
+            indices = _host_runs(rows * max_len, lengths, n, values.device)[1]
+        else:
+            assert isinstance(lengths, torch.Tensor)
+            assert isinstance(rows, torch.Tensor)
+            indices = Runs.of(rows * max_len, zero_prefixed_cumsum(lengths)[:-1], n).indices()
+        as_bits(out).index_copy_(0, indices, as_bits(values))  # a view: writes `out`
     return out.view(b, max_len, *trailing)
 
 
-def _runs(starts: torch.Tensor, lengths: torch.Tensor, total: int) -> torch.Tensor:
-    """``[s + j for s, n in zip(starts, lengths) for j in range(n)]``, int64 ``[total]``: a constant number of operations."""
-    return Runs.of(starts, zero_prefixed_cumsum(lengths)[:-1], total).indices()
+def _host_runs(
+    starts: np.ndarray, lengths: np.ndarray, total: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[s + j for s, n in zip(starts, lengths) for j in range(n)]``, int64 ``[total]`` on ``device``,
+    from host arrays: their runs computed on the host and uploaded once, with the rows' offsets ``[B + 1]``
+    (returned first: the first ``B + 1`` of the one buffer uploaded); three launches more."""
+    offsets = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    host = np.concatenate([offsets, *Runs.on_host(starts, offsets[:-1], total)])
+    both = upload(host, device)
+    count = lengths.shape[0]
+    runs = Runs(both[count + 1 : 2 * count + 1], both[2 * count + 1 :], total)
+    return both[: count + 1], runs.indices()
 
 
 def _jagged_part(x: Any, name: str) -> JaggedPart:
@@ -146,9 +171,8 @@ def from_padded(x: torch.Tensor, lengths: Any) -> torch.Tensor:
     b, s = int(dense.shape[0]), int(dense.shape[1])
     host = host_lengths(lengths, "from_padded", rows=b, limit=s)
     total = sum(host)
-    lens = torch.tensor(host, dtype=torch.int64, device="cpu").to(dense.device, non_blocking=True)
-    offsets = zero_prefixed_cumsum(lens)
+    starts = np.arange(b, dtype=np.int64) * s
+    offsets, indices = _host_runs(starts, np.asarray(host, dtype=np.int64), total, dense.device)
     flat = dense.reshape(b * s, *dense.shape[2:])
-    starts = torch.arange(b, dtype=torch.int64, device=dense.device) * s
-    values = from_bits(as_bits(flat).index_select(0, _runs(starts, lens, total)), dense.dtype)
+    values = from_bits(as_bits(flat).index_select(0, indices), dense.dtype)
     return njt(values, offsets, None, seqlens_of(host))

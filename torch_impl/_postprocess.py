@@ -103,7 +103,8 @@ def _checked_plans(
     plans = []
     groups: dict[tuple[int, ...], KeyPlan] = {}  # keys on the same offsets tensors share one plan
     for key, parts in checked.items():
-        plan = plan_key(parts, key, rows, [mo[key] for mo in outs], groups)
+        witnessed = judge.known if judge is not None else None  # the witness's lengths, where it binds the key
+        plan = plan_key(parts, key, rows, [mo[key] for mo in outs], groups, witnessed)
         if judge is not None:
             judge.observe(plan)
         plans.append(plan)

@@ -1,7 +1,8 @@
 """`CallRows`: what every key of one call shares, built once per call (and device).
 
 Every key of a call has the same row counts and permutation, so what derives from them alone (the one
-inverse, computed on the host; copies on the keys' device; `row_steps`) is built once, on first use.
+inverse, computed on the host; copies on the keys' device; the accelerator's plan's host layout) is
+built once, on first use.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from ._parts import numpy_bridge, row_steps
+from ._parts import numpy_bridge
 from ._permutation import invert, is_identity
 
 __all__ = ["CallRows"]
@@ -66,9 +67,3 @@ class CallRows:
         if device.type == "cpu":
             return host
         return self.once(what, device, lambda: host.to(device, non_blocking=True))
-
-    def steps(self, device: torch.device) -> torch.Tensor | None:
-        """`row_steps` of the row counts on ``device``; None for one micro-batch (nothing to leave out)."""
-        if len(self.rows) < 2:
-            return None
-        return self.once("steps", device, lambda: row_steps(self.rows, device))

@@ -25,6 +25,10 @@ class Settings:
     #: run, `UnsupportedSettingError`, never another kernel); None: each key takes the registry's
     #: choice. Tests and the benchmark harness force kernels with it.
     kernel: str | None = None
+    #: True: every jagged key planned as on an accelerator (`torch_impl._devplan`), the CPU's too, where
+    #: the default plans keys whose offsets are on the CPU with NumPy. The tests check the accelerator's
+    #: plan on the CPU's values with it, and the benchmark harness measures that path here.
+    plan_on_device: bool = False
     #: Output bytes each chunk of the index kernels covers (their int64 destinations are built a chunk
     #: at a time; on the CPU at most ``CPU_CHUNK_ROWS`` value rows): ``docs/kernels.md``, "Settings".
     index_chunk_bytes: int = 16 * 2**20
@@ -39,6 +43,8 @@ class Settings:
     def __post_init__(self) -> None:
         if self.kernel is not None and not isinstance(self.kernel, str):
             raise ValueError(f"kernel must be a kernel's name or None, got {self.kernel!r}")
+        if not isinstance(self.plan_on_device, bool):
+            raise ValueError(f"plan_on_device must be a bool, got {self.plan_on_device!r}")
         for name, integer, least in _BOUNDS:  # in the fields' order: the first bad one is named
             value: Any = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int if integer else numbers.Real):

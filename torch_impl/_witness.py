@@ -29,7 +29,7 @@ from rebatch_startup import WITNESS_ENV, WITNESS_UNBOUND_ENV, ForkSafeLock
 from ref.errors import RebatchError, UnsupportedSettingError, where
 from ref.structure import WITNESS, check_lengths, misalignment, witness_binds, witness_form
 
-from ._parts import NestedTensor
+from ._parts import NestedTensor, check_offsets, explain_bad_offsets
 from ._plan import KeyPlan
 from ._tally import TALLY, skipped
 
@@ -171,8 +171,8 @@ class Witness:
         self._error: RebatchError | None = None  # a defect of the witness's form: raised by `verdict`
         self._on: dict[torch.device, torch.Tensor] = {}
         self._compared: set[tuple[int, ...]] = set()  # the offsets tensors of the keys compared
-        #: each compared key in order: (key, lengths, host failure row or -1, device flag or None)
-        self._entries: list[tuple[Any, torch.Tensor, int, torch.Tensor | None]] = []
+        #: each compared key in order: (its plan, host failure row or -1, device flag or None)
+        self._entries: list[tuple[KeyPlan, int, torch.Tensor | None]] = []
         self._flags = 0  # entries compared on a device (their flag read by `verdict`)
         self.bound = 0
         self.left = 0
@@ -206,6 +206,14 @@ class Witness:
             return key not in self.unbound
         return witness_binds(key, True, values, self.total, self.unbound)
 
+    def known(self, key: Any, values: int) -> np.ndarray | None:
+        """The restored row lengths the host knows for a jagged key of ``values`` values: the witness's
+        own where it is on the host, well formed, and binds the key (`torch_impl._plan.plan_key` plans
+        such a key off the CPU from them, and `observe` then compares its offsets with theirs)."""
+        if self._error is not None or self.host is None or not self._binds(key, values):
+            return None
+        return self.host
+
     def observe(self, plan: KeyPlan) -> None:
         """A planned key's restored row lengths ``[B]`` (original order) against the witness, where it
         binds the key; keys whose parts share offsets tensors once."""
@@ -221,12 +229,18 @@ class Witness:
         if offsets_ids in self._compared:
             return
         self._compared.add(offsets_ids)
+        if plan.expected is not None:  # planned from the witness's lengths: the parts' offsets must be theirs
+            offsets = [p.offsets for p in parts]  # type: ignore[union-attr]  # jagged parts
+            flat = torch.cat(offsets) if len(offsets) > 1 else offsets[0]
+            self._entries.append((plan, -1, flat.ne(plan.expected).any()))
+            self._flags += 1
+            return
         if restored.device.type != "cpu":
             want = self._on_device(restored.device)
             flag = restored.ne(want).any()
             if self.total is None:  # the binding rule's total, on the device too
                 flag = flag & want.sum().eq(plan.total)
-            self._entries.append((key, restored, -1, flag))
+            self._entries.append((plan, -1, flag))
             self._flags += 1
             return
         if self.device is not None and self.device.device.type == "meta":  # host lengths, no values to compare
@@ -242,7 +256,7 @@ class Witness:
             return
         got = restored.numpy() if plan.arrays is None else plan.arrays[1]  # the plan's own array, where it has one
         bad = -1 if got.tobytes() == host.tobytes() else int(np.flatnonzero(got != host)[0])  # a match: bytes equal
-        self._entries.append((key, restored, bad, None))
+        self._entries.append((plan, bad, None))
 
     def verdict(self) -> None:
         """Raise `MisalignmentError` for the first compared key (in order) with a mismatch: every device
@@ -252,23 +266,30 @@ class Witness:
             raise self._error
         _count_call(self.bound, self.left)
         read: list[bool] = []
-        flags = [f for _, _, _, f in self._entries if f is not None]
+        flags = [f for _, _, f in self._entries if f is not None]
         if flags:
-            if len({f.device for f in flags}) == 1:
+            if len(flags) == 1 and flags[0].device.type != "meta":
+                read = [bool(flags[0])]  # one flag: one read, nothing stacked
+            elif len({f.device for f in flags}) == 1:
                 stacked = torch.stack(flags)
                 # on ``meta`` nothing can be read: the comparison is launched (counted), never judged
                 read = [False] * len(flags) if stacked.device.type == "meta" else [bool(v) for v in stacked.tolist()]
             else:
                 read = [f.device.type != "meta" and bool(f.item()) for f in flags]
         it = iter(read)
-        for key, lengths, bad, flag in self._entries:
+        for plan, bad, flag in self._entries:
+            if flag is not None and not next(it):
+                continue
+            if flag is None and bad < 0:
+                continue
+            lengths = _restored(plan)  # the error path from here
             if flag is not None:
-                if not next(it):
-                    continue
-                got, want = lengths.tolist(), self._want().tolist()  # the error path: reads the device
-                bad = next(i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b)
+                got, want = lengths.tolist(), self._want().tolist()  # reads the device
+                bad = next((i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b), -1)
+                if bad < 0:  # the lengths agree, so the offsets themselves are broken (planned from the host's)
+                    explain_bad_offsets(plan.parts, plan.key)  # type: ignore[arg-type]  # jagged parts
             if bad >= 0:
-                self._raise(key, lengths, bad)
+                self._raise(plan.key, lengths, bad)
 
     def _raise(self, key: Any, lengths: torch.Tensor, i: int) -> None:
         got, want = int(lengths[i]), int(self._want()[i])
@@ -295,6 +316,17 @@ class Witness:
             want = source.to(device, non_blocking=source.is_cpu)  # a download blocks: read at once
             self._on[device] = want
         return want
+
+
+def _restored(plan: KeyPlan) -> torch.Tensor:
+    """A compared key's restored row lengths as its parts' offsets give them: the plan's own, or where it
+    was planned from the witness's lengths, its parts' read from their offsets (the error path only)."""
+    if plan.expected is None:
+        assert plan.restored is not None
+        return plan.restored
+    lengths = check_offsets(plan.parts)  # type: ignore[arg-type]  # jagged parts
+    perm = plan.rows.perm
+    return lengths if perm is None else lengths.index_select(0, plan.rows.inverse_on(lengths.device))
 
 
 def _nonnegative(host: np.ndarray, rows: int) -> np.ndarray:

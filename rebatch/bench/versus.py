@@ -248,16 +248,17 @@ IMPL_ENV = "REBATCH_VERSUS_IMPL"
 
 class Worker:
     """One worker process with ``ref``/``torch_impl`` from ``root``; ``verl``: its ``impl`` is verl's own
-    ``postprocess_batch_func`` instead of rebatch's drop-in."""
+    ``postprocess_batch_func`` instead of rebatch's drop-in; ``module``: the worker's module (its
+    ``--worker`` serves the harness: `rebatch.bench.devicepath` has its own)."""
 
-    def __init__(self, root: Path, *, verl: bool = False) -> None:
+    def __init__(self, root: Path, *, verl: bool = False, module: str = "rebatch.bench.versus") -> None:
         env = dict(os.environ)
         env.pop(IMPL_ENV, None)
         if verl:
             env[IMPL_ENV] = "verl"
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([str(root), str(ROOT)]))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rebatch.bench.versus", "--worker"],
+            [sys.executable, "-m", module, "--worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,

@@ -20,6 +20,7 @@ import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from ref.errors import (
@@ -31,6 +32,7 @@ from ref.errors import (
 )
 from ref.structure import check_lengths
 
+from .._devplan import upload
 from .._entry import entry
 from .._layouts import scatter_padded
 from .._parts import DensePart, check_parts
@@ -118,9 +120,8 @@ def reorder_and_pad_outputs(
         values = parts[0].values if len(parts) == 1 else torch.cat([p.values for p in parts])
     else:
         values = _aggregated(aggregate_fn(list(outputs)), sum(seqlens))
-    device = values.device
-    lengths = torch.tensor(in_order, dtype=torch.int64, device="cpu").to(device, non_blocking=True)
-    return scatter_padded(values, lengths, perm.to(device, non_blocking=perm.is_cpu), b, max(seqlens, default=0), 0)
+    lengths = np.asarray(in_order, dtype=np.int64)  # the host knows them: planned there, uploaded once
+    return scatter_padded(values, lengths, perm.numpy(), b, max(seqlens, default=0), 0)
 
 
 def check_reorder_and_pad_outputs(
@@ -187,13 +188,23 @@ def _check_micro_batches(mb_list: Any, in_order: list[int], order: list[int], si
     if sum(int(c.numel()) - 1 for c in cus) != len(in_order) or cus[0].device.type == "meta":
         return skipped("calls_without_witness")
     device = cus[0].device
-    got = torch.cat([c.diff().to(device, torch.int64, non_blocking=c.is_cpu) for c in cus])
-    totals = torch.stack([(c[-1] - c[0]).to(device, torch.int64, non_blocking=c.is_cpu) for c in cus])
-    bad = got.ne(torch.tensor(in_order, dtype=torch.int64, device="cpu").to(device, non_blocking=True)).any()
-    if sizes is not None and len(sizes) == len(cus):
-        bad = bad | totals.ne(torch.tensor(sizes, dtype=torch.int64, device="cpu").to(device, non_blocking=True)).any()
-    if not bool(bad):  # the one read
+    if all(c.device == device and c.dtype == cus[0].dtype for c in cus):  # as AReaL makes them: one cat
+        flat = torch.cat(cus).to(torch.int64)
+    else:
+        flat = torch.cat([c.to(device, torch.int64, non_blocking=c.is_cpu) for c in cus])
+    counts = [int(c.numel()) for c in cus]
+    # each offset less its micro-batch's first, against the lengths' own: one upload, one read
+    firsts = np.repeat(np.cumsum([0, *counts[:-1]], dtype=np.int64), counts)
+    bounds = list(itertools.accumulate((n - 1 for n in counts), initial=0))
+    lengths = np.asarray(in_order, dtype=np.int64)
+    expected = [np.concatenate([[0], np.cumsum(lengths[a:b])]) for a, b in itertools.pairwise(bounds)]
+    both = upload(np.concatenate([firsts, *expected]).astype(np.int64, copy=False), device)
+    bad = flat.sub(flat.index_select(0, both[: flat.shape[0]])).ne(both[flat.shape[0] :]).any()
+    fills = sizes is None or len(sizes) != len(cus) or sizes == [int(e[-1]) for e in expected]
+    if fills and not bool(bad):  # the one read
         return
+    got = torch.cat([c.diff().to(torch.int64) for c in cus])  # the error path: read on the host
+    totals = torch.stack([(c[-1] - c[0]).to(torch.int64) for c in cus])
     rows = got.tolist()
     at = list(itertools.accumulate((int(c.numel()) - 1 for c in cus), initial=0))
     for k, (n, want) in enumerate(zip(rows, in_order, strict=True)):
