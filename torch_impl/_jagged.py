@@ -18,7 +18,16 @@ import torch.nn.functional as F
 from ._bits import as_bits, from_bits
 from ._parts import JaggedPart, NestedTensor, check_offsets, numpy_bridge
 
-__all__ = ["Runs", "cached_seqlens", "gather_jagged", "njt", "result_njt", "seqlens_of", "zero_prefixed_cumsum"]
+__all__ = [
+    "Runs",
+    "cached_seqlens",
+    "gather_jagged",
+    "njt",
+    "result_njt",
+    "seqlens_of",
+    "size_cache",
+    "zero_prefixed_cumsum",
+]
 
 #: ``(shortest, longest)`` row of a jagged tensor, as host ints; None where unknown (or no rows).
 Seqlens = tuple[int, int] | None
@@ -77,17 +86,25 @@ def njt(
     return _nested_view(values, offsets, lengths, min_seqlen=lo, max_seqlen=hi)
 
 
-def result_njt(values: torch.Tensor, offsets: torch.Tensor, seqlens: Seqlens = None) -> torch.Tensor:
-    """`njt` over ``values`` just made (a result's own storage), ``seqlens`` cached, built directly where
-    no gradient can flow (the same nested tensor, not recorded as a view, which only autograd reads:
-    about 20 µs instead of 90, ``docs/kernels.md``); with a gradient to carry, or a tensor subclass,
-    `njt` itself."""
+def size_cache(seqlens: Seqlens) -> dict[str, torch.Tensor]:
+    """A nested tensor's cache of ``seqlens``: each size as the length of an empty ``[n, 0]`` host tensor,
+    as torch caches them (no data; results of one group share one: `torch_impl._kernels.move`)."""
+    if seqlens is None:
+        return {}
+    return {k: torch.empty(n, 0, device=_CPU) for k, n in zip(_SIZES, seqlens, strict=True)}
+
+
+def result_njt(
+    values: torch.Tensor, offsets: torch.Tensor, seqlens: Seqlens = None, cache: dict[str, torch.Tensor] | None = None
+) -> torch.Tensor:
+    """`njt` over ``values`` just made (a result's own storage), ``seqlens`` cached (``cache``: their
+    `size_cache`, where made already), built directly where no gradient can flow (the same nested
+    tensor, not recorded as a view, which only autograd reads: about 20 µs instead of 90,
+    ``docs/kernels.md``); with a gradient to carry, or a tensor subclass, `njt` itself."""
     if type(values) is torch.Tensor and not (values.requires_grad and torch.is_grad_enabled()):
-        cache = (
-            {} if seqlens is None else {k: torch.empty(n, 0, device=_CPU) for k, n in zip(_SIZES, seqlens, strict=True)}
-        )
+        sizes = dict(cache) if cache is not None else size_cache(seqlens)
         with torch._C.DisableTorchFunctionSubclass():  # its constructor's reads of itself: 38% of it on torch 2.9.1
-            return NestedTensor(values, offsets, _metadata_cache=cache)
+            return NestedTensor(values, offsets, _metadata_cache=sizes)
     return njt(values, offsets, None, seqlens)
 
 

@@ -18,7 +18,7 @@ from ref.errors import UnsupportedSettingError, where
 
 from ._hostcopy import copy_rows, host_movable, scatter_rows, scatter_values
 from ._indexcopy import permute_by_indices, permute_rows
-from ._jagged import result_njt
+from ._jagged import result_njt, size_cache
 from ._parts import Part
 from ._plan import KeyPlan, plan_key
 from ._rows import CallRows
@@ -109,7 +109,13 @@ def move(plan: KeyPlan) -> torch.Tensor:
     """``plan``'s key put together: ``[B, (j), *F]`` (a nested tensor over the kernel's fresh values and
     the plan's offsets) or ``[B, *F]``."""
     values = choose(plan).run(plan)
-    return values if plan.offsets is None else result_njt(values, plan.offsets, plan.seqlens)
+    if plan.offsets is None:
+        return values
+    sizes = plan.rows.once(("sizes", plan.seqlens), _HOST, lambda: size_cache(plan.seqlens))  # once a call
+    return result_njt(values, plan.offsets, plan.seqlens, sizes)
+
+
+_HOST = torch.device("cpu")  # where a result's cached sizes live
 
 
 def assemble(parts: Sequence[Part], perm: torch.Tensor | None, key: Any = None, sources: Any = ()) -> torch.Tensor:

@@ -22,7 +22,13 @@ Then, each section on its own (one that fails is reported and the others still r
    on fake CUDA tensors (`property_tests.fakecuda`);
 6. rebatch beside each trainer's own function (`property_tests.sidebyside`; a trainer not installed is a
    row saying so, verl's algorithm stands in for verl), timed with ``torch.utils.benchmark``;
-7. a copy against ``clone()`` of the same bytes, and one small operation in a chain: the cost model's
+7. what a verl user runs: verl's call plain and checked (``data`` carrying ``input_ids``, recorded by
+   rebatch's split), B = 8, 1024, 16384 with one and five keys: the synchronised time beside the host's
+   issue time, the host seconds of each phase (check, plan, move, result), the synchronisations of a
+   warm call (0 plain, at most 1 checked: a failure otherwise), one call profiled (wall time against
+   its kernels' summed time, their number);
+8. a pageable beside a pinned upload, each queued behind device work (the host's wait for each);
+9. a copy against ``clone()`` of the same bytes, and one small operation in a chain: the cost model's
    bandwidth and per-launch cost (`rebatch.bench.gpu_model.Model`).
 
 One table sums it up (the measured ratio beside the model's, from ``docs/gpu_traces.json``); ``--out``
@@ -329,6 +335,160 @@ def _timings(device: str, sizes: tuple[int, ...], min_time: float) -> list[dict[
     return rows
 
 
+#: Where each phase of a call begins, as `_phases` times it: its checks (the witness's one read
+#: included), its plan, its data moved, its results built.
+PHASES = ("check", "plan", "move", "result")
+
+
+@contextlib.contextmanager
+def _phases() -> Iterator[dict[str, float]]:
+    """Within the block, the host seconds a call spends in each of `PHASES`, summed over its calls: the
+    plan (`torch_impl._plan.plan_key`), the move (each kernel's run) and the result (each result's
+    nested tensor, `torch_impl._jagged.result_njt`) timed around them, the check the rest of
+    ``_checked_plans``. The functions are wrapped where the pipeline calls them, and restored after."""
+    import time
+
+    from torch_impl import _kernels, _postprocess
+
+    spent = dict.fromkeys(("checked_plans", "plan", "move", "result"), 0.0)
+
+    def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[name] += time.perf_counter() - start
+
+        return wrapper
+
+    saved = (_postprocess._checked_plans, _postprocess.plan_key, _postprocess.move, _kernels.result_njt)
+    _postprocess._checked_plans = timed("checked_plans", saved[0])
+    _postprocess.plan_key = timed("plan", saved[1])
+    _postprocess.move = timed("move", saved[2])
+    _kernels.result_njt = timed("result", saved[3])
+    phases: dict[str, float] = {}
+    try:
+        yield phases
+    finally:
+        _postprocess._checked_plans, _postprocess.plan_key, _postprocess.move, _kernels.result_njt = saved
+        phases.update(
+            check=spent["checked_plans"] - spent["plan"],
+            plan=spent["plan"],
+            move=spent["move"] - spent["result"],
+            result=spent["result"],
+        )
+
+
+def _verl_call(device: str, b: int, keys: int, checked: bool) -> Callable[[], Any]:
+    """verl's call of `rebatch.bench.devicepath`'s inputs (every key of a micro-batch on its one offsets
+    tensor) on ``device``; ``checked``: ``data`` holding the batch's ``input_ids`` on the host (as verl's
+    engines leave it) and recorded by rebatch's split (the witness and exact provenance on)."""
+    from .devicepath import Case, _batch, _verl_data
+    from .gpu_model import to_device
+
+    case = Case("verl", b, keys, checked)
+    lengths, partitions, keyed = _batch(case)
+    outs = to_device([{"model_output": {f"k{k}": x for k, x in enumerate(ks)}} for ks in keyed], device)
+    data = _verl_data(case, lengths, outs, partitions)
+    return lambda: torch_impl.postprocess_batch_func(outs, partitions, data)
+
+
+def _synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _verl_calls(device: str, sizes: tuple[int, ...], min_time: float) -> list[dict[str, Any]]:
+    """What a verl user runs, plain and checked, at each B with one and five keys: the synchronised time
+    (`torch.utils.benchmark`) beside the host's issue time (until the call returns, the device idle
+    before it), the host seconds of each phase (`PHASES`), the synchronisations of a warm call (0 plain,
+    at most 1 checked), and one call profiled (its wall time against its kernels' summed time, and
+    their number)."""
+    import time
+
+    from torch.utils import benchmark
+
+    rows = []
+    for checked in (False, True):
+        for b in sizes:
+            for keys in (1, 5):
+                call = _verl_call(device, b, keys, checked)
+                call()
+                timer = benchmark.Timer(stmt="fn()", globals={"fn": call})
+                synced = timer.blocked_autorange(min_run_time=min_time).median if min_time else timer.timeit(3).median
+                issued = []
+                for _ in range(5 if min_time else 2):
+                    _synchronize(device)
+                    start = time.perf_counter()
+                    call()
+                    issued.append(time.perf_counter() - start)
+                _synchronize(device)
+                with _phases() as phases:
+                    call()
+                    _synchronize(device)
+                with _syncs(device) as found:
+                    call()
+                row: dict[str, Any] = {"b": b, "keys": keys, "checked": checked, "synced_s": float(synced)}
+                row["host_s"] = sorted(issued)[len(issued) // 2]
+                row["phases_s"] = phases
+                row["syncs"] = len(found)
+                row["syncs_ok"] = len(found) <= (1 if checked else 0)
+                row.update(_profiled(device, call))
+                rows.append(row)
+    return rows
+
+
+def _profiled(device: str, call: Callable[[], Any]) -> dict[str, Any]:
+    """One warm call under ``torch.profiler``: its wall seconds, its device kernels' summed seconds and
+    their number (none on the CPU, where nothing is launched)."""
+    import time
+
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if device.startswith("cuda"):
+        activities.append(ProfilerActivity.CUDA)
+    _synchronize(device)
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        call()
+        _synchronize(device)
+        wall = time.perf_counter() - start
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return {
+        "profiled_wall_s": wall,
+        "kernel_s": sum(e.device_time_total for e in kernels) / 1e6,
+        "kernels": len(kernels),
+    }
+
+
+def _uploads(device: str) -> dict[str, Any]:
+    """A pageable and a pinned upload of 4 MiB, each queued behind about 20 ms of device work: the host
+    seconds until each ``to(device, non_blocking=True)`` returns (a pageable one may wait for the queue,
+    the driver copying it synchronously; a pinned one returns at once). Not measured off CUDA."""
+    import time
+
+    if not device.startswith("cuda"):
+        return {"skipped": "no CUDA device: an upload has nothing to wait for"}
+    n = 2**20
+    pageable = torch.randn(n, device="cpu")
+    pinned = pageable.pin_memory()
+    cycles = int(20e-3 * torch.cuda.get_device_properties(device).clock_rate * 1e3)
+    out: dict[str, Any] = {"bytes": 4 * n, "queued_s": 20e-3}
+    for name, host in (("pageable", pageable), ("pinned", pinned)):
+        times = []
+        for _ in range(5):
+            torch.cuda.synchronize()
+            torch.cuda._sleep(cycles)
+            start = time.perf_counter()
+            host.to(device, non_blocking=True)
+            times.append(time.perf_counter() - start)
+        torch.cuda.synchronize()
+        out[f"{name}_s"] = sorted(times)[2]
+    return out
+
+
 def _machine(device: str, min_time: float) -> dict[str, Any]:
     """The cost model's parameters measured: a copy's bandwidth against ``clone()`` of the same bytes,
     and the time of one small operation in a chain (the per-launch cost)."""
@@ -360,14 +520,32 @@ def _machine(device: str, min_time: float) -> dict[str, Any]:
     }
 
 
+def _sync_failure(row: dict[str, Any]) -> str:
+    kind = "checked" if row["checked"] else "plain"
+    return f"verl B={row['b']} keys={row['keys']} {kind}: {row['syncs']} synchronisations in a warm call"
+
+
+def _verl_calls_table(rows: list[dict[str, Any]]) -> list[str]:
+    """`_verl_calls`' rows, one line each."""
+    lines = [f"{'verl call':<22} {'synced ms':>10} {'host ms':>8} {'syncs':>5} {'kernels':>7}  phases (ms)"]
+    for r in rows:
+        name = f"B={r['b']} keys={r['keys']}{' checked' if r['checked'] else ''}"
+        phases = " ".join(f"{p} {r['phases_s'][p] * 1e3:.3f}" for p in PHASES)
+        lines.append(
+            f"{name:<22} {r['synced_s'] * 1e3:>10.3f} {r['host_s'] * 1e3:>8.3f} {r['syncs']:>5} {r['kernels']:>7}  {phases}"
+        )
+    return lines
+
+
 def _table(results: dict[str, Any]) -> list[str]:
     """The one table: per trainer and case, the measured times, their ratio, the model's ratio (from the
     traces in docs/gpu_traces.json, where present) and the kernels counted against those traced."""
     import json
     from pathlib import Path
 
-    from .gpu_model import Model, predict
+    from .gpu_model import calibrated, predict
 
+    fitted = calibrated()
     traces_path = Path(__file__).resolve().parents[2] / "docs" / "gpu_traces.json"
     traces = json.loads(traces_path.read_text()) if traces_path.exists() else {}
     launches = {(r["trainer"], r["b"], r["keys"]): r for r in results.get("launches", {}).get("rows", [])}
@@ -380,9 +558,7 @@ def _table(results: dict[str, Any]) -> list[str]:
         theirs = "n/a" if r["theirs_s"] is None else f"{r['theirs_s'] * 1e3:.3f}"
         ratio = "n/a" if r["theirs_s"] is None else f"{r['theirs_s'] / r['rebatch_s']:.2f}x"
         case = next((c for c in traces.get(r["trainer"], {}).get("cases", []) if (c["b"], c["keys"]) == key[1:]), None)
-        model = (
-            "n/a" if case is None else f"{predict(case['theirs'], Model()) / predict(case['rebatch'], Model()):.2f}x"
-        )
+        model = "n/a" if case is None else f"{predict(case['theirs'], fitted) / predict(case['rebatch'], fitted):.2f}x"
         counted = launches.get(key)
         kernels = "n/a" if counted is None else f"{counted['traced_launches']}/{counted['measured_kernels']}"
         lines.append(
@@ -410,6 +586,8 @@ def main(argv: list[str] | None = None) -> int:
         "device_calls": lambda: _device_calls(device),
         "launches": lambda: _launches(device, sizes[:2]),
         "timings": lambda: _timings(device, sizes, min_time),
+        "verl_calls": lambda: _verl_calls(device, sizes, min_time),
+        "uploads": lambda: _uploads(device),
         "machine": lambda: _machine(device, min_time),
     }
     results: dict[str, Any] = {"device": device, "torch": torch.__version__}
@@ -429,6 +607,10 @@ def main(argv: list[str] | None = None) -> int:
         if name == "properties":
             failures += got
             results[name] = {"failures": got}
+        elif name == "verl_calls":
+            failures += [_sync_failure(r) for r in got if not r["syncs_ok"]]
+            results[name] = {"rows": got}
+            print("\n".join(_verl_calls_table(got)))
         elif name == "device_calls":
             failures += [f"{r['call']} ({r['kernel']}): {r['problem']}" for r in got if not r["ok"]]
             results[name] = {"rows": got}
