@@ -33,9 +33,15 @@ def calibration() -> dict[str, Any]:
     return json.loads((DOCS / "gpu_calibration.json").read_text())
 
 
-def test_the_calibration_fits_every_measured_row_within_one_and_a_half() -> None:
+#: The worst ratio either way of a measured row to the calibrated prediction that the stored calibration
+#: may show (issue 56's bound).
+WORST_RATIO = 1.5
+
+
+def test_the_calibration_fits_every_measured_row() -> None:
     """Every measured row of the GPU's run (rebatch's, and the trainer's where it ran) has its prediction,
-    within 1.5x either way; the stored model is the fit of the stored rows."""
+    within the stored worst ratio either way (at most `WORST_RATIO`); the stored model is the fit of the
+    stored rows."""
     fit = calibration()
     measured = json.loads((DOCS / "gpu_h200.json").read_text())
     want = {(r["trainer"], r["b"], r["keys"], "rebatch") for r in measured["timings"]["rows"]}
@@ -44,7 +50,9 @@ def test_the_calibration_fits_every_measured_row_within_one_and_a_half() -> None
     seconds = {(r["trainer"], r["b"], r["keys"]): r for r in measured["timings"]["rows"]}
     for r in fit["rows"]:
         assert r["measured_s"] == seconds[r["trainer"], r["b"], r["keys"]][f"{r['side']}_s"]
-        assert 1 / 1.5 <= r["measured_s"] / r["predicted_s"] <= 1.5, r
+        ratio = r["measured_s"] / r["predicted_s"]
+        assert max(ratio, 1 / ratio) <= fit["worst_ratio"] + 1e-12, r
+    assert fit["worst_ratio"] <= WORST_RATIO
     refit = gpu_model.fit(fit["rows"], fit["model"]["bandwidth_bytes_s"])
     assert refit._asdict() == pytest.approx(fit["model"])
     assert gpu_model.calibrated() == gpu_model.Model(**fit["model"])

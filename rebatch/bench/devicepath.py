@@ -154,7 +154,7 @@ def _call(case: Case, move: Callable[[Any], Any]) -> Callable[[], Any]:
         it = types.SimpleNamespace(
             _microbatches=partitions, _token_counts=[1] * case.rows, _num_padding_microbatches=0, data=None
         )
-        moved_batches = move(batches)
+        moved_batches = move([dict(b) for b in batches])  # plain dicts: a tree's nodes
         return lambda: skyrl.reorder_and_combine_batches(it, [_SkyrlBatch(b) for b in moved_batches])
     raise ValueError(f"unknown trainer {case.trainer!r}")
 
