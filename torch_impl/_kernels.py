@@ -111,7 +111,8 @@ def move(plan: KeyPlan) -> torch.Tensor:
     values = choose(plan).run(plan)
     if plan.offsets is None:
         return values
-    sizes = plan.rows.once(("sizes", plan.seqlens), _HOST, lambda: size_cache(plan.seqlens))  # once a call
+    made = ("sizes", plan.group, plan.seqlens)  # once a group (and sizes): its keys' results share them
+    sizes = plan.rows.once(made, _HOST, lambda: size_cache(plan.seqlens))
     return result_njt(values, plan.offsets, plan.seqlens, sizes)
 
 
