@@ -77,7 +77,10 @@ def main() -> None:
             if src.exists() and not dst.exists():
                 link(src, dst)
                 linked.append(entry)
-    print(f"link_dists: {name} and its requirements from {src_site}: {len(linked)} entries linked into {dst_site}")
+    print(
+        f"link_dists: {name} and its requirements from {src_site}: {len(linked)} entries linked into "
+        f"{dst_site}"
+    )
 
 
 if __name__ == "__main__":

@@ -8,10 +8,19 @@ from __future__ import annotations
 import sys
 import zipfile
 
-ALLOWED = {"ref", "torch_impl", "property_tests", "rebatch", "rebatch_startup", "rebatch.pth", "rebatch.start"}
+ALLOWED = {
+    "ref",
+    "torch_impl",
+    "property_tests",
+    "rebatch",
+    "rebatch_startup",
+    "rebatch.pth",
+    "rebatch.start",
+}
 #: the startup hook's files at the wheel's top (site-packages), copies of the package's own
 HOOK = {"rebatch.pth": "rebatch_startup/rebatch.pth", "rebatch.start": "rebatch_startup/rebatch.start"}
-#: modules of subpackages a wheel must hold (an explicit package list once left ``torch_impl.integrations`` out)
+#: modules of subpackages a wheel must hold (an explicit package list once left
+#: ``torch_impl.integrations`` out)
 REQUIRED = {
     "torch_impl/integrations/_patch.py",
     "torch_impl/integrations/_integration.py",
@@ -33,11 +42,16 @@ def main(path: str) -> int:
     tests_outside_kit = [n for n in names if "/test_" in n and not n.startswith("property_tests/")]
     print(f"{path}: top level {sorted(tops)}, {len(names)} files")
     missing = sorted(REQUIRED - set(names))
-    hook = [top for top, kept in HOOK.items() if top in names and kept in names and wheel.read(top) != wheel.read(kept)]
+    hook = [
+        top
+        for top, kept in HOOK.items()
+        if top in names and kept in names and wheel.read(top) != wheel.read(kept)
+    ]
     if tops != ALLOWED or tests_outside_kit or missing or hook:
         print(
             f"unexpected: top level {sorted(tops - ALLOWED)}, missing {sorted(ALLOWED - tops)}, tests "
-            f"{tests_outside_kit}, modules missing {missing}, hook files differing from rebatch_startup's {hook}"
+            f"{tests_outside_kit}, modules missing {missing}, hook files differing from rebatch_startup's "
+            f"{hook}"
         )
         return 1
     return 0

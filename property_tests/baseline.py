@@ -50,7 +50,9 @@ def verl_restore_dynamic_batch(data: torch.Tensor, batch_idx_list: Sequence[Sequ
     return data[reverse_t]
 
 
-def verl_postprocess_batch_func(output_lst: Sequence[Mapping[str, Any]], indices: Any, data: Any) -> dict[str, Any]:
+def verl_postprocess_batch_func(
+    output_lst: Sequence[Mapping[str, Any]], indices: Any, data: Any
+) -> dict[str, Any]:
     use_dynamic_bsz = _setting(data, "use_dynamic_bsz", True)
     pad_mode = _setting(data, "pad_mode", "no_padding")
     if pad_mode != "no_padding":

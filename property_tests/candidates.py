@@ -56,7 +56,9 @@ def load_candidate(spec: str | Callable[..., Any]) -> Callable[..., Any]:
     ) -> Any:
         from .data import verl_data
 
-        data = verl_data(use_dynamic_bsz=use_dynamic_bsz, pad_mode=pad_mode, witness=witness, provenance=provenance)
+        data = verl_data(
+            use_dynamic_bsz=use_dynamic_bsz, pad_mode=pad_mode, witness=witness, provenance=provenance
+        )
         return _dense_again(fn(output_lst, indices, data), output_lst)
 
     return as_postprocess_batch

@@ -25,7 +25,15 @@ import time
 
 from .candidates import CONFORMANCE, load_candidate, run_conformance, use_candidate
 
-__all__ = ["CONFORMANCE", "DEFAULT_CANDIDATE", "ENV_VAR", "load_candidate", "use_candidate", "run_conformance", "main"]
+__all__ = [
+    "CONFORMANCE",
+    "DEFAULT_CANDIDATE",
+    "ENV_VAR",
+    "load_candidate",
+    "use_candidate",
+    "run_conformance",
+    "main",
+]
 
 DEFAULT_CANDIDATE = "torch_impl:postprocess_batch"
 ENV_VAR = "REBATCH_CANDIDATE"
@@ -38,7 +46,9 @@ def candidate_from_env() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m property_tests.conformance", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+        prog="python -m property_tests.conformance",
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
     )
     parser.add_argument(
         "--candidate",
@@ -52,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--report", metavar="MARKDOWN", help="write docs/peers.md from the JSON reports given as arguments"
     )
-    parser.add_argument("--check", action="store_true", help="with --report: fail if the table of outcomes differs")
+    parser.add_argument(
+        "--check", action="store_true", help="with --report: fail if the table of outcomes differs"
+    )
     parser.add_argument("reports", nargs="*", help="JSON reports (with --report)")
     args = parser.parse_args(argv)
     if args.report:
@@ -65,7 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in CONFORMANCE:
         start = time.perf_counter()
         why = run_conformance(args.candidate, max_examples=args.max_examples, names=(name,))[name]
-        print(f"{'ok  ' if why is None else 'FAIL'} {name:<32} {time.perf_counter() - start:5.1f}s  {why or ''}")
+        print(
+            f"{'ok  ' if why is None else 'FAIL'} {name:<32} {time.perf_counter() - start:5.1f}s  {why or ''}"
+        )
         failed += why is not None
     print(f"{args.candidate}: {len(CONFORMANCE) - failed} of {len(CONFORMANCE)} conformance properties hold")
     return 1 if failed else 0
@@ -94,7 +108,9 @@ def _peer(name: str, args: argparse.Namespace) -> int:
         print(f"{'ok  ' if why is None else 'FAIL'} {prop:<32} {why or ''}")
     for d in report["defects"]:
         limit = f" (known limit: {d['limit']})" if d.get("limit") else ""
-        print(f"  {d['name']:<40} {d['source']:<6} {report['label']}: {d['theirs']:<32} rebatch: {d['ours']}{limit}")
+        print(
+            f"  {d['name']:<40} {d['source']:<6} {report['label']}: {d['theirs']:<32} rebatch: {d['ours']}{limit}"
+        )
     for sp in report["speed"]:
         print(
             f"  B={sp['B']} L={sp['mean_length']} M={sp['M']}: {report['label']} {sp['theirs_ms']:.2f} ms, "
@@ -114,7 +130,9 @@ def _peer(name: str, args: argparse.Namespace) -> int:
     ]
     for d in wrong:
         print(f"FAIL rebatch's drop-in on {d['name']}: {d['ours']}, expected raises {d['expected']}")
-    failed = bool(diff["differences"]) or any(v is not None for v in report["properties"].values()) or bool(wrong)
+    failed = (
+        bool(diff["differences"]) or any(v is not None for v in report["properties"].values()) or bool(wrong)
+    )
     return 1 if failed else 0
 
 

@@ -81,7 +81,12 @@ def result_to_torch(result: Any) -> Any:
 
 
 def ref_postprocess(
-    output_lst: Any, indices: Any, *, use_dynamic_bsz: Any = True, pad_mode: Any = "no_padding", **witness: Any
+    output_lst: Any,
+    indices: Any,
+    *,
+    use_dynamic_bsz: Any = True,
+    pad_mode: Any = "no_padding",
+    **witness: Any,
 ) -> Any:
     """``ref.postprocess_batch`` on torch-built inputs (converted inside the call), result as torch;
     ``witness=`` and ``provenance=`` (``ref``'s form: `provenance_for`) passed on where given."""
@@ -94,7 +99,12 @@ def ref_postprocess(
 
 
 def torch_postprocess(
-    output_lst: Any, indices: Any, *, use_dynamic_bsz: Any = True, pad_mode: Any = "no_padding", **witness: Any
+    output_lst: Any,
+    indices: Any,
+    *,
+    use_dynamic_bsz: Any = True,
+    pad_mode: Any = "no_padding",
+    **witness: Any,
 ) -> Any:
     import torch_impl
 

@@ -27,7 +27,11 @@ def random_tensor(rng: np.random.Generator, shape: Sequence[int], dtype: str) ->
     if count == 0:
         return torch.empty(tuple(shape), dtype=tdtype)
     if dtype == "bool":
-        return torch.from_numpy(rng.integers(0, 2, size=count, dtype=np.uint8)).to(torch.bool).reshape(tuple(shape))
+        return (
+            torch.from_numpy(rng.integers(0, 2, size=count, dtype=np.uint8))
+            .to(torch.bool)
+            .reshape(tuple(shape))
+        )
     size = torch.empty((), dtype=tdtype).element_size()
     raw = rng.integers(0, 256, size=count * size, dtype=np.uint8)
     return torch.from_numpy(raw).view(tdtype).reshape(tuple(shape)).clone()
@@ -94,7 +98,9 @@ class ListModel:
 
     @staticmethod
     def equal(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
-        return len(a) == len(b) and all(x.shape == y.shape and np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+        return len(a) == len(b) and all(
+            x.shape == y.shape and np.array_equal(x, y) for x, y in zip(a, b, strict=True)
+        )
 
 
 def verl_data(*, witness: Sequence[int] | None = None, provenance: Any = None, **settings: Any) -> Any:

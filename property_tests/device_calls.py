@@ -132,7 +132,10 @@ class _Batch(dict):  # type: ignore[type-arg,unused-ignore]
 def _skyrl(move: Move, b: int) -> tuple[Callable[[], Any], str]:
     indices, _, _ = host_batch(b)
     it = types.SimpleNamespace(
-        _microbatches=indices, _token_counts=[1] * b, _num_padding_microbatches=0, data=types.SimpleNamespace()
+        _microbatches=indices,
+        _token_counts=[1] * b,
+        _num_padding_microbatches=0,
+        data=types.SimpleNamespace(),
     )
     fields = move([{"log_probs": _randn(len(p), 7)} for p in indices])
     batches = [_Batch(f) for f in fields]

@@ -105,7 +105,9 @@ def check_rank(rank: int, world: int, port: int) -> None:
         if hi - lo < counts[0]:
             assert padded, f"rank {rank}: {hi - lo} rows for {counts[0]} micro-batches but no padding"
         for m in padded:  # a padding micro-batch is a copy of the rank's first row (no rows if it has none)
-            assert_same(micro.batches[m]["input_ids"], torch_impl.take(shard, [0] if hi > lo else [])["input_ids"])
+            assert_same(
+                micro.batches[m]["input_ids"], torch_impl.take(shard, [0] if hi > lo else [])["input_ids"]
+            )
         output_lst = [
             {
                 "model_output": stand_in_model(mb["input_ids"]),
@@ -119,7 +121,9 @@ def check_rank(rank: int, world: int, port: int) -> None:
         assert_same(result["model_output"], stand_in_model(shard["input_ids"]))
         kept = [m for m in range(len(micro.indices)) if m not in padded]
         assert_same(result["loss"], [torch.tensor(float(100 * rank + m)) for m in kept])
-        assert result["metrics"].get("padding", []) == [False] * len(kept), "a padding micro-batch leaked into metrics"
+        assert result["metrics"].get("padding", []) == [False] * len(kept), (
+            "a padding micro-batch leaked into metrics"
+        )
         # the whole global batch, in global order, on every rank
         whole = torch_impl.gather_batch(result)
         assert_same(whole["model_output"], stand_in_model(data["input_ids"]))
@@ -166,7 +170,9 @@ def compare_with_verl(rank: int, world: int, port: int) -> None:
 
     from torch_impl.integrations import verl as integration
 
-    ours_fn = integration.replacements()[integration.SEQLEN_BALANCING, "rearrange_micro_batches"]  # this release's
+    ours_fn = integration.replacements()[
+        integration.SEQLEN_BALANCING, "rearrange_micro_batches"
+    ]  # this release's
     verl_sb.get_device_name = lambda: "cpu"
     init_group(rank, world, port, 60.0)
     try:
@@ -219,7 +225,9 @@ def check_budget_and_rank_order(rank: int, world: int, port: int) -> None:
     init_group(rank, world, port, 60)
     try:
         lengths = BUDGET_LENGTHS[rank % len(BUDGET_LENGTHS)]
-        data = TensorDict({"input_ids": jagged(torch.arange(sum(lengths)), lengths)}, batch_size=[len(lengths)])
+        data = TensorDict(
+            {"input_ids": jagged(torch.arange(sum(lengths)), lengths)}, batch_size=[len(lengths)]
+        )
         micro = torch_impl.prepare_micro_batches_dp(data, max_token_len=BUDGET)
         counts: list[Any] = [None] * world
         dist.all_gather_object(counts, len(micro.batches))
@@ -247,7 +255,9 @@ def check_budget_and_rank_order(rank: int, world: int, port: int) -> None:
         }
         whole = torch_impl.gather_batch(result)
         ranks = range(world)
-        assert_same(whole["model_output"]["dense"], torch.cat([torch.full((r + 1, 2), float(r)) for r in ranks]))
+        assert_same(
+            whole["model_output"]["dense"], torch.cat([torch.full((r + 1, 2), float(r)) for r in ranks])
+        )
         assert_same(
             whole["model_output"]["jagged"],
             jagged(torch.cat([torch.full((r + 2,), r) for r in ranks]), [r + 2 for r in ranks]),
@@ -268,7 +278,9 @@ def check_budget_and_rank_order(rank: int, world: int, port: int) -> None:
         dist.destroy_process_group()
 
 
-def _expect(name: str, fn: Any, error: type[BaseException], pattern: str, rank: int, budget_s: float = 15.0) -> None:
+def _expect(
+    name: str, fn: Any, error: type[BaseException], pattern: str, rank: int, budget_s: float = 15.0
+) -> None:
     """``fn()`` must raise ``error`` whose message matches ``pattern``, within ``budget_s`` seconds."""
     import re
     import time
@@ -356,7 +368,9 @@ def ranks_agree_on_errors(rank: int, world: int, port: int) -> None:
             ),
         ]
         for name, mine, error, pattern in cases:
-            _expect(f"gather_batch, {name}", lambda mine=mine: torch_impl.gather_batch(mine), error, pattern, rank)
+            _expect(
+                f"gather_batch, {name}", lambda mine=mine: torch_impl.gather_batch(mine), error, pattern, rank
+            )
         # not a rebatch error on rank 1 (its tensor has no data to send): RankFailedError elsewhere
         if odd:
             _expect(
@@ -408,7 +422,9 @@ def ranks_agree_on_errors(rank: int, world: int, port: int) -> None:
         indices: list[Any] = [p if p is torch_impl.PADDING else list(p) for p in micro.indices]
         if odd:
             at = [(m, j) for m, p in enumerate(indices) if p is not torch_impl.PADDING for j in range(len(p))]
-            a, b = next((u, v) for u in at for v in at if lengths[indices[u[0]][u[1]]] != lengths[indices[v[0]][v[1]]])
+            a, b = next(
+                (u, v) for u in at for v in at if lengths[indices[u[0]][u[1]]] != lengths[indices[v[0]][v[1]]]
+            )
             indices[a[0]][a[1]], indices[b[0]][b[1]] = indices[b[0]][b[1]], indices[a[0]][a[1]]
             _expect(
                 "postprocess_batch_func, misaligned",

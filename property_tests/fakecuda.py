@@ -284,10 +284,14 @@ class FakeCuda(TorchDispatchMode):
             return self._answer(func, args, kwargs)
         if func is _aten._to_copy.default and not fakes:  # a host tensor moved to the device
             (t,) = args
-            if not kwargs.get("non_blocking", False):  # a blocking upload waits for the stream: a sync on a GPU
+            if not kwargs.get(
+                "non_blocking", False
+            ):  # a blocking upload waits for the stream: a sync on a GPU
                 self.reads.append(f"{name} (a blocking upload) at {_where()}")
                 self._read_groups.append(-len(self.reads))
-            out = torch.empty_strided(t.shape, t.stride(), dtype=kwargs.get("dtype") or t.dtype, device=device)
+            out = torch.empty_strided(
+                t.shape, t.stride(), dtype=kwargs.get("dtype") or t.dtype, device=device
+            )
             with unset_fake_temporarily():
                 self.shadow(out, t.to(kwargs.get("dtype") or t.dtype, copy=True))
             self.bytes += 2 * t.numel() * t.element_size()
@@ -297,7 +301,9 @@ class FakeCuda(TorchDispatchMode):
         if func is _aten.unbind.int or func is _aten.select.int:  # ``.tolist()``'s elements, one by one
             source = args[0]
             group = self._sources.setdefault(id(source), (len(self._sources) + 1, source))[0]
-            self._unbound.update({id(t): (group, t) for t in (out if isinstance(out, list | tuple) else [out])})
+            self._unbound.update(
+                {id(t): (group, t) for t in (out if isinstance(out, list | tuple) else [out])}
+            )
         if "empty" in name:
             self.allocations += 1
         if not func.is_view and "empty" not in name:

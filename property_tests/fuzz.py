@@ -44,7 +44,9 @@ class _TimeUp(BaseException):
     Hypothesis neither records nor shrinks it, and the round ends at once (rounds never overrun)."""
 
 
-def _counting(check: Callable[[Any], None], counter: list[int], deadline: list[float]) -> Callable[[Any], None]:
+def _counting(
+    check: Callable[[Any], None], counter: list[int], deadline: list[float]
+) -> Callable[[Any], None]:
     def counted(drawn: Any) -> None:
         if time.perf_counter() >= deadline[0]:
             raise _TimeUp
@@ -62,7 +64,8 @@ def fuzz(minutes: float, *, only: list[str] | None = None, out: Any = None) -> i
     share = minutes * 60.0 / len(names)
     fuzz_profile = settings.get_profile("fuzz")
     print(
-        f"fuzzing {len(names)} properties for {minutes:g} min ({share:.0f} s each); database {database.path}", file=out
+        f"fuzzing {len(names)} properties for {minutes:g} min ({share:.0f} s each); database {database.path}",
+        file=out,
     )
     failed = False
     for name in names:
@@ -116,7 +119,10 @@ def fuzz_machine(name: str, minutes: float, *, out: Any = None) -> int:
     machine = getattr(importlib.import_module(module), cls)
     database = DirectoryBasedExampleDatabase(os.environ.get("REBATCH_FUZZ_DB", FUZZ_DATABASE_DIR))
     each = settings(
-        settings.get_profile("fuzz"), max_examples=MACHINE_ROUND, stateful_step_count=MACHINE_STEPS, database=database
+        settings.get_profile("fuzz"),
+        max_examples=MACHINE_ROUND,
+        stateful_step_count=MACHINE_STEPS,
+        database=database,
     )
     print(f"fuzzing the {name} state machine for {minutes:g} min; database {database.path}", file=out)
     start = time.perf_counter()
@@ -133,14 +139,19 @@ def fuzz_machine(name: str, minutes: float, *, out: Any = None) -> int:
             return 1
         runs += MACHINE_ROUND
     elapsed = time.perf_counter() - start
-    print(f"ok   the {name} state machine: {runs} runs of up to {MACHINE_STEPS} steps ({elapsed:.0f} s)", file=out)
+    print(
+        f"ok   the {name} state machine: {runs} runs of up to {MACHINE_STEPS} steps ({elapsed:.0f} s)",
+        file=out,
+    )
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")  # device defects need 2
     parser = argparse.ArgumentParser(
-        prog="python -m property_tests.fuzz", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m property_tests.fuzz",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--minutes", type=float, default=10.0, help="total time budget (default 10)")
     parser.add_argument(

@@ -39,7 +39,11 @@ def _table() -> dict[str, dict[str, Any]]:
         if kernel.applies is _ALWAYS:  # it runs off the CPU: also after the accelerator's plan
             table[f"{name}_planned_on_device"] = {"kernel": name, **_ON_DEVICE}
             if kernel.chunked:
-                table[f"{name}_few_values_per_chunk_planned_on_device"] = {"kernel": name, **_FEW, **_ON_DEVICE}
+                table[f"{name}_few_values_per_chunk_planned_on_device"] = {
+                    "kernel": name,
+                    **_FEW,
+                    **_ON_DEVICE,
+                }
     return table
 
 
@@ -49,7 +53,9 @@ KERNELS: dict[str, dict[str, Any]] = _table()
 
 #: The cases whose kernel runs on every key it serves (the others, the host kernels, raise
 #: `ref.errors.UnsupportedSettingError` where forced on a key they cannot move: off the CPU, a gradient).
-ANYWHERE = frozenset(case for case, s in KERNELS.items() if torch_impl.KERNELS[s["kernel"]].applies is _ALWAYS)
+ANYWHERE = frozenset(
+    case for case, s in KERNELS.items() if torch_impl.KERNELS[s["kernel"]].applies is _ALWAYS
+)
 
 
 @contextlib.contextmanager

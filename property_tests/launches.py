@@ -39,7 +39,13 @@ class Count(NamedTuple):
 
 
 def meta_batch(
-    rows: int, micro_batches: int, *, keys: int = 1, layout: str = "[b, (j)]", length: int = 32, device: str = "meta"
+    rows: int,
+    micro_batches: int,
+    *,
+    keys: int = 1,
+    layout: str = "[b, (j)]",
+    length: int = 32,
+    device: str = "meta",
 ) -> tuple[list[dict[str, Any]], list[list[int]]]:
     """``(output_lst, indices)``: ``rows`` rows cut into ``micro_batches`` of about equal row counts
     (the first ones one row longer; empty ones when there are more micro-batches than rows), ``keys``

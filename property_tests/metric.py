@@ -25,7 +25,10 @@ class FakeMetric:
         self.values.extend(values.values if isinstance(values, FakeMetric) else values)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, FakeMetric) and (self.aggregation, self.values) == (other.aggregation, other.values)
+        return isinstance(other, FakeMetric) and (self.aggregation, self.values) == (
+            other.aggregation,
+            other.values,
+        )
 
     def __hash__(self) -> int:
         return id(self)

@@ -164,7 +164,10 @@ def run_mutant(name: str, *, max_examples: int = 200) -> tuple[bool, str]:
             except AssertionError as err:
                 return True, f"{prop_name}: {str(err).splitlines()[0][:120]}"
             except Exception as err:
-                return True, f"{prop_name}: {type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''}"
+                return (
+                    True,
+                    f"{prop_name}: {type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''}",
+                )
     return False, f"survived {len(DIFFERENTIAL)} properties x {max_examples} examples"
 
 
@@ -177,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         caught, how = run_mutant(name, max_examples=args.max_examples)
         print(
-            f"{'caught  ' if caught else 'SURVIVED'} {name:<32} {time.perf_counter() - start:5.1f}s  {how}", flush=True
+            f"{'caught  ' if caught else 'SURVIVED'} {name:<32} {time.perf_counter() - start:5.1f}s  {how}",
+            flush=True,
         )
         if not caught:
             survived.append(name)

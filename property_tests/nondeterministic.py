@@ -77,11 +77,30 @@ _always: Callable[[Op], bool] = lambda op: True  # noqa: E731
 #: Refused on CUDA under deterministic mode (a RuntimeError on the GPU).
 REFUSED: tuple[Rule, ...] = (
     _rule("torch.nn.AvgPool3d", "avg_pool3d avg_pool3d_backward", "differentiated on CUDA", _grad),
-    _rule("torch.nn.AdaptiveAvgPool2d", "_adaptive_avg_pool2d _adaptive_avg_pool2d_backward", "differentiated", _grad),
-    _rule("torch.nn.AdaptiveAvgPool3d", "_adaptive_avg_pool3d _adaptive_avg_pool3d_backward", "differentiated", _grad),
-    _rule("torch.nn.AdaptiveMaxPool2d", "adaptive_max_pool2d adaptive_max_pool2d_backward", "differentiated", _grad),
-    _rule("torch.nn.FractionalMaxPool2d", "fractional_max_pool2d fractional_max_pool2d_backward", "diff.", _grad),
-    _rule("torch.nn.FractionalMaxPool3d", "fractional_max_pool3d fractional_max_pool3d_backward", "diff.", _grad),
+    _rule(
+        "torch.nn.AdaptiveAvgPool2d",
+        "_adaptive_avg_pool2d _adaptive_avg_pool2d_backward",
+        "differentiated",
+        _grad,
+    ),
+    _rule(
+        "torch.nn.AdaptiveAvgPool3d",
+        "_adaptive_avg_pool3d _adaptive_avg_pool3d_backward",
+        "differentiated",
+        _grad,
+    ),
+    _rule(
+        "torch.nn.AdaptiveMaxPool2d",
+        "adaptive_max_pool2d adaptive_max_pool2d_backward",
+        "differentiated",
+        _grad,
+    ),
+    _rule(
+        "torch.nn.FractionalMaxPool2d", "fractional_max_pool2d fractional_max_pool2d_backward", "diff.", _grad
+    ),
+    _rule(
+        "torch.nn.FractionalMaxPool3d", "fractional_max_pool3d fractional_max_pool3d_backward", "diff.", _grad
+    ),
     _rule("torch.nn.MaxUnpool1d", "max_unpool1d", "always", _always),
     _rule("torch.nn.MaxUnpool2d", "max_unpool2d", "always", _always),
     _rule("torch.nn.MaxUnpool3d", "max_unpool3d", "always", _always),
@@ -112,14 +131,25 @@ REFUSED: tuple[Rule, ...] = (
     ),
     _rule("torch.histc", "histc", "on CUDA", _cuda),
     _rule(
-        "torch.bincount", "bincount", "on CUDA with weights", lambda op: op.on_cuda and op.arg("weights", 1) is not None
+        "torch.bincount",
+        "bincount",
+        "on CUDA with weights",
+        lambda op: op.on_cuda and op.arg("weights", 1) is not None,
     ),
     _rule(
-        "torch.median", "median", "with indices, on CUDA", lambda op: op.on_cuda and op.name != "aten.median.default"
+        "torch.median",
+        "median",
+        "with indices, on CUDA",
+        lambda op: op.on_cuda and op.name != "aten.median.default",
     ),
-    _rule("torch.nn.functional.grid_sample", "grid_sampler_2d grid_sampler_3d", "differentiated on CUDA", _grad),
     _rule(
-        "torch.cumsum", "cumsum cumsum_", "on CUDA, floating point or complex", lambda op: op.on_cuda and op.floating
+        "torch.nn.functional.grid_sample", "grid_sampler_2d grid_sampler_3d", "differentiated on CUDA", _grad
+    ),
+    _rule(
+        "torch.cumsum",
+        "cumsum cumsum_",
+        "on CUDA, floating point or complex",
+        lambda op: op.on_cuda and op.floating,
     ),
     _rule(
         "torch.Tensor.scatter_reduce",

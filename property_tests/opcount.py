@@ -39,7 +39,9 @@ class CountOps(TorchDispatchMode):
             given = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
             returned = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
             ids = {id(t) for t in given}
-            self.bytes += sum(_nbytes(t) for t in given) + sum(_nbytes(t) for t in returned if id(t) not in ids)
+            self.bytes += sum(_nbytes(t) for t in given) + sum(
+                _nbytes(t) for t in returned if id(t) not in ids
+            )
         return out
 
 

@@ -72,12 +72,16 @@ def drawn(strategy: Any, n: int) -> list[Any]:
     return out
 
 
-def _properties(peer: Peer, theirs: dict[str, Callable[..., Any]], max_examples: int) -> dict[str, str | None]:
+def _properties(
+    peer: Peer, theirs: dict[str, Callable[..., Any]], max_examples: int
+) -> dict[str, str | None]:
     from .candidates import run_conformance
     from .properties import PROPERTIES, Property
     from .strategies import microbatch_outputs
 
-    def candidate(output_lst: Any, indices: Any, *, use_dynamic_bsz: Any = True, pad_mode: Any = "no_padding") -> Any:
+    def candidate(
+        output_lst: Any, indices: Any, *, use_dynamic_bsz: Any = True, pad_mode: Any = "no_padding"
+    ) -> Any:
         return peer.run(theirs, output_lst, indices, use_dynamic_bsz, pad_mode)
 
     strategy = microbatch_outputs(**peer.bounds, use_dynamic_bsz=None)
@@ -98,7 +102,9 @@ def _defects(peer: Peer, theirs: dict[str, Any], ours: dict[str, Any]) -> list[d
             call = named_call(d)  # one call: its outputs, indices and provenance from one split
             outs, indices = call.args
             kwargs = provenance_for("torch_impl", call.kwargs)
-            carried = {"provenance": kwargs["provenance"]} if peer.provenance and "provenance" in kwargs else {}
+            carried = (
+                {"provenance": kwargs["provenance"]} if peer.provenance and "provenance" in kwargs else {}
+            )
             return peer.run(
                 fns,
                 outs,
@@ -275,7 +281,9 @@ def outcomes_section(reports: Sequence[dict[str, Any]]) -> list[str]:
 def _ours(row: dict[str, Any]) -> str:
     """rebatch's outcome as measured, marked where it is silent at a known limit (the row's ``limit``)."""
     return (
-        f"{row['ours']} (known limit: {row['limit']})" if row.get("limit") and row["ours"] == "silent" else row["ours"]
+        f"{row['ours']} (known limit: {row['limit']})"
+        if row.get("limit") and row["ours"] == "silent"
+        else row["ours"]
     )
 
 
@@ -318,7 +326,9 @@ def render(reports: Sequence[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|",
     ]
     for r in reports:
-        props = ", ".join(f"{k}: {'holds' if v is None else 'FAILS (' + v + ')'}" for k, v in r["properties"].items())
+        props = ", ".join(
+            f"{k}: {'holds' if v is None else 'FAILS (' + v + ')'}" for k, v in r["properties"].items()
+        )
         diff = r["differential"]
         out.append(
             f"| {r['label']} | {r['torch']} | {r['python']} | {diff['cases']} | {len(diff['differences'])} | {props} |"

@@ -140,7 +140,9 @@ def _row_lengths(x: torch.Tensor) -> list[int]:
 def _check_partition_sizes(indices: Any, counts: Sequence[int], dynamic: bool) -> None:
     """A trainer that holds only the flattened order (AReaL) cannot hold partitions that disagree with
     the micro-batches' row counts: such a call has no form there."""
-    if dynamic and (len(indices) != len(counts) or any(len(p) != c for p, c in zip(indices, counts, strict=True))):
+    if dynamic and (
+        len(indices) != len(counts) or any(len(p) != c for p, c in zip(indices, counts, strict=True))
+    ):
         raise NotExpressible("partitions that differ from the micro-batches' rows (only their order is held)")
 
 
@@ -398,12 +400,16 @@ def _skyrl_run(
     if any(fields):
         try:
             batches = [tensor_batch(f, {"micro_batch": m}) for m, f in enumerate(fields)]
-        except ValueError as err:  # keys of different row counts: SkyRL's TensorBatch holds no such micro-batch
+        except (
+            ValueError
+        ) as err:  # keys of different row counts: SkyRL's TensorBatch holds no such micro-batch
             raise NotExpressible(f"SkyRL's TensorBatch refuses it ({err})") from None
         it = skyrl_iterator(partitions, len(flat))
         combined = fns["reorder_and_combine_batches"](it, batches)
         for key in fields[0]:
-            model_output[key] = _cut(combined[key], lengths[key], outs[0][key]) if key in lengths else combined[key]
+            model_output[key] = (
+                _cut(combined[key], lengths[key], outs[0][key]) if key in lengths else combined[key]
+            )
     return _result({key: model_output[key] for key in keys})
 
 
@@ -433,7 +439,10 @@ def _skyrl_defects() -> tuple[NativeDefect, ...]:
         )
 
     def items(partitions: list[list[int]], rows: int, extra: int = 0) -> Callable[..., Any]:
-        lists = [[{"i": i} for i in p] + [{"extra": 1}] * (extra if m == 0 else 0) for m, p in enumerate(partitions)]
+        lists = [
+            [{"i": i} for i in p] + [{"extra": 1}] * (extra if m == 0 else 0)
+            for m, p in enumerate(partitions)
+        ]
         return lambda fns: fns["reorder_and_combine_items"](skyrl_iterator(partitions, rows), lists)
 
     return (
@@ -519,7 +528,12 @@ def _verl_run(
             staged.append(o)
         output_lst = staged
     result: dict[str, Any] = run(
-        output_lst, indices, use_dynamic_bsz=dynamic, pad_mode=pad_mode, witness=witness, provenance=provenance
+        output_lst,
+        indices,
+        use_dynamic_bsz=dynamic,
+        pad_mode=pad_mode,
+        witness=witness,
+        provenance=provenance,
     )
     if flat_keys and isinstance(result.get("model_output"), dict):
         mo = dict(result["model_output"])
@@ -552,7 +566,10 @@ PEERS: dict[str, Peer] = {
         _verl_theirs,
         _verl_ours,
         _verl_run,
-        {"min_rows": 1, "metrics": False},  # verl folds its own Metric class (tests/test_verl_differential.py)
+        {
+            "min_rows": 1,
+            "metrics": False,
+        },  # verl folds its own Metric class (tests/test_verl_differential.py)
         _verl_defects,
         _verl_native,
         provenance=True,
@@ -618,7 +635,9 @@ def differential(peer: Peer, cases: Sequence[Any]) -> list[str]:
     return found
 
 
-def sized_call(b: int, mean_length: int, m: int, seed: int = 0) -> tuple[list[dict[str, Any]], list[list[int]]]:
+def sized_call(
+    b: int, mean_length: int, m: int, seed: int = 0
+) -> tuple[list[dict[str, Any]], list[list[int]]]:
     """A timing-sized call: ``b`` rows of float32 log-probs, lengths uniform in ``[1, 2 * mean_length - 1]``,
     shuffled into ``m`` micro-batches (one jagged key)."""
     rng = np.random.default_rng(seed)
@@ -631,5 +650,7 @@ def sized_call(b: int, mean_length: int, m: int, seed: int = 0) -> tuple[list[di
     output_lst = []
     for p in partitions:
         picked = [rows[i] for i in p]
-        output_lst.append({"model_output": {"log_probs": jagged(torch.cat(picked), [len(r) for r in picked])}})
+        output_lst.append(
+            {"model_output": {"log_probs": jagged(torch.cat(picked), [len(r) for r in picked])}}
+        )
     return output_lst, partitions

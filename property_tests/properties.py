@@ -18,7 +18,14 @@ from torch_impl._jagged import njt
 
 from .baseline import verl_postprocess_batch_func
 from .compare import assert_same
-from .convert import outputs_to_ref, provenance_for, ref_postprocess, result_to_torch, to_ref, torch_postprocess
+from .convert import (
+    outputs_to_ref,
+    provenance_for,
+    ref_postprocess,
+    result_to_torch,
+    to_ref,
+    torch_postprocess,
+)
 from .data import DTYPES, ListModel, rows_of
 from .kernels import KERNELS, forced
 from .strategies import (
@@ -68,7 +75,10 @@ def postprocess_agrees(case: MicrobatchOutputs) -> None:
     assert_same(got, ref_postprocess(case.output_lst, case.indices, **kwargs))
     if _verl_applies(case):
         assert_same(
-            got, verl_postprocess_batch_func(case.output_lst, case.indices, {"use_dynamic_bsz": case.use_dynamic_bsz})
+            got,
+            verl_postprocess_batch_func(
+                case.output_lst, case.indices, {"use_dynamic_bsz": case.use_dynamic_bsz}
+            ),
         )
 
 
@@ -121,10 +131,13 @@ def ref_matches_list_model(drawn: tuple[JaggedBatch, Partitions]) -> None:
     assert ListModel.equal(got, ListModel.restore(rows, p.parts)), "restore"
     pieces = ref.split(rx, p.parts)
     assert ListModel.equal(
-        ListModel.rows(result_to_torch(ref.concat(pieces))), ListModel.take(rows, [i for q in p.parts for i in q])
+        ListModel.rows(result_to_torch(ref.concat(pieces))),
+        ListModel.take(rows, [i for q in p.parts for i in q]),
     )
     idx = [i for q in p.parts for i in q][::-1]
-    assert ListModel.equal(ListModel.rows(result_to_torch(ref.take(rx, idx))), ListModel.take(rows, idx)), "take"
+    assert ListModel.equal(ListModel.rows(result_to_torch(ref.take(rx, idx))), ListModel.take(rows, idx)), (
+        "take"
+    )
 
 
 def split_then_postprocess_is_identity(drawn: tuple[JaggedBatch, Partitions]) -> None:
@@ -165,7 +178,9 @@ def layouts_round_trip(drawn: tuple[JaggedBatch, int]) -> None:
     pad = 0 if nt.dtype == torch.bool or not nt.dtype.is_floating_point else -1.5
     padded = torch_impl.to_padded(nt, pad_value=pad, max_len=longest + extra)
     feature = tuple(x.values.shape[1:])
-    by_hand = [torch.cat([r, torch.full((longest + extra - len(r), *feature), pad, dtype=nt.dtype)]) for r in rows]
+    by_hand = [
+        torch.cat([r, torch.full((longest + extra - len(r), *feature), pad, dtype=nt.dtype)]) for r in rows
+    ]
     assert_same(padded, torch.stack(by_hand) if by_hand else padded.new_zeros(padded.shape))
     assert_same(torch_impl.from_padded(padded, x.lengths), nt)
     assert_same(torch_impl.from_packed(*torch_impl.to_packed(nt)), nt)
@@ -258,7 +273,10 @@ def gradients_match_vjp(case: MicrobatchOutputs) -> None:
     slots = [(m, k) for m, o in enumerate(ref_outs) for k in o.get("model_output", {})]
 
     def f(*values: Any) -> list[Any]:
-        new = [dict(o, model_output=dict(o["model_output"])) if "model_output" in o else dict(o) for o in ref_outs]
+        new = [
+            dict(o, model_output=dict(o["model_output"])) if "model_output" in o else dict(o)
+            for o in ref_outs
+        ]
         for (m, k), v in zip(slots, values, strict=True):
             old = new[m]["model_output"][k]
             new[m]["model_output"][k] = (
@@ -352,7 +370,13 @@ def malformed_rejected_alike(case: MalformedInput) -> None:
     for impl, form in ((torch_postprocess, "torch_impl"), (ref_postprocess, "ref")):
         try:
             extra = provenance_for(form, given)
-            impl(case.output_lst, case.indices, use_dynamic_bsz=case.use_dynamic_bsz, pad_mode=case.pad_mode, **extra)
+            impl(
+                case.output_lst,
+                case.indices,
+                use_dynamic_bsz=case.use_dynamic_bsz,
+                pad_mode=case.pad_mode,
+                **extra,
+            )
         except RebatchError as err:
             assert type(err) is case.error, f"{impl.__name__} on {case.name}: {type(err).__name__}: {err}"
         else:
@@ -395,7 +419,9 @@ PROPERTIES: dict[str, Property] = {
     for p in [
         Property("postprocess_agrees", microbatch_outputs(use_dynamic_bsz=None), postprocess_agrees),
         Property(
-            "postprocess_agrees_with_numpy", microbatch_outputs(use_dynamic_bsz=None), postprocess_agrees_with_numpy
+            "postprocess_agrees_with_numpy",
+            microbatch_outputs(use_dynamic_bsz=None),
+            postprocess_agrees_with_numpy,
         ),
         Property(
             "every_kernel_agrees",
@@ -403,10 +429,17 @@ PROPERTIES: dict[str, Property] = {
             every_kernel_agrees,
         ),
         Property("ref_matches_list_model", _batches_with_partitions(), ref_matches_list_model),
-        Property("split_then_postprocess_is_identity", _batches_with_partitions(), split_then_postprocess_is_identity),
+        Property(
+            "split_then_postprocess_is_identity",
+            _batches_with_partitions(),
+            split_then_postprocess_is_identity,
+        ),
         Property("restore_undoes_take", _batches_with_partitions(), restore_undoes_take),
         Property(
-            "layouts_round_trip", st.tuples(jagged_batches(), st.integers(0, 3)), layouts_round_trip, max_examples=40
+            "layouts_round_trip",
+            st.tuples(jagged_batches(), st.integers(0, 3)),
+            layouts_round_trip,
+            max_examples=40,
         ),
         Property(
             "inverse_is_an_involution",

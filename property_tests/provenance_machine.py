@@ -84,10 +84,17 @@ def engine_outputs(micro_batches: Any) -> list[dict[str, Any]]:
     outs = []
     for mb in micro_batches:
         ids = mb["input_ids"]
-        log_probs = torch.nested.nested_tensor_from_jagged(ids.values().to(torch.float32) * -0.5, ids.offsets())
+        log_probs = torch.nested.nested_tensor_from_jagged(
+            ids.values().to(torch.float32) * -0.5, ids.offsets()
+        )
         rows = int(mb.batch_size[0])
-        score = torch.arange(rows * 2, dtype=torch.float32, device="cpu").reshape(rows, 2) + ids.values()[:1].float()
-        outs.append({"model_output": {"log_probs": log_probs, "score": score}, "loss": torch.tensor(float(rows))})
+        score = (
+            torch.arange(rows * 2, dtype=torch.float32, device="cpu").reshape(rows, 2)
+            + ids.values()[:1].float()
+        )
+        outs.append(
+            {"model_output": {"log_probs": log_probs, "score": score}, "loss": torch.tensor(float(rows))}
+        )
     return outs
 
 
@@ -112,7 +119,9 @@ class ProvenanceMachine(RuleBasedStateMachine):
 
     # -- making batches and splits ------------------------------------------------------------------
 
-    @initialize(rows=st.integers(2, 8), two=st.lists(st.integers(1, 3), min_size=2, max_size=2), data=st.data())
+    @initialize(
+        rows=st.integers(2, 8), two=st.lists(st.integers(1, 3), min_size=2, max_size=2), data=st.data()
+    )
     def first_batch(self, rows: int, two: list[int], data: st.DataObject) -> None:
         """A batch and a split of it to start from (then any rule applies)."""
         self.new_batch(rows, two, data)
@@ -157,7 +166,9 @@ class ProvenanceMachine(RuleBasedStateMachine):
             name = kept.splits[-1].name  # type: ignore[union-attr]
             self.live[b] = [*self.live[b], name][-MAX_SPLITS:]
         in_order = [list(range(a, e)) for a, e in itertools.pairwise(_bounds(mbs))]
-        rows_of = [list(p) if p is not PADDING else PADDING for p in indices] if indices is not None else in_order
+        rows_of = (
+            [list(p) if p is not PADDING else PADDING for p in indices] if indices is not None else in_order
+        )
         given = [list(p) if p is not PADDING else PADDING for p in indices] if indices is not None else None
         self.splits.append(Split(b, kind, name, engine_outputs(mbs), given, rows_of))
 
@@ -179,13 +190,17 @@ class ProvenanceMachine(RuleBasedStateMachine):
         split = self.splits[data.draw(st.sampled_from(choices))]
         for misalignment in MISALIGNMENTS:
             outputs = list(split.outputs)
-            indices = None if split.indices is None else [p if p is PADDING else list(p) for p in split.indices]
+            indices = (
+                None if split.indices is None else [p if p is PADDING else list(p) for p in split.indices]
+            )
             carried = [(split.name, r) for r in split.rows]
             made = _misaligned(misalignment, split, self.splits, outputs, indices, carried, data)
             if made or misalignment == "none":
                 self._check(split, outputs, indices, carried, misalignment)
 
-    def _check(self, split: Split, outputs: list[Any], indices: Any, carried: list[Any], misalignment: str) -> None:
+    def _check(
+        self, split: Split, outputs: list[Any], indices: Any, carried: list[Any], misalignment: str
+    ) -> None:
         correct = misalignment == "none"
         batch = self.batches[split.batch]
         assert batch is not None
@@ -208,7 +223,9 @@ class ProvenanceMachine(RuleBasedStateMachine):
             if self.verl is not None:
                 assert first_difference(ours, self.verl(kept, kept_indices, batch.data)) is None
         elif proven_wrong:
-            assert isinstance(err, MisalignmentError), f"a misalignment a recorded split proves wrong: {err!r}"
+            assert isinstance(err, MisalignmentError), (
+                f"a misalignment a recorded split proves wrong: {err!r}"
+            )
 
     def _ref(self, batch: Batch, split: Split, outputs: list[Any], indices: Any, carried: list[Any]) -> Any:
         outs = outputs_to_ref(outputs)
@@ -257,10 +274,14 @@ class ProvenanceMachine(RuleBasedStateMachine):
         def work(rows: int) -> None:
             try:
                 for _ in range(3):
-                    mbs, indices = torch_impl.prepare_micro_batches(batch.data, max_token_len=max(batch.lengths) * rows)
+                    mbs, indices = torch_impl.prepare_micro_batches(
+                        batch.data, max_token_len=max(batch.lengths) * rows
+                    )
                     outs = engine_outputs(mbs)
                     ours = torch_impl.postprocess_batch_func(outs, indices, batch.data)
-                    assert first_difference(ours, verl_postprocess_batch_func(outs, indices, batch.data)) is None
+                    assert (
+                        first_difference(ours, verl_postprocess_batch_func(outs, indices, batch.data)) is None
+                    )
             except BaseException as err:  # reported below
                 errors.append(err)
 
@@ -301,7 +322,8 @@ def _swap(outputs: list[Any], carried: list[Any], m: int, n: int) -> None:
     carried[m], carried[n] = carried[n], carried[m]
 
 
-def _misaligned(
+# Complex by design: one branch for each misalignment the machine draws.
+def _misaligned(  # noqa: C901
     name: str,
     split: Split,
     splits: list[Split],

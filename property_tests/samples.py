@@ -179,7 +179,11 @@ def _with_padding(lp: torch.Tensor) -> PostprocessSample:
         extras=[{"loss": 1.0, "metrics": {"n": 1}}, {"loss": 3.0, "metrics": {"n": 3}}],
         expected_extra={"loss": [1.0, 3.0], "metrics": {"n": [1, 3]}},
     )
-    filler = {"model_output": {"lp": jagged(_ramp(7) + 100, [7])}, "loss": 2.0, "metrics": {"n": 2, "pad": True}}
+    filler = {
+        "model_output": {"lp": jagged(_ramp(7) + 100, [7])},
+        "loss": 2.0,
+        "metrics": {"n": 2, "pad": True},
+    }
     outs = [real.output_lst[0], filler, real.output_lst[1]]
     first, last = real.indices or ([], [])
     return real._replace(output_lst=outs, indices=[first, PADDING, last])
@@ -215,7 +219,9 @@ def op_samples() -> Iterator[OpSample]:
     yield OpSample("concat", "jagged", ([x, jagged(_ramp(3), [0, 3])],))
     yield OpSample("concat", "dense", ([d, d[:2]],))
     yield OpSample("concat", "one_part", ([x3],))
-    yield OpSample("take", "jagged_permutation", (x, [4, 2, 0, 1, 3]), from_rows([rows[i] for i in [4, 2, 0, 1, 3]], x))
+    yield OpSample(
+        "take", "jagged_permutation", (x, [4, 2, 0, 1, 3]), from_rows([rows[i] for i in [4, 2, 0, 1, 3]], x)
+    )
     yield OpSample("take", "jagged_repeat", (x, [1, 1, 3]), from_rows([rows[1], rows[1], rows[3]], x))
     yield OpSample("take", "jagged_3d_empty", (x3, []))
     yield OpSample("take", "dense", (d, [2, 0]), d[[2, 0]])
@@ -230,20 +236,32 @@ def op_samples() -> Iterator[OpSample]:
     yield OpSample("split", "dense", (d, [[1, 0], [4, 3, 2]]))
     yield OpSample("from_packed", "lengths", (_ramp(10), [3, 0, 2, 4, 1]), x)
     yield OpSample("from_packed", "tensor_lengths_3d", (_ramp(10, 2), torch.tensor([3, 0, 2, 4, 1])), x3)
-    yield OpSample("from_packed", "cu_seqlens", (_ramp(10),), x, {"cu_seqlens": torch.tensor([0, 3, 3, 5, 9, 10])})
+    yield OpSample(
+        "from_packed", "cu_seqlens", (_ramp(10),), x, {"cu_seqlens": torch.tensor([0, 3, 3, 5, 9, 10])}
+    )
     yield OpSample("from_packed", "no_rows", (_ramp(0, 2), []))
     yield OpSample("to_packed", "jagged", (x,), (_ramp(10), torch.tensor([3, 0, 2, 4, 1])))
     yield OpSample("to_packed", "jagged_3d", (x3,))
     yield OpSample("to_padded", "zeros", (x,), _padded(rows, 4, 0.0))
     yield OpSample(
-        "to_padded", "nan_pad_longer", (x,), _padded(rows, 6, float("nan")), {"pad_value": float("nan"), "max_len": 6}
+        "to_padded",
+        "nan_pad_longer",
+        (x,),
+        _padded(rows, 6, float("nan")),
+        {"pad_value": float("nan"), "max_len": 6},
     )
     yield OpSample("to_padded", "jagged_3d", (x3,), None, {"pad_value": -1})
     yield OpSample(
-        "to_padded", "int_bool", (jagged(torch.tensor([True, False, True]), [2, 0, 1]),), None, {"pad_value": True}
+        "to_padded",
+        "int_bool",
+        (jagged(torch.tensor([True, False, True]), [2, 0, 1]),),
+        None,
+        {"pad_value": True},
     )
     yield OpSample("from_padded", "rows", (_padded(rows, 4, 7.0), [3, 0, 2, 4, 1]), x)
-    yield OpSample("from_padded", "tensor_lengths_3d", (torch.arange(30.0).reshape(3, 5, 2), torch.tensor([5, 0, 2])))
+    yield OpSample(
+        "from_padded", "tensor_lengths_3d", (torch.arange(30.0).reshape(3, 5, 2), torch.tensor([5, 0, 2]))
+    )
     yield OpSample("from_padded", "no_columns", (torch.zeros(2, 0, 3, dtype=torch.float64), [0, 0]))
     yield OpSample("balanced_partitions", "long_tail", ([5, 1, 9, 3, 3, 12, 0, 7, 2], 16))
     yield OpSample("balanced_partitions", "all_in_one", ([1, 2, 3], 100), [[0, 1, 2]])

@@ -73,7 +73,10 @@ def theirs(trainer: str, *, stand_in: bool = False) -> tuple[Any, str]:
             raise
         from .baseline import verl_postprocess_batch_func
 
-        return verl_postprocess_batch_func, "verl 0.9.1's algorithm (property_tests.baseline, verl not installed)"
+        return (
+            verl_postprocess_batch_func,
+            "verl 0.9.1's algorithm (property_tests.baseline, verl not installed)",
+        )
     version = importlib.import_module(trainer).__dict__.get("__version__", "?")
     return found, f"{trainer} {version}"
 

@@ -117,10 +117,14 @@ def jagged_batches(
     _check_bounds("feature_dims", min_feature_dims, max_feature_dims)
     _check_dtypes(dtypes)
     if feature_shape is not None and not all(isinstance(d, int) and d >= 0 for d in feature_shape):
-        raise InvalidArgument(f"feature_shape must be a tuple of non-negative integers, got {feature_shape!r}")
+        raise InvalidArgument(
+            f"feature_shape must be a tuple of non-negative integers, got {feature_shape!r}"
+        )
     lengths = draw(st.lists(st.integers(min_length, max_length), min_size=min_rows, max_size=max_rows))
     if feature_shape is None:
-        feature = tuple(draw(st.lists(st.integers(1, 3), min_size=min_feature_dims, max_size=max_feature_dims)))
+        feature = tuple(
+            draw(st.lists(st.integers(1, 3), min_size=min_feature_dims, max_size=max_feature_dims))
+        )
     else:
         feature = tuple(feature_shape)
     dtype = draw(st.sampled_from(list(dtypes)))
@@ -169,7 +173,9 @@ def partitions(
     if allow_empty:
         cuts = sorted(draw(st.lists(st.integers(0, num_rows), min_size=count - 1, max_size=count - 1)))
     else:
-        cuts = sorted(draw(st.lists(st.integers(1, num_rows - 1), min_size=count - 1, max_size=count - 1, unique=True)))
+        cuts = sorted(
+            draw(st.lists(st.integers(1, num_rows - 1), min_size=count - 1, max_size=count - 1, unique=True))
+        )
     bounds = [0, *cuts, num_rows]
     return Partitions([list(perm[bounds[i] : bounds[i + 1]]) for i in range(count)], num_rows)
 
@@ -236,7 +242,10 @@ def microbatch_outputs(
     b = draw(st.integers(min_rows, max_rows))
     parts = draw(
         partitions(
-            num_rows=b, min_micro_batches=min_micro_batches, max_micro_batches=max_micro_batches, shuffle=dynamic
+            num_rows=b,
+            min_micro_batches=min_micro_batches,
+            max_micro_batches=max_micro_batches,
+            shuffle=dynamic,
         )
     ).parts
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
@@ -257,7 +266,9 @@ def microbatch_outputs(
         if keys:
             o["model_output"] = {k: from_rows([rows[k][i] for i in part], expected[k]) for k in keys}
         if losses and draw(st.booleans()):
-            o["loss"] = torch.tensor(float(rng.standard_normal())) if draw(st.booleans()) else float(rng.random())
+            o["loss"] = (
+                torch.tensor(float(rng.standard_normal())) if draw(st.booleans()) else float(rng.random())
+            )
         if metrics and draw(st.booleans()):
             o["metrics"] = _metrics(draw, rng)
         output_lst.append(o)
@@ -300,7 +311,9 @@ class Drawing:
 
 def _defect_names(defects: Sequence[str]) -> list[str]:
     if isinstance(defects, str) or not defects or any(d not in DEFECTS for d in defects):
-        raise InvalidArgument(f"defects must be a non-empty sequence of names of {tuple(DEFECTS)}, got {defects!r}")
+        raise InvalidArgument(
+            f"defects must be a non-empty sequence of names of {tuple(DEFECTS)}, got {defects!r}"
+        )
     return list(dict.fromkeys(defects))
 
 
@@ -399,7 +412,9 @@ class VerlStep(NamedTuple):
     lengths: list[int]
 
 
-def verl_step(lengths: Sequence[int], *, budget: int | None = None, micro_batch_size: int | None = None) -> VerlStep:
+def verl_step(
+    lengths: Sequence[int], *, budget: int | None = None, micro_batch_size: int | None = None
+) -> VerlStep:
     """The `VerlStep` of rows ``lengths`` long, split by the token ``budget`` (dynamic batch size) or in
     chunks of ``micro_batch_size`` rows (exactly one of the two), as `verl_steps` draws them."""
     from tensordict import NonTensorData, TensorDict
@@ -438,7 +453,12 @@ def verl_step(lengths: Sequence[int], *, budget: int | None = None, micro_batch_
 
 @st.composite
 def verl_steps(
-    draw: st.DrawFn, *, min_rows: int = 1, max_rows: int = 12, max_length: int = 9, dynamic: bool | None = None
+    draw: st.DrawFn,
+    *,
+    min_rows: int = 1,
+    max_rows: int = 12,
+    max_length: int = 9,
+    dynamic: bool | None = None,
 ) -> VerlStep:
     """Steps as verl 0.9.1's engines build them (`verl_step`): each micro-batch's per-token outputs on its
     own ``input_ids.offsets()`` (``log_probs`` float32 on the offsets tensor itself, ``entropy`` bfloat16
@@ -452,7 +472,9 @@ def verl_steps(
     if dynamic if dynamic is not None else draw(st.booleans()):
         longest = max(max(lengths), 1)
         return verl_step(lengths, budget=draw(st.integers(longest, longest * 3)))
-    return verl_step(lengths, micro_batch_size=draw(st.sampled_from([d for d in range(1, b + 1) if b % d == 0])))
+    return verl_step(
+        lengths, micro_batch_size=draw(st.sampled_from([d for d in range(1, b + 1) if b % d == 0]))
+    )
 
 
 class HostileIndices(NamedTuple):
@@ -487,7 +509,12 @@ def _hostile_partition(draw: st.DrawFn, part: list[int]) -> tuple[str, type[erro
 
 @st.composite
 def hostile_indices(
-    draw: st.DrawFn, *, min_rows: int = 2, max_rows: int = 8, min_micro_batches: int = 1, max_micro_batches: int = 4
+    draw: st.DrawFn,
+    *,
+    min_rows: int = 2,
+    max_rows: int = 8,
+    min_micro_batches: int = 1,
+    max_micro_batches: int = 4,
 ) -> HostileIndices:
     """A valid dynamic-batch call (`microbatch_outputs`, every partition non-empty) with one partition
     replaced by a hostile type: on torch's ``meta`` device (`UnsupportedSettingError`), a NumPy object
@@ -547,7 +574,12 @@ def hostile_data(draw: st.DrawFn, *, min_size: int = 0, max_size: int = 4) -> Ho
 
 @st.composite
 def fixed_length_steps(
-    draw: st.DrawFn, *, min_rows: int = 2, max_rows: int = 12, max_length: int = 6, dynamic: bool | None = None
+    draw: st.DrawFn,
+    *,
+    min_rows: int = 2,
+    max_rows: int = 12,
+    max_length: int = 6,
+    dynamic: bool | None = None,
 ) -> VerlStep:
     """`verl_step`\\ s whose rows all have one drawn length (fixed-length data: SFT packed or truncated to one
     length, reward-model batches), where no row length tells two rows apart; split into at least two
@@ -557,11 +589,15 @@ def fixed_length_steps(
     length = draw(st.integers(1, max(max_length, 1)))
     if dynamic if dynamic is not None else draw(st.booleans()):
         return verl_step([length] * b, budget=length * draw(st.integers(1, b // 2)))
-    return verl_step([length] * b, micro_batch_size=draw(st.sampled_from([d for d in range(1, b) if b % d == 0])))
+    return verl_step(
+        [length] * b, micro_batch_size=draw(st.sampled_from([d for d in range(1, b) if b % d == 0]))
+    )
 
 
 @st.composite
-def equal_length_steps(draw: st.DrawFn, *, min_rows: int = 2, max_rows: int = 12, max_length: int = 6) -> VerlStep:
+def equal_length_steps(
+    draw: st.DrawFn, *, min_rows: int = 2, max_rows: int = 12, max_length: int = 6
+) -> VerlStep:
     """`verl_step`\\ s whose rows take at most two drawn lengths (many rows share one: responses truncated at
     the cap), split by a token budget into micro-batches."""
     _check_bounds("rows", min_rows, max_rows, floor=2)

@@ -72,7 +72,9 @@ def _mode() -> dict[str, Any]:
     for name, integration in (("areal", areal), ("skyrl", skyrl)):
         if integration.mode() == "shadow":
             stats = integration.stats()
-            out[f"{name}_shadow"] = {k: stats[k] for k in ("calls", "sampled", "differences", "defects", "errors")}
+            out[f"{name}_shadow"] = {
+                k: stats[k] for k in ("calls", "sampled", "differences", "defects", "errors")
+            }
             out[f"{name}_messages"] = list(stats["messages"])
     return out
 
@@ -124,9 +126,13 @@ def _areal(model: str, swap: tuple[int, int] | None, dtype: str = "float32") -> 
 
     out["train"] = [engine.train_batch(dict(batch), loss_fn, loss_weight_fn) for _ in range(2)]
     # the metrics but the wall-clock ones, as plain floats (the result is loaded with weights_only)
-    out["train"] = [{k: float(v) for k, v in s.items() if "time" not in k and "seconds" not in k} for s in out["train"]]
+    out["train"] = [
+        {k: float(v) for k, v in s.items() if "time" not in k and "seconds" not in k} for s in out["train"]
+    ]
     out["params"] = {k: v.detach().clone() for k, v in engine.model.state_dict().items()}
-    out["params"] = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v) for k, v in out["params"].items()}
+    out["params"] = {
+        k: (v.full_tensor() if hasattr(v, "full_tensor") else v) for k, v in out["params"].items()
+    }
     out["logp_after"] = engine.forward_batch(dict(batch))
     out["mode"] = _mode()
     return out
@@ -137,7 +143,9 @@ def _swap_areal_micro_batches(engine: Any, m: int, n: int) -> None:
     then handed to the engine's collector in the other order)."""
     loop = engine.forward_backward_batch
 
-    def forward_backward_batch(mb_list: Any, process_output_fn: Callable[..., Any], forward_only: bool = False) -> None:
+    def forward_backward_batch(
+        mb_list: Any, process_output_fn: Callable[..., Any], forward_only: bool = False
+    ) -> None:
         held: list[tuple[torch.Tensor, dict[str, Any]]] = []
         loop(mb_list, lambda logits, ctx: held.append((logits, ctx)), forward_only)
         held[m], held[n] = held[n], held[m]

@@ -62,7 +62,9 @@ def verl_or_skip() -> Any:
 
     version = importlib.metadata.version("verl")  # what rebatch's install reads
     imported = getattr(verl, "__version__", version)
-    assert imported == version, f"verl's metadata says {version}, the verl imported ({verl.__file__}) {imported}"
+    assert imported == version, (
+        f"verl's metadata says {version}, the verl imported ({verl.__file__}) {imported}"
+    )
 
     class Verl(NamedTuple):
         engine_utils: Any
@@ -119,7 +121,9 @@ def _metrics(draw: st.DrawFn, rng: np.random.Generator, metric_cls: Any) -> dict
 
 
 @st.composite
-def engine_calls(draw: st.DrawFn, *, metric_cls: Any, max_rows: int = 12, max_micro_batches: int = 5) -> EngineCall:
+def engine_calls(
+    draw: st.DrawFn, *, metric_cls: Any, max_rows: int = 12, max_micro_batches: int = 5
+) -> EngineCall:
     """Engine-style outputs: jagged log-probs (float32), entropy (bfloat16), top-k ``[b, (j), k]``, a
     dense ``[b, S]`` value head; losses; metrics with verl ``Metric`` objects, lists, tuples, tensors;
     ``model_output`` a dict or a TensorDict; settings as verl's ``data`` carries them (bool-likes too)."""

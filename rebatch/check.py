@@ -40,7 +40,10 @@ def first_bad_row(got: Any, want: torch.Tensor) -> tuple[int | None, str]:
     if not isinstance(got, torch.Tensor):
         return 0, f"not a tensor: {type(got).__name__}"
     if got.is_nested != want.is_nested or got.dtype != want.dtype:
-        return 0, f"layout or dtype differs: {got.dtype} nested={got.is_nested} vs {want.dtype} nested={want.is_nested}"
+        return (
+            0,
+            f"layout or dtype differs: {got.dtype} nested={got.is_nested} vs {want.dtype} nested={want.is_nested}",
+        )
     g, w = rows_of(got.detach()), rows_of(want.detach())
     bad = [i for i, (a, b) in enumerate(zip(g, w, strict=False)) if same_tensor(a, b) is not None]
     if bad:
@@ -112,7 +115,9 @@ def _default_check() -> dict[str, Any]:
     if _have_jax():
         ref_mo, t_ref = _timed(_ref_postprocess(step.output_lst, step.indices, step.data), 2)
     jagged_keys = [k for k, v in step.expected.items() if v.is_nested]
-    jagged_only = [{**o, "model_output": {k: o["model_output"][k] for k in jagged_keys}} for o in step.output_lst]
+    jagged_only = [
+        {**o, "model_output": {k: o["model_output"][k] for k in jagged_keys}} for o in step.output_lst
+    ]
     base, t_base = _timed(lambda: verl_postprocess_batch_func(jagged_only, step.indices, step.data), 1)
     report: dict[str, Any] = {
         "source": "embedded RL step (256 prompts x 8 responses)",
@@ -128,7 +133,9 @@ def _default_check() -> dict[str, Any]:
                 "dtype": str(v.dtype).removeprefix("torch."),
                 "vs_original_rows": _compare(mo, {k: v})[k],
                 "vs_ref": _compare(ref_mo, {k: v})[k] if k in ref_mo else None,
-                "vs_per_row_baseline": _compare(base["model_output"], {k: mo[k]})[k] if k in jagged_keys else None,
+                "vs_per_row_baseline": _compare(base["model_output"], {k: mo[k]})[k]
+                if k in jagged_keys
+                else None,
             }
             for k, v in step.expected.items()
         },
@@ -164,7 +171,9 @@ TRIALS = 200
 FIXED_LENGTH = 512
 
 
-def witness_rates(step: Any, *, trials: int = TRIALS, seed: int = 1, proven: bool = False) -> dict[str, dict[str, int]]:
+def witness_rates(
+    step: Any, *, trials: int = TRIALS, seed: int = 1, proven: bool = False
+) -> dict[str, dict[str, int]]:
     """How often the alignment witness catches each kind of well-formed misalignment on ``step``, through
     verl's shadow-mode check (`torch_impl._postprocess.check_batch_func`: every check of the drop-in,
     no data moved): ``trials`` of each of `MISALIGNMENTS` (a random permutation cut into the step's
@@ -266,7 +275,9 @@ def _globals_named(path: str) -> list[str]:
                 if not info.filename.endswith(".pkl"):
                     continue
                 if info.file_size > _MAX_PICKLE:
-                    raise DumpError(f"{path}: {info.filename} holds {info.file_size} bytes of pickle, over the cap")
+                    raise DumpError(
+                        f"{path}: {info.filename} holds {info.file_size} bytes of pickle, over the cap"
+                    )
                 for op, arg, _ in pickletools.genops(archive.read(info)):
                     if op.name == "GLOBAL":
                         found.append(str(arg).replace(" ", "."))
@@ -314,7 +325,9 @@ def _dump_call(path: str, obj: Any) -> tuple[str, Callable[[], Any]] | None:
     """For an AReaL or SkyRL dump: ``(its function, a call of rebatch's drop-in on its inputs)``; None for
     verl's. `DumpError` for a dict that is not a dump of rebatch's format."""
     if obj.get("format") != DUMP_FORMAT or not isinstance(obj.get("inputs"), dict):
-        raise DumpError(f"{path}: not a rebatch dump (format {DUMP_FORMAT!r} with inputs), got keys {sorted(obj)[:8]}")
+        raise DumpError(
+            f"{path}: not a rebatch dump (format {DUMP_FORMAT!r} with inputs), got keys {sorted(obj)[:8]}"
+        )
     trainer, function, inputs = obj.get("trainer"), str(obj.get("function")), obj["inputs"]
     try:
         if trainer == "verl":
@@ -325,7 +338,9 @@ def _dump_call(path: str, obj: Any) -> tuple[str, Callable[[], Any]] | None:
             mb = inputs["mb_list"]
             mb_list = SimpleNamespace(**mb)
             if inputs.get("aggregate_fn") is not None:
-                raise DumpError(f"{path}: AReaL's call used aggregate_fn {inputs['aggregate_fn']}, not torch.cat")
+                raise DumpError(
+                    f"{path}: AReaL's call used aggregate_fn {inputs['aggregate_fn']}, not torch.cat"
+                )
             return function, lambda: areal.reorder_and_pad_outputs(
                 list(inputs["outputs"]), list(inputs["output_seqlens"]), mb_list
             )
@@ -355,7 +370,9 @@ def _dump_call(path: str, obj: Any) -> tuple[str, Callable[[], Any]] | None:
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         if isinstance(err, RebatchError):
             raise
-        raise DumpError(f"{path}: the {trainer} dump's inputs are not usable: {type(err).__name__}: {err}") from None
+        raise DumpError(
+            f"{path}: the {trainer} dump's inputs are not usable: {type(err).__name__}: {err}"
+        ) from None
     raise DumpError(f"{path}: a dump of trainer {trainer!r}: rebatch checks verl, areal and skyrl dumps")
 
 
@@ -376,7 +393,9 @@ def _load_dump(path: str) -> Any:
             raise DumpError(f"{path}: a verl dump's inputs must hold output_lst, indices and data")
         obj = (inputs["output_lst"], inputs["indices"], inputs["data"])
     if not isinstance(obj, (tuple, list)) or len(obj) != 3:
-        what = f"a {type(obj).__name__}" + (f" of length {len(obj)}" if isinstance(obj, (tuple, list)) else "")
+        what = f"a {type(obj).__name__}" + (
+            f" of length {len(obj)}" if isinstance(obj, (tuple, list)) else ""
+        )
         raise DumpError(f"{path} must hold (output_lst, indices, data), got {what}")
     output_lst, indices, data = obj
     if not isinstance(output_lst, (list, tuple)):
@@ -397,7 +416,9 @@ def _load_candidate(spec: str) -> Callable[..., Any]:
     return fn
 
 
-def _drop_in_check(path: str, function: str, call: Callable[[], Any], candidate: str | None) -> dict[str, Any]:
+def _drop_in_check(
+    path: str, function: str, call: Callable[[], Any], candidate: str | None
+) -> dict[str, Any]:
     """An AReaL or SkyRL dump: rebatch's drop-in run on its inputs, agreeing (it accepts them) or not
     (the `RebatchError` it raises: the trainer's function would have misaligned that step)."""
     if candidate:
@@ -447,13 +468,18 @@ def _dump_check(path: str, candidate: str | None) -> dict[str, Any]:
     return report
 
 
-def _print_report(report: dict[str, Any], out: TextIO) -> None:
+# Complex by design: one line for each section of the report.
+def _print_report(report: dict[str, Any], out: TextIO) -> None:  # noqa: C901
     print(f"rebatch check: {report['source']}", file=out)
     if "function" in report:
         print(f"  rebatch's drop-in for {report['function']}", file=out)
     if "rejected" in report:
         print(f"  rejected by rebatch: {report['rejected']}", file=out)
-    facts = [f"{name} {report[name]}" for name in ("rows", "tokens", "micro_batches", "token_budget") if name in report]
+    facts = [
+        f"{name} {report[name]}"
+        for name in ("rows", "tokens", "micro_batches", "token_budget")
+        if name in report
+    ]
     if facts:
         print("  " + ", ".join(facts).replace("_", " "), file=out)
     for key, info in report.get("keys", {}).items():
@@ -462,7 +488,9 @@ def _print_report(report: dict[str, Any], out: TextIO) -> None:
             if name.startswith("vs_") and c is not None:
                 label = name.removeprefix("vs_").replace("_", " ")
                 checks.append(f"{label}: {'identical' if c['agree'] else 'MISMATCH'}")
-        print(f"  {key:<16} {info.get('dtype', ''):<9} {info.get('shape', '')}  " + "; ".join(checks), file=out)
+        print(
+            f"  {key:<16} {info.get('dtype', ''):<9} {info.get('shape', '')}  " + "; ".join(checks), file=out
+        )
         for name, c in info.items():
             if name.startswith("vs_") and c is not None and not c["agree"]:
                 print(
@@ -495,10 +523,13 @@ def _print_report(report: dict[str, Any], out: TextIO) -> None:
             )
     for step, rates in report.get("provenance", {}).items():
         print(
-            f"  exact provenance (split by rebatch's prepare_micro_batches), {step.replace('_', '-')} step:", file=out
+            f"  exact provenance (split by rebatch's prepare_micro_batches), {step.replace('_', '-')} step:",
+            file=out,
         )
         for kind, c in rates.items():
-            print(f"    {kind}: caught {c['caught']} of {c['trials']}; {c['unexplained']} unexplained", file=out)
+            print(
+                f"    {kind}: caught {c['caught']} of {c['trials']}; {c['unexplained']} unexplained", file=out
+            )
     if "note" in report:
         print(f"  note: {report['note']}", file=out)
     print(f"  result: {'all identical' if report['agree'] else 'MISMATCH'}", file=out)

@@ -32,7 +32,9 @@ def _parser() -> argparse.ArgumentParser:
         epilog=DUMP_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    check.add_argument("--dump", metavar="FILE", help="a torch.save'd (output_lst, indices, data) from a real step")
+    check.add_argument(
+        "--dump", metavar="FILE", help="a torch.save'd (output_lst, indices, data) from a real step"
+    )
     check.add_argument(
         "--candidate", metavar="MODULE:FUNCTION", help="also verify this function (e.g. verl's) on the dump"
     )
@@ -45,9 +47,13 @@ def _parser() -> argparse.ArgumentParser:
         help="the grid (default standard; --quick = quick; large: outputs of at least 64M elements)",
     )
     bench.add_argument("--device", default="cpu", help="cpu or cuda")
-    bench.add_argument("--out", default="docs", help="folder for benchmarks.json, benchmarks.md and benchmarks.png")
+    bench.add_argument(
+        "--out", default="docs", help="folder for benchmarks.json, benchmarks.md and benchmarks.png"
+    )
     bench.add_argument("--json", action="store_true", help="print the results as JSON")
-    bench.add_argument("--contended", action="store_true", help="also time every case with one busy process per core")
+    bench.add_argument(
+        "--contended", action="store_true", help="also time every case with one busy process per core"
+    )
     fuzz = sub.add_parser("fuzz", help="run the property suite under the fuzz profile")
     fuzz.add_argument("--minutes", type=float, default=10.0, help="time budget (default 10)")
     report = sub.add_parser(

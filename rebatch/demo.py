@@ -44,7 +44,9 @@ def grpo_lengths(
     truncated at ``max_response``, so the responses of a group that reach the cap have equal lengths,
     as in real runs; a row is its prompt and its response."""
     prompt = np.clip(rng.lognormal(mean=4.8, sigma=0.7, size=prompts), 16, 1024).astype(np.int64)
-    response = np.clip(rng.lognormal(mean=5.6, sigma=0.9, size=prompts * responses), 1, max_response).astype(np.int64)
+    response = np.clip(rng.lognormal(mean=5.6, sigma=0.9, size=prompts * responses), 1, max_response).astype(
+        np.int64
+    )
     rows = np.repeat(prompt, responses) + response
     return prompt.tolist(), rows.tolist()
 
@@ -87,7 +89,11 @@ def make_step(
             micro = torch.nested.as_nested_tensor([rows[i] for i in part], layout=torch.jagged)
         out = stand_in_model(micro)
         output_lst.append(
-            {"model_output": out, "loss": out["log_probs"].values().mean(), "metrics": {"tokens": [len(part)]}}
+            {
+                "model_output": out,
+                "loss": out["log_probs"].values().mean(),
+                "metrics": {"tokens": [len(part)]},
+            }
         )
     data["use_dynamic_bsz"] = NonTensorData(True)
     data["pad_mode"] = NonTensorData("no_padding")

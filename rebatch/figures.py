@@ -92,7 +92,16 @@ def speed_rows(root: Path) -> list[dict[str, Any]]:
     """The rows of ``docs/peers.md``'s speed table: trainer, B, mean length, M, both times, the speed-up
     and whether the results were the same."""
     keys = ("trainer", "B", "mean_length", "M", "theirs_ms", "ours_ms", "speedup", "same")
-    kinds: tuple[Callable[[str], Any], ...] = (str, int, int, int, float, float, lambda c: float(c.rstrip("x")), str)
+    kinds: tuple[Callable[[str], Any], ...] = (
+        str,
+        int,
+        int,
+        int,
+        float,
+        float,
+        lambda c: float(c.rstrip("x")),
+        str,
+    )
     return [
         {key: kind(cell) for key, kind, cell in zip(keys, kinds, cells, strict=True)}
         for cells in _table((root / "docs/peers.md").read_text(), "Speed")
@@ -203,7 +212,9 @@ def _copy_region(text: str) -> str:
 def _copy(root: Path) -> str:
     from .bench import versus
 
-    runs = (json.loads((root / f"docs/benchmarks-{name}.json").read_text()) for name in ("copy", "small-pins"))
+    runs = (
+        json.loads((root / f"docs/benchmarks-{name}.json").read_text()) for name in ("copy", "small-pins")
+    )
     return versus.copy_section(*runs)
 
 
@@ -225,7 +236,12 @@ PAGES = (
     _check_cost("witness"),
     _check_cost("provenance", "docs/versus-checked.json"),
     Page("docs/benchmarks.md", ("docs/versus.json",), _versus_region, _versus),
-    Page("docs/benchmarks.md", ("docs/benchmarks-copy.json", "docs/benchmarks-small-pins.json"), _copy_region, _copy),
+    Page(
+        "docs/benchmarks.md",
+        ("docs/benchmarks-copy.json", "docs/benchmarks-small-pins.json"),
+        _copy_region,
+        _copy,
+    ),
 )
 
 
@@ -292,9 +308,13 @@ def peers_against_reports(root: Path, paths: list[str]) -> list[str]:
         if not old:
             problems.append(f"docs/peers.md: no table under '## {heading}'")
         if [[r[i] for i in columns] for r in old] != [[r[i] for i in columns] for r in new]:
-            problems.append(f"docs/peers.md: its '{heading}' table differs from the reports {paths} (regenerate it)")
+            problems.append(
+                f"docs/peers.md: its '{heading}' table differs from the reports {paths} (regenerate it)"
+            )
     for old_row, new_row in zip(_table(stated, "Speed"), _table(fresh, "Speed"), strict=False):
-        print(f"  {' '.join(old_row[:4])}: stated {old_row[6]}, this run {new_row[6]} ({new_row[4]} / {new_row[5]} ms)")
+        print(
+            f"  {' '.join(old_row[:4])}: stated {old_row[6]}, this run {new_row[6]} ({new_row[4]} / {new_row[5]} ms)"
+        )
     return problems
 
 
@@ -303,7 +323,9 @@ def _durations_hold(root: Path, tests_seconds: float | None) -> list[str]:
     does this CI run's, when given."""
     tests = _durations(root)["tests"]
     lo, hi = tests["range_minutes"]
-    measured = [("docs/durations.json", s) for s in (tests["seconds"], *tests.get("ci_main_lane_seconds", ()))]
+    measured = [
+        ("docs/durations.json", s) for s in (tests["seconds"], *tests.get("ci_main_lane_seconds", ()))
+    ]
     if tests_seconds is not None:
         measured.append(("this CI run", tests_seconds))
     return [
@@ -337,7 +359,9 @@ def _uncovered(root: Path) -> list[str]:
         for m in MEASURED.finditer(text):
             if not any(a <= m.start() and m.end() <= b for a, b in spans):
                 line = text.count("\n", 0, m.start()) + 1
-                problems.append(f"{page}:{line}: {m.group(0)!r} is tied to no source (rebatch.figures.FIGURES)")
+                problems.append(
+                    f"{page}:{line}: {m.group(0)!r} is tied to no source (rebatch.figures.FIGURES)"
+                )
     return problems
 
 
@@ -368,12 +392,16 @@ def write(root: Path = ROOT) -> list[str]:
     for figure in FIGURES:
         text, found, rendered = _located(figure, root)
         if len(found) != 1:
-            raise SystemExit(f"{figure.page}: {len(found)} places for {rendered!r}: put the phrase in by hand once")
+            raise SystemExit(
+                f"{figure.page}: {len(found)} places for {rendered!r}: put the phrase in by hand once"
+            )
         if _normal(found[0].group(0)) != rendered:
             new = text[: found[0].start()] + rendered + text[found[0].end() :]
             (root / figure.page).write_text(new)
             changed.append(figure.page)
-    for page in PAGES:  # each generated region in its place (a region not yet on its page is left to its tool)
+    for (
+        page
+    ) in PAGES:  # each generated region in its place (a region not yet on its page is left to its tool)
         text = (root / page.page).read_text()
         old, new = page.region(text), page.render(root)
         if old and old != new:
@@ -384,14 +412,25 @@ def write(root: Path = ROOT) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m rebatch.figures", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m rebatch.figures",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--check", action="store_true", help="fail where a stated figure and its source disagree")
-    what.add_argument("--write", action="store_true", help="render every figure from its source into its page")
-    parser.add_argument("--tests-seconds", type=float, help="with --check: the test command's time measured in CI")
     what.add_argument(
-        "--check-peers", nargs="+", metavar="JSON", help="docs/peers.md against the trainers' reports of this run"
+        "--check", action="store_true", help="fail where a stated figure and its source disagree"
+    )
+    what.add_argument(
+        "--write", action="store_true", help="render every figure from its source into its page"
+    )
+    parser.add_argument(
+        "--tests-seconds", type=float, help="with --check: the test command's time measured in CI"
+    )
+    what.add_argument(
+        "--check-peers",
+        nargs="+",
+        metavar="JSON",
+        help="docs/peers.md against the trainers' reports of this run",
     )
     parser.add_argument("--root", type=Path, default=ROOT, help="the repository (default: this source tree)")
     args = parser.parse_args(argv)
@@ -405,7 +444,11 @@ def main(argv: list[str] | None = None) -> int:
         problems = check(args.root, tests_seconds=args.tests_seconds)
     for problem in problems:
         print(problem)
-    print(f"{len(problems)} figures differ from their sources" if problems else "every figure as its source gives it")
+    print(
+        f"{len(problems)} figures differ from their sources"
+        if problems
+        else "every figure as its source gives it"
+    )
     return 1 if problems else 0
 
 

@@ -154,7 +154,9 @@ def validate(report: Any, path: str) -> dict[str, Any]:
     by_name: dict[str, dict[str, float]] = {}
     for name, c in report["by_name"].items():
         if not isinstance(c, dict):
-            raise ReportError(f"{path}: by_name[{name!r}] must be an object of counts, got {type(c).__name__}")
+            raise ReportError(
+                f"{path}: by_name[{name!r}] must be an object of counts, got {type(c).__name__}"
+            )
         counts: dict[str, float] = {}
         for f in ("calls", "errors"):
             counts[f] = _count(path, f"by_name[{name!r}].{f}", c.get(f))
@@ -162,7 +164,9 @@ def validate(report: Any, path: str) -> dict[str, Any]:
             counts[f] = _count(path, f"by_name[{name!r}].{f}", c.get(f, 0))
         trainer_s = c.get("trainer_seconds", c.get("verl_seconds", 0.0))
         counts["trainer_s"] = _seconds(path, f"by_name[{name!r}].trainer_seconds", trainer_s)
-        counts["rebatch_s"] = _seconds(path, f"by_name[{name!r}].rebatch_seconds", c.get("rebatch_seconds", 0.0))
+        counts["rebatch_s"] = _seconds(
+            path, f"by_name[{name!r}].rebatch_seconds", c.get("rebatch_seconds", 0.0)
+        )
         by_name[str(name)] = counts
     return {
         "path": path,
@@ -230,7 +234,9 @@ def table(reports: Sequence[dict[str, Any]]) -> tuple[str, bool]:
     processes = {r["process"] for r in reports}
     lines.append(["total", "", str(len(processes)), *(str(total[f]) for f in _COUNTS), "", "", "", ""])
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    text = "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in lines)
+    text = "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in lines
+    )
     clean = total["differences"] == 0 and total["defects"] == 0
     verdict = (
         "clean: no difference, no defect"
@@ -242,7 +248,10 @@ def table(reports: Sequence[dict[str, Any]]) -> tuple[str, bool]:
         for name, n in report["checks"].items():
             checks[name] = checks.get(name, 0) + n
     said = ", ".join(f"{name} {n}" for name, n in sorted(checks.items()) if n)
-    return f"{text}\nchecks (all reports): {said or 'none counted'}\n{len(reports)} report(s); {verdict}", clean
+    return (
+        f"{text}\nchecks (all reports): {said or 'none counted'}\n{len(reports)} report(s); {verdict}",
+        clean,
+    )
 
 
 def main(paths: Sequence[str]) -> int:

@@ -4,7 +4,8 @@
 ``REBATCH``                 effect, in each process that imports a trainer
 ==========================  ======================================================================
 unset, empty, ``off``       nothing: no trainer, no torch, not even this package is imported
-``on``                      the trainer's ``install()`` (`torch_impl.integrations.verl`, ``.areal``, ``.skyrl``)
+``on``                      the trainer's ``install()`` (`torch_impl.integrations.verl`, ``.areal``,
+``.skyrl``)
 ``shadow``                  ``install(mode="shadow")``: the trainer's functions stay in charge
 ``shadow:0.05``             ``install(mode="shadow", sample=0.05)``
 ==========================  ======================================================================
@@ -22,7 +23,8 @@ a forked child makes its own: `_names`). Both directories are made absolute once
 How it gets into a process: rebatch's wheel (and an editable install) puts two files in site-packages,
 ``rebatch.pth``, whose one line Python's ``site`` runs at every interpreter start::
 
-    import os; os.environ.get("REBATCH", "off").strip().lower() in ("", "off") or __import__("rebatch_startup").startup()
+    import os; os.environ.get("REBATCH", "off").strip().lower() in ("", "off") or
+    __import__("rebatch_startup").startup()
 
 and ``rebatch.start`` (``rebatch_startup:startup``), the same hook as a PEP 829 entry point (Python
 3.15+, where a ``.start`` file disables the import lines of the ``.pth`` file of the same name; this
@@ -226,7 +228,9 @@ def parse(value: str | None, variable: str = ENV) -> Setting | None:
             sample = -1.0
         if sample == 0.0 or 2.0**-62 <= sample <= 1.0:  # a period 1 / sample that rounds to an int
             return Setting(variable, value, "shadow", sample)
-    raise _refuse(f"{variable}={value!r}: expected off, on, shadow or shadow:FRACTION (0 or a fraction in [2**-62, 1])")
+    raise _refuse(
+        f"{variable}={value!r}: expected off, on, shadow or shadow:FRACTION (0 or a fraction in [2**-62, 1])"
+    )
 
 
 def setting_for(trainer: str, environ: dict[str, str] | None = None) -> Setting | None:
@@ -262,7 +266,9 @@ def _directory(name: str, env: Mapping[str, str]) -> str:
         return _resolved[name][1]
 
 
-def install_kwargs(trainer: str, setting: Setting, environ: dict[str, str] | None = None) -> dict[str, object]:
+def install_kwargs(
+    trainer: str, setting: Setting, environ: dict[str, str] | None = None
+) -> dict[str, object]:
     """The keyword arguments of the trainer's ``install`` for ``setting`` and the options of the
     environment (`ref.errors.UnsupportedSettingError` naming a bad ``REBATCH_ON_DEFECT``): ``report``
     (under ``on`` too: its counters) and, in shadow mode, ``sample``, ``on_defect`` and ``dump``; the

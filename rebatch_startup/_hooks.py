@@ -31,7 +31,8 @@ class AroundExec:
 
     def __getattr__(self, name: str) -> Any:
         """Every other attribute is the real loader's (``is_package``, ``get_code``, ``get_filename``,
-        ``get_resource_reader``...): a spec found only to probe, or run by ``runpy``, serves as the real one."""
+        ``get_resource_reader``...): a spec found only to probe, or run by ``runpy``, serves as the real
+        one."""
         if name == "_loader":  # not set yet (a copy being built): no recursion
             raise AttributeError(name)
         return getattr(self._loader, name)

@@ -57,7 +57,10 @@ if TYPE_CHECKING:
         to_packed as to_packed,
         to_padded as to_padded,
     )
-    from ._permutation import flatten_partitions as flatten_partitions, inverse_permutation as inverse_permutation
+    from ._permutation import (
+        flatten_partitions as flatten_partitions,
+        inverse_permutation as inverse_permutation,
+    )
     from ._postprocess import postprocess_batch as postprocess_batch
     from ._provenance import split_with_provenance as split_with_provenance
     from ._restore import restore as restore, split as split

@@ -93,7 +93,8 @@ def concatenate(arrays: Sequence[jax.Array]) -> jax.Array:
 
 
 def gather(arrays: Sequence[jax.Array], index: jax.Array) -> jax.Array:
-    """``arrays[0][index]`` along axis 0, for an ``index`` already checked to lie in ``range(len(arrays[0]))``.
+    """``arrays[0][index]`` along axis 0, for an ``index`` already checked to lie in
+    ``range(len(arrays[0]))``.
 
     One ``lax.gather`` that promises in-bounds indices: no wrap-around of negative indices and no
     clamping (both would hide a bad index), nothing spent on either.

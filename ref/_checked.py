@@ -77,7 +77,9 @@ def _staged_without_checkify() -> bool:
     staged = False
     while hasattr(trace, "parent_trace"):
         if isinstance(trace, DynamicJaxprTrace):
-            traced_for = getattr(getattr(getattr(trace, "frame", None), "debug_info", None), "traced_for", None)
+            traced_for = getattr(
+                getattr(getattr(trace, "frame", None), "debug_info", None), "traced_for", None
+            )
             if not isinstance(traced_for, str) or traced_for == "checkify":
                 return False  # functionalized, or a staging we cannot name
             staged = True
@@ -90,10 +92,11 @@ def _check(pred: jax.Array, message: str, **fmt: Any) -> None:
     check could not be compiled (see `_staged_without_checkify`)."""
     if _staged_without_checkify():
         raise UnsupportedSettingError(
-            "traced indices under a plain jax.jit (staged with no checkify.checkify around it) have their values "
-            "checked in the compiled program by checkify, which must functionalize the function: call it through "
-            "ref.checked(fn) (a bad index then raises its RebatchError) or jax.jit(checkify.checkify(fn)) yourself; "
-            "concrete indices (a list or NumPy array closed over, or a static argument) are checked in Python instead"
+            "traced indices under a plain jax.jit (staged with no checkify.checkify around it) have their "
+            "values checked in the compiled program by checkify, which must functionalize the function: "
+            "call it through ref.checked(fn) (a bad index then raises its RebatchError) or "
+            "jax.jit(checkify.checkify(fn)) yourself; concrete indices (a list or NumPy array closed over, "
+            "or a static argument) are checked in Python instead"
         )
     checkify.check(pred, message, **fmt)
 

@@ -98,7 +98,9 @@ class Jagged:
         return obj
 
     @classmethod
-    def from_rows(cls, rows: Sequence[Any], *, dtype: Any = None, feature_shape: tuple[int, ...] = ()) -> Jagged:
+    def from_rows(
+        cls, rows: Sequence[Any], *, dtype: Any = None, feature_shape: tuple[int, ...] = ()
+    ) -> Jagged:
         """``Jagged`` whose ``rows()`` are ``rows`` (each ``[len_i, *F]``, an array or a nested list).
 
         The dtype is ``dtype`` when given; otherwise the rows' common dtype by JAX's promotion, where an
@@ -125,14 +127,19 @@ class Jagged:
         filled = [a for a in arrays if a.size or a.ndim > 1]
         with jax.enable_x64(True):
             if dtype is None:
-                dtype = functools.reduce(jnp.promote_types, [a.dtype for a in filled]) if filled else default_float
+                dtype = (
+                    functools.reduce(jnp.promote_types, [a.dtype for a in filled])
+                    if filled
+                    else default_float
+                )
             dtype = jnp.dtype(dtype)
             if filled:
                 feature_shape = tuple(filled[0].shape[1:])
             for i, a in enumerate(arrays):
                 if (a.size or a.ndim > 1) and a.shape[1:] != feature_shape:
                     raise InvalidJaggedError(
-                        f"row {i} has trailing shape {a.shape[1:]}, unlike the first non-empty row's {feature_shape}"
+                        f"row {i} has trailing shape {a.shape[1:]}, unlike the first non-empty row's "
+                        f"{feature_shape}"
                     )
             pieces = [a.reshape(0, *feature_shape) if not (a.size or a.ndim > 1) else a for a in arrays]
             values = (
@@ -150,7 +157,9 @@ class Jagged:
         offsets = jnp.concatenate([jnp.zeros((1,), jnp.int64), jnp.cumsum(lengths)])
         if is_concrete(lengths) and bool((lengths < 0).any()):
             i = int(np.argmax(np.asarray(lengths) < 0))
-            raise InvalidJaggedError(f"row lengths must be non-negative, got lengths[{i}] = {int(lengths[i])}")
+            raise InvalidJaggedError(
+                f"row lengths must be non-negative, got lengths[{i}] = {int(lengths[i])}"
+            )
         return cls(values, offsets)
 
     def map_values(self, fn: Callable[[jax.Array], Any]) -> Jagged:
@@ -160,7 +169,8 @@ class Jagged:
         doubles them) for elementwise work on jagged data. ``fn`` must keep the packed length ``N``.
 
         >>> x = Jagged.from_rows([[1, 2], [], [3]])
-        >>> [r.tolist() for r in x.map_values(lambda v: v * 2).rows()] == [[2 * a for a in r] for r in [[1, 2], [], [3]]]
+        >>> doubled = x.map_values(lambda v: v * 2)
+        >>> [r.tolist() for r in doubled.rows()] == [[2 * a for a in r] for r in [[1, 2], [], [3]]]
         True
         """
         return Jagged(fn(self.values), self.offsets)

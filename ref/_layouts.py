@@ -27,7 +27,9 @@ __all__ = ["from_packed", "from_padded", "to_packed", "to_padded"]
 def _host_lengths(lengths: Any, name: str, **rule: Any) -> list[int]:
     """``lengths`` checked by `check_lengths` (they must be concrete: they give the result's sizes)."""
     if not is_concrete(lengths):
-        raise UnsupportedSettingError(f"under jax.jit, {name} needs concrete lengths (they set the result's shape)")
+        raise UnsupportedSettingError(
+            f"under jax.jit, {name} needs concrete lengths (they set the result's shape)"
+        )
     if hasattr(lengths, "dtype") and not isinstance(lengths, np.ndarray):
         lengths = np.asarray(lengths)
     return check_lengths(lengths, **rule)
@@ -36,7 +38,9 @@ def _host_lengths(lengths: Any, name: str, **rule: Any) -> list[int]:
 def _jagged(x: Part, name: str) -> Jagged:
     (x,) = check_parts([x])
     if not isinstance(x, Jagged):
-        raise ShapeMismatchError(f"{name} needs jagged data [B, (j), *F], got a dense array of shape {tuple(x.shape)}")
+        raise ShapeMismatchError(
+            f"{name} needs jagged data [B, (j), *F], got a dense array of shape {tuple(x.shape)}"
+        )
     return x
 
 
@@ -72,8 +76,10 @@ def to_packed(x: Part) -> tuple[jax.Array, jax.Array]:
 
     >>> x = Jagged.from_rows([[1, 2], [], [3]])
     >>> values, lengths = to_packed(x)
-    >>> (values.tolist() == [v for r in x.rows() for v in r.tolist()], lengths.tolist() == [len(r) for r in x.rows()])
-    (True, True)
+    >>> values.tolist() == [v for r in x.rows() for v in r.tolist()]
+    True
+    >>> lengths.tolist() == [len(r) for r in x.rows()]
+    True
     """
     x = _jagged(x, "to_packed")
     return x.values, jnp.diff(x.offsets.astype(jnp.int64))  # JAX arrays are immutable: no copy needed
@@ -120,7 +126,8 @@ def from_padded(x: Any, lengths: Any) -> Jagged:
     ``rows(out) == [x[i][:lengths[i]] for i in range(B)]``
 
     >>> x, lengths = jnp.asarray([[1, 2, 0], [0, 0, 0], [3, 0, 0]]), [2, 0, 1]
-    >>> [r.tolist() for r in from_padded(x, lengths).rows()] == [x[i][: lengths[i]].tolist() for i in range(3)]
+    >>> rows = from_padded(x, lengths).rows()
+    >>> [r.tolist() for r in rows] == [x[i][: lengths[i]].tolist() for i in range(3)]
     True
     """
     (x,) = check_parts([x])

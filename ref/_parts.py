@@ -10,7 +10,13 @@ import jax.numpy as jnp
 
 from ._jagged import Jagged, is_concrete, validate_jagged
 from .dtypes import check_dtype
-from .errors import DeviceMismatchError, DtypeMismatchError, ShapeMismatchError, UnsupportedSettingError, where
+from .errors import (
+    DeviceMismatchError,
+    DtypeMismatchError,
+    ShapeMismatchError,
+    UnsupportedSettingError,
+    where,
+)
 
 __all__ = ["check_parts", "check_invariants", "num_rows", "Part"]
 
@@ -64,19 +70,24 @@ def check_parts(
         at = where(key, m)
         if isinstance(x, Jagged):
             if not allow_jagged:
-                raise UnsupportedSettingError(f"{at}jagged outputs need pad_mode 'no_padding', got a jagged {x!r}")
+                raise UnsupportedSettingError(
+                    f"{at}jagged outputs need pad_mode 'no_padding', got a jagged {x!r}"
+                )
         elif x.ndim == 0:
             raise ShapeMismatchError(f"{at}a dense output needs a leading batch dimension, got a scalar")
         if out:
             first = out[0]
             if _describe(x) != _describe(first):
-                raise ShapeMismatchError(f"{at}layout {_describe(x)} differs from micro-batch 0's {_describe(first)}")
+                raise ShapeMismatchError(
+                    f"{at}layout {_describe(x)} differs from micro-batch 0's {_describe(first)}"
+                )
             if x.dtype != first.dtype:
                 raise DtypeMismatchError(f"{at}dtype {x.dtype} differs from micro-batch 0's {first.dtype}")
             dev, dev0 = _device(x), _device(first)
             if dev is not None and dev0 is not None and dev != dev0:
                 raise DeviceMismatchError(
-                    f"{at}device {sorted(map(str, dev))} differs from micro-batch 0's {sorted(map(str, dev0))}"
+                    f"{at}device {sorted(map(str, dev))} differs from micro-batch 0's "
+                    f"{sorted(map(str, dev0))}"
                 )
             trail = x.feature_shape if isinstance(x, Jagged) else tuple(x.shape[1:])
             trail0 = first.feature_shape if isinstance(first, Jagged) else tuple(first.shape[1:])

@@ -62,7 +62,11 @@ def is_flat(partitions: Any) -> bool:
     of partitions: a traced array, or a JAX or NumPy array of one dimension and a non-object dtype."""
     if not is_concrete(partitions):
         return True
-    return isinstance(partitions, (jax.Array, np.ndarray)) and partitions.ndim == 1 and partitions.dtype != object
+    return (
+        isinstance(partitions, (jax.Array, np.ndarray))
+        and partitions.ndim == 1
+        and partitions.dtype != object
+    )
 
 
 def as_permutation(partitions: Any, num_rows: int) -> jax.Array:

@@ -91,7 +91,9 @@ def postprocess_batch(
 
     model_output: dict[str, Any] = {}
     for key in outs[0] if outs else ():
-        parts = check_parts([mo[key] for mo in outs], key, allow_jagged=pad_mode == "no_padding", invariants=False)
+        parts = check_parts(
+            [mo[key] for mo in outs], key, allow_jagged=pad_mode == "no_padding", invariants=False
+        )
         for m, part in enumerate(parts):
             if use_dynamic_bsz:
                 expected = len(list(indices[m]))

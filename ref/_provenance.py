@@ -31,7 +31,9 @@ from .structure import PADDING
 __all__ = ["check_provenance", "split_with_provenance"]
 
 
-def split_with_provenance(x: Any, partitions: Sequence[Sequence[int]]) -> tuple[list[Any], list[list[int]], Provenance]:
+def split_with_provenance(
+    x: Any, partitions: Sequence[Sequence[int]]
+) -> tuple[list[Any], list[list[int]], Provenance]:
     """`ref.split` that also returns the indices and the split's `Provenance` (each micro-batch's rows):
     the restore checks outputs carrying ``provenance.rows[m]`` and these indices against it.
 
@@ -85,7 +87,8 @@ def check_provenance(
     >>> prov = Provenance(((2, 0), (1,)))
     >>> check_provenance([{"provenance": [2, 0]}, {"provenance": [1]}], [[2, 0], [1]], prov, "lp")
     True
-    >>> check_provenance([{"provenance": [1]}, {"provenance": [2, 0]}], [[2, 0], [1]], prov, "lp")  # doctest: +ELLIPSIS
+    >>> swapped = [{"provenance": [1]}, {"provenance": [2, 0]}]
+    >>> check_provenance(swapped, [[2, 0], [1]], prov, "lp")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
     ref.errors.MisalignmentError: key 'lp', micro-batch 0: this output holds micro-batch 1's rows, ...
@@ -188,7 +191,9 @@ def _check_indices(indices: Sequence[Sequence[int]], rows: Sequence[Any]) -> Non
         j = jnp.minimum(_first(bad), a.shape[0] - 1)
         text = _escaped(str(stray_indices(m, 0, "\x00got\x00", "\x00want\x00")))
         text = (
-            text.replace("position 0", "position {j}").replace("\x00got\x00", "{got}").replace("\x00want\x00", "{want}")
+            text.replace("position 0", "position {j}")
+            .replace("\x00got\x00", "{got}")
+            .replace("\x00want\x00", "{want}")
         )
         _check(~jnp.any(bad), "MisalignmentError: " + text, j=_shown(j), got=_shown(a[j]), want=_shown(b[j]))
 

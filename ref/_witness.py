@@ -74,7 +74,8 @@ def check_alignment(
     >>> check_alignment({"lp": lp}, [1, 2, 0], [2, 0, 1], [2, 1])  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ref.errors.MisalignmentError: key 'lp', micro-batch 0, position 1: 2 values restored as original row 0, ...
+    ref.errors.MisalignmentError: key 'lp', micro-batch 0, position 1: 2 values restored as original row 0,
+    ...
     >>> check_alignment({"lp": lp}, [1, 2, 0], [2, 0, 1], [2, 1], unbound={"lp"})  # declared unbound
     """
     if not restored:

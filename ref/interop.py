@@ -1,4 +1,5 @@
-"""Exact conversion between torch tensors and the reference's JAX data (the only module of `ref` that imports torch).
+"""Exact conversion between torch tensors and the reference's JAX data (the only module of `ref` that imports
+torch).
 
 ``from_torch``: a jagged nested tensor ``[B, (j), *F]`` becomes a `Jagged`, a dense tensor a
 ``jax.Array``; ``to_torch`` goes back. Both share memory through DLPack (zero-copy where the layout
@@ -80,7 +81,10 @@ def from_torch(
         if rows == 0:  # torch cannot make an empty nested tensor contiguous
             values = nested.values()
             return Jagged(
-                _to_jax(values[:0]), _to_jax(torch.zeros(1, dtype=torch.int64)), key=key, micro_batch=micro_batch
+                _to_jax(values[:0]),
+                _to_jax(torch.zeros(1, dtype=torch.int64)),
+                key=key,
+                micro_batch=micro_batch,
             )
         _check_lengths(nested, at)
         nested = nested.contiguous()
@@ -92,7 +96,9 @@ def _check_lengths(nested: Any, at: str) -> None:
     """A nested tensor with ``lengths``: every row inside the values (`InvalidJaggedError`), before torch
     reads them (torch would raise its own error, or read past the values)."""
     lengths, offsets, n = nested.lengths().cpu(), nested.offsets().cpu(), int(nested.values().shape[0])
-    integers = not (lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool)
+    integers = not (
+        lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool
+    )
     if lengths.dim() != 1 or lengths.shape[0] != offsets.shape[0] - 1 or not integers:
         raise InvalidJaggedError(
             f"{at}lengths must be 1-D integers, one per row, got {lengths.dtype}{list(lengths.shape)}"
@@ -104,7 +110,8 @@ def _check_lengths(nested: Any, at: str) -> None:
             raise InvalidJaggedError(f"{at}offsets[{i}] = {o} is negative")
         if o + n_i > n:
             raise InvalidJaggedError(
-                f"{at}row {i} runs past the values: offsets[{i}] + lengths[{i}] = {o} + {n_i} > len(values) = {n}"
+                f"{at}row {i} runs past the values: offsets[{i}] + lengths[{i}] = {o} + {n_i} > len(values) "
+                f"= {n}"
             )
 
 

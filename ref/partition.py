@@ -1,4 +1,5 @@
-"""verl's token-budget micro-batch partitioner (0.9.1's rule, and 0.8.0's and 0.9.0's with ``one_pass``) (pure Python: no JAX, no torch; shared by `ref` and
+"""verl's token-budget micro-batch partitioner (0.9.1's rule, and 0.8.0's and 0.9.0's with ``one_pass``) (pure
+Python: no JAX, no torch; shared by `ref` and
 `torch_impl`).
 
 Rows (or groups of ``force_group_size`` consecutive rows, kept together) are packed into micro-batches
@@ -79,7 +80,9 @@ class _State:
         return _State([_Set(self.sets[i].items + other.sets[k - 1 - i].items) for i in range(k)])
 
 
-def karmarkar_karp(seqlen_list: Sequence[int], k_partitions: int, equal_size: bool = False) -> list[list[int]]:
+def karmarkar_karp(
+    seqlen_list: Sequence[int], k_partitions: int, equal_size: bool = False
+) -> list[list[int]]:
     """Indices of ``seqlen_list`` in ``k_partitions`` sets of near-equal sums (largest differencing), as verl.
 
     Start from one state per value (the value alone in one set, the other sets empty), or with
@@ -105,7 +108,9 @@ def karmarkar_karp(seqlen_list: Sequence[int], k_partitions: int, equal_size: bo
     return [[i for i, _ in s.items] for s in final.sets]
 
 
-def get_seqlen_balanced_partitions(seqlen_list: Sequence[int], k_partitions: int, equal_size: bool) -> list[list[int]]:
+def get_seqlen_balanced_partitions(
+    seqlen_list: Sequence[int], k_partitions: int, equal_size: bool
+) -> list[list[int]]:
     """verl's: `karmarkar_karp`, each partition's indices sorted ascending (partitions kept in its order).
 
     ``out == [sorted(p) for p in karmarkar_karp(seqlen_list, k_partitions, equal_size)]``; raises
@@ -144,7 +149,9 @@ def get_group_balanced_partitions(
         else:
             groups.append([i])
     if len(groups) < k_partitions:
-        raise UnsupportedSettingError(f"{len(groups)} uid groups for {k_partitions} partitions: need at least as many")
+        raise UnsupportedSettingError(
+            f"{len(groups)} uid groups for {k_partitions} partitions: need at least as many"
+        )
     loads = [sum(workload(int(seqlen_list[i])) for i in g) for g in groups]
     parts = get_seqlen_balanced_partitions(loads, k_partitions, equal_size=True)
     return [sorted(i for g in p for i in groups[g]) for p in parts]
@@ -161,7 +168,9 @@ class CountSync(Protocol):
 def pipeline_order(lengths: Sequence[int], parts: list[list[int]]) -> list[list[int]]:
     """verl's order: by ``(workload, first index)``, heaviest first, then interleaved
     ``p[::2][::-1] + p[1::2]`` (the lightest at both ends)."""
-    parts = sorted(parts, key=lambda p: (sum(workload(lengths[i]) for i in p), p[0] if p else 0), reverse=True)
+    parts = sorted(
+        parts, key=lambda p: (sum(workload(lengths[i]) for i in p), p[0] if p else 0), reverse=True
+    )
     return parts[::2][::-1] + parts[1::2]
 
 
@@ -181,13 +190,18 @@ def check_rows(
     for i, n in enumerate(lengths):
         if n > max_token_len:
             raise TokenBudgetError(f"row {i}: length {n} exceeds the token budget of {max_token_len}")
-    if max_seq_len is not None and max_seq_len > max_token_len:  # a dense batch's padded width, as verl checks
+    if (
+        max_seq_len is not None and max_seq_len > max_token_len
+    ):  # a dense batch's padded width, as verl checks
         raise TokenBudgetError(f"the padded width {max_seq_len} exceeds the token budget of {max_token_len}")
     if len(lengths) % force_group_size:
-        raise TokenBudgetError(f"batch size {len(lengths)} must be divisible by force_group_size {force_group_size}")
+        raise TokenBudgetError(
+            f"batch size {len(lengths)} must be divisible by force_group_size {force_group_size}"
+        )
 
 
-def plan_micro_batches(
+# Complex by design: verl's split, step by step, read as one function.
+def plan_micro_batches(  # noqa: C901
     lengths: Sequence[int],
     max_token_len: int,
     *,
@@ -226,7 +240,9 @@ def plan_micro_batches(
     """
     fgs = force_group_size
     if num_batches_divided_by is not None and num_batches_divided_by < 1:
-        raise UnsupportedSettingError(f"num_batches_divided_by must be at least 1, got {num_batches_divided_by}")
+        raise UnsupportedSettingError(
+            f"num_batches_divided_by must be at least 1, got {num_batches_divided_by}"
+        )
     lengths = [int(n) for n in lengths]
     b = len(lengths)
     problem: TokenBudgetError | None = None
@@ -269,9 +285,9 @@ def plan_micro_batches(
             if one_pass:  # verl 0.8.0 and 0.9.0: ``assert num_micro_batches <= num_groups``
                 raise TokenBudgetError(f"{count} micro-batches, but {who} only {fewest_groups} {what}")
             raise TokenBudgetError(
-                "Cannot satisfy max_token_len while keeping forced groups atomic and using the same micro-batch "
-                f"count across DP ranks: {count} micro-batches are needed for the token budget of "
-                f"{max_token_len}, but {who} only {fewest_groups} {what}"
+                "Cannot satisfy max_token_len while keeping forced groups atomic and using the same "
+                f"micro-batch count across DP ranks: {count} micro-batches are needed for the token budget "
+                f"of {max_token_len}, but {who} only {fewest_groups} {what}"
             )
         if count > num_groups or count == 0:  # every group alone (each fits, unless one_pass), then padding
             parts = [[g] for g in range(num_groups)] + [PADDING] * (count - num_groups)

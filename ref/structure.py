@@ -100,7 +100,9 @@ def check_settings(use_dynamic_bsz: Any, pad_mode: Any, indices: Any) -> bool:
         raise UnsupportedSettingError(f"pad_mode must be one of {PAD_MODES}, got {pad_mode!r}")
     dynamic = as_flag(use_dynamic_bsz, "use_dynamic_bsz")
     if dynamic and indices is None:
-        raise UnsupportedSettingError("indices is None while use_dynamic_bsz is on: the original order is unknown")
+        raise UnsupportedSettingError(
+            "indices is None while use_dynamic_bsz is on: the original order is unknown"
+        )
     return dynamic
 
 
@@ -116,7 +118,9 @@ def model_outputs(output_lst: Sequence[Any]) -> list[Mapping[str, Any]]:
         raise UnsupportedSettingError(f"output_lst must be a list of dicts, got {type(output_lst).__name__}")
     for m, o in enumerate(output_lst):
         if type(o) is not dict and not isinstance(o, Mapping):
-            raise UnsupportedSettingError(f"micro-batch {m}: an output must be a dict, got {type(o).__name__}")
+            raise UnsupportedSettingError(
+                f"micro-batch {m}: an output must be a dict, got {type(o).__name__}"
+            )
     carriers = [m for m, o in enumerate(output_lst) if "model_output" in o]
     if carriers and len(carriers) != len(output_lst):
         m = next(m for m, o in enumerate(output_lst) if "model_output" not in o)
@@ -124,7 +128,9 @@ def model_outputs(output_lst: Sequence[Any]) -> list[Mapping[str, Any]]:
     outs = [output_lst[m]["model_output"] for m in carriers]
     for m, mo in enumerate(outs):
         if type(mo) is not dict and not isinstance(mo, Mapping):
-            raise UnsupportedSettingError(f"micro-batch {m}: model_output must be a dict, got {type(mo).__name__}")
+            raise UnsupportedSettingError(
+                f"micro-batch {m}: model_output must be a dict, got {type(mo).__name__}"
+            )
     for m, mo in enumerate(outs[1:], start=1):
         for key in outs[0]:
             if key not in mo:
@@ -173,8 +179,12 @@ def check_partition(part: Any, m: int | None = None) -> None:
         return
     sequence = isinstance(part, Sequence) and not isinstance(part, (str, bytes))
     at = "" if m is None else f"micro-batch {m}: "
-    if not (part.ndim == 1 if hasattr(part, "ndim") else sequence):  # an array (NumPy, JAX, torch) or a sequence
-        raise PartitionMismatchError(f"{at}a partition must be a 1-D sequence of row indices, got {_kind(part)}")
+    if not (
+        part.ndim == 1 if hasattr(part, "ndim") else sequence
+    ):  # an array (NumPy, JAX, torch) or a sequence
+        raise PartitionMismatchError(
+            f"{at}a partition must be a 1-D sequence of row indices, got {_kind(part)}"
+        )
     check_readable(part, m)
     if not hasattr(part, "ndim"):
         _check_length(part, at)
@@ -234,7 +244,8 @@ def _is_integer_dtype(dtype: Any) -> bool:
     return name.startswith(("int", "uint"))
 
 
-def check_lengths(
+# Complex by design: each rule of a lengths argument, in the spec's order.
+def check_lengths(  # noqa: C901
     lengths: Any,
     *,
     rows: int | None = None,
@@ -243,7 +254,8 @@ def check_lengths(
     key: Any = None,
     name: str = "lengths",
 ) -> list[int]:
-    """The rule of per-row lengths (packed or padded layouts), on lengths the host holds; returns them as ints.
+    """The rule of per-row lengths (packed or padded layouts), on lengths the host holds; returns them as
+    ints.
 
     ``lengths``: a sequence of integers (Python or 0-d integer arrays) or a 1-D integer array (NumPy,
     JAX, torch on the CPU); ``name`` is how messages call them. In order, each an `InvalidJaggedError`
@@ -302,10 +314,18 @@ def check_pad_value(pad_value: Any, dtype: Any, *, key: Any = None) -> None:
     (`UnsupportedSettingError`: it would be silently rounded)."""
     at = where(key, None)
     if not isinstance(pad_value, (bool, int, float)):
-        raise UnsupportedSettingError(f"{at}pad_value must be a bool, int or float, got {type(pad_value).__name__}")
+        raise UnsupportedSettingError(
+            f"{at}pad_value must be a bool, int or float, got {type(pad_value).__name__}"
+        )
     name = str(dtype).removeprefix("torch.")
-    if (_is_integer_dtype(dtype) or name == "bool") and isinstance(pad_value, float) and not pad_value.is_integer():
-        raise UnsupportedSettingError(f"{at}pad_value {pad_value!r} is not an integer, but the values are {name}")
+    if (
+        (_is_integer_dtype(dtype) or name == "bool")
+        and isinstance(pad_value, float)
+        and not pad_value.is_integer()
+    ):
+        raise UnsupportedSettingError(
+            f"{at}pad_value {pad_value!r} is not an integer, but the values are {name}"
+        )
 
 
 # -- the alignment witness (docs/spec.md, "The alignment witness"): the rules both implementations share
@@ -334,13 +354,17 @@ def witness_binds(key: Any, jagged: bool, values: int, witness_total: int, unbou
     exactly the witness's total (``values == sum(witness)``; a permutation keeps the total, so this
     does not depend on the alignment it checks).
 
-    >>> witness_binds("lp", True, 7, 7, ()), witness_binds("lp", True, 7, 7, ("lp",)), witness_binds("v", False, 7, 7, ())
-    (True, False, False)
+    >>> witness_binds("lp", True, 7, 7, ()), witness_binds("lp", True, 7, 7, ("lp",))
+    (True, False)
+    >>> witness_binds("v", False, 7, 7, ())
+    False
     """
     return jagged and values == witness_total and key not in unbound
 
 
-def misalignment(key: Any, micro_batch: int, position: int, row: int, got: int, want: int) -> MisalignmentError:
+def misalignment(
+    key: Any, micro_batch: int, position: int, row: int, got: int, want: int
+) -> MisalignmentError:
     """Step 6b's error: original row ``row`` of bound key ``key``, which came from micro-batch
     ``micro_batch`` at ``position``, restored with ``got`` values where the witness gives ``want``."""
     return MisalignmentError(misalignment_text(key, micro_batch, position, row, got, want))
@@ -350,7 +374,7 @@ def misalignment_text(key: Any, micro_batch: Any, position: Any, row: Any, got: 
     """The message of `misalignment` (its values may be ``"{}"`` placeholders: `ref`'s traced check)."""
     return (
         f"key {key!r}, micro-batch {micro_batch}, position {position}: {got} values restored as original row "
-        f"{row}, whose length the alignment witness gives as {want} (a wrong permutation, micro-batches in the "
-        f"wrong order or another step's indices; if key {key!r} is not per-token, declare it unbound, or switch "
-        f"the check off: witness=None, torch_impl.set_witness(False) or REBATCH_WITNESS=off)"
+        f"{row}, whose length the alignment witness gives as {want} (a wrong permutation, micro-batches in "
+        f"the wrong order or another step's indices; if key {key!r} is not per-token, declare it unbound, or "
+        "switch the check off: witness=None, torch_impl.set_witness(False) or REBATCH_WITNESS=off)"
     )

@@ -34,7 +34,9 @@ def processes_naming(marker: str) -> list[str]:
     for entry in os.scandir("/proc"):
         if entry.name.isdigit() and int(entry.name) != os.getpid():
             try:
-                cmdline = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                cmdline = (
+                    Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                )
             except OSError:  # gone meanwhile
                 continue
             if marker in cmdline:
@@ -54,7 +56,9 @@ def _nothing_left_behind() -> Iterator[None]:
     before = _address_file()
     yield
     assert not processes_naming(RAY_DIR_PREFIX), "a test left a Ray process behind"
-    assert _address_file() == before, f"a test wrote {DEFAULT_ADDRESS_FILE} (a Ray cluster outside its own temp dir)"
+    assert _address_file() == before, (
+        f"a test wrote {DEFAULT_ADDRESS_FILE} (a Ray cluster outside its own temp dir)"
+    )
 
 
 @pytest.fixture

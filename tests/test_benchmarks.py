@@ -269,17 +269,21 @@ def test_on_core_pins_the_calling_thread_alone_and_gives_its_cores_back() -> Non
         assert os.sched_getaffinity(0) == before
 
 
-def test_baseline_extracts_are_whole_when_processes_extract_the_same_commit_at_once(tmp_path, monkeypatch) -> None:
+def test_baseline_extracts_are_whole_when_processes_extract_the_same_commit_at_once(
+    tmp_path, monkeypatch
+) -> None:
     """CI's test lanes run side by side in one checkout: every caller gets the whole extract, and no
     scratch folder is left behind."""
     import subprocess
     from concurrent.futures import ThreadPoolExecutor
 
-    from rebatch.bench import versus
+    from rebatch.bench import workers
 
     repo = tmp_path / "repo"
     files = {
-        f"{pkg}/m{i}.py": f"X = {i}\n" * 2000 for pkg in ("ref", "torch_impl", "property_tests") for i in range(40)
+        f"{pkg}/m{i}.py": f"X = {i}\n" * 2000
+        for pkg in ("ref", "torch_impl", "property_tests")
+        for i in range(40)
     }
     for name, text in files.items():
         (repo / name).parent.mkdir(parents=True, exist_ok=True)
@@ -288,24 +292,31 @@ def test_baseline_extracts_are_whole_when_processes_extract_the_same_commit_at_o
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
     subprocess.run([*git, "add", "."], check=True)
     subprocess.run([*git, "commit", "-qm", "x"], check=True)
-    monkeypatch.setattr(versus, "ROOT", repo)
+    monkeypatch.setattr(workers, "ROOT", repo)
 
     def extract(_: int) -> list[str]:
-        folder = versus.baseline_root("HEAD")
+        folder = workers.baseline_root("HEAD")
         return sorted(str(p.relative_to(folder)) for p in folder.rglob("*.py"))
 
     with ThreadPoolExecutor(8) as pool:
         seen = list(pool.map(extract, range(8)))
     assert all(s == sorted(files) for s in seen)
     for name, text in files.items():
-        assert (versus.baseline_root("HEAD") / name).read_text() == text
-    assert [p.name for p in (repo / ".cache").iterdir()] == [versus.baseline_root("HEAD").name]
+        assert (workers.baseline_root("HEAD") / name).read_text() == text
+    assert [p.name for p in (repo / ".cache").iterdir()] == [workers.baseline_root("HEAD").name]
 
 
 def test_versus_section_replaces_its_earlier_self(tmp_path) -> None:
     from rebatch.bench.versus import BEGIN, END, kept_section, write_docs
 
-    results = {"commit": "abc", "torch": "2.13", "date": "today", "busy_processes": 0, "rows": [], "command": "cmd"}
+    results = {
+        "commit": "abc",
+        "torch": "2.13",
+        "date": "today",
+        "busy_processes": 0,
+        "rows": [],
+        "command": "cmd",
+    }
     page = tmp_path / "benchmarks.md"
     page.write_text("# Benchmarks\n\ntable\n")
     write_docs(results, page)

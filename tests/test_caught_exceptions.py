@@ -16,15 +16,24 @@ _BROAD = {"Exception", "BaseException"}
 #: (file, enclosing function) -> where what its broad handler catches goes, for those that do not re-raise.
 RECORDED: dict[tuple[str, str], str] = {
     ("torch_impl/_compare.py", "_same"): "a comparison that raises is a difference, its error in the message",
-    ("torch_impl/_distributed.py", "broadcast_from_last_stage"): "handed to raise_first_failure: raised on every rank",
+    (
+        "torch_impl/_distributed.py",
+        "broadcast_from_last_stage",
+    ): "handed to raise_first_failure: raised on every rank",
     ("torch_impl/_distributed.py", "gather_batch"): "handed to agree(): raised on every rank",
-    ("torch_impl/integrations/_shadow.py", "_keys"): "said in the defect's ERROR line (its keys unreadable: ...)",
+    (
+        "torch_impl/integrations/_shadow.py",
+        "_keys",
+    ): "said in the defect's ERROR line (its keys unreadable: ...)",
     ("torch_impl/integrations/_shadow.py", "Shadow._guarded"): "counted (errors, caught), a WARNING once",
     ("torch_impl/integrations/_shadow.py", "Shadow.wrap.shadowed"): "Shadow._before: counted, logged once",
     ("torch_impl/integrations/_counts.py", "Counts._count"): "counted (caught: rows of NAME), a WARNING once",
     ("torch_impl/integrations/_counts.py", "Counts.write_report"): "counted (caught: report), a WARNING once",
     ("torch_impl/integrations/_files.py", "_final_reports"): "a WARNING, once a report, at exit",
-    ("rebatch_startup/__init__.py", "startup"): "one line on stderr a trainer (at start: nothing to raise from)",
+    (
+        "rebatch_startup/__init__.py",
+        "startup",
+    ): "one line on stderr a trainer (at start: nothing to raise from)",
     ("rebatch/check.py", "_dump_check"): "the report's candidate_error, printed, and agree false",
     ("rebatch/bench/run.py", "verl_function"): "verl reported absent in the benchmark's results",
     ("rebatch/bench/cuda_check.py", "main"): "a FAIL line, the section's error in --out, the run's exit 1",

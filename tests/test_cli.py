@@ -17,8 +17,14 @@ from rebatch.cli import main
 
 def _dump(path: Path, indices=((2, 0), (1, 3))) -> Path:
     outs = [
-        {"model_output": {"lp": jagged(torch.arange(5.0), [2, 3]), "v": torch.tensor([1.0, 2.0])}, "loss": 0.5},
-        {"model_output": {"lp": jagged(torch.arange(5.0, 9.0), [1, 3]), "v": torch.tensor([3.0, 4.0])}, "loss": 0.25},
+        {
+            "model_output": {"lp": jagged(torch.arange(5.0), [2, 3]), "v": torch.tensor([1.0, 2.0])},
+            "loss": 0.5,
+        },
+        {
+            "model_output": {"lp": jagged(torch.arange(5.0, 9.0), [1, 3]), "v": torch.tensor([3.0, 4.0])},
+            "loss": 0.25,
+        },
     ]
     data = TensorDict({}, batch_size=[])
     data["use_dynamic_bsz"] = NonTensorData(True)
@@ -37,7 +43,9 @@ def test_check_default_reports_agreement(capsys) -> None:
     assert all(k["vs_original_rows"]["agree"] and k["vs_ref"]["agree"] for k in report["keys"].values())
     assert report["seconds"]["torch_impl"] > 0
     assert set(report["provenance"]) == {"grpo", "fixed_length"}
-    for rates in report["provenance"].values():  # exact provenance: every misalignment caught, whatever the lengths
+    for rates in report[
+        "provenance"
+    ].values():  # exact provenance: every misalignment caught, whatever the lengths
         for c in rates.values():
             assert c["caught"] == c["trials"] > 0, rates
 
@@ -56,7 +64,16 @@ def test_dump_with_the_verl_baseline_as_candidate(tmp_path, capsys) -> None:
         del o["model_output"]["v"]  # verl cannot take dense outputs
     torch.save((outs, indices, data), path)
     assert (
-        main(["check", "--dump", str(path), "--candidate", "property_tests.baseline:verl_postprocess_batch_func"]) == 0
+        main(
+            [
+                "check",
+                "--dump",
+                str(path),
+                "--candidate",
+                "property_tests.baseline:verl_postprocess_batch_func",
+            ]
+        )
+        == 0
     )
     assert "candidate: identical" in capsys.readouterr().out
 

@@ -31,7 +31,9 @@ def _inputs(long: int = 300) -> tuple[torch.Tensor, ...]:
     )
 
 
-def _step(v0: torch.Tensor, o0: torch.Tensor, v1: torch.Tensor, o1: torch.Tensor, d: torch.Tensor) -> list[Any]:
+def _step(
+    v0: torch.Tensor, o0: torch.Tensor, v1: torch.Tensor, o1: torch.Tensor, d: torch.Tensor
+) -> list[Any]:
     """A model step: outputs made inside the graph, put back in order, used inside the graph again."""
     a = torch.nested.nested_tensor_from_jagged(v0 * 2, o0)
     b = torch.nested.nested_tensor_from_jagged(v1 * 2, o1)
@@ -83,7 +85,9 @@ def test_torch_func_grad_is_refused_clearly() -> None:
         outs = [{"model_output": {"x": values[:2]}}, {"model_output": {"x": values[2:]}}]
         return torch_impl.postprocess_batch(outs, INDICES)["model_output"]["x"].sum()
 
-    with pytest.raises(errors.UnsupportedSettingError, match=r"postprocess_batch is not supported under a torch\.func"):
+    with pytest.raises(
+        errors.UnsupportedSettingError, match=r"postprocess_batch is not supported under a torch\.func"
+    ):
         torch.func.grad(f)(torch.arange(3.0))
 
 

@@ -48,7 +48,9 @@ CALLS: dict[str, Callable[[torch.Tensor], Any]] = {
     "from_padded": lambda x: torch_impl.from_padded(x.to_padded_tensor(0.0, output_size=(3, 5)), LENGTHS),
     "restore_dynamic_batch": lambda x: torch_impl.restore_dynamic_batch(x, [[2], [0, 1]]),
     "postprocess_batch_func": lambda x: torch_impl.postprocess_batch_func(
-        [{"model_output": {"lp": x}}, {"model_output": {"lp": engine_output([2, 4], 10.0)}}], [[0, 1, 2], [3, 4]], None
+        [{"model_output": {"lp": x}}, {"model_output": {"lp": engine_output([2, 4], 10.0)}}],
+        [[0, 1, 2], [3, 4]],
+        None,
     )["model_output"]["lp"],
     "prepare_micro_batches": lambda x: [
         mb["input_ids"]
@@ -105,7 +107,10 @@ FLAT_FORMS: dict[str, Callable[[list[int]], tuple[Any, Any]]] = {
     # (torch_impl's argument, ref's argument): the permutation itself, one 1-D integer array
     "numpy": lambda p: (np.array(p, dtype=np.int64), np.array(p, dtype=np.int64)),
     "numpy_int32": lambda p: (np.array(p, dtype=np.int32), np.array(p, dtype=np.int32)),
-    "tensor_and_jax": lambda p: (torch.tensor(p, dtype=torch.int64), jnp.asarray(np.array(p, dtype=np.int32))),
+    "tensor_and_jax": lambda p: (
+        torch.tensor(p, dtype=torch.int64),
+        jnp.asarray(np.array(p, dtype=np.int32)),
+    ),
 }
 
 PARTITION_FORMS: dict[str, Callable[[list[list[int]]], Any]] = {

@@ -123,7 +123,9 @@ class _Batch(dict[str, Any]):
 
 
 def _skyrl_iterator(data: Any) -> Any:
-    return types.SimpleNamespace(_microbatches=[[1], [0]], _num_padding_microbatches=0, _token_counts=[1, 1], data=data)
+    return types.SimpleNamespace(
+        _microbatches=[[1], [0]], _num_padding_microbatches=0, _token_counts=[1, 1], data=data
+    )
 
 
 @pytest.mark.parametrize(
@@ -134,12 +136,16 @@ def _skyrl_iterator(data: Any) -> Any:
         (
             "calls_without_witness",  # AReaL: no micro-batches' cu_seqlens
             lambda: areal.reorder_and_pad_outputs(
-                [torch.arange(3.0)], [1, 2], types.SimpleNamespace(forward_indices=[1, 0], backward_indices=[1, 0])
+                [torch.arange(3.0)],
+                [1, 2],
+                types.SimpleNamespace(forward_indices=[1, 0], backward_indices=[1, 0]),
             ),
         ),
         (
             "calls_without_witness",  # SkyRL: no response_mask
-            lambda: skyrl.reorder_and_combine_items(_skyrl_iterator(_Batch()), [[{"lp": [1.0]}], [{"lp": [2.0]}]]),
+            lambda: skyrl.reorder_and_combine_items(
+                _skyrl_iterator(_Batch()), [[{"lp": [1.0]}], [{"lp": [2.0]}]]
+            ),
         ),
         (
             "skipped_unreadable_witness",  # SkyRL: a batch without ``get``
@@ -152,7 +158,14 @@ def _skyrl_iterator(data: Any) -> Any:
             lambda: torch_impl.concat([jagged(torch.zeros(3), [1, 2]).to("meta")] * 2),
         ),
     ],
-    ids=["verl-no-lengths", "verl-unreadable", "areal-no-lengths", "skyrl-no-lengths", "skyrl-unreadable", "device"],
+    ids=[
+        "verl-no-lengths",
+        "verl-unreadable",
+        "areal-no-lengths",
+        "skyrl-no-lengths",
+        "skyrl-unreadable",
+        "device",
+    ],
 )
 def test_every_skipped_check_is_counted_by_reason(reason: str, call: Any) -> None:
     before = torch_impl.witness_stats()
@@ -173,7 +186,9 @@ def _recording(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return ran
 
 
-@pytest.mark.parametrize("name", [k for k, v in torch_impl.KERNELS.items() if v.permutes and "jagged" in v.layouts])
+@pytest.mark.parametrize(
+    "name", [k for k, v in torch_impl.KERNELS.items() if v.permutes and "jagged" in v.layouts]
+)
 def test_a_forced_kernel_runs_where_it_fits_and_raises_where_it_does_not(
     monkeypatch: pytest.MonkeyPatch, name: str
 ) -> None:

@@ -147,7 +147,18 @@ def test_every_kernel_with_a_non_cpu_default_device(path: str) -> None:
         assert first_difference(a, b) is None
 
 
-_FACTORIES = {"tensor", "as_tensor", "zeros", "ones", "empty", "full", "arange", "randn", "rand", "empty_strided"}
+_FACTORIES = {
+    "tensor",
+    "as_tensor",
+    "zeros",
+    "ones",
+    "empty",
+    "full",
+    "arange",
+    "randn",
+    "rand",
+    "empty_strided",
+}
 
 
 def test_every_factory_call_in_torch_impl_names_its_device() -> None:

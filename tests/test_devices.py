@@ -26,7 +26,9 @@ def _outputs(device: str, feature: tuple[int, ...]) -> list[dict[str, Any]]:
     for lengths in ([300, 2], [5], []):
         values = torch.randn(sum(lengths), *feature, generator=g)
         dense = torch.randn(len(lengths), 4, generator=g)
-        out.append({"model_output": {"x": jagged(values, lengths).to(device), "d": dense.to(device)}, "loss": 1.0})
+        out.append(
+            {"model_output": {"x": jagged(values, lengths).to(device), "d": dense.to(device)}, "loss": 1.0}
+        )
     return out
 
 
@@ -43,7 +45,9 @@ def _all_ops(outs: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         **{f"post_{k}": v for k, v in torch_impl.postprocess_batch(outs, INDICES)["model_output"].items()},
         **{
             f"plain_{k}": v
-            for k, v in torch_impl.postprocess_batch(outs, None, use_dynamic_bsz=False)["model_output"].items()
+            for k, v in torch_impl.postprocess_batch(outs, None, use_dynamic_bsz=False)[
+                "model_output"
+            ].items()
         },
         "concat": whole,
         "restore": torch_impl.restore(whole, INDICES),
@@ -56,7 +60,10 @@ def _all_ops(outs: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("path", list(KERNELS))
 def test_every_path_on_meta_gives_the_cpu_shapes(path: str, feature: tuple[int, ...]) -> None:
     if path not in ANYWHERE:  # a host kernel forced on meta: refused, no other kernel in its place
-        with forced(path), pytest.raises(errors.UnsupportedSettingError, match="cannot move this key on meta"):
+        with (
+            forced(path),
+            pytest.raises(errors.UnsupportedSettingError, match="cannot move this key on meta"),
+        ):
             _all_ops(_outputs("meta", feature))
         return
     with forced(path):
@@ -109,7 +116,11 @@ def test_zero_row_micro_batch_with_lengths_gives_verls_rows() -> None:
     indices = [[2, 0], [], [1]]
     got = torch_impl.postprocess_batch(outs, indices)
     assert_same(got["model_output"], verl_postprocess_batch_func(outs, indices, None)["model_output"])
-    assert [r.tolist() for r in got["model_output"]["x"].unbind()] == [[4.0, 5.0], [1.0, 1.0], [0.0, 1.0, 2.0]]
+    assert [r.tolist() for r in got["model_output"]["x"].unbind()] == [
+        [4.0, 5.0],
+        [1.0, 1.0],
+        [0.0, 1.0, 2.0],
+    ]
 
 
 def test_rows_on_the_device_are_never_read_on_the_host() -> None:

@@ -34,7 +34,9 @@ class Batch:
         g = torch.Generator(device="cpu").manual_seed(len(lengths) + keys)
         self.outs: list[dict[str, Any]] = []
         for p in partitions:
-            offsets = torch.tensor([0, *itertools.accumulate(lengths[i] for i in p)], dtype=torch.int64, device="cpu")
+            offsets = torch.tensor(
+                [0, *itertools.accumulate(lengths[i] for i in p)], dtype=torch.int64, device="cpu"
+            )
             jagged = {}
             for k in range(keys):
                 values = torch.randn(int(offsets[-1]), *([width] if width else []), generator=g, device="cpu")
@@ -169,10 +171,15 @@ def test_a_group_plan_is_one_upload_and_a_fixed_chain(rows: int, micro_batches: 
     call_rows = CallRows([len(p) for p in indices], perm)
     lengths = np.diff(np.asarray([0, *itertools.accumulate(int(p.values.shape[0]) for p in parts)]))
     restored = np.zeros(rows, dtype=np.int64)
-    per_row = [np.full(len(p), n // max(1, len(p)), dtype=np.int64) for p, n in zip(indices, lengths, strict=True)]
+    per_row = [
+        np.full(len(p), n // max(1, len(p)), dtype=np.int64) for p, n in zip(indices, lengths, strict=True)
+    ]
     for p, each in zip(indices, per_row, strict=True):
         restored[p] = each
-    planners = ((lambda: plan_on_device(parts, call_rows), 7), (lambda: plan_from_host(parts, call_rows, restored), 1))
+    planners = (
+        (lambda: plan_on_device(parts, call_rows), 7),
+        (lambda: plan_from_host(parts, call_rows, restored), 1),
+    )
     for plan_fn, launches in planners:
         with CountOps() as counter:
             plan = plan_fn()

@@ -107,7 +107,9 @@ DROP_INS: dict[str, Callable[[Any, Any], Any]] = {
     ),
     "restore_dynamic_batch": lambda x, nt: torch_impl.restore_dynamic_batch(x[:5], PARTITIONS),
     "areal": lambda x, nt: areal.reorder_and_pad_outputs(
-        [x[:3], x[3:]], [1, 2, 2, 2], types.SimpleNamespace(forward_indices=[1, 0, 3, 2], backward_indices=[1, 0, 3, 2])
+        [x[:3], x[3:]],
+        [1, 2, 2, 2],
+        types.SimpleNamespace(forward_indices=[1, 0, 3, 2], backward_indices=[1, 0, 3, 2]),
     ),
 }
 
@@ -129,5 +131,7 @@ def test_every_public_function_refuses_float8_that_requires_a_gradient(op: str) 
 def test_concat_then_restore_of_float8_rows_requiring_grad_is_refused() -> None:
     """The finding: four float8_e4m3fn rows requiring grad through ``concat`` then ``restore``."""
     rows = [torch.zeros(1, 3, dtype=torch.float8_e4m3fn).requires_grad_() for _ in range(4)]
-    with pytest.raises(UnsupportedSettingError, match="micro-batch 0: dtype float8_e4m3fn requires a gradient"):
+    with pytest.raises(
+        UnsupportedSettingError, match="micro-batch 0: dtype float8_e4m3fn requires a gradient"
+    ):
         torch_impl.restore(torch_impl.concat(rows), [[2, 0, 3, 1]])

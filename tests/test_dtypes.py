@@ -49,7 +49,12 @@ def _random(shape: tuple[int, ...], dtype: str, seed: int = 0) -> torch.Tensor:
     if dtype == "bool":
         return torch.from_numpy(rng.integers(0, 2, count, dtype=np.uint8)).to(torch.bool).reshape(shape)
     size = torch.empty((), dtype=tdtype).element_size()
-    return torch.from_numpy(rng.integers(0, 256, count * size, dtype=np.uint8)).view(tdtype).reshape(shape).clone()
+    return (
+        torch.from_numpy(rng.integers(0, 256, count * size, dtype=np.uint8))
+        .view(tdtype)
+        .reshape(shape)
+        .clone()
+    )
 
 
 def _rows(t: torch.Tensor, index: list[int]) -> torch.Tensor:
@@ -60,7 +65,9 @@ def _rows(t: torch.Tensor, index: list[int]) -> torch.Tensor:
     return t.view(signed)[index].view(t.dtype)
 
 
-def _call(dtype: str, trailing: tuple[int, ...] = ()) -> tuple[list[dict[str, Any]], list[list[int]], dict[str, Any]]:
+def _call(
+    dtype: str, trailing: tuple[int, ...] = ()
+) -> tuple[list[dict[str, Any]], list[list[int]], dict[str, Any]]:
     """Two micro-batches (3 rows, then 2) of a dense and a jagged key, the partitions, and the expected rows."""
     dense = _random((5, *trailing), dtype)
     lengths = [2, 0, 3, 4, 1]
@@ -70,7 +77,12 @@ def _call(dtype: str, trailing: tuple[int, ...] = ()) -> tuple[list[dict[str, An
     rows = rows_of(whole)
     outs = [
         {"model_output": {"d": dense[:3], "j": jagged(torch.cat([rows[k] for k in range(3)]), lengths[:3])}},
-        {"model_output": {"d": dense[3:], "j": jagged(torch.cat([rows[k] for k in range(3, 5)]), lengths[3:])}},
+        {
+            "model_output": {
+                "d": dense[3:],
+                "j": jagged(torch.cat([rows[k] for k in range(3, 5)]), lengths[3:]),
+            }
+        },
     ]
     inv = [perm.index(i) for i in range(5)]
     expected = {

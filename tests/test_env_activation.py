@@ -43,7 +43,12 @@ def _python(code: str, *flags: str, path: str | None = None, **env: str) -> subp
             [path, *[p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
         )
     return subprocess.run(
-        [sys.executable, *flags, "-c", code], capture_output=True, text=True, check=False, timeout=120, env=environ
+        [sys.executable, *flags, "-c", code],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+        env=environ,
     )
 
 
@@ -88,7 +93,11 @@ def test_rebatch_verl_wins_for_verl_when_set() -> None:
 def test_shadow_options_from_the_environment(tmp_path: Path) -> None:
     setting = rebatch_startup.parse("shadow:0.5")
     assert setting is not None
-    env = {"REBATCH_ON_DEFECT": "raise", "REBATCH_REPORT_DIR": str(tmp_path / "r"), "REBATCH_DUMP_DIR": str(tmp_path)}
+    env = {
+        "REBATCH_ON_DEFECT": "raise",
+        "REBATCH_REPORT_DIR": str(tmp_path / "r"),
+        "REBATCH_DUMP_DIR": str(tmp_path),
+    }
     kwargs = rebatch_startup.install_kwargs("skyrl", setting, env)
     report, dump = str(kwargs.pop("report")), str(kwargs.pop("dump"))
     assert kwargs == {"mode": "shadow", "lazy": True, "sample": 0.5, "on_defect": "raise"}
@@ -109,7 +118,9 @@ def test_shadow_options_from_the_environment(tmp_path: Path) -> None:
 
 
 def test_carried_holds_the_variables_set() -> None:
-    assert rebatch_startup.carried({"REBATCH": "on", "PATH": "/bin", "REBATCH_DUMP_DIR": " "}) == {"REBATCH": "on"}
+    assert rebatch_startup.carried({"REBATCH": "on", "PATH": "/bin", "REBATCH_DUMP_DIR": " "}) == {
+        "REBATCH": "on"
+    }
 
 
 # -- the hook in this interpreter ------------------------------------------------------------------
@@ -132,9 +143,13 @@ def test_unset_or_off_the_interpreter_start_imports_nothing_of_rebatch(value: st
     env = {} if value is None else {"REBATCH": value}
     done = _python("pass", "-X", "importtime", **env)
     assert done.returncode == 0, done.stderr
-    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    imported = {
+        line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")
+    }
     assert "site" in imported  # the table is the real one
-    loaded = sorted(m for m in imported if m.split(".")[0] in ("torch", "torch_impl", "rebatch_startup", "ref"))
+    loaded = sorted(
+        m for m in imported if m.split(".")[0] in ("torch", "torch_impl", "rebatch_startup", "ref")
+    )
     assert not loaded, loaded
 
 
@@ -207,7 +222,12 @@ def test_the_variable_alone_activates_a_trainer_in_a_new_process(
 ) -> None:
     done = _python(PROBE, path=fake_areal, **env)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines() == [f"ours: {ours}", f"wrapped: {wrapped}", "bound: True", f"carried: {carried}"]
+    assert done.stdout.splitlines() == [
+        f"ours: {ours}",
+        f"wrapped: {wrapped}",
+        "bound: True",
+        f"carried: {carried}",
+    ]
 
 
 def test_under_on_a_bad_value_raises_from_the_trainers_import_naming_the_variable(fake_areal: str) -> None:
@@ -216,16 +236,24 @@ def test_under_on_a_bad_value_raises_from_the_trainers_import_naming_the_variabl
     assert "UnsupportedSettingError: REBATCH='onn': expected off, on, shadow" in done.stderr
     logged = _python("import areal", path=fake_areal, REBATCH="shadow", REBATCH_ON_DEFECT="stop")
     assert logged.returncode == 0  # shadow never stops the run: an ERROR line (logging's last resort)
-    assert "could not install rebatch in areal: UnsupportedSettingError: REBATCH_ON_DEFECT='stop'" in logged.stderr
+    assert (
+        "could not install rebatch in areal: UnsupportedSettingError: REBATCH_ON_DEFECT='stop'"
+        in logged.stderr
+    )
 
 
 def test_under_on_a_failed_activation_raises_naming_the_variable(fake_areal: str, tmp_path: Path) -> None:
     (tmp_path / "areal-1.0.4.dist-info").mkdir()  # another release, found first
-    (tmp_path / "areal-1.0.4.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: areal\nVersion: 9.9\n")
+    (tmp_path / "areal-1.0.4.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: areal\nVersion: 9.9\n"
+    )
     path = os.pathsep.join([str(tmp_path), fake_areal])
     done = _python("import areal", path=path, REBATCH="on")
     assert done.returncode == 1
-    assert "REBATCH='on': could not install rebatch in areal: UnsupportedSettingError: areal 9.9 is not" in done.stderr
+    assert (
+        "REBATCH='on': could not install rebatch in areal: UnsupportedSettingError: areal 9.9 is not"
+        in done.stderr
+    )
     shadow = _python(PROBE, path=path, REBATCH="shadow")
     assert shadow.returncode == 0, shadow.stderr
     assert "ours: False" in shadow.stdout
@@ -286,7 +314,9 @@ def test_under_on_a_failed_activation_raises_again_when_the_import_is_tried_agai
     """The trainer leaves the finder's list only once its activation went through: a second ``import areal``
     raises again, never runs AReaL's own function silently."""
     (tmp_path / "areal-1.0.4.dist-info").mkdir()  # another release, found first
-    (tmp_path / "areal-1.0.4.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: areal\nVersion: 9.9\n")
+    (tmp_path / "areal-1.0.4.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: areal\nVersion: 9.9\n"
+    )
     code = (
         "for attempt in ('first', 'second'):\n"
         "    try:\n"
@@ -356,7 +386,9 @@ HOLDS = {
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork: POSIX only")
 @pytest.mark.parametrize("hold", HOLDS.values(), ids=HOLDS.keys())
-def test_a_fork_while_another_thread_holds_a_lock_leaves_the_child_free_to_activate(fake_areal: str, hold: str) -> None:
+def test_a_fork_while_another_thread_holds_a_lock_leaves_the_child_free_to_activate(
+    fake_areal: str, hold: str
+) -> None:
     """In a fresh interpreter (a fork here would make JAX warn): a thread holds one of rebatch's locks, the
     main thread forks, the child imports the trainer and is activated (before: it waited at the lock for
     ever; now each lock is a `rebatch_startup.ForkSafeLock`, renewed in the child)."""
@@ -395,7 +427,7 @@ def test_every_rebatch_variable_rebatch_reads_is_carried() -> None:
     one of `rebatch_startup.CARRIED`, the witness's two among them (a MisalignmentError names them)."""
     import re
 
-    from torch_impl import _witness
+    from torch_impl import _switch
 
     found: set[str] = set()
     for package in ("rebatch_startup", "torch_impl", "ref"):
@@ -403,10 +435,14 @@ def test_every_rebatch_variable_rebatch_reads_is_carried() -> None:
             found |= set(re.findall(r"[\"'](REBATCH(?:_[A-Z]+)*)[\"']", path.read_text()))
     assert {"REBATCH", "REBATCH_WITNESS", "REBATCH_WITNESS_UNBOUND"} <= found
     assert found <= set(VARIABLES), found - set(VARIABLES)
-    assert {_witness.ENV, _witness.ENV_UNBOUND} == {"REBATCH_WITNESS", "REBATCH_WITNESS_UNBOUND"} <= set(VARIABLES)
+    assert (
+        {_switch.ENV, _switch.ENV_UNBOUND} == {"REBATCH_WITNESS", "REBATCH_WITNESS_UNBOUND"} <= set(VARIABLES)
+    )
 
 
-def test_areals_and_skyrls_wrappers_carry_every_setting(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_areals_and_skyrls_wrappers_carry_every_setting(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """The wrapper of AReaL's ``get_env_vars`` and SkyRL's ``prepare_runtime_environment`` (around stand-ins
     for the trainers' functions) adds every variable of `CARRIED` set here, the witness's included."""
     from torch_impl.integrations import areal, skyrl
@@ -428,7 +464,11 @@ def test_areals_and_skyrls_wrappers_carry_every_setting(monkeypatch: pytest.Monk
     for name, value in values.items():
         monkeypatch.setenv(name, value)
     get_env_vars = carrying(lambda *args, **kwargs: {"PYTHONPATH": "x", "REBATCH_ON_DEFECT": "log"})
-    assert get_env_vars("A=1") == {**values, "PYTHONPATH": "x", "REBATCH_ON_DEFECT": "log"}  # AReaL's own wins
+    assert get_env_vars("A=1") == {
+        **values,
+        "PYTHONPATH": "x",
+        "REBATCH_ON_DEFECT": "log",
+    }  # AReaL's own wins
     prepare = carrying(lambda cfg: {"NCCL_DEBUG": "WARN", "REBATCH_WITNESS": "on"})
     assert prepare(object()) == {**values, "NCCL_DEBUG": "WARN", "REBATCH_WITNESS": "on"}  # SkyRL's own wins
 
@@ -448,8 +488,13 @@ def test_a_defect_is_recorded_before_the_trainers_function_runs_even_when_it_rai
         assert report.is_file()  # already written: the defect is in the report before AReaL's function runs
         raise AssertionError("AReaL's own reorder_list")
 
-    wrapped = shadow.wrap("reorder_and_pad_outputs", theirs, _refuses, check=_refuses, keys_of=lambda *a: ["lp"])
-    with caplog.at_level(logging.ERROR, logger="rebatch.shadow"), pytest.raises(AssertionError, match="reorder_list"):
+    wrapped = shadow.wrap(
+        "reorder_and_pad_outputs", theirs, _refuses, check=_refuses, keys_of=lambda *a: ["lp"]
+    )
+    with (
+        caplog.at_level(logging.ERROR, logger="rebatch.shadow"),
+        pytest.raises(AssertionError, match="reorder_list"),
+    ):
         wrapped([1])
     (line,) = [r.getMessage() for r in caplog.records]
     assert line.startswith("areal reorder_and_pad_outputs, call 0: areal's result of this step is misaligned")
@@ -512,7 +557,16 @@ def test_rebatch_report_exits_1_on_a_defect_and_0_clean(tmp_path: Path, capsys, 
     out = capsys.readouterr().out
     assert "NOT CLEAN: 0 difference(s), 1 defect(s)" in out
     head = out.splitlines()[0].split()
-    assert head[:8] == ["trainer", "function", "processes", "calls", "sampled", "differences", "defects", "errors"]
+    assert head[:8] == [
+        "trainer",
+        "function",
+        "processes",
+        "calls",
+        "sampled",
+        "differences",
+        "defects",
+        "errors",
+    ]
     assert report_main([str(tmp_path / "missing")]) == 2
     (tmp_path / "bad.json").write_text("[1]")
     assert report_main([str(tmp_path / "bad.json")]) == 2

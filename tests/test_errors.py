@@ -55,7 +55,9 @@ def test_torch_impl_drop_in_raises_what_postprocess_batch_raises(case: ErrorCase
 
 
 def test_every_error_class_has_a_case() -> None:
-    concrete = {c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.RebatchError)}
+    concrete = {
+        c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.RebatchError)
+    }
     abstract = {errors.RebatchError, errors.OutputMismatchError}
     many_ranks = {errors.RankFailedError}  # raised across processes: tests/test_distributed.py
     assert concrete - abstract - many_ranks <= {c.error for c in CASES}

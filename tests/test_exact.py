@@ -37,7 +37,8 @@ def test_interop_round_trip_every_dtype(dtype: str) -> None:
     assert str(interop.from_torch(dense).dtype) == dtype
     # and through an operation of each implementation (each checks the dtype is one it moves)
     assert_same(
-        interop.to_torch(ref.restore(interop.from_torch(nt), [[2, 0], [1]])), torch_impl.restore(nt, [[2, 0], [1]])
+        interop.to_torch(ref.restore(interop.from_torch(nt), [[2, 0], [1]])),
+        torch_impl.restore(nt, [[2, 0], [1]]),
     )
 
 
@@ -74,7 +75,11 @@ def test_nan_payloads_move_exactly(dtype: str) -> None:
     exp_bits = {"float16": 5, "bfloat16": 8, "float32": 8, "float64": 11}[dtype]
     mantissa = width - 1 - exp_bits
     nan_all_ones = ((1 << exp_bits) - 1) << mantissa
-    payloads = [nan_all_ones | 1, nan_all_ones | (1 << (mantissa - 1)) | 5, nan_all_ones | 3]  # signalling and quiet
+    payloads = [
+        nan_all_ones | 1,
+        nan_all_ones | (1 << (mantissa - 1)) | 5,
+        nan_all_ones | 3,
+    ]  # signalling and quiet
     raw = torch.tensor([p - (1 << width) if p >= 1 << (width - 1) else p for p in payloads], dtype=as_int)
     vals = raw.view(getattr(torch, dtype))
     nt = jagged(vals, [1, 2])
@@ -98,7 +103,10 @@ def test_interop_reads_rows_with_holes_as_torch_impl_does() -> None:
     )
     x = interop.from_torch(holed)
     assert isinstance(x, ref.Jagged)
-    assert (np.asarray(x.offsets).tolist(), np.asarray(x.values).tolist()) == ([0, 3, 3, 5], [0.0, 1.0, 2.0, 8.0, 9.0])
+    assert (np.asarray(x.offsets).tolist(), np.asarray(x.values).tolist()) == (
+        [0, 3, 3, 5],
+        [0.0, 1.0, 2.0, 8.0, 9.0],
+    )
     assert_same(interop.to_torch(x), torch_impl.concat([holed]))
 
 
@@ -120,13 +128,17 @@ def test_interop_names_the_row_with_a_broken_hole(offsets, lengths, message) -> 
 )
 def test_interop_refuses_lengths_that_are_not_integers_one_per_row(offsets, lengths) -> None:
     holed = torch.nested.nested_tensor_from_jagged(torch.arange(4.0), torch.tensor(offsets), lengths=lengths)
-    with pytest.raises(ref.InvalidJaggedError, match=re.escape("key 'k', micro-batch 0: lengths must be 1-D integers")):
+    with pytest.raises(
+        ref.InvalidJaggedError, match=re.escape("key 'k', micro-batch 0: lengths must be 1-D integers")
+    ):
         interop.from_torch(holed, key="k", micro_batch=0)
 
 
 def test_interop_refuses_a_ragged_dimension_other_than_1() -> None:
     nt = torch.nested.nested_tensor_from_jagged(torch.arange(12.0).reshape(6, 2), torch.tensor([0, 2, 6]))
-    with pytest.raises(ref.InvalidJaggedError, match=re.escape("micro-batch 0: the ragged dimension must be 1, got 2")):
+    with pytest.raises(
+        ref.InvalidJaggedError, match=re.escape("micro-batch 0: the ragged dimension must be 1, got 2")
+    ):
         interop.from_torch(nt.transpose(1, 2), key="k", micro_batch=0)
 
 
@@ -163,7 +175,9 @@ def test_interop_holes_over_rows_of_several_values_and_hundreds_of_rows() -> Non
     assert np.asarray(x.values)[:, 0].tolist() == [0.0, 3.0, 6.0, 12.0, 15.0]
     rows = 300
     many = torch.nested.nested_tensor_from_jagged(
-        torch.arange(2.0 * rows), torch.arange(0, 2 * rows + 1, 2), lengths=torch.ones(rows, dtype=torch.int64)
+        torch.arange(2.0 * rows),
+        torch.arange(0, 2 * rows + 1, 2),
+        lengths=torch.ones(rows, dtype=torch.int64),
     )
     assert np.asarray(interop.from_torch(many).values).tolist() == [2.0 * i for i in range(rows)]
 
@@ -250,7 +264,11 @@ def test_jagged_constructors() -> None:
         (np.zeros(3), np.array([0.0, 3.0]), "integer dtype"),
         (np.zeros(3), np.array([1, 3]), r"offsets\[0\] must be 0, got 1"),
         (np.zeros(3), np.array([-1, 3]), r"offsets\[0\] must be 0, got -1"),
-        (np.zeros(3), np.array([0, 2, 2, 1, 3]), r"got offsets\[2\] = 2 > offsets\[3\] = 1"),  # after a zero step
+        (
+            np.zeros(3),
+            np.array([0, 2, 2, 1, 3]),
+            r"got offsets\[2\] = 2 > offsets\[3\] = 1",
+        ),  # after a zero step
         (np.zeros(3), np.array([0, 2, 1, 3]), "non-decreasing"),
         (np.zeros(3), np.array([0, 2, 3, 1, 3]), r"non-decreasing, got offsets\[2\] = 3 > offsets\[3\] = 1"),
         (np.zeros(3), np.array([0, 2]), r"offsets\[-1\] must equal len\(values\) = 3, got 2"),

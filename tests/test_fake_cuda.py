@@ -42,7 +42,9 @@ def fake_trace(name: str, b: int) -> tuple[Any, Trace, str]:
 def meta_kernels(name: str, b: int) -> list[str] | None:
     """The kernels chosen on ``meta``; None for a call that needs data, which ``meta`` refuses."""
     fc = FakeCuda()  # its kernel record only: the call runs on ``meta``
-    call, _ = CALLS[name](lambda x: tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, x), b)
+    call, _ = CALLS[name](
+        lambda x: tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, x), b
+    )
     original = fc._choose
     from torch_impl import _kernels
 

@@ -105,8 +105,12 @@ def test_the_anchor_finds_a_figure_whatever_its_numbers() -> None:
 def test_a_new_measured_figure_in_the_readme_needs_a_source(tmp_path: Path) -> None:
     root = _copy(tmp_path)
     readme = root / "README.md"
-    readme.write_text(readme.read_text().replace("## Switch it off", "It starts in 3.5 ms.\n\n## Switch it off"))
-    assert [p.split(":", 2)[2] for p in _check(root)] == [" '3.5 ms' is tied to no source (rebatch.figures.FIGURES)"]
+    readme.write_text(
+        readme.read_text().replace("## Switch it off", "It starts in 3.5 ms.\n\n## Switch it off")
+    )
+    assert [p.split(":", 2)[2] for p in _check(root)] == [
+        " '3.5 ms' is tied to no source (rebatch.figures.FIGURES)"
+    ]
 
 
 def _reports_like_the_page(tmp_path: Path) -> list[dict[str, object]]:

@@ -45,7 +45,9 @@ def test_the_calibration_fits_every_measured_row() -> None:
     fit = calibration()
     measured = json.loads((DOCS / "gpu_h200.json").read_text())
     want = {(r["trainer"], r["b"], r["keys"], "rebatch") for r in measured["timings"]["rows"]}
-    want |= {(r["trainer"], r["b"], r["keys"], "theirs") for r in measured["timings"]["rows"] if r["theirs_s"]}
+    want |= {
+        (r["trainer"], r["b"], r["keys"], "theirs") for r in measured["timings"]["rows"] if r["theirs_s"]
+    }
     assert {(r["trainer"], r["b"], r["keys"], r["side"]) for r in fit["rows"]} == want
     seconds = {(r["trainer"], r["b"], r["keys"]): r for r in measured["timings"]["rows"]}
     for r in fit["rows"]:
@@ -95,7 +97,9 @@ def test_the_model_adds_host_time_launches_bytes_and_reads() -> None:
     model = gpu_model.Model(bandwidth_bytes_s=1e9, per_launch_s=1e-6, sync_s=1e-5, host_scale=2.0)
     side = {"launches": 3, "bytes": 2e9, "syncs": 1, "host_s": 0.25}
     assert gpu_model.predict(side, model) == pytest.approx(2.500013)
-    assert gpu_model.predict({k: v for k, v in side.items() if k != "host_s"}, model) == pytest.approx(2.000013)
+    assert gpu_model.predict({k: v for k, v in side.items() if k != "host_s"}, model) == pytest.approx(
+        2.000013
+    )
 
 
 def test_a_cuda_check_runs_verl_calls_and_uploads_are_rendered() -> None:
@@ -107,7 +111,9 @@ def test_a_cuda_check_runs_verl_calls_and_uploads_are_rendered() -> None:
     measured["verl_calls"] = {"rows": [row]}
     measured["uploads"] = {"bytes": 4 * 2**20, "queued_s": 0.02, "pageable_s": 0.0193, "pinned_s": 1.2e-5}
     page = gpu_model.render(traces(), measured=measured)
-    assert "| 1024 | 5 | yes | 0.450 | 0.350 | 0.100 / 0.200 / 0.300 / 0.400 | 1 | 0.500 | 0.060 | 21 |" in page
+    assert (
+        "| 1024 | 5 | yes | 0.450 | 0.350 | 0.100 / 0.200 / 0.300 / 0.400 | 1 | 0.500 | 0.060 | 21 |" in page
+    )
     assert "19.300 ms for a pageable one, 0.012 ms for a pinned one" in page
 
 

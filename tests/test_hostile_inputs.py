@@ -39,12 +39,18 @@ def _both_raise(indices: Any, error: type[errors.RebatchError], pattern: str) ->
 
 def test_indices_on_the_meta_device_are_refused_typed_in_both() -> None:
     meta = torch.tensor([0, 2], device="meta")
-    _both_raise([meta, [1]], errors.UnsupportedSettingError, r"micro-batch 0: the indices are on the meta device")
-    _both_raise([[0, 2], meta[:1]], errors.UnsupportedSettingError, r"micro-batch 1: the indices are on the meta")
+    _both_raise(
+        [meta, [1]], errors.UnsupportedSettingError, r"micro-batch 0: the indices are on the meta device"
+    )
+    _both_raise(
+        [[0, 2], meta[:1]], errors.UnsupportedSettingError, r"micro-batch 1: the indices are on the meta"
+    )
     for impl in (torch_impl, ref):
         with pytest.raises(errors.UnsupportedSettingError, match=r"the indices are on the meta device"):
             impl.inverse_permutation(torch.tensor([1, 0], device="meta"))
-        with pytest.raises(errors.UnsupportedSettingError, match=r"micro-batch 0: the indices are on the meta"):
+        with pytest.raises(
+            errors.UnsupportedSettingError, match=r"micro-batch 0: the indices are on the meta"
+        ):
             impl.flatten_partitions([torch.tensor([0], device="meta")], 1)
 
 
@@ -70,7 +76,9 @@ def _objects(*entries: Any) -> np.ndarray:
         ),
     ],
 )
-def test_numpy_arrays_of_other_dtypes_are_checked_entry_by_entry_in_both(partition: np.ndarray, shown: str) -> None:
+def test_numpy_arrays_of_other_dtypes_are_checked_entry_by_entry_in_both(
+    partition: np.ndarray, shown: str
+) -> None:
     _both_raise([partition, [1]], errors.NotAPermutationError, rf"micro-batch 0, {shown} is not an integer")
 
 
@@ -120,7 +128,11 @@ class _BadLen(LyingPartition):
 
 
 def test_a_partition_whose_len_fails_is_refused_typed_in_both() -> None:
-    _both_raise([_BadLen([0, 2], 0), [1]], errors.PartitionMismatchError, r"micro-batch 0: a partition's len\(\) fails")
+    _both_raise(
+        [_BadLen([0, 2], 0), [1]],
+        errors.PartitionMismatchError,
+        r"micro-batch 0: a partition's len\(\) fails",
+    )
 
 
 def test_a_claim_of_a_billion_rows_costs_no_memory() -> None:
@@ -149,7 +161,9 @@ def test_a_claim_of_a_billion_rows_costs_no_memory() -> None:
             sys.exit(f"peak memory grew by {grown} KiB")
         """
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
     assert done.returncode == 0, done.stdout + done.stderr[-2000:]
     assert done.stdout.count("PartitionMismatchError") == 2
 
@@ -157,16 +171,22 @@ def test_a_claim_of_a_billion_rows_costs_no_memory() -> None:
 def test_a_meta_witness_against_host_lengths_is_refused_typed_not_asserted() -> None:
     """Before: a bare ``assert`` in `torch_impl._witness` (AssertionError, gone under ``python -O``)."""
     w = torch.tensor([1, 2, 2], device="meta")
-    with pytest.raises(errors.UnsupportedSettingError, match=r"key 'lp': the witness lengths are on the meta"):
+    with pytest.raises(
+        errors.UnsupportedSettingError, match=r"key 'lp': the witness lengths are on the meta"
+    ):
         torch_impl.postprocess_batch(_outs(), [[0, 1], [2]], witness=w)
 
 
 @pytest.mark.parametrize("sample", [5e-324, 1e-300, 2.0**-63])
 def test_a_tiny_shadow_fraction_is_refused_typed(sample: float) -> None:
     """Before: ``OverflowError`` from ``round(1 / sample)`` (5e-324), and `rebatch_startup.parse` took it."""
-    with pytest.raises(errors.UnsupportedSettingError, match=r"sample must be 0 or a fraction in \[2\*\*-62, 1\]"):
+    with pytest.raises(
+        errors.UnsupportedSettingError, match=r"sample must be 0 or a fraction in \[2\*\*-62, 1\]"
+    ):
         Shadow(sample, "log", None)
-    with pytest.raises(errors.UnsupportedSettingError, match=r"REBATCH='shadow:.*': expected off, on, shadow"):
+    with pytest.raises(
+        errors.UnsupportedSettingError, match=r"REBATCH='shadow:.*': expected off, on, shadow"
+    ):
         rebatch_startup.parse(f"shadow:{sample!r}")
 
 
@@ -195,4 +215,8 @@ def test_jax_and_read_only_numpy_partitions_are_taken_alike_without_a_warning() 
             for impl in (torch_postprocess, ref_postprocess):
                 assert torch.equal(impl(_outs(), indices)["model_output"]["v"], want)
     _both_raise([jnp.array([0.0, 2.0]), [1]], errors.NotAPermutationError, r"micro-batch 0")
-    _both_raise([jnp.array([0, 2], dtype=jnp.bfloat16), [1]], errors.NotAPermutationError, r"micro-batch 0, position 0")
+    _both_raise(
+        [jnp.array([0, 2], dtype=jnp.bfloat16), [1]],
+        errors.NotAPermutationError,
+        r"micro-batch 0, position 0",
+    )

@@ -12,19 +12,24 @@ from pathlib import Path
 KIT = Path(__file__).resolve().parent.parent / "property_tests"
 
 
-def _modules() -> dict[str, tuple[Path, bool]]:
-    """Every module of the kit by dotted name: its file and whether it is a package's ``__init__``."""
+#: The project's packages (issue 58: no import circle in any of them, nor among them).
+PACKAGES = ("ref", "torch_impl", "rebatch_startup", "property_tests", "rebatch")
+
+
+def _modules(packages: tuple[str, ...] = ("property_tests",)) -> dict[str, tuple[Path, bool]]:
+    """Every module of ``packages`` by dotted name: its file and whether it is a package's ``__init__``."""
     mods: dict[str, tuple[Path, bool]] = {}
-    for path in sorted(KIT.rglob("*.py")):
-        parts = list(path.relative_to(KIT.parent).with_suffix("").parts)
-        is_package = parts[-1] == "__init__"
-        mods[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
+    for package in packages:
+        for path in sorted((KIT.parent / package).rglob("*.py")):
+            parts = list(path.relative_to(KIT.parent).with_suffix("").parts)
+            is_package = parts[-1] == "__init__"
+            mods[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
     return mods
 
 
-def import_graph() -> dict[str, set[str]]:
-    """``{module: the kit's modules it imports}``, at the top or inside functions."""
-    mods = _modules()
+def import_graph(packages: tuple[str, ...] = ("property_tests",)) -> dict[str, set[str]]:
+    """``{module: the modules of ``packages`` it imports}``, at the top or inside functions."""
+    mods = _modules(packages)
     graph: dict[str, set[str]] = {}
     for name, (path, is_package) in mods.items():
         package = name if is_package else name.rpartition(".")[0]
@@ -38,8 +43,12 @@ def import_graph() -> dict[str, set[str]]:
                     source = ".".join([*base, node.module] if node.module else base)
                 else:
                     source = node.module or ""
-                submodules = [f"{source}.{alias.name}" for alias in node.names if f"{source}.{alias.name}" in mods]
-                names_only = len(submodules) < len(node.names)  # some names are attributes of ``source`` itself
+                submodules = [
+                    f"{source}.{alias.name}" for alias in node.names if f"{source}.{alias.name}" in mods
+                ]
+                names_only = len(submodules) < len(
+                    node.names
+                )  # some names are attributes of ``source`` itself
                 targets = submodules + ([source] if names_only or node.module else [])
             else:
                 continue
@@ -81,6 +90,15 @@ def test_the_kit_imports_point_one_way() -> None:
     assert "property_tests.defects._core" in graph  # the walk saw the subpackage
     assert "property_tests.candidates" in graph
     assert find_cycle(graph) is None, f"an import cycle among property_tests' modules: {find_cycle(graph)}"
+
+
+def test_no_module_of_the_project_is_in_an_import_cycle() -> None:
+    """Across every package of the project, lazy imports inside functions included (issue 58: the
+    witness's switch and provenance, the benchmark's worker protocol and its side-by-side, each once
+    in a circle)."""
+    graph = import_graph(PACKAGES)
+    assert {"torch_impl._switch", "rebatch.bench.workers", "ref.structure"} <= set(graph)
+    assert find_cycle(graph) is None, f"an import cycle: {find_cycle(graph)}"
 
 
 def test_the_runner_is_the_top() -> None:

@@ -72,7 +72,11 @@ def _table() -> dict[tuple[str, str], Any]:
 
 def test_patcher_swaps_every_binding_in_the_package_and_undoes_it(fake_package) -> None:
     patcher = _patch.Patcher("fakepkg", _table)
-    core, engine, outside = fake_package["fakepkg.core"], fake_package["fakepkg.engine"], fake_package["otherpkg"]
+    core, engine, outside = (
+        fake_package["fakepkg.core"],
+        fake_package["fakepkg.engine"],
+        fake_package["otherpkg"],
+    )
     places = patcher.install()
     assert patcher.installed()
     assert core.fn is _ours
@@ -203,7 +207,8 @@ def _areal_by_hand(outputs: list[torch.Tensor], seqlens: list[int], forward: lis
 
 
 @pytest.mark.parametrize(
-    ("dtype", "feature"), [(torch.float32, ()), (torch.bfloat16, (3,)), (torch.int64, ()), (torch.bool, (2, 2))]
+    ("dtype", "feature"),
+    [(torch.float32, ()), (torch.bfloat16, (3,)), (torch.int64, ()), (torch.bool, (2, 2))],
 )
 def test_areal_drop_in_pads_and_reorders(dtype: torch.dtype, feature: tuple[int, ...]) -> None:
     outputs = _areal_outputs(dtype, *feature)
@@ -216,7 +221,9 @@ def test_areal_drop_in_one_micro_batch_and_another_aggregate_fn() -> None:
     want = _areal_by_hand([values], SEQLENS, FORWARD)
     assert_same(areal.reorder_and_pad_outputs([values], SEQLENS, _mb_list(FORWARD)), want)
     outputs = _areal_outputs()
-    joined = areal.reorder_and_pad_outputs(outputs, SEQLENS, _mb_list(FORWARD), aggregate_fn=lambda o: torch.cat(o))
+    joined = areal.reorder_and_pad_outputs(
+        outputs, SEQLENS, _mb_list(FORWARD), aggregate_fn=lambda o: torch.cat(o)
+    )
     assert_same(joined, _areal_by_hand(outputs, SEQLENS, FORWARD))
     with pytest.raises(errors.UnsupportedSettingError, match="aggregate_fn must return one packed tensor"):
         areal.reorder_and_pad_outputs(outputs, SEQLENS, _mb_list(FORWARD), aggregate_fn=lambda o: list(o))
@@ -345,13 +352,19 @@ def test_skyrl_drop_in_refuses_extra_rows_and_batches() -> None:
     parts = [[1], [0, 2]]
     it = _FakeIterator(parts)
     batches = _skyrl_batches(parts)
-    batches[0]["output"] = torch.cat([batches[0]["output"], batches[0]["output"]])  # one row more than indices
+    batches[0]["output"] = torch.cat(
+        [batches[0]["output"], batches[0]["output"]]
+    )  # one row more than indices
     with pytest.raises(
         errors.PartitionMismatchError, match="key 'output', micro-batch 0: 2 rows, but its partition has 1"
     ):
         skyrl.reorder_and_combine_batches(it, batches)
-    with pytest.raises(errors.PartitionMismatchError, match="micro-batch 0: 2 items, but its partition has 1"):
-        skyrl.reorder_and_combine_items(it, [[{"i": 1}, {"i": 9}], [{"i": 0}, {"i": 2}]])  # not empty: no padding row
+    with pytest.raises(
+        errors.PartitionMismatchError, match="micro-batch 0: 2 items, but its partition has 1"
+    ):
+        skyrl.reorder_and_combine_items(
+            it, [[{"i": 1}, {"i": 9}], [{"i": 0}, {"i": 2}]]
+        )  # not empty: no padding row
     with pytest.raises(errors.PartitionMismatchError, match="3 micro-batch outputs"):
         skyrl.reorder_and_combine_batches(it, [*_skyrl_batches(parts), _skyrl_batches(parts)[0]])
     with pytest.raises(errors.PartitionMismatchError, match="Cannot reorder an empty list"):
@@ -372,7 +385,8 @@ def test_areal_drop_in_costs_the_same_operations_at_any_batch_and_micro_batch_co
         forward = list(range(b))[::-1]
         cuts = [round(k * b / m) for k in range(m + 1)]
         outputs = [
-            torch.zeros(sum(seqlens[i] for i in forward[a:c]), 2, device="meta") for a, c in itertools.pairwise(cuts)
+            torch.zeros(sum(seqlens[i] for i in forward[a:c]), 2, device="meta")
+            for a, c in itertools.pairwise(cuts)
         ]
         with CountOps() as c:
             areal.reorder_and_pad_outputs(outputs, seqlens, _mb_list(forward))
@@ -388,7 +402,9 @@ def test_areal_and_skyrl_refuse_another_release_unless_forced(monkeypatch, name:
     integration = importlib.import_module(f"torch_impl.integrations.{name}")
     assert (release,) == integration.VERSIONS
     calls: list[int] = []
-    monkeypatch.setattr(integration.INTEGRATION.patcher, "install", lambda *a, **k: calls.append(1) or ["place"])
+    monkeypatch.setattr(
+        integration.INTEGRATION.patcher, "install", lambda *a, **k: calls.append(1) or ["place"]
+    )
     for version in ("9.9.9", None):
         monkeypatch.setattr(integration.INTEGRATION.versions, "installed", lambda version=version: version)
         with pytest.raises(errors.UnsupportedSettingError) as err:
@@ -486,7 +502,13 @@ def test_an_on_install_of_areal_dumps_its_first_call(monkeypatch, tmp_path) -> N
     dump = tmp_path / "first.pt"
     try:
         installed = areal.install(str(dump))
-        assert installed == ("areal", "1.0.4", "1.0.4", "on", (f"{areal.TRAIN_ENGINE}.reorder_and_pad_outputs",))
+        assert installed == (
+            "areal",
+            "1.0.4",
+            "1.0.4",
+            "on",
+            (f"{areal.TRAIN_ENGINE}.reorder_and_pad_outputs",),
+        )
         assert areal.mode() == "on"
         mb_list = SimpleNamespace(forward_indices=[1, 0], backward_indices=[1, 0])
         got = sys.modules[areal.TRAIN_ENGINE].reorder_and_pad_outputs([torch.arange(3.0)], [1, 2], mb_list)

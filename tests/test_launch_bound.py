@@ -28,7 +28,9 @@ def allowed(keys: int, key_bytes: int) -> int:
 
 
 @functools.cache
-def _batch(rows: int, micro_batches: int, layout: str, length: int = LENGTH) -> tuple[list[Any], list[list[int]]]:
+def _batch(
+    rows: int, micro_batches: int, layout: str, length: int = LENGTH
+) -> tuple[list[Any], list[list[int]]]:
     return meta_batch(rows, micro_batches, keys=2, layout=layout, length=length)
 
 
@@ -205,7 +207,9 @@ def tree_to(x: Any, device: str) -> Any:
             return t
         if id(t) not in made:
             if t.is_nested:
-                made[id(t)] = torch.nested.nested_tensor_from_jagged(t.values().to(device), t.offsets().to(device))
+                made[id(t)] = torch.nested.nested_tensor_from_jagged(
+                    t.values().to(device), t.offsets().to(device)
+                )
             else:
                 made[id(t)] = t.to(device)
         return made[id(t)]

@@ -72,7 +72,9 @@ def foreign_headers(root: Path) -> list[str]:
 
 def test_no_file_carries_another_projects_header() -> None:
     found = foreign_headers(ROOT)
-    assert not found, "another project's notice or licence header (its code or prose copied in?):\n" + "\n".join(found)
+    assert not found, (
+        "another project's notice or licence header (its code or prose copied in?):\n" + "\n".join(found)
+    )
 
 
 def test_the_check_finds_a_copied_file(tmp_path: Path) -> None:

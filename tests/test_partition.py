@@ -43,7 +43,11 @@ def test_indices_ascend_and_result_is_deterministic() -> None:
     lengths = [9, 1, 8, 2, 7, 3, 6, 4, 5]
     first = ref.balanced_partitions(lengths, 15)
     assert all(p == sorted(p) for p in first)
-    assert first == ref.balanced_partitions(lengths, 15) == torch_impl.balanced_partitions(torch.tensor(lengths), 15)
+    assert (
+        first
+        == ref.balanced_partitions(lengths, 15)
+        == torch_impl.balanced_partitions(torch.tensor(lengths), 15)
+    )
 
 
 def test_largest_differencing_is_not_always_better_than_greedy() -> None:
@@ -87,7 +91,10 @@ def test_prepare_micro_batches_round_trip_dynamic_and_fixed() -> None:
     micro, indices = torch_impl.prepare_micro_batches(data, max_token_len=6)
     assert all(int(mb["input_ids"].offsets()[-1]) <= 6 for mb in micro)
     assert [list(mb["uid"]) for mb in micro] == [[f"u{i}" for i in p] for p in indices]
-    outs = [{"model_output": {"ids": mb["input_ids"], "topk": mb["top_k"], "adv": mb["advantages"]}} for mb in micro]
+    outs = [
+        {"model_output": {"ids": mb["input_ids"], "topk": mb["top_k"], "adv": mb["advantages"]}}
+        for mb in micro
+    ]
     res = torch_impl.postprocess_batch_func(outs, indices, None)["model_output"]
     assert torch.equal(res["ids"].values(), data["input_ids"].values())
     assert torch.equal(res["topk"].offsets(), data["top_k"].offsets())

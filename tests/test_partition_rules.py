@@ -83,7 +83,13 @@ def test_karmarkar_karp_of_nothing_is_k_empty_sets() -> None:
 
 @pytest.mark.parametrize(
     ("values", "k", "equal_size"),
-    [([1, 2, 3], 0, False), ([1, 2], 3, False), ([], 1, False), ([1, 2, 3], 2, True), ([1, 2, 3, 4, 5], 2, True)],
+    [
+        ([1, 2, 3], 0, False),
+        ([1, 2], 3, False),
+        ([], 1, False),
+        ([1, 2, 3], 2, True),
+        ([1, 2, 3, 4, 5], 2, True),
+    ],
 )
 def test_seqlen_partitions_reject_impossible_counts(values, k, equal_size) -> None:
     with pytest.raises(UnsupportedSettingError):
@@ -101,7 +107,9 @@ def test_group_partitions_keep_runs_of_equal_uids_together() -> None:
     uids = ["a", "a", "b", "a", "a", "a", "c"]
     loads = [workload(5) + workload(1), workload(9), 3 * workload(1), workload(4)]
     groups = [[0, 1], [2], [3, 4, 5], [6]]
-    expected = [sorted(r for g in p for r in groups[g]) for p in get_seqlen_balanced_partitions(loads, 2, True)]
+    expected = [
+        sorted(r for g in p for r in groups[g]) for p in get_seqlen_balanced_partitions(loads, 2, True)
+    ]
     assert get_group_balanced_partitions(lengths, uids, 2) == expected == [[2, 3, 4, 5], [0, 1, 6]]
     assert get_group_balanced_partitions(lengths, uids, 4) == [[2], [0, 1], [6], [3, 4, 5]]
 
@@ -206,7 +214,9 @@ def test_plan_rejects_rows_and_settings_outside_the_budget() -> None:
 def test_plan_rejects_a_multiple_below_one(multiple) -> None:
     """0 divided by zero (a ZeroDivisionError, not a RebatchError); a negative multiple made the count
     shrink while looking for one that fits."""
-    with pytest.raises(UnsupportedSettingError, match=f"num_batches_divided_by must be at least 1, got {multiple}"):
+    with pytest.raises(
+        UnsupportedSettingError, match=f"num_batches_divided_by must be at least 1, got {multiple}"
+    ):
         plan_micro_batches([2, 2, 2], 3, num_batches_divided_by=multiple)
     with pytest.raises(UnsupportedSettingError):
         balanced_partitions([2, 2, 2], 3, multiple_of=multiple)
@@ -223,7 +233,9 @@ def test_plan_keeps_forced_groups_whole_and_balances_their_workloads() -> None:
     parts = plan_micro_batches(lengths, 10, force_group_size=2, use_dynamic_bsz_balance=False)
     loads = [sum(workload(n) for n in lengths[2 * g : 2 * g + 2]) for g in range(4)]
     groups = get_seqlen_balanced_partitions(loads, 2, equal_size=False)
-    assert parts == [[r for g in p for r in (2 * g, 2 * g + 1)] for p in groups] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert (
+        parts == [[r for g in p for r in (2 * g, 2 * g + 1)] for p in groups] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    )
     assert plan_micro_batches(lengths, 10, force_group_size=2) == pipeline_order(lengths, parts)
 
 
@@ -295,7 +307,10 @@ def test_plan_pads_a_rank_with_fewer_groups_than_the_count() -> None:
     parts = plan_micro_batches([1, 2, 3, 4], 10, force_group_size=2, min_num_micro_batch=3, pad_to_count=True)
     assert parts == [[0, 1], [2, 3], PADDING]
     # a rank without rows: count 0 here, the others' count agreed; every micro-batch is padding
-    assert plan_micro_batches([], 10, pad_to_count=True, sync=FakeRanks([[2, 0], [0, 0]])) == [PADDING, PADDING]
+    assert plan_micro_batches([], 10, pad_to_count=True, sync=FakeRanks([[2, 0], [0, 0]])) == [
+        PADDING,
+        PADDING,
+    ]
     # enough groups: no padding, the ordinary balanced plan
     assert plan_micro_batches([1, 2], 10, min_num_micro_batch=2, pad_to_count=True) == [[1], [0]]
 

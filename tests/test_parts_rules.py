@@ -83,7 +83,9 @@ def test_unpack_int32_offsets_as_int64() -> None:
 
 def test_unpack_a_jagged_tensor_with_holes_packs_it() -> None:
     values = torch.arange(6.0)
-    x = torch.nested.narrow(values.reshape(2, 3), 1, torch.tensor([0, 1]), torch.tensor([2, 1]), layout=torch.jagged)
+    x = torch.nested.narrow(
+        values.reshape(2, 3), 1, torch.tensor([0, 1]), torch.tensor([2, 1]), layout=torch.jagged
+    )
     p = unpack(x)
     assert p.rows == 2
     assert p.offsets.tolist() == [0, 2, 3]
@@ -147,14 +149,18 @@ def test_unpack_rejects_a_strided_nested_tensor() -> None:
 
 def test_unpack_rejects_a_ragged_dimension_other_than_1() -> None:
     x = torch.nested.nested_tensor_from_jagged(torch.zeros(2, 5), torch.tensor([0, 2, 5]), jagged_dim=2)
-    with pytest.raises(InvalidJaggedError, match=re.escape("micro-batch 0: the ragged dimension must be 1, got 2")):
+    with pytest.raises(
+        InvalidJaggedError, match=re.escape("micro-batch 0: the ragged dimension must be 1, got 2")
+    ):
         unpack(x, None, 0)
 
 
 def test_unpack_rejects_floating_offsets() -> None:
     x = torch.nested.nested_tensor_from_jagged(torch.zeros(3), torch.tensor([0, 1, 3]))
     x._offsets = torch.tensor([0.0, 1.0, 3.0])
-    with pytest.raises(InvalidJaggedError, match=re.escape("offsets must be 1-D integers, got torch.float32[3]")):
+    with pytest.raises(
+        InvalidJaggedError, match=re.escape("offsets must be 1-D integers, got torch.float32[3]")
+    ):
         unpack(x)
     x._offsets = torch.tensor([False, True])
     with pytest.raises(InvalidJaggedError, match=re.escape("got torch.bool[2]")):
@@ -253,9 +259,18 @@ def test_check_offsets_of_no_parts() -> None:
     [
         ([jp([1, 2], 2)], "key 'k', micro-batch 0: offsets[0] must be 0, got 1"),
         ([jp([0, 2], 2), jp([1, 2], 2)], "micro-batch 1: offsets[0] must be 0, got 1"),
-        ([jp([0, 300], 300), jp([1, 2], 2)], "micro-batch 1: offsets[0] must be 0, got 1"),  # ends compared by value
-        ([jp([0, 3, 2, 4], 4)], "micro-batch 0: offsets must be non-decreasing, got offsets[1] = 3 > offsets[2] = 2"),
-        ([jp([0, 3, 2, 4, 1], 1)], "offsets must be non-decreasing, got offsets[1] = 3 > offsets[2] = 2"),  # the first
+        (
+            [jp([0, 300], 300), jp([1, 2], 2)],
+            "micro-batch 1: offsets[0] must be 0, got 1",
+        ),  # ends compared by value
+        (
+            [jp([0, 3, 2, 4], 4)],
+            "micro-batch 0: offsets must be non-decreasing, got offsets[1] = 3 > offsets[2] = 2",
+        ),
+        (
+            [jp([0, 3, 2, 4, 1], 1)],
+            "offsets must be non-decreasing, got offsets[1] = 3 > offsets[2] = 2",
+        ),  # the first
         (
             [jp([0, 0, 3, 2, 4], 4)],
             "offsets must be non-decreasing, got offsets[2] = 3 > offsets[3] = 2",
@@ -271,10 +286,16 @@ def test_check_offsets_of_no_parts() -> None:
             "micro-batch 1: offsets must be non-decreasing, got offsets[1] = 2 > offsets[2] = 1",
         ),
         ([jp([0, 2], 3)], "micro-batch 0: offsets[-1] must equal len(values) = 3, got 2"),
-        ([jp([0, 2], 3, (5,))], "micro-batch 0: offsets[-1] must equal len(values) = 3, got 2"),  # len, not width
+        (
+            [jp([0, 2], 3, (5,))],
+            "micro-batch 0: offsets[-1] must equal len(values) = 3, got 2",
+        ),  # len, not width
         ([jp([0, 1], 1), jp([0, 4], 3)], "micro-batch 1: offsets[-1] must equal len(values) = 3, got 4"),
         ([jp([0, 1], 1), jp([0], 2)], "micro-batch 1: offsets[-1] must equal len(values) = 2, got 0"),
-        ([jp([0, 1], 1), jp([0, 1], 1), jp([0, 2], 1)], "micro-batch 2: offsets[-1] must equal len(values) = 1, got 2"),
+        (
+            [jp([0, 1], 1), jp([0, 1], 1), jp([0, 2], 1)],
+            "micro-batch 2: offsets[-1] must equal len(values) = 1, got 2",
+        ),
     ],
 )
 def test_check_offsets_names_the_broken_invariant(parts, message) -> None:
@@ -317,7 +338,9 @@ def test_holes_allow_empty_rows() -> None:
 
 
 def test_a_one_row_tensor_with_lengths_keeps_its_row() -> None:
-    holed = torch.nested.nested_tensor_from_jagged(torch.arange(6.0), torch.tensor([1, 6]), lengths=torch.tensor([3]))
+    holed = torch.nested.nested_tensor_from_jagged(
+        torch.arange(6.0), torch.tensor([1, 6]), lengths=torch.tensor([3])
+    )
     part = unpack(holed, "k", 0)
     assert isinstance(part, JaggedPart)
     assert part.rows == 1
@@ -367,7 +390,9 @@ def test_holes_over_rows_of_several_values() -> None:
 def test_holes_in_hundreds_of_rows() -> None:
     rows = 300  # more rows than CPython's shared small ints: counts compared by value
     holed = torch.nested.nested_tensor_from_jagged(
-        torch.arange(2.0 * rows), torch.arange(0, 2 * rows + 1, 2), lengths=torch.ones(rows, dtype=torch.int64)
+        torch.arange(2.0 * rows),
+        torch.arange(0, 2 * rows + 1, 2),
+        lengths=torch.ones(rows, dtype=torch.int64),
     )
     part = unpack(holed, "k", 0)
     assert isinstance(part, JaggedPart)
@@ -414,7 +439,9 @@ def _odd_parts() -> dict[str, Any]:
 
 def _outcome(parts: list[Any], *, loop: bool, allow_jagged: bool = True) -> Any:
     """`check_parts`' result as comparable data (each part's kind, buffers and rows), or its error."""
-    patch = mock.patch.object(torch_impl._parts, "_plain_jagged", return_value=None) if loop else nullcontext()
+    patch = (
+        mock.patch.object(torch_impl._parts, "_plain_jagged", return_value=None) if loop else nullcontext()
+    )
     try:
         with patch:
             got = check_parts(parts, "k", allow_jagged=allow_jagged)

@@ -73,7 +73,9 @@ def test_the_report_renders_and_checks_its_table(tmp_path, capsys) -> None:
         "differential": {"cases": 1, "differences": []},
         "properties": {"postprocess_agrees": None},
         "defects": _defects(peer, peer.ours(), peer.ours()),
-        "speed": [{"B": 1, "mean_length": 1, "M": 1, "theirs_ms": 1.0, "ours_ms": 0.5, "speedup": 2.0, "same": None}],
+        "speed": [
+            {"B": 1, "mean_length": 1, "M": 1, "theirs_ms": 1.0, "ours_ms": 0.5, "speedup": 2.0, "same": None}
+        ],
     }
     assert all(
         d["ours"] in ("n/a", f"raises {d['expected']}") or (d["limit"] and d["ours"] == "silent")

@@ -60,7 +60,9 @@ def _present(name: str) -> bool:
 
 def _need(name: str) -> None:
     if not _present(name):
-        pytest.skip(f"{PEERS[name].label} is not installed here; CI runs these in its environment (.ci/peers.sh)")
+        pytest.skip(
+            f"{PEERS[name].label} is not installed here; CI runs these in its environment (.ci/peers.sh)"
+        )
 
 
 @pytest.mark.parametrize("name", ["areal", "skyrl", "verl"])
@@ -123,7 +125,8 @@ def test_skyrl_install_replaces_the_iterator_methods_and_a_real_iterator_agrees(
     data.metadata = {"response_length": 4}
     it = module.TokenBasedBatchIterator(data, max_tokens_per_microbatch=9)  # the real packer
     outputs = [
-        tensor_batch({"logprobs": mb["sequences"].float() * 0.5, "none": None}, dict(mb.metadata or {})) for mb in it
+        tensor_batch({"logprobs": mb["sequences"].float() * 0.5, "none": None}, dict(mb.metadata or {}))
+        for mb in it
     ]
     want = theirs["reorder_and_combine_batches"](it, outputs)
     try:
@@ -153,7 +156,11 @@ def test_skyrl_padding_micro_batches_none_and_metadata_as_skyrl_keeps_them() -> 
     def batches() -> list:
         real = [
             tensor_batch(
-                {"lp": torch.tensor(p, dtype=torch.float32)[:, None] * 1.5, "none": None, "ids": torch.tensor(p)},
+                {
+                    "lp": torch.tensor(p, dtype=torch.float32)[:, None] * 1.5,
+                    "none": None,
+                    "ids": torch.tensor(p),
+                },
                 {"m": m},
             )
             for m, p in enumerate(partitions)

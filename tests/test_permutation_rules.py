@@ -12,7 +12,13 @@ import torch
 
 from ref.errors import NotAPermutationError, PartitionMismatchError
 from torch_impl import _permutation
-from torch_impl._permutation import check_permutation, flatten_partitions, inverse_permutation, invert, is_identity
+from torch_impl._permutation import (
+    check_permutation,
+    flatten_partitions,
+    inverse_permutation,
+    invert,
+    is_identity,
+)
 
 
 def _flat(parts, n):
@@ -30,7 +36,15 @@ def _flat(parts, n):
         [[np.int64(2), 0], [1, 3]],
         [[2], torch.tensor([], dtype=torch.float32), [0, 1, 3]],
     ],
-    ids=["lists", "tensors", "numpy-and-list", "list-and-int32", "tuple-and-range", "numpy-scalar", "empty-float"],
+    ids=[
+        "lists",
+        "tensors",
+        "numpy-and-list",
+        "list-and-int32",
+        "tuple-and-range",
+        "numpy-scalar",
+        "empty-float",
+    ],
 )
 def test_every_partition_form_flattens_in_order(parts) -> None:
     flat = [i for p in parts for i in (p.tolist() if hasattr(p, "tolist") else p)]
@@ -62,16 +76,36 @@ def test_a_single_row() -> None:
         ([torch.tensor([0j])], 1, "micro-batch 0: indices must be integers, got dtype torch.complex64"),
         ([[0, 2**63]], 2, "micro-batch 0, position 1: index 9223372036854775808 is out of range for 2 rows"),
         # int64's own bounds are not out of int64: the first index beyond them is named, above or below
-        ([[2**62, 2**63 - 1], [-(2**63), 2**63]], 2, "micro-batch 1, position 1: index 9223372036854775808 is out of"),
-        ([[-5, -(2**63)], [-(2**63) - 1]], 2, "micro-batch 1, position 0: index -9223372036854775809 is negative"),
-        ([[1, 0], [-1]], 3, "micro-batch 1, position 0: index -1 is negative (negative indices are not wrapped)"),
+        (
+            [[2**62, 2**63 - 1], [-(2**63), 2**63]],
+            2,
+            "micro-batch 1, position 1: index 9223372036854775808 is out of",
+        ),
+        (
+            [[-5, -(2**63)], [-(2**63) - 1]],
+            2,
+            "micro-batch 1, position 0: index -9223372036854775809 is negative",
+        ),
+        (
+            [[1, 0], [-1]],
+            3,
+            "micro-batch 1, position 0: index -1 is negative (negative indices are not wrapped)",
+        ),
         ([[1, 0], [2, 3]], 3, "micro-batch 1, position 1: index 3 is out of range for 3 rows"),
         ([[0, 3]], 3, "micro-batch 0, position 1: index 3 is out of range for 3 rows"),
         ([[0]], 0, "micro-batch 0, position 0: index 0 is out of range for 0 rows"),
-        ([[1, 5], [0, -7]], 3, "micro-batch 0, position 1: index 5 is out of range for 3 rows"),  # the first bad one
+        (
+            [[1, 5], [0, -7]],
+            3,
+            "micro-batch 0, position 1: index 5 is out of range for 3 rows",
+        ),  # the first bad one
         ([[0], [1, 2], [3, 2]], 4, "micro-batch 2, position 1: index 2 duplicates micro-batch 1, position 1"),
         ([[0, 0]], 2, "micro-batch 0, position 1: index 0 duplicates micro-batch 0, position 0"),
-        ([[0], [1], [2], [4, 3, 3]], 5, "micro-batch 3, position 2: index 3 duplicates micro-batch 3, position 1"),
+        (
+            [[0], [1], [2], [4, 3, 3]],
+            5,
+            "micro-batch 3, position 2: index 3 duplicates micro-batch 3, position 1",
+        ),
         ([[0], [1, 2], [3], [4], [9]], 5, "micro-batch 4, position 0: index 9 is out of range for 5 rows"),
         ([[1], [2, 1], [2]], 3, "micro-batch 1, position 1: index 1 duplicates micro-batch 0, position 0"),
         ([[1, 2]], 3, "index 0 is missing: the partitions hold 2 indices for 3 rows"),
@@ -117,12 +151,16 @@ def test_a_0_d_integer_entry_counts_as_its_value_and_a_1_d_one_is_not_an_integer
     parts = [list(torch.tensor([2, 0])), [np.array(1), np.int64(3)]]
     assert flatten_partitions(parts, 4).tolist() == [2, 0, 1, 3]
     for entry in (torch.tensor([1]), np.array([1])):
-        with pytest.raises(NotAPermutationError, match=re.escape(f"position 1: index {entry!r} is not an integer")):
+        with pytest.raises(
+            NotAPermutationError, match=re.escape(f"position 1: index {entry!r} is not an integer")
+        ):
             flatten_partitions([[0, entry]], 2)
 
 
 def test_the_same_rules_for_mixed_lists_and_tensors() -> None:
-    with pytest.raises(NotAPermutationError, match=re.escape("micro-batch 1, position 0: index 5 is out of range")):
+    with pytest.raises(
+        NotAPermutationError, match=re.escape("micro-batch 1, position 0: index 5 is out of range")
+    ):
         flatten_partitions([torch.tensor([0]), [5]], 2)
     with pytest.raises(NotAPermutationError, match=re.escape("index 1.5 is not an integer")):
         flatten_partitions([torch.tensor([0]), [1.5]], 2)
@@ -198,6 +236,7 @@ def test_the_earliest_repeat_is_named_among_many_equal_indices() -> None:
     ):
         flatten_partitions([[0] * 50], 50)
     with pytest.raises(
-        NotAPermutationError, match=re.escape("micro-batch 1, position 0: index 3 duplicates micro-batch 0, position 3")
+        NotAPermutationError,
+        match=re.escape("micro-batch 1, position 0: index 3 duplicates micro-batch 0, position 3"),
     ):
         flatten_partitions([list(range(40)), [3] * 60], 100)

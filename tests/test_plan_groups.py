@@ -61,7 +61,9 @@ def test_a_key_whose_values_do_not_fill_the_shared_offsets_is_planned_alone() ->
     outs, indices = _outputs(shared=True)
     lp = outs[1]["model_output"]["log_probs"]
     longer = torch.cat([lp.values(), lp.values()[:1]])
-    outs[1]["model_output"]["entropy"] = torch.nested.nested_tensor_from_jagged(longer.to(torch.float64), lp.offsets())
+    outs[1]["model_output"]["entropy"] = torch.nested.nested_tensor_from_jagged(
+        longer.to(torch.float64), lp.offsets()
+    )
     with pytest.raises(InvalidJaggedError, match="key 'entropy', micro-batch 1: offsets\\[-1\\] must equal"):
         torch_impl.postprocess_batch(outs, indices)
 

@@ -63,7 +63,10 @@ def test_nested_tensor_class_and_attributes() -> None:
     from torch_impl._parts import NestedTensor as Ours
 
     assert Ours is NestedTensor
-    for x in (_jagged([2, 0, 3]), torch.nested.as_nested_tensor([torch.ones(2), torch.ones(1)], layout=torch.jagged)):
+    for x in (
+        _jagged([2, 0, 3]),
+        torch.nested.as_nested_tensor([torch.ones(2), torch.ones(1)], layout=torch.jagged),
+    ):
         assert type(x) is NestedTensor
         assert x._ragged_idx == 1
         assert x._lengths is None
@@ -72,7 +75,9 @@ def test_nested_tensor_class_and_attributes() -> None:
     holed = _jagged([2, 1], holes=True)
     assert holed._lengths is not None
     assert torch.equal(holed._lengths, holed.lengths())
-    assert torch.nested.nested_tensor_from_jagged(torch.ones(3, 2, 4), torch.tensor([0, 1, 3]))._ragged_idx == 1
+    assert (
+        torch.nested.nested_tensor_from_jagged(torch.ones(3, 2, 4), torch.tensor([0, 1, 3]))._ragged_idx == 1
+    )
 
 
 def test_disable_torch_function_subclass_keeps_what_is_read() -> None:

@@ -36,7 +36,9 @@ from torch_impl._postprocess import check_batch_func
 
 
 def _batch(b: int = 16, length: int = 10, *, dynamic: bool = True) -> TensorDict:
-    ids = torch.nested.nested_tensor_from_jagged(torch.arange(b * length), torch.arange(0, b * length + 1, length))
+    ids = torch.nested.nested_tensor_from_jagged(
+        torch.arange(b * length), torch.arange(0, b * length + 1, length)
+    )
     settings = {"use_dynamic_bsz": NonTensorData(dynamic), "max_token_len_per_gpu": NonTensorData(4 * length)}
     if not dynamic:
         settings["micro_batch_size_per_gpu"] = NonTensorData(4)
@@ -112,7 +114,9 @@ def test_swapped_micro_batches_of_identical_lengths_raise() -> None:
     data, mbs, indices = _split()
     outs = _engine(mbs)
     outs[0], outs[2] = outs[2], outs[0]
-    with pytest.raises(MisalignmentError, match=r"key 'log_probs', micro-batch 0: this output holds micro-batch 2's"):
+    with pytest.raises(
+        MisalignmentError, match=r"key 'log_probs', micro-batch 0: this output holds micro-batch 2's"
+    ):
         torch_impl.postprocess_batch_func(outs, indices, data)
     with pytest.raises(MisalignmentError, match="micro-batch 2's rows"):
         check_batch_func(outs, indices, data)
@@ -159,7 +163,9 @@ def _another_partition(indices: Any) -> list[list[int]]:
     return _cut(flat[3:] + flat[:3], indices)
 
 
-@pytest.mark.parametrize("wrong", [_transposed, _inverse, _another_partition], ids=["transposed", "inverse", "another"])
+@pytest.mark.parametrize(
+    "wrong", [_transposed, _inverse, _another_partition], ids=["transposed", "inverse", "another"]
+)
 def test_indices_that_are_not_the_splits_raise(wrong: Any) -> None:
     data, mbs, indices = _split()
     outs = _engine(mbs)
@@ -235,8 +241,12 @@ def test_a_stray_on_any_jagged_key_raises_naming_that_key() -> None:
     torch_impl.postprocess_batch_func(outs, indices, data)
     assert torch_impl.provenance_stats()["keys_proven"] == before + 3 * len(outs)
     first = mbs[0]["input_ids"]
-    outs[1]["model_output"]["entropy"] = torch.nested.nested_tensor_from_jagged(first.values().float(), first.offsets())
-    with pytest.raises(MisalignmentError, match="key 'entropy', micro-batch 1: this output holds micro-batch 0's"):
+    outs[1]["model_output"]["entropy"] = torch.nested.nested_tensor_from_jagged(
+        first.values().float(), first.offsets()
+    )
+    with pytest.raises(
+        MisalignmentError, match="key 'entropy', micro-batch 1: this output holds micro-batch 0's"
+    ):
         torch_impl.postprocess_batch_func(outs, indices, data)
 
 
@@ -247,7 +257,9 @@ def test_outputs_proven_by_one_key_and_unproven_outputs_are_counted() -> None:
     outs = _engine(mbs)
     for o in outs:  # a second jagged key on fresh offsets of the same lengths: no recorded nested int
         lp = o["model_output"]["log_probs"]
-        o["model_output"]["entropy"] = torch.nested.nested_tensor_from_jagged(lp.values().clone(), lp.offsets().clone())
+        o["model_output"]["entropy"] = torch.nested.nested_tensor_from_jagged(
+            lp.values().clone(), lp.offsets().clone()
+        )
     before = torch_impl.provenance_stats()
     torch_impl.postprocess_batch_func(outs, indices, data)
     after = torch_impl.provenance_stats()
@@ -288,7 +300,9 @@ def test_a_split_that_was_not_rebatchs_and_fresh_offsets_stay_unproven() -> None
     fresh = []  # Megatron: fresh offsets per key (a new nested int)
     for o in _engine(mbs):
         lp = o["model_output"]["log_probs"]
-        o["model_output"]["log_probs"] = torch.nested.nested_tensor_from_jagged(lp.values(), lp.offsets().clone())
+        o["model_output"]["log_probs"] = torch.nested.nested_tensor_from_jagged(
+            lp.values(), lp.offsets().clone()
+        )
         fresh.append(o)
     before = torch_impl.provenance_stats()
     torch_impl.postprocess_batch_func(fresh, indices, data)
@@ -329,7 +343,9 @@ def test_several_threads_each_proven_with_their_own_split() -> None:
 def test_ref_and_torch_agree_on_the_words() -> None:
     x = ref.Jagged.from_rows([[1.0] * 3] * 4)
     parts, indices, prov = ref.split_with_provenance(x, [[1, 0], [3, 2]])
-    outs = [{"model_output": {"log_probs": p}, "provenance": r} for p, r in zip(parts, prov.rows, strict=True)]
+    outs = [
+        {"model_output": {"log_probs": p}, "provenance": r} for p, r in zip(parts, prov.rows, strict=True)
+    ]
     with pytest.raises(MisalignmentError) as ref_error:
         ref.postprocess_batch(outs[::-1], indices, provenance=prov)
     data = _batch(4, 3)
@@ -351,7 +367,10 @@ def test_clean_fixed_and_equal_length_steps_pass_and_match_verl(step: VerlStep) 
     before = torch_impl.provenance_stats()["calls_proven"]
     result = torch_impl.postprocess_batch_func(step.output_lst, step.indices, step.data)
     assert torch_impl.provenance_stats()["calls_proven"] == before + 1
-    assert first_difference(result, verl_postprocess_batch_func(step.output_lst, step.indices, step.data)) is None
+    assert (
+        first_difference(result, verl_postprocess_batch_func(step.output_lst, step.indices, step.data))
+        is None
+    )
     check_batch_func(step.output_lst, step.indices, step.data)
 
 
@@ -361,7 +380,9 @@ def test_every_named_misalignment_raises_whatever_the_lengths(case: Misaligned) 
     """0 silent: each named misalignment, on batches where lengths cannot tell, through the drop-in and
     shadow mode's check."""
     for fn in (torch_impl.postprocess_batch_func, check_batch_func):
-        with pytest.raises(MisalignmentError, match=r"by the split's provenance|the indices are not the split's"):
+        with pytest.raises(
+            MisalignmentError, match=r"by the split's provenance|the indices are not the split's"
+        ):
             fn(case.output_lst, case.indices, case.step.data)
 
 
@@ -415,7 +436,9 @@ def test_a_forked_child_checks_with_its_parents_records() -> None:
     t.start()
     held.wait(30)
     try:
-        with warnings.catch_warnings():  # JAX (imported by earlier tests) warns of any fork; this child runs no JAX
+        with (
+            warnings.catch_warnings()
+        ):  # JAX (imported by earlier tests) warns of any fork; this child runs no JAX
             warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
             pid = os.fork()
         if pid == 0:  # the child: exit status 0 only if both calls behave

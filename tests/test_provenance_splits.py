@@ -31,7 +31,9 @@ LENGTH = 4  # every row's length
 
 
 def _batch(b: int = 16) -> TensorDict:
-    ids = torch.nested.nested_tensor_from_jagged(torch.arange(b * LENGTH), torch.arange(0, b * LENGTH + 1, LENGTH))
+    ids = torch.nested.nested_tensor_from_jagged(
+        torch.arange(b * LENGTH), torch.arange(0, b * LENGTH + 1, LENGTH)
+    )
     return TensorDict({"input_ids": ids, "use_dynamic_bsz": NonTensorData(True)}, batch_size=[b])
 
 
@@ -267,12 +269,16 @@ def test_a_newer_split_leaves_the_older_splits_misalignment_caught() -> None:
 
 def test_a_padding_micro_batch_swapped_into_a_real_slot_raises() -> None:
     data = _batch(4)
-    mbs, indices = torch_impl.rearrange_micro_batches(data, LENGTH, min_num_micro_batch=6, pad_micro_batches=True)
+    mbs, indices = torch_impl.rearrange_micro_batches(
+        data, LENGTH, min_num_micro_batch=6, pad_micro_batches=True
+    )
     assert indices[-1] is torch_impl.PADDING
     outs = _engine(mbs)
     torch_impl.postprocess_batch_func(outs, indices, data)  # the clean call: padding dropped, proven
     swapped = [outs[-1], *outs[1:-1], outs[0]]
-    with pytest.raises(MisalignmentError, match="micro-batch 0: this output holds a padding micro-batch's rows"):
+    with pytest.raises(
+        MisalignmentError, match="micro-batch 0: this output holds a padding micro-batch's rows"
+    ):
         torch_impl.postprocess_batch_func(swapped, indices, data)
 
 
@@ -413,13 +419,18 @@ def test_ref_under_jit_names_are_static_and_rows_checked_in_the_program() -> Non
     parts, indices, prov = ref.split_with_provenance(x, [[1, 0], [3, 2]])
 
     def restore(parts: Any, carried: Any, split_rows: Any) -> Any:
-        outs = [{"model_output": {"lp": p}, "provenance": Carried("s", r)} for p, r in zip(parts, carried, strict=True)]
+        outs = [
+            {"model_output": {"lp": p}, "provenance": Carried("s", r)}
+            for p, r in zip(parts, carried, strict=True)
+        ]
         return ref.postprocess_batch(outs, indices, provenance=(ref.Provenance(tuple(split_rows), "s"),))
 
     checked = ref.checked(restore)
     rows = [jnp.array(r) for r in prov.rows]
     checked(parts, rows, rows)
-    with pytest.raises(MisalignmentError, match="key 'lp', micro-batch 0: this output holds micro-batch 1's rows"):
+    with pytest.raises(
+        MisalignmentError, match="key 'lp', micro-batch 0: this output holds micro-batch 1's rows"
+    ):
         checked(parts[::-1], rows[::-1], rows)
 
 

@@ -37,7 +37,12 @@ _PROBE = textwrap.dedent(
 def test_every_name_in_all_imports(package: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("REBATCH")}
     done = subprocess.run(
-        [sys.executable, "-c", _PROBE, package], capture_output=True, text=True, env=env, timeout=300, check=False
+        [sys.executable, "-c", _PROBE, package],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert "missing: []" in done.stdout

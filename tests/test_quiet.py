@@ -133,9 +133,15 @@ _OWN = ("ref", "torch_impl", "property_tests", "rebatch")
 
 
 def _run(body: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], dict]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_LOGS", "TORCHDYNAMO", "PYTHONWARNINGS"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("TORCH_LOGS", "TORCHDYNAMO", "PYTHONWARNINGS"))
+    }
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
-    env["JAX_PLATFORMS"] = "cpu"  # no "falling back to cpu" notice from a JAX without the accelerator's plugin
+    env["JAX_PLATFORMS"] = (
+        "cpu"  # no "falling back to cpu" notice from a JAX without the accelerator's plugin
+    )
     report = tmp_path / "report.json"
     done = subprocess.run(
         [sys.executable, "-c", _CAPTURE + body + _FINISH, str(report), str(tmp_path / "dump.pt")],
@@ -185,7 +191,11 @@ def test_njt_is_nested_tensor_from_jagged() -> None:
 
     import torch_impl._jagged as jagged_mod
 
-    values, offsets, lengths = torch.arange(12.0).reshape(6, 2), torch.tensor([0, 2, 3, 6]), torch.tensor([1, 1, 2])
+    values, offsets, lengths = (
+        torch.arange(12.0).reshape(6, 2),
+        torch.tensor([0, 2, 3, 6]),
+        torch.tensor([1, 1, 2]),
+    )
     for holes in (None, lengths):
         got = jagged_mod.njt(values, offsets, holes)
         want = torch.nested.nested_tensor_from_jagged(values, offsets, holes)

@@ -39,7 +39,9 @@ def test_no_test_starts_or_stops_ray_outside_its_own_temp_dir() -> None:
         for m in re.finditer(r"ray\.init\(([^)]+)\)", text):  # a driver attaching (address=) uses the head's
             if "_temp_dir" not in m.group(1) and "address=" not in m.group(1):
                 bad.append(f"{path.name}: ray.init without _temp_dir")
-        if re.search(r"""["']stop["'],\s*["']--force["']|\bray stop --force""", text.replace("``ray stop``", "")):
+        if re.search(
+            r"""["']stop["'],\s*["']--force["']|\bray stop --force""", text.replace("``ray stop``", "")
+        ):
             bad.append(f"{path.name}: ray stop --force")
         if re.search(r"""["']start["'],\s*["']--head["']""", text) and "--temp-dir=" not in text:
             bad.append(f"{path.name}: ray start without --temp-dir")

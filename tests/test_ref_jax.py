@@ -72,7 +72,9 @@ def test_plain_jit_with_traced_partitions_array_compiles_once_for_dense() -> Non
     fn = ref.checked(step)
     for seed in range(10):
         perm = np.random.default_rng(seed).permutation(6)
-        assert np.array_equal(np.asarray(fn(d, jnp.asarray(perm))), np.asarray(ref.restore(d, [perm.tolist()])))
+        assert np.array_equal(
+            np.asarray(fn(d, jnp.asarray(perm))), np.asarray(ref.restore(d, [perm.tolist()]))
+        )
     assert len(traces) == 1
 
 
@@ -92,13 +94,18 @@ def test_traced_bad_permutation_is_detected_under_jit(bad, error, pattern) -> No
         lambda a, p: ref.take(a, p),  # jagged take under jit needs a permutation
         lambda a, p: ref.inverse_permutation(p),
     ):
-        with pytest.raises(error if fn.__code__.co_names[-1] != "take" else (error, ref.RowIndexError), match=pattern):
+        with pytest.raises(
+            error if fn.__code__.co_names[-1] != "take" else (error, ref.RowIndexError), match=pattern
+        ):
             ref.checked(fn)(x, jnp.asarray(bad))
 
 
 @pytest.mark.parametrize(
     ("bad", "pattern"),
-    [([7, -1], r"position 0: index 7 is out of range for 3 rows"), ([0, -1], r"position 1: index -1 is out of range")],
+    [
+        ([7, -1], r"position 0: index 7 is out of range for 3 rows"),
+        ([0, -1], r"position 1: index -1 is out of range"),
+    ],
 )
 def test_traced_dense_take_never_wraps_or_clamps(bad, pattern) -> None:
     d = jnp.asarray([1.0, 2.0, 3.0])
@@ -191,7 +198,9 @@ def test_postprocess_checks_invariants_of_unvalidated_jagged() -> None:
     good = ref.Jagged.tree_unflatten(None, (jnp.arange(4.0), jnp.asarray([0, 1, 4])))
     bad = ref.Jagged.tree_unflatten(None, (jnp.arange(1.0), jnp.asarray([0, 3, 1])))
     outs = [{"model_output": {"lp": good}}, {"model_output": {"lp": bad}}]
-    with pytest.raises(ref.InvalidJaggedError, match=r"key 'lp', micro-batch 1: offsets must be non-decreasing"):
+    with pytest.raises(
+        ref.InvalidJaggedError, match=r"key 'lp', micro-batch 1: offsets must be non-decreasing"
+    ):
         ref.postprocess_batch(outs, [[0, 3], [1, 2]])
     nts = [torch.nested.nested_tensor_from_jagged(torch.arange(4.0), torch.tensor([0, 1, 4]))]
     nts.append(torch.nested.nested_tensor_from_jagged(torch.arange(1.0), torch.tensor([0, 3, 1])))
@@ -204,7 +213,9 @@ def test_tree_map_on_offsets_is_caught_and_map_values_is_the_way() -> None:
     with jax.enable_x64(True):  # the offsets are int64
         doubled = jax.tree_util.tree_map(lambda a: a * 2, x)  # doubles the offsets too
     for op in (lambda y: ref.restore(y, [[1, 0]]), lambda y: ref.take(y, [0]), lambda y: ref.concat([y])):
-        with pytest.raises(ref.InvalidJaggedError, match=r"offsets\[-1\] must equal len\(values\) = 3, got 6"):
+        with pytest.raises(
+            ref.InvalidJaggedError, match=r"offsets\[-1\] must equal len\(values\) = 3, got 6"
+        ):
             op(doubled)
     assert _rows(ref.restore(x.map_values(lambda v: v * 2), [[1, 0]])) == [[6], [2, 4]]
     with pytest.raises(ref.InvalidJaggedError):
@@ -255,7 +266,9 @@ def test_from_rows_follows_jax_defaults_and_ignores_empty_rows() -> None:
     assert ref.Jagged.from_rows([[1, 2], [], [3]]).dtype == jnp.int32
     assert ref.Jagged.from_rows([np.array([1, 2], dtype=np.int32), []]).dtype == jnp.int32
     assert ref.Jagged.from_rows([[1.5], []]).dtype == jnp.float32
-    assert ref.Jagged.from_rows([np.array([2**40], dtype=np.int64), []]).dtype == jnp.int64  # arrays keep theirs
+    assert (
+        ref.Jagged.from_rows([np.array([2**40], dtype=np.int64), []]).dtype == jnp.int64
+    )  # arrays keep theirs
     assert ref.Jagged.from_rows([[], []]).dtype == jnp.float32
     with jax.enable_x64(True):
         assert ref.Jagged.from_rows([[1, 2], [], [3]]).dtype == jnp.int64
@@ -319,7 +332,9 @@ def test_unsupported_dtypes_raise_a_rebatch_error_in_both() -> None:
         ref.postprocess_batch([{"model_output": {"c": jnp.zeros((2,), jnp.int4)}}], [[1, 0]])
     with pytest.raises(ref.UnsupportedSettingError, match=r"key 'c', micro-batch 0: dtype uint1"):
         torch_impl.postprocess_batch([{"model_output": {"c": torch.zeros(2, dtype=torch.uint1)}}], [[1, 0]])
-    assert torch_impl.postprocess_batch([{"model_output": {"c": torch.zeros(2, dtype=torch.complex64)}}], [[1, 0]])
+    assert torch_impl.postprocess_batch(
+        [{"model_output": {"c": torch.zeros(2, dtype=torch.complex64)}}], [[1, 0]]
+    )
     assert ref.restore(jnp.zeros((2,), jnp.complex64), [[1, 0]]).dtype == jnp.complex64
 
 
@@ -352,13 +367,18 @@ def test_partition_count_is_free_without_model_output_but_must_be_a_permutation(
 def test_row_count_mismatch_without_dynamic_batching_is_a_shape_mismatch_in_both() -> None:
     outs = [{"model_output": {"a": torch.zeros(2), "b": torch.zeros(3)}}]
     for impl, arg in ((torch_impl.postprocess_batch, outs), (ref.postprocess_batch, to_ref(outs))):
-        with pytest.raises(ref.ShapeMismatchError, match=r"key 'b', micro-batch 0: 3 rows, but key 'a' has 2"):
+        with pytest.raises(
+            ref.ShapeMismatchError, match=r"key 'b', micro-batch 0: 3 rows, but key 'a' has 2"
+        ):
             impl(arg, None, use_dynamic_bsz=False)
 
 
 def test_all_layout_dtype_shape_checks_come_before_any_row_count() -> None:
     """Micro-batch 0 has the wrong row count, micro-batch 1 the wrong dtype: the dtype is reported."""
-    outs = [{"model_output": {"lp": torch.zeros(3)}}, {"model_output": {"lp": torch.zeros(1, dtype=torch.float64)}}]
+    outs = [
+        {"model_output": {"lp": torch.zeros(3)}},
+        {"model_output": {"lp": torch.zeros(1, dtype=torch.float64)}},
+    ]
     for impl, arg in ((torch_impl.postprocess_batch, outs), (ref.postprocess_batch, to_ref(outs))):
         with pytest.raises(ref.DtypeMismatchError, match="micro-batch 1"):
             impl(arg, [[0], [1]])
@@ -370,7 +390,10 @@ def test_output_offsets_are_int64_in_both() -> None:
     x = ref.Jagged(jnp.arange(5.0), jnp.asarray([0, 2, 5], dtype=jnp.int32))
     assert ref.restore(x, [[1, 0]]).offsets.dtype == jnp.int64
     assert ref.concat([x]).offsets.dtype == jnp.int64
-    assert ref.postprocess_batch([{"model_output": {"v": x}}], [[1, 0]])["model_output"]["v"].offsets.dtype == jnp.int64
+    assert (
+        ref.postprocess_batch([{"model_output": {"v": x}}], [[1, 0]])["model_output"]["v"].offsets.dtype
+        == jnp.int64
+    )
     got = torch_impl.postprocess_batch([{"model_output": {"v": nt32}}], [[1, 0]])["model_output"]["v"]
     assert got.offsets().dtype == torch.int64
 
@@ -401,7 +424,15 @@ PUBLIC = {
     "split": ["x", "partitions"],
     "flatten_partitions": ["partitions", "num_rows"],
     "inverse_permutation": ["perm"],
-    "postprocess_batch": ["output_lst", "indices", "use_dynamic_bsz", "pad_mode", "witness", "unbound", "provenance"],
+    "postprocess_batch": [
+        "output_lst",
+        "indices",
+        "use_dynamic_bsz",
+        "pad_mode",
+        "witness",
+        "unbound",
+        "provenance",
+    ],
 }
 
 
@@ -411,7 +442,11 @@ def test_public_functions_keep_their_names_docs_and_signatures(name: str) -> Non
     fn = getattr(ref, name)
     assert fn.__name__ == name
     assert fn.__module__.startswith("ref.")
-    assert "out = " in (fn.__doc__ or "") or name in ("flatten_partitions", "postprocess_batch", "inverse_permutation")
+    assert "out = " in (fn.__doc__ or "") or name in (
+        "flatten_partitions",
+        "postprocess_batch",
+        "inverse_permutation",
+    )
     assert list(inspect.signature(fn).parameters) == PUBLIC[name]
 
 
@@ -442,7 +477,9 @@ def test_settings_are_keyword_only_and_the_rest_can_be_named(name: str) -> None:
     fn, settings = KEYWORD_ONLY[name]
     params = inspect.signature(fn).parameters
     assert [params[n].kind for n in settings] == [inspect.Parameter.KEYWORD_ONLY] * len(settings)
-    assert {p.kind for n, p in params.items() if n not in settings} == {inspect.Parameter.POSITIONAL_OR_KEYWORD}
+    assert {p.kind for n, p in params.items() if n not in settings} == {
+        inspect.Parameter.POSITIONAL_OR_KEYWORD
+    }
 
 
 def test_checked_keeps_the_name_and_doc_of_what_it_wraps() -> None:
@@ -469,7 +506,9 @@ def test_zero_d_integer_entries_count_as_indices_in_both() -> None:
 def test_a_missing_index_is_the_first_missing_in_both() -> None:
     nt, x = _example()
     for impl, v in ((torch_impl, nt), (ref, x)):
-        with pytest.raises(ref.NotAPermutationError, match=re.escape("index 1 is missing: the partitions hold 3")):
+        with pytest.raises(
+            ref.NotAPermutationError, match=re.escape("index 1 is missing: the partitions hold 3")
+        ):
             impl.restore(v, [[0], [4, 3]])
 
 
@@ -497,7 +536,10 @@ def test_a_traced_permutation_of_one_row_is_checked() -> None:
     ("indices", "message"),
     [
         (np.array(3), "indices must be a list of partitions, got ndarray of shape ()"),
-        ([np.array(3)], "micro-batch 0: a partition must be a 1-D sequence of row indices, got ndarray of shape ()"),
+        (
+            [np.array(3)],
+            "micro-batch 0: a partition must be a 1-D sequence of row indices, got ndarray of shape ()",
+        ),
         ([{4, 1, 0, 3, 2}], "micro-batch 0: a partition must be a 1-D sequence of row indices, got set"),
     ],
 )
@@ -519,7 +561,9 @@ def test_restore_refuses_partitions_that_are_not_a_list_alike_in_both(partitions
 def test_a_partition_error_names_its_micro_batch_in_both() -> None:
     nt, x = _example()
     for impl, v in ((torch_impl, nt), (ref, x)):
-        with pytest.raises(ref.PartitionMismatchError, match=r"^micro-batch 1: a partition must be a 1-D sequence"):
+        with pytest.raises(
+            ref.PartitionMismatchError, match=r"^micro-batch 1: a partition must be a 1-D sequence"
+        ):
             impl.restore(v, [[4, 1, 0, 3, 2], "ab"])
 
 
@@ -625,7 +669,9 @@ def test_an_object_array_of_partitions_is_a_list_of_partitions_in_both() -> None
 def test_row_counts_are_checked_before_the_offsets_in_both() -> None:
     """A micro-batch with the wrong row count and broken offsets: the row count is named (spec step 4c)."""
     values = torch.arange(3.0)
-    broken = torch.nested.nested_tensor_from_jagged(values, torch.tensor([0, 2, 1, 3]))  # torch does not check
+    broken = torch.nested.nested_tensor_from_jagged(
+        values, torch.tensor([0, 2, 1, 3])
+    )  # torch does not check
     unchecked = ref.Jagged.tree_unflatten(None, (jnp.arange(3.0), jnp.asarray([0, 2, 1, 3])))
     for impl, v in ((torch_impl, broken), (ref, unchecked)):
         with pytest.raises(ref.PartitionMismatchError, match="3 rows, but its partition has 2 indices"):
@@ -638,14 +684,22 @@ def test_without_dynamic_batching_row_counts_are_named_against_the_first_key_in_
             {"model_output": {"a": make(2), "b": make(2)}},
             {"model_output": {"b": make(3), "a": make(2)}},
         ]
-        with pytest.raises(ref.ShapeMismatchError, match=re.escape("micro-batch 1: 3 rows, but key 'a' has 2 there")):
+        with pytest.raises(
+            ref.ShapeMismatchError, match=re.escape("micro-batch 1: 3 rows, but key 'a' has 2 there")
+        ):
             impl.postprocess_batch(outs, None, use_dynamic_bsz=False)
 
 
 def test_a_2_d_array_of_partitions_and_300_traced_rows() -> None:
     nt, x = _example()
-    assert_same(result_to_torch(ref.restore(x, np.array([[4, 1, 0, 3, 2]]))), torch_impl.restore(nt, [[4, 1, 0, 3, 2]]))
+    assert_same(
+        result_to_torch(ref.restore(x, np.array([[4, 1, 0, 3, 2]]))),
+        torch_impl.restore(nt, [[4, 1, 0, 3, 2]]),
+    )
     d = jnp.arange(300.0)
     perm = jnp.asarray(np.arange(300)[::-1].copy())
     assert ref.checked(lambda a, p: ref.restore(a, p))(d, perm).tolist()[:2] == [299.0, 298.0]
-    assert ref.checked(lambda a, r: ref.take(a, r))(ref.Jagged.from_lengths(d, [1] * 300), perm).values[0] == 299.0
+    assert (
+        ref.checked(lambda a, r: ref.take(a, r))(ref.Jagged.from_lengths(d, [1] * 300), perm).values[0]
+        == 299.0
+    )

@@ -72,7 +72,9 @@ def test_the_issue_s_example() -> None:
 def test_checked_still_runs_every_operation_and_its_checks(name: str) -> None:
     fn = ref.checked(OPERATIONS[name])
     fn(X, PERM)
-    with pytest.raises((NotAPermutationError, RowIndexError) if name.startswith("take") else NotAPermutationError):
+    with pytest.raises(
+        (NotAPermutationError, RowIndexError) if name.startswith("take") else NotAPermutationError
+    ):
         fn(X, BAD if name != "take_dense" else jnp.asarray([0, 4]))
 
 
@@ -81,7 +83,9 @@ def test_checked_restore_result_and_bad_permutation() -> None:
     assert np.array_equal(np.asarray(fn(X, PERM)), WANT)
     with pytest.raises(NotAPermutationError, match="position 2: index 2 duplicates position 0"):
         fn(X, BAD)
-    with pytest.raises(NotAPermutationError, match="index -1 is negative"):  # checkify alone: concrete indices
+    with pytest.raises(
+        NotAPermutationError, match="index -1 is negative"
+    ):  # checkify alone: concrete indices
         ref.checked(_restore, jit=False)(X, jnp.asarray([2, 0, -1, 1]))
 
 

@@ -140,7 +140,11 @@ def test_skips_and_caught_exceptions_are_summed_by_reason(tmp_path: Path, capsys
     for pid in (1, 2):
         path = _report(tmp_path / _name(pid=pid), pid=pid)
         report = json.loads(path.read_text())
-        report["witness"] = {"calls_without_witness": pid, "skipped_device_offsets": 0, "provenance_calls_proven": 3}
+        report["witness"] = {
+            "calls_without_witness": pid,
+            "skipped_device_offsets": 0,
+            "provenance_calls_proven": 3,
+        }
         report["caught"] = {"postprocess_batch_func: shadow RuntimeError": 1}
         path.write_text(json.dumps(report))
     assert main([str(tmp_path)]) == 0
@@ -187,7 +191,9 @@ def _cli(*paths: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.skipif(not hasattr(os, "mkfifo") or not os.path.exists("/dev/zero"), reason="no FIFOs or /dev/zero")
+@pytest.mark.skipif(
+    not hasattr(os, "mkfifo") or not os.path.exists("/dev/zero"), reason="no FIFOs or /dev/zero"
+)
 def test_a_directory_scan_reads_only_regular_report_files_and_says_what_it_skipped(tmp_path: Path) -> None:
     """A FIFO named like a report (b383f49: hung), a link to /dev/zero (b383f49: read until memory ran
     out), a link to a report, a dump and another JSON file: skipped, said on stderr; the real report read."""

@@ -73,7 +73,8 @@ def _threads() -> set[int]:
 # An interrupt that lands in a finalizer (a weakref callback of torch's) is ignored by Python by design,
 # and reported as "unraisable": that is the interrupt being dropped, not the library failing.
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-def test_stress_interrupts_and_concurrent_thread_counts() -> None:
+# Complex by design: one scenario's steps in order.
+def test_stress_interrupts_and_concurrent_thread_counts() -> None:  # noqa: C901
     """KeyboardInterrupt (from a signal handler) at random points of calls of 1 to 32 MiB, on every path;
     then threads with different torch thread counts calling at once. Every call afterwards returns
     the exact result; the inputs are unchanged; no thread is left behind."""
@@ -81,7 +82,8 @@ def test_stress_interrupts_and_concurrent_thread_counts() -> None:
     sizes = [(256, 1024), (1024, 4096)]  # 2 keys of float32: about 2 and 32 MiB
     calls = {size: _call_inputs(*size, seed=i) for i, size in enumerate(sizes)}
     inputs_copy = {
-        size: [[v.clone() for v in o["model_output"].values()] for o in outs] for size, (outs, _) in calls.items()
+        size: [[v.clone() for v in o["model_output"].values()] for o in outs]
+        for size, (outs, _) in calls.items()
     }
     expected = {size: torch_impl.postprocess_batch(*calls[size]) for size in sizes}
     deadline = time.monotonic() + STRESS_BUDGET_S / 2
@@ -281,7 +283,12 @@ def test_the_interpreter_exits_promptly_with_calls_in_flight() -> None:
     )
     start = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=os.getcwd(), check=False
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=os.getcwd(),
+        check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert time.monotonic() - start < 120

@@ -109,7 +109,9 @@ def test_tuples_and_tensors_are_appended_by_both_implementations() -> None:
     st.none() | st.integers(1, 3),
     st.booleans(),
 )
-def test_prepare_micro_batches_honours_min_multiple_and_balance(batch, budget, minimum, multiple, balance) -> None:
+def test_prepare_micro_batches_honours_min_multiple_and_balance(
+    batch, budget, minimum, multiple, balance
+) -> None:
     kwargs = {"min_num_micro_batches": minimum, "multiple_of": multiple, "balance": balance}
     verl_kwargs = {
         "min_num_micro_batch": minimum,
@@ -135,7 +137,9 @@ def test_prepare_micro_batches_named_counts() -> None:
     _, idx = torch_impl.prepare_micro_batches(data, max_token_len=100, min_num_micro_batch=3)
     assert idx is not None
     assert len(idx) == 3
-    _, idx = torch_impl.prepare_micro_batches(data, max_token_len=100, min_num_micro_batch=3, num_batches_divided_by=2)
+    _, idx = torch_impl.prepare_micro_batches(
+        data, max_token_len=100, min_num_micro_batch=3, num_batches_divided_by=2
+    )
     assert idx is not None
     assert len(idx) == 4
     _, unbalanced = torch_impl.prepare_micro_batches(
@@ -248,7 +252,10 @@ def test_karmarkar_karp_breaks_ties_by_the_larger_top_set() -> None:
     w = workload(1)
     assert karmarkar_karp([w] * 4, 2) == [[3, 0], [2, 1]]
     assert karmarkar_karp([w] * 6, 3) == [[5, 0], [4, 1], [3, 2]]
-    assert ref.balanced_partitions([1, 1, 1, 1], 100, min_num_micro_batches=2, balance=False) == [[0, 3], [1, 2]]
+    assert ref.balanced_partitions([1, 1, 1, 1], 100, min_num_micro_batches=2, balance=False) == [
+        [0, 3],
+        [1, 2],
+    ]
 
 
 def test_verl_orders_equal_micro_batches_by_their_first_index() -> None:
@@ -259,7 +266,9 @@ def test_verl_orders_equal_micro_batches_by_their_first_index() -> None:
 # -- every kernel path: dynamic batching, chunks that cut rows, gradients ------------------------------
 
 
-def _case(lengths_per_mb: list[list[int]], parts: list[list[int]], feature: tuple[int, ...] = ()) -> MicrobatchOutputs:
+def _case(
+    lengths_per_mb: list[list[int]], parts: list[list[int]], feature: tuple[int, ...] = ()
+) -> MicrobatchOutputs:
     """A named dynamic-batch case with one jagged key; rows of ``lengths_per_mb[m]`` in micro-batch ``m``."""
     outs, rows = [], {}
     start = 0
@@ -304,7 +313,9 @@ def test_every_kernel_path_with_dynamic_batching(path: str, case: MicrobatchOutp
 def test_gradients_on_every_kernel_path(path: str, case: MicrobatchOutputs) -> None:
     """Backward through each forced path equals jax.vjp of the reference, bit for bit; a host kernel,
     which cannot carry a gradient, forced on a key that requires one raises (never another kernel)."""
-    if path not in ANYWHERE and "jagged" in torch_impl.KERNELS[KERNELS[path]["kernel"]].layouts:  # jagged cases
+    if (
+        path not in ANYWHERE and "jagged" in torch_impl.KERNELS[KERNELS[path]["kernel"]].layouts
+    ):  # jagged cases
         with forced(path), pytest.raises(errors.UnsupportedSettingError, match="cannot move this key"):
             gradients_match_vjp(NAMED_CASES[0])
         return

@@ -29,7 +29,9 @@ def _verl_can_run(s: PostprocessSample) -> bool:
 
     mo = s.expected["model_output"]
     no_padding = not any(p is PADDING for p in s.indices or [])  # padding micro-batches are beyond verl
-    return s.pad_mode == "no_padding" and no_padding and all(v.is_nested and v.size(0) > 0 for v in mo.values())
+    return (
+        s.pad_mode == "no_padding" and no_padding and all(v.is_nested and v.size(0) > 0 for v in mo.values())
+    )
 
 
 VERL_SAMPLES = [s for s in SAMPLES if _verl_can_run(s)]
@@ -38,7 +40,9 @@ VERL_SAMPLES = [s for s in SAMPLES if _verl_can_run(s)]
 @pytest.mark.parametrize("sample", VERL_SAMPLES, ids=[s.name for s in VERL_SAMPLES])
 def test_sample_matches_verl(sample: PostprocessSample) -> None:
     data = {"use_dynamic_bsz": sample.use_dynamic_bsz}
-    assert_same(_run(torch_postprocess, sample), verl_postprocess_batch_func(sample.output_lst, sample.indices, data))
+    assert_same(
+        _run(torch_postprocess, sample), verl_postprocess_batch_func(sample.output_lst, sample.indices, data)
+    )
 
 
 def test_enough_samples_run_against_verl() -> None:

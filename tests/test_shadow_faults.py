@@ -98,7 +98,9 @@ def test_rebatchs_own_error_is_counted_logged_once_and_the_trainers_result_retur
 
 @pytest.mark.parametrize("trainer", sorted(TRAINERS))
 @pytest.mark.parametrize("defect", DEFECTS)
-def test_a_defect_is_raised_with_on_defect_raise(monkeypatch: pytest.MonkeyPatch, trainer: str, defect: type) -> None:
+def test_a_defect_is_raised_with_on_defect_raise(
+    monkeypatch: pytest.MonkeyPatch, trainer: str, defect: type
+) -> None:
     integration = importlib.import_module(f"torch_impl.integrations.{trainer}")
     try:
         patched = _install_with_fault(monkeypatch, trainer, defect("micro-batch 1: index 1 repeated"))

@@ -37,7 +37,9 @@ class _Iterator:
     """The attributes SkyRL's ``reorder_and_combine_items`` reads, over a batch with ``response_mask``
     left-padded as SkyRL builds it (``[0] * pad + [1] * valid``)."""
 
-    def __init__(self, parts: list[list[int]], valid: list[int], padding: int = 0, mask: str = "response_mask"):
+    def __init__(
+        self, parts: list[list[int]], valid: list[int], padding: int = 0, mask: str = "response_mask"
+    ):
         width = max(valid, default=0) + 1
         m = torch.zeros(len(valid), width, dtype=torch.int64)
         for i, n in enumerate(valid):
@@ -150,7 +152,9 @@ def test_megatron_padding_rows_left_out_as_skyrl_leaves_them() -> None:
     padded.append([{"logprobs": [], "elementwise_loss": []}] * 3)  # the padding micro-batch
     assert [x["row"] for x in skyrl.reorder_and_combine_items(it, padded)] == list(range(6))
     padded[1][1] = {"logprobs": [0.5], "row": 9}  # a padding row with values: not Megatron's
-    with pytest.raises(PartitionMismatchError, match="micro-batch 1: 3 items, but its partition has 1 indices"):
+    with pytest.raises(
+        PartitionMismatchError, match="micro-batch 1: 3 items, but its partition has 1 indices"
+    ):
         skyrl.reorder_and_combine_items(it, padded)
 
 
@@ -181,7 +185,11 @@ def _real_iterator(worker_utils: Any) -> tuple[Any, list[int]]:
         attention[i, s - p - r :] = 1
         response[i, a - r :] = 1
     data = TrainingInputBatch(
-        {"sequences": torch.arange(b * s).reshape(b, s), "attention_mask": attention, "response_mask": response}
+        {
+            "sequences": torch.arange(b * s).reshape(b, s),
+            "attention_mask": attention,
+            "response_mask": response,
+        }
     )
     data.metadata = {"response_length": a}
     it = worker_utils.TokenBasedBatchIterator(data, max_tokens_per_microbatch=12)

@@ -43,7 +43,9 @@ def test_padding_needs_one_partition_per_output() -> None:
     message = "3 partitions (padding included) for 2 micro-batch outputs"
     with pytest.raises(PartitionMismatchError, match=re.escape(message)):
         drop_padding(["a", "b"], [[0], PADDING, [1]])
-    with pytest.raises(PartitionMismatchError, match=re.escape("2 partitions (padding included) for 3 micro-batch")):
+    with pytest.raises(
+        PartitionMismatchError, match=re.escape("2 partitions (padding included) for 3 micro-batch")
+    ):
         drop_padding(["a", "b", "c"], [[0], PADDING])
     with pytest.raises(PartitionMismatchError):
         drop_padding({"a": 1, "b": 2}, [[0], PADDING])  # not a sequence of outputs
@@ -176,7 +178,11 @@ def test_what_is_not_a_list_of_partitions_is_named(partitions, message: str) -> 
 @pytest.mark.parametrize(
     ("part", "m", "message"),
     [
-        (np.array(3), 1, "micro-batch 1: a partition must be a 1-D sequence of row indices, got ndarray of shape ()"),
+        (
+            np.array(3),
+            1,
+            "micro-batch 1: a partition must be a 1-D sequence of row indices, got ndarray of shape ()",
+        ),
         (
             np.zeros((2, 1)),
             0,

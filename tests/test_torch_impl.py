@@ -64,15 +64,25 @@ def _td(**settings) -> TensorDict:
 
 @pytest.mark.parametrize(
     "data",
-    [None, _td(), _td(use_dynamic_bsz=True), _td(pad_mode=DatasetPadMode.NO_PADDING), _td(pad_mode="no_padding")],
+    [
+        None,
+        _td(),
+        _td(use_dynamic_bsz=True),
+        _td(pad_mode=DatasetPadMode.NO_PADDING),
+        _td(pad_mode="no_padding"),
+    ],
     ids=["none", "empty", "dynamic", "enum_pad_mode", "str_pad_mode"],
 )
 def test_postprocess_batch_func_reads_settings_like_verl(data) -> None:
     outs, parts = _outputs(16, 3)
-    assert_same(torch_impl.postprocess_batch_func(outs, parts, data), verl_postprocess_batch_func(outs, parts, data))
+    assert_same(
+        torch_impl.postprocess_batch_func(outs, parts, data), verl_postprocess_batch_func(outs, parts, data)
+    )
 
 
-@pytest.mark.parametrize("value", [True, 0, "no_padding", DatasetPadMode.RIGHT, torch.tensor(1), [1, 2], None])
+@pytest.mark.parametrize(
+    "value", [True, 0, "no_padding", DatasetPadMode.RIGHT, torch.tensor(1), [1, 2], None]
+)
 def test_a_setting_is_read_as_its_non_tensor_datas_data(value) -> None:
     """A ``NonTensorData`` setting is read as its field is stored (not through tensorclass's slow attribute
     hook): the very object ``.data`` gives, whatever it holds."""
@@ -82,7 +92,9 @@ def test_a_setting_is_read_as_its_non_tensor_datas_data(value) -> None:
     assert read_setting(data, "k", "default") is data.get("k").data
 
 
-@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # multiprocessing's resource tracker, with JAX loaded
+@pytest.mark.filterwarnings(
+    "ignore:os.fork:RuntimeWarning"
+)  # multiprocessing's resource tracker, with JAX loaded
 @pytest.mark.parametrize("value", [False, 0, "no_padding"])
 def test_a_setting_of_a_shared_tensordict_is_its_value_not_its_wrapper(value) -> None:
     """In shared memory a ``NonTensorData`` keeps a multiprocessing wrapper (a ``False`` in one is truthy):
@@ -98,7 +110,9 @@ def test_a_setting_of_a_shared_tensordict_is_its_value_not_its_wrapper(value) ->
 def test_postprocess_batch_func_without_dynamic_bsz() -> None:
     outs, _ = _outputs(9, 3)
     data = _td(use_dynamic_bsz=False)
-    assert_same(torch_impl.postprocess_batch_func(outs, None, data), verl_postprocess_batch_func(outs, None, data))
+    assert_same(
+        torch_impl.postprocess_batch_func(outs, None, data), verl_postprocess_batch_func(outs, None, data)
+    )
 
 
 def test_enum_pad_mode_for_dense_outputs_in_padded_mode() -> None:
@@ -131,7 +145,9 @@ def test_gradients_reach_every_micro_batch_with_the_right_rows() -> None:
 def test_gradients_through_dense_outputs() -> None:
     a = torch.zeros(2, 3, requires_grad=True)
     b = torch.zeros(1, 3, requires_grad=True)
-    out = torch_impl.postprocess_batch([{"model_output": {"v": a}}, {"model_output": {"v": b}}], [[2, 0], [1]])
+    out = torch_impl.postprocess_batch(
+        [{"model_output": {"v": a}}, {"model_output": {"v": b}}], [[2, 0], [1]]
+    )
     (out["model_output"]["v"] * torch.arange(3.0)[:, None]).sum().backward()
     assert a.grad[:, 0].tolist() == [2.0, 0.0]
     assert b.grad[:, 0].tolist() == [1.0]
@@ -149,7 +165,9 @@ def test_metric_objects_fold_like_verl() -> None:
 
 def test_non_contiguous_nested_input() -> None:
     values = torch.arange(10.0)
-    holey = torch.nested.nested_tensor_from_jagged(values, torch.tensor([0, 4, 8]), lengths=torch.tensor([2, 3]))
+    holey = torch.nested.nested_tensor_from_jagged(
+        values, torch.tensor([0, 4, 8]), lengths=torch.tensor([2, 3])
+    )
     dense_ok = jagged(torch.tensor([0.0, 1.0, 4.0, 5.0, 6.0]), [2, 3])
     assert_same(torch_impl.restore(holey, [[1, 0]]), torch_impl.restore(dense_ok, [[1, 0]]))
 
@@ -158,7 +176,11 @@ def test_take_and_split_on_a_tensordict() -> None:
     rng = np.random.default_rng(1)
     lengths = [2, 0, 3, 1]
     td = TensorDict(
-        {"ids": jagged(random_tensor(rng, (6,), "int64"), lengths), "adv": torch.arange(4.0), "mask": torch.ones(4, 2)},
+        {
+            "ids": jagged(random_tensor(rng, (6,), "int64"), lengths),
+            "adv": torch.arange(4.0),
+            "mask": torch.ones(4, 2),
+        },
         batch_size=[4],
     )
     td["tag"] = NonTensorData("rollout")
@@ -222,7 +244,9 @@ def test_every_kernel_gives_every_sample(path, force) -> None:
 
     force(path)
     for s in postprocess_samples():
-        got = torch_postprocess(s.output_lst, s.indices, use_dynamic_bsz=s.use_dynamic_bsz, pad_mode=s.pad_mode)
+        got = torch_postprocess(
+            s.output_lst, s.indices, use_dynamic_bsz=s.use_dynamic_bsz, pad_mode=s.pad_mode
+        )
         assert_same(got, s.expected)
 
 
@@ -236,7 +260,9 @@ def test_every_kernel_on_long_rows_of_each_dtype(path, dtype, force) -> None:
         lengths = o["model_output"]["k0"].offsets().diff().tolist()
         o["model_output"]["x"] = jagged(random_tensor(rng, (sum(lengths), 3), dtype), lengths)
     if path == "element_indices_one_value_per_chunk":
-        outs = [{"model_output": {"x": o["model_output"]["x"]}} for o in outs]  # one value per op: keep it short
+        outs = [
+            {"model_output": {"x": o["model_output"]["x"]}} for o in outs
+        ]  # one value per op: keep it short
     assert_same(torch_impl.postprocess_batch(outs, parts), verl_postprocess_batch_func(outs, parts, None))
 
 
@@ -362,13 +388,19 @@ def test_padding_marker_survives_pickling() -> None:
     assert torch_impl.PADDING is PADDING
 
 
-@pytest.mark.parametrize("parts", [[list(range(32))], [list(range(10)), list(range(10, 32))], [list(range(32)), []]])
+@pytest.mark.parametrize(
+    "parts", [[list(range(32))], [list(range(10)), list(range(10, 32))], [list(range(32)), []]]
+)
 def test_partitions_already_in_order_are_one_concatenation(monkeypatch, parts) -> None:
     """The identity permutation (one micro-batch in order, or contiguous micro-batches in order) is
     a plain concatenation of each key (the ``concat`` kernel), no permuting kernel run, with verl's
     result."""
     for name, kernel in torch_impl.KERNELS.items():
-        run = mock.Mock(wraps=kernel.run) if not kernel.permutes else mock.Mock(side_effect=AssertionError(name))
+        run = (
+            mock.Mock(wraps=kernel.run)
+            if not kernel.permutes
+            else mock.Mock(side_effect=AssertionError(name))
+        )
         monkeypatch.setitem(torch_impl.KERNELS, name, kernel._replace(run=run))
     concat = torch_impl.KERNELS["concat"].run
     rng = np.random.default_rng(0)
@@ -391,7 +423,9 @@ def test_partitions_in_order_carry_gradients_and_dense_outputs_through() -> None
     lengths = [[4, 4, 4, 4, 4], [5, 4, 4, 4, 4, 5, 5]]
     values = [torch.randn(sum(n), requires_grad=True) for n in lengths]
     dense = [torch.randn(len(n), 3) for n in lengths]
-    outs = [{"model_output": {"lp": jagged(v, n), "d": d}} for v, n, d in zip(values, lengths, dense, strict=True)]
+    outs = [
+        {"model_output": {"lp": jagged(v, n), "d": d}} for v, n, d in zip(values, lengths, dense, strict=True)
+    ]
     got = torch_impl.postprocess_batch(outs, parts)["model_output"]
     assert torch.equal(got["d"], torch.cat(dense))
     assert torch.equal(got["lp"].values(), torch.cat(values))
@@ -462,7 +496,9 @@ def test_an_unsupported_dtype_is_named_at_micro_batch_0() -> None:
     with warnings.catch_warnings():  # torch: "ComplexHalf support is experimental"
         warnings.simplefilter("ignore", UserWarning)
         outs = [{"model_output": {"v": torch.zeros(2, 3, dtype=torch.complex32)}} for _ in range(2)]
-    with pytest.raises(errors.UnsupportedSettingError, match=r"^key 'v', micro-batch 0: dtype complex32 is not"):
+    with pytest.raises(
+        errors.UnsupportedSettingError, match=r"^key 'v', micro-batch 0: dtype complex32 is not"
+    ):
         torch_impl.postprocess_batch(outs, [[0, 1], [2, 3]])
 
 
@@ -472,7 +508,10 @@ def test_postprocess_batch_settings_are_keyword_only() -> None:
     outs, parts = _outputs(6, 2)
     with pytest.raises(TypeError):
         torch_impl.postprocess_batch(outs, parts, True)  # type: ignore[misc]
-    assert_same(torch_impl.postprocess_batch(output_lst=outs, indices=parts), torch_impl.postprocess_batch(outs, parts))
+    assert_same(
+        torch_impl.postprocess_batch(output_lst=outs, indices=parts),
+        torch_impl.postprocess_batch(outs, parts),
+    )
 
 
 @pytest.mark.parametrize("rows", [2, 300])
@@ -487,7 +526,10 @@ def test_a_later_key_with_other_row_counts_is_refused_without_dynamic_bsz(rows, 
     with pytest.raises(errors.ShapeMismatchError, match=message):
         torch_impl.postprocess_batch(outs, None, use_dynamic_bsz=False)
     outs[1]["model_output"]["v"] = torch.zeros(rows, 2)
-    assert torch_impl.postprocess_batch(outs, None, use_dynamic_bsz=False)["model_output"]["v"].shape == (2 * rows, 2)
+    assert torch_impl.postprocess_batch(outs, None, use_dynamic_bsz=False)["model_output"]["v"].shape == (
+        2 * rows,
+        2,
+    )
 
 
 def test_keys_come_back_in_the_first_micro_batchs_order() -> None:
@@ -507,9 +549,12 @@ def test_indices_are_ignored_without_dynamic_bsz() -> None:
     outs, _ = _outputs(9, 3)
     data = _td(use_dynamic_bsz=False)
     other = [[0], [1, 2, 3, 4], [5, 6, 7, 8]]
-    assert_same(torch_impl.postprocess_batch_func(outs, other, data), verl_postprocess_batch_func(outs, other, data))
     assert_same(
-        torch_impl.postprocess_batch_func(outs, other, data), torch_impl.postprocess_batch_func(outs, None, data)
+        torch_impl.postprocess_batch_func(outs, other, data), verl_postprocess_batch_func(outs, other, data)
+    )
+    assert_same(
+        torch_impl.postprocess_batch_func(outs, other, data),
+        torch_impl.postprocess_batch_func(outs, None, data),
     )
 
 
@@ -518,9 +563,13 @@ def test_take_names_row_indices_past_int64(n) -> None:
     """Rows past int64 (a list, or uint64) are named, never wrapped; the first bad one is named (at 300
     rows too: counts past 256 are distinct int objects)."""
     x = jagged(torch.arange(float(n)), [1] * n)
-    with pytest.raises(errors.RowIndexError, match=rf"^position 1: row index {2**64} is out of range for {n} rows"):
+    with pytest.raises(
+        errors.RowIndexError, match=rf"^position 1: row index {2**64} is out of range for {n} rows"
+    ):
         torch_impl.take(x, [0, 2**64])
-    with pytest.raises(errors.RowIndexError, match=rf"^position 0: row index {n} is out of range for {n} rows"):
+    with pytest.raises(
+        errors.RowIndexError, match=rf"^position 0: row index {n} is out of range for {n} rows"
+    ):
         torch_impl.take(x, [n, 2**64])
     with pytest.raises(errors.RowIndexError, match=rf"^position 0: row index {2**63} is out of range"):
         torch_impl.take(x, torch.tensor([2**63], dtype=torch.uint64))
@@ -591,7 +640,9 @@ def test_dense_outputs_on_the_host_move_whole_rows_bit_for_bit(monkeypatch, dtyp
     (the ``host_rows`` kernel), in order by ``cat``; the values of ``cat`` and ``index_copy_`` (torch's dense
     path), NaN payloads, dtype and shape included, for rows of any width (none included)."""
     scatter = mock.Mock(wraps=torch_impl.KERNELS["host_rows"].run)
-    monkeypatch.setitem(torch_impl.KERNELS, "host_rows", torch_impl.KERNELS["host_rows"]._replace(run=scatter))
+    monkeypatch.setitem(
+        torch_impl.KERNELS, "host_rows", torch_impl.KERNELS["host_rows"]._replace(run=scatter)
+    )
     rng = np.random.default_rng(len(trailing))
     perm = rng.permutation(40).tolist()
     for parts in ([perm[:7], [], perm[7:30], perm[30:]], [list(range(25)), list(range(25, 40))]):
@@ -603,7 +654,9 @@ def test_dense_outputs_on_the_host_move_whole_rows_bit_for_bit(monkeypatch, dtyp
         whole = torch.cat(values)
         want = whole.new_empty(whole.shape).index_copy_(0, flat, whole)
         assert_same(got, want)
-        assert_same(torch_impl.postprocess_batch(outs, parts)["model_output"]["d"], want)  # below the floor: torch's
+        assert_same(
+            torch_impl.postprocess_batch(outs, parts)["model_output"]["d"], want
+        )  # below the floor: torch's
     assert scatter.call_count == 1  # the first partition on the host; the second is in order
 
 

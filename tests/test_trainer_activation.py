@@ -44,7 +44,12 @@ def _python(code: str, timeout: float = 240, **env: str) -> subprocess.Completed
     environ = {k: v for k, v in os.environ.items() if k not in rebatch_startup.CARRIED}
     environ.update(env)
     return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=timeout, env=environ
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+        env=environ,
     )
 
 
@@ -108,17 +113,24 @@ def test_areal_a_new_process_with_only_the_variable(value: str | None, kind: str
         "areal.experimental.engine.archon_engine",
         "areal.engine.fsdp_engine",
     ], done.stdout[-2000:]
-    assert "not importable: areal.engine.megatron_engine ModuleNotFoundError No module named 'mbridge'" in done.stdout
+    assert (
+        "not importable: areal.engine.megatron_engine ModuleNotFoundError No module named 'mbridge'"
+        in done.stdout
+    )
     want = "torch_impl.integrations.areal" if kind == "rebatch" else "areal.engine.core.train_engine"
     assert all(b[1] == kind and b[2] == want for b in bound), done.stdout
-    assert f"LOADED torch_impl: {value == 'on'}" in done.stdout  # unset or off: rebatch's modules never imported
+    assert (
+        f"LOADED torch_impl: {value == 'on'}" in done.stdout
+    )  # unset or off: rebatch's modules never imported
 
 
 def test_areal_a_bad_value_names_the_variable() -> None:
     _need("areal")
     done = _python("import areal.engine.core.train_engine", REBATCH="onn")
     assert done.returncode == 1
-    assert "UnsupportedSettingError: REBATCH='onn': expected off, on, shadow or shadow:FRACTION" in done.stderr
+    assert (
+        "UnsupportedSettingError: REBATCH='onn': expected off, on, shadow or shadow:FRACTION" in done.stderr
+    )
 
 
 def test_areal_shadow_wraps_areals_own_function_and_carries_the_variable(tmp_path: Path) -> None:
@@ -162,7 +174,12 @@ def test_areal_probed_with_find_spec_before_its_import_is_activated() -> None:
 
 
 #: Every ``REBATCH*`` setting, as the trainer's launcher process has it (the witness's two included).
-SETTINGS = {"REBATCH": "on", "REBATCH_ON_DEFECT": "raise", "REBATCH_WITNESS": "off", "REBATCH_WITNESS_UNBOUND": "kl"}
+SETTINGS = {
+    "REBATCH": "on",
+    "REBATCH_ON_DEFECT": "raise",
+    "REBATCH_WITNESS": "off",
+    "REBATCH_WITNESS_UNBOUND": "kl",
+}
 
 
 def test_areal_get_env_vars_carries_every_setting() -> None:
@@ -231,7 +248,9 @@ def test_areal_an_rpc_worker_of_the_local_scheduler_runs_rebatch(tmp_path: Path)
     (tmp_path / "rebatch_probe_engine.py").write_text(PROBE_ENGINE)
     (tmp_path / "root").mkdir()
     code = f"import sys; sys.argv = ['x', {str(tmp_path / 'root')!r}]\n" + AREAL_SCHEDULER
-    path = os.pathsep.join([str(tmp_path), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]])
+    path = os.pathsep.join(
+        [str(tmp_path), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
+    )
     done = _python(code, timeout=300, REBATCH="on", PYTHONPATH=path, AREAL_LOG_LEVEL="WARNING")
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     assert 'worker: {"rebatch": true}' in done.stdout, done.stdout[-2000:]
@@ -392,7 +411,9 @@ def test_shadow_reports_every_native_defect_and_returns_the_trainers_result(shad
         with _shadow_lines(logging.ERROR) as records:
             alone = outcome(lambda d=defect: d.attempt(own))
             if alone == "silent":
-                assert _same(defect.attempt(now), defect.attempt(own)), defect.name  # the trainer's result, unchanged
+                assert _same(defect.attempt(now), defect.attempt(own)), (
+                    defect.name
+                )  # the trainer's result, unchanged
             else:  # the trainer's own function raises (AReaL: AssertionError on a plain duplicate)
                 assert outcome(lambda d=defect: d.attempt(now)) == alone, defect.name
         assert integration.stats()["defects"] == n, (defect.name, integration.stats()["messages"])
@@ -441,7 +462,9 @@ def test_shadow_on_300_random_valid_calls_finds_nothing_and_logs_nothing(shadowe
     peer = PEERS[name]
     calls = drawn(microbatch_outputs(**peer.bounds, use_dynamic_bsz=None), 300)
     with _shadow_lines(logging.WARNING) as records:
-        found = differential(peer._replace(ours=lambda: own), calls)  # the shadowed trainer vs its own function
+        found = differential(
+            peer._replace(ours=lambda: own), calls
+        )  # the shadowed trainer vs its own function
     assert found == []
     s = integration.stats()
     assert (s["differences"], s["defects"], s["errors"]) == (0, 0, 0), s["messages"]
@@ -485,7 +508,10 @@ def test_reports_of_a_shadow_process_and_rebatch_report(name: str, tmp_path: Pat
             peer.run(peer.theirs(), case.output_lst, case.indices, case.use_dynamic_bsz, case.pad_mode)
         """
     )
-    for code, where in ((bad, dirty), (REPORTING.format(name=name, case=SILENT[name][0], call="") + good, clean)):
+    for code, where in (
+        (bad, dirty),
+        (REPORTING.format(name=name, case=SILENT[name][0], call="") + good, clean),
+    ):
         done = _python(code, REBATCH="shadow", REBATCH_REPORT_DIR=str(where))
         assert done.returncode == 0, done.stderr[-3000:]
     (report,) = dirty.glob("*.json")

@@ -63,7 +63,12 @@ class _Runs:
         self.results: dict[tuple[str, str, Any, str, int], Any] = {}
 
     def __call__(
-        self, trainer: str, mode: str, swap: tuple[int, int] | None = None, dtype: str = "float32", world: int = 1
+        self,
+        trainer: str,
+        mode: str,
+        swap: tuple[int, int] | None = None,
+        dtype: str = "float32",
+        world: int = 1,
     ) -> Any:
         """The step's result (with ``world`` > 1: each rank's, in a list; through ``torch.distributed.run``)."""
         key = (trainer, mode, swap, dtype, world)
@@ -88,7 +93,13 @@ class _Runs:
                     *argv,
                 ]
             done = subprocess.run(
-                [sys.executable, *argv], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False
+                [sys.executable, *argv],
+                env=env,
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=600,
+                check=False,
             )
             assert done.returncode == 0, done.stderr[-4000:]
             if world == 1:

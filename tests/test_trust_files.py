@@ -40,8 +40,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _verl_step(indices: Any = ((2, 0), (1, 3))) -> tuple[list[Any], list[list[int]], TensorDict]:
     outs = [
-        {"model_output": {"lp": jagged(torch.arange(5.0), [2, 3]), "v": torch.tensor([1.0, 2.0])}, "loss": 0.5},
-        {"model_output": {"lp": jagged(torch.arange(5.0, 9.0), [1, 3]), "v": torch.tensor([3.0, 4.0])}, "loss": 0.25},
+        {
+            "model_output": {"lp": jagged(torch.arange(5.0), [2, 3]), "v": torch.tensor([1.0, 2.0])},
+            "loss": 0.5,
+        },
+        {
+            "model_output": {"lp": jagged(torch.arange(5.0, 9.0), [1, 3]), "v": torch.tensor([3.0, 4.0])},
+            "loss": 0.25,
+        },
     ]
     data = TensorDict({"input_ids": jagged(torch.arange(9), [3, 1, 2, 3])}, batch_size=[4])
     data["use_dynamic_bsz"] = NonTensorData(True)
@@ -95,7 +101,9 @@ class _Payload:
 
 
 @pytest.mark.parametrize("how", ["torch.save", "pickle"])
-def test_a_dump_whose_pickle_runs_code_is_refused_before_anything_runs(tmp_path: Path, capsys, how: str) -> None:
+def test_a_dump_whose_pickle_runs_code_is_refused_before_anything_runs(
+    tmp_path: Path, capsys, how: str
+) -> None:
     marker = tmp_path / "ran"
     path = tmp_path / "evil.pt"
     payload = ([_Payload(marker)], [[0]], None)
@@ -134,10 +142,16 @@ def test_the_allowlist_is_exactly_what_real_steps_of_every_trainer_hold(tmp_path
     named: set[str] = set()
     verl.INTEGRATION.dump("postprocess_batch_func", str(tmp_path / "v.pt"), outs, indices, data)
     mb = _mb_list(FORWARD)
-    mb.mbs = [{"cu_seqlens": torch.tensor([0, 2, 3], dtype=torch.int32)}, {"cu_seqlens": torch.tensor([0, 0, 3, 5])}]
+    mb.mbs = [
+        {"cu_seqlens": torch.tensor([0, 2, 3], dtype=torch.int32)},
+        {"cu_seqlens": torch.tensor([0, 0, 3, 5])},
+    ]
     areal.INTEGRATION.dump("reorder_and_pad_outputs", str(tmp_path / "a.pt"), _areal_outputs(), SEQLENS, mb)
     skyrl.INTEGRATION.dump(
-        "reorder_and_combine_batches", str(tmp_path / "s.pt"), _Iterator([[1], [0]]), _skyrl_batches([[1], [0]])
+        "reorder_and_combine_batches",
+        str(tmp_path / "s.pt"),
+        _Iterator([[1], [0]]),
+        _skyrl_batches([[1], [0]]),
     )
     for name in ("v.pt", "a.pt", "s.pt"):
         named |= {g for g in check._globals_named(str(tmp_path / name)) if not check._STORAGE.fullmatch(g)}
@@ -152,13 +166,20 @@ def test_every_trainers_dump_has_one_format_and_is_checked(tmp_path: Path, capsy
     areal.INTEGRATION.dump("reorder_and_pad_outputs", str(tmp_path / "a.pt"), _areal_outputs(), SEQLENS, mb)
     bad = _mb_list(FORWARD)
     bad.forward_indices = [4, 0, 3, 3, 1]  # a duplicate: AReaL misaligns it silently
-    areal.INTEGRATION.dump("reorder_and_pad_outputs", str(tmp_path / "a-bad.pt"), _areal_outputs(), SEQLENS, bad)
+    areal.INTEGRATION.dump(
+        "reorder_and_pad_outputs", str(tmp_path / "a-bad.pt"), _areal_outputs(), SEQLENS, bad
+    )
     it = _Iterator([[3, 0], [2], [1, 4]])
-    skyrl.INTEGRATION.dump("reorder_and_combine_batches", str(tmp_path / "s.pt"), it, _skyrl_batches(it._microbatches))
+    skyrl.INTEGRATION.dump(
+        "reorder_and_combine_batches", str(tmp_path / "s.pt"), it, _skyrl_batches(it._microbatches)
+    )
     bad_it = _Iterator([[3, 0], [2], [1, 3]])  # a duplicate, row 4 missing
     bad_it._token_counts = [1] * 5
     skyrl.INTEGRATION.dump(
-        "reorder_and_combine_batches", str(tmp_path / "s-bad.pt"), bad_it, _skyrl_batches([[3, 0], [2], [1, 3]])
+        "reorder_and_combine_batches",
+        str(tmp_path / "s-bad.pt"),
+        bad_it,
+        _skyrl_batches([[3, 0], [2], [1, 3]]),
     )
     for name, trainer in (("v.pt", "verl"), ("a.pt", "areal"), ("s.pt", "skyrl")):
         saved = check._safe_load(str(tmp_path / name))
@@ -282,7 +303,9 @@ def test_names_hold_the_run_id_and_the_pid_and_match_what_rebatch_report_reads(t
     assert name.endswith(f"-{_names.run_id()}-{os.getpid()}.json")
     code = "import rebatch_startup._names as n; print(n.run_id())"
     runs = {
-        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        ).stdout.strip()
         for _ in range(2)
     }
     assert len(runs) == 2, runs

@@ -130,7 +130,9 @@ def _scan() -> tuple[set[tuple[str, str, str]], set[tuple[str, str, str]]]:
             if not isinstance(node, ast.ImportFrom):
                 continue
             base = package[: len(package) - (node.level - 1)] if node.level else []
-            source = ".".join([*base, node.module] if node.module else base) if node.level else str(node.module)
+            source = (
+                ".".join([*base, node.module] if node.module else base) if node.level else str(node.module)
+            )
             for alias in node.names:
                 if alias.name == "*" and source in defining:  # binds every replaced name it exports
                     (nested if id(node) in in_function else top).add((module, "*", source))
@@ -143,7 +145,9 @@ def _scan() -> tuple[set[tuple[str, str, str]], set[tuple[str, str, str]]]:
 def test_the_table_covers_every_site_in_verl() -> None:
     top, nested = _scan()
     assert top, "the scan found no site: the scan is broken"
-    assert top - set(SITES) == set(), f"verl binds a replaced name where SITES does not list: {top - set(SITES)}"
+    assert top - set(SITES) == set(), (
+        f"verl binds a replaced name where SITES does not list: {top - set(SITES)}"
+    )
     assert set(SITES) - top == set(), f"SITES lists a binding verl no longer has: {set(SITES) - top}"
     assert nested == set(CALL_TIME), (nested, CALL_TIME)
     defining = {name: module for module, name in integration.replacements()}
@@ -181,10 +185,14 @@ def _restored() -> Any:
 
 
 @pytest.mark.parametrize(("module_name", "name", "source"), SITES, ids=[f"{m}:{n}" for m, n, _ in SITES])
-def test_install_replaces_the_binding_and_uninstall_restores_it(module_name: str, name: str, source: str) -> None:
+def test_install_replaces_the_binding_and_uninstall_restores_it(
+    module_name: str, name: str, source: str
+) -> None:
     module = _import(module_name)
     if isinstance(module, ImportError):
-        pytest.skip(f"{module_name} does not import here ({module!r}); test_which_site_modules_import_here pins this")
+        pytest.skip(
+            f"{module_name} does not import here ({module!r}); test_which_site_modules_import_here pins this"
+        )
     integration.uninstall()
     theirs = vars(sys.modules[source])[name]
     mine = integration.replacements()[source, name]
@@ -216,7 +224,9 @@ for m, n, s in rows:
                                    and vars(sys.modules[s])[n] is not table[s, n]])
 print(json.dumps(out))
 """
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert set(out["preloaded"]) == IMPORTABLE - LATE, out["preloaded"]

@@ -25,7 +25,9 @@ from torch_impl.integrations import verl as integration
 
 VERL = vo.verl_or_skip()
 #: rebatch's function for each name, as `install` puts it into the installed verl release.
-OURS = {name: fn for (_, name), fn in integration.replacements(version=integration.plan(VERL.version).row).items()}
+OURS = {
+    name: fn for (_, name), fn in integration.replacements(version=integration.plan(VERL.version).row).items()
+}
 CASES = settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck))
 
 
@@ -38,7 +40,9 @@ def test_every_name_is_replaced_on_this_release() -> None:
 
 
 def _require_same(ours, theirs, err_ours, err_theirs) -> None:
-    assert (err_ours is None) == (err_theirs is None), f"rebatch raised {err_ours!r}, verl raised {err_theirs!r}"
+    assert (err_ours is None) == (err_theirs is None), (
+        f"rebatch raised {err_ours!r}, verl raised {err_theirs!r}"
+    )
     if err_ours is not None:
         assert isinstance(err_ours, torch_impl.errors.RebatchError), repr(err_ours)
         return
@@ -64,7 +68,8 @@ def _nested_batch(lengths: list[int]) -> TensorDict:
     n = sum(lengths)
     ids = jagged(torch.arange(n, dtype=torch.int64), lengths)
     return TensorDict(
-        {"input_ids": ids, "advantages": torch.arange(len(lengths), dtype=torch.float32)}, batch_size=[len(lengths)]
+        {"input_ids": ids, "advantages": torch.arange(len(lengths), dtype=torch.float32)},
+        batch_size=[len(lengths)],
     )
 
 
@@ -151,9 +156,14 @@ def test_restore_dynamic_batch(drawn, nested: bool) -> None:
     b, perm = drawn
     cut = len(perm) // 2
     idx = [list(perm[:cut]), list(perm[cut:])]
-    x = jagged(torch.arange(3 * b, dtype=torch.float32), [3] * b) if nested else torch.arange(b * 2.0).reshape(b, 2)
+    x = (
+        jagged(torch.arange(3 * b, dtype=torch.float32), [3] * b)
+        if nested
+        else torch.arange(b * 2.0).reshape(b, 2)
+    )
     a, c, ea, ec = vo.both(
-        lambda: OURS["restore_dynamic_batch"](x, idx), lambda: VERL.seqlen_balancing.restore_dynamic_batch(x, idx)
+        lambda: OURS["restore_dynamic_batch"](x, idx),
+        lambda: VERL.seqlen_balancing.restore_dynamic_batch(x, idx),
     )
     _require_same(a, c, ea, ec)
 
@@ -179,7 +189,9 @@ def test_named_orders(lengths: list[int]) -> None:
     for budget in range(max(lengths), sum(lengths) + 1):
         for balance in (True, False):
             ours = OURS["rearrange_micro_batches"](batch, budget, use_dynamic_bsz_balance=balance)[1]
-            theirs = VERL.seqlen_balancing.rearrange_micro_batches(batch, budget, use_dynamic_bsz_balance=balance)[1]
+            theirs = VERL.seqlen_balancing.rearrange_micro_batches(
+                batch, budget, use_dynamic_bsz_balance=balance
+            )[1]
             assert ours == theirs, (lengths, budget, balance)
 
 
@@ -230,7 +242,9 @@ def test_get_seqlen_balanced_partitions_as_the_trainers_call_it(
         workload = WORKLOADS[kind](lengths)
     a, b, ea, eb = vo.both(
         lambda: OURS["get_seqlen_balanced_partitions"](workload, k_partitions=k, equal_size=equal_size),
-        lambda: VERL.seqlen_balancing.get_seqlen_balanced_partitions(workload, k_partitions=k, equal_size=equal_size),
+        lambda: VERL.seqlen_balancing.get_seqlen_balanced_partitions(
+            workload, k_partitions=k, equal_size=equal_size
+        ),
     )
     _require_same(a, b, ea, eb)
 
@@ -242,11 +256,15 @@ def test_get_seqlen_balanced_partitions_as_the_trainers_call_it(
     st.integers(1, 3),
     st.randoms(use_true_random=False),
 )
-def test_restore_dynamic_batch_routed_experts(lengths: list[int], layers: int, topk: int, rnd: random.Random) -> None:
+def test_restore_dynamic_batch_routed_experts(
+    lengths: list[int], layers: int, topk: int, rnd: random.Random
+) -> None:
     """Megatron's router replay: ``restore_dynamic_batch(layers_topk_idx, indices)`` on the int16 jagged
     ``[b, (j), layers, topk]`` routes ``merge_nested_router_maps`` builds; bit for bit with verl's."""
     gen = torch.Generator().manual_seed(rnd.getrandbits(32))
-    routes = [torch.randint(-(2**15), 2**15, (n, layers, topk), dtype=torch.int16, generator=gen) for n in lengths]
+    routes = [
+        torch.randint(-(2**15), 2**15, (n, layers, topk), dtype=torch.int16, generator=gen) for n in lengths
+    ]
     x = torch.nested.as_nested_tensor(routes, layout=torch.jagged)
     perm = list(range(len(lengths)))
     rnd.shuffle(perm)

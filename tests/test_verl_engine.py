@@ -54,7 +54,9 @@ TIMEOUT = 600
 
 
 def _need_engine() -> None:
-    missing = [m for m in ("verl", "uvicorn", "fastapi", "transformers") if importlib.util.find_spec(m) is None]
+    missing = [
+        m for m in ("verl", "uvicorn", "fastapi", "transformers") if importlib.util.find_spec(m) is None
+    ]
     version = importlib.metadata.version("verl") if "verl" not in missing else None
     if not missing and version == "0.9.1":
         return
@@ -92,7 +94,11 @@ def drive(out: Path, mode: str, world: int, *extra: str) -> Run:
     nothing else of the caller's rebatch settings)."""
     import torch
 
-    env = {k: v for k, v in os.environ.items() if k not in rebatch_startup.CARRIED and not k.startswith("REBATCH_")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in rebatch_startup.CARRIED and not k.startswith("REBATCH_")
+    }
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     env["OMP_NUM_THREADS"] = "1"
     dump_dir, report_dir = out / "dump", out / "report"
@@ -111,7 +117,9 @@ def drive(out: Path, mode: str, world: int, *extra: str) -> Run:
         torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
         assert torchrun, "torchrun is not installed next to this interpreter"
         command = [torchrun, f"--nproc-per-node={world}", f"--master-port={_port()}", *args]
-    done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=TIMEOUT, env=env, cwd=ROOT)
+    done = subprocess.run(
+        command, capture_output=True, text=True, check=False, timeout=TIMEOUT, env=env, cwd=ROOT
+    )
     output = done.stdout + done.stderr
     results, records = [], []
     for rank in range(world):
@@ -163,7 +171,14 @@ def test_every_configuration_is_bit_identical_to_verls_own(runs: Runs, mode: str
     for rank in range(world):
         for config in CONFIGS:
             got, want = ours.results[rank][config], theirs.results[rank][config]
-            assert set(got) == {"log_prob_1", "update_metrics", "log_prob_2", "micro_batches", "grads", "params"}
+            assert set(got) == {
+                "log_prob_1",
+                "update_metrics",
+                "log_prob_2",
+                "micro_batches",
+                "grads",
+                "params",
+            }
             assert len(got["grads"]) == 2
             assert len(got["grads"][0]) == len(got["params"]) > 0
             why = first_difference(got, want)
@@ -182,9 +197,13 @@ def test_the_engine_module_binds_what_the_mode_says(runs: Runs, mode: str) -> No
         for record in _clean(runs[mode, world]).records:
             bound = record["bindings"]["postprocess_batch_func"]
             if mode == "off":
-                assert bound.startswith("verl.workers.engine.utils.postprocess_batch_func (engine/utils.py)"), bound
+                assert bound.startswith(
+                    "verl.workers.engine.utils.postprocess_batch_func (engine/utils.py)"
+                ), bound
             elif mode == "shadow":  # verl's function in charge, inside the shadow's wrapper
-                assert bound.startswith("verl.workers.engine.utils.postprocess_batch_func (integrations/"), bound
+                assert bound.startswith("verl.workers.engine.utils.postprocess_batch_func (integrations/"), (
+                    bound
+                )
             else:
                 assert bound.startswith("torch_impl."), bound
 
@@ -195,14 +214,19 @@ def test_world_size_2_agrees_the_micro_batch_count(runs: Runs) -> None:
     alone, two = runs["off", 1].results[0], runs["off", 2].results
     for mode in MODES:
         for config in CONFIGS:
-            counts = [{p: len(m) for p, m in r[config]["micro_batches"].items()} for r in runs[mode, 2].results]
+            counts = [
+                {p: len(m) for p, m in r[config]["micro_batches"].items()} for r in runs[mode, 2].results
+            ]
             assert counts[0] == counts[1], (mode, config, counts)
     raised = [
         c
         for c in CONFIGS
-        if "dyn1" in c and len(two[0][c]["micro_batches"]["log_prob_1"]) > len(alone[c]["micro_batches"]["log_prob_1"])
+        if "dyn1" in c
+        and len(two[0][c]["micro_batches"]["log_prob_1"]) > len(alone[c]["micro_batches"]["log_prob_1"])
     ]
-    assert raised == [c for c in CONFIGS if "dyn1" in c and "fixedlen" not in c], raised  # fixed length: ranks alike
+    assert raised == [c for c in CONFIGS if "dyn1" in c and "fixedlen" not in c], (
+        raised
+    )  # fixed length: ranks alike
 
 
 @pytest.mark.parametrize("kind", INJECTIONS)
@@ -236,7 +260,12 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in rebatch_startup.CARRIED}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     return subprocess.run(
-        [sys.executable, "-m", "rebatch", *args], capture_output=True, text=True, check=False, timeout=300, env=env
+        [sys.executable, "-m", "rebatch", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+        env=env,
     )
 
 
@@ -267,7 +296,9 @@ def test_negative_control_without_rebatchs_binding_in_the_engine_the_lane_fails(
     assert run.rc == 1, run.output[-3000:]
     assert "NOT caught" in run.output, run.output[-3000:]
     record = run.records[0]
-    assert record["bindings"]["postprocess_batch_func"].startswith("verl.workers.engine.utils"), record["bindings"]
+    assert record["bindings"]["postprocess_batch_func"].startswith("verl.workers.engine.utils"), record[
+        "bindings"
+    ]
     assert record["bindings"]["prepare_micro_batches"].startswith("torch_impl."), record["bindings"]
     for kind in INJECTIONS:
         assert "raised" not in record["runs"][f"inject-{kind}"], record["runs"][f"inject-{kind}"]

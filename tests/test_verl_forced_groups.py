@@ -52,7 +52,9 @@ def _batch(lengths: list[int], nested: bool) -> TensorDict:
     mask = torch.zeros(len(lengths), max(lengths), dtype=torch.int64)
     for i, k in enumerate(lengths):
         mask[i, :k] = 1
-    return TensorDict({"input_ids": torch.zeros_like(mask), "attention_mask": mask}, batch_size=[len(lengths)])
+    return TensorDict(
+        {"input_ids": torch.zeros_like(mask), "attention_mask": mask}, batch_size=[len(lengths)]
+    )
 
 
 def _whole_groups(partition: list[int], size: int) -> bool:
@@ -110,7 +112,9 @@ def _worker(rank: int, world: int, port: int, version: str) -> None:
         for trial in range(16):
             size = 2 + trial % 2
             lengths = [int(k) for k in rng.choice([1, 2, 3, 5], size=size * int(rng.integers(2, 6 + rank)))]
-            budget = max(sum(lengths[i : i + size]) for i in range(0, len(lengths), size)) + int(rng.integers(0, 6))
+            budget = max(sum(lengths[i : i + size]) for i in range(0, len(lengths), size)) + int(
+                rng.integers(0, 6)
+            )
             budget = max(_gathered(budget))  # one budget for the group, as a trainer gives it
             kwargs: dict[str, Any] = {
                 "dp_group": group,
@@ -120,23 +124,36 @@ def _worker(rank: int, world: int, port: int, version: str) -> None:
                 "use_dynamic_bsz_balance": bool(trial % 4),
             }
             batch = _batch(lengths, nested=bool(trial % 2))
-            (a_kind, a), (b_kind, b) = _both(ours_rearrange, verl_sb.rearrange_micro_batches, batch, budget, **kwargs)
+            (a_kind, a), (b_kind, b) = _both(
+                ours_rearrange, verl_sb.rearrange_micro_batches, batch, budget, **kwargs
+            )
             if _agree(a_kind, a, b_kind, b, (rank, trial, lengths, budget, kwargs)):
                 assert all(_whole_groups(p, size) for p in a), (rank, trial, a)
                 agreed += 1
             if trial % 2:  # the engine's entry point, the group size among data's settings
-                settings = {"use_dynamic_bsz": True, "max_token_len_per_gpu": budget, "force_group_size": size}
+                settings = {
+                    "use_dynamic_bsz": True,
+                    "max_token_len_per_gpu": budget,
+                    "force_group_size": size,
+                }
                 data = vo.make_data(settings, input_ids=batch["input_ids"])
                 (c_kind, c), (d_kind, d) = _both(ours_prepare, verl_engine.prepare_micro_batches, data, group)
                 _agree(c_kind, c, d_kind, d, (rank, trial, "prepare_micro_batches"))
             dist.barrier()
-        assert agreed >= 8, f"rank {rank}: only {agreed} of 16 trials planned (the others raised on every rank)"
+        assert agreed >= 8, (
+            f"rank {rank}: only {agreed} of 16 trials planned (the others raised on every rank)"
+        )
         # 2. the synchronised constraint errors: both raise on every rank, or (one-pass rule) both agree
         one_pass = integration.plan(version).bound != {}
         for name, (per_rank, size) in CONSTRAINTS.items():
             batch = _batch(per_rank[rank], nested=False)
             (a_kind, a), (b_kind, b) = _both(
-                ours_rearrange, verl_sb.rearrange_micro_batches, batch, BUDGET, dp_group=group, force_group_size=size
+                ours_rearrange,
+                verl_sb.rearrange_micro_batches,
+                batch,
+                BUDGET,
+                dp_group=group,
+                force_group_size=size,
             )
             if one_pass:  # verl 0.8.0, 0.9.0: no such constraint synchronised
                 _agree(a_kind, a, b_kind, b, (rank, name))
@@ -165,7 +182,9 @@ def test_the_constraint_cases_are_what_they_say(name: str) -> None:
     raising = []
     for lengths in per_rank:
         try:
-            VERL.seqlen_balancing.rearrange_micro_batches(_batch(lengths, nested=False), BUDGET, force_group_size=size)
+            VERL.seqlen_balancing.rearrange_micro_batches(
+                _batch(lengths, nested=False), BUDGET, force_group_size=size
+            )
         except ValueError:
             raising.append(lengths)
     assert len(raising) < len(per_rank), (name, raising)

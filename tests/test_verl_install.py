@@ -39,7 +39,12 @@ def test_install_replaces_every_binding_and_uninstall_restores_them() -> None:
     assert theirs_post is not torch_impl.postprocess_batch_func
     chosen = integration.install()
     assert integration.installed()
-    assert (chosen.trainer, chosen.version, chosen.row, chosen.mode) == ("verl", VERL.version, VERL.version, "on")
+    assert (chosen.trainer, chosen.version, chosen.row, chosen.mode) == (
+        "verl",
+        VERL.version,
+        VERL.version,
+        "on",
+    )
     assert integration.plan().left == ()
     ours = integration.replacements()  # this release's (VERSIONS)
     rearrange = ours[integration.SEQLEN_BALANCING, "rearrange_micro_batches"]
@@ -73,7 +78,9 @@ def test_an_engine_imported_after_install_binds_rebatch() -> None:
         "assert getattr(prep, '__wrapped__', prep) is torch_impl.prepare_micro_batches\n"
         "print('ok')\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().endswith("ok"), done.stdout[-2000:]
 
@@ -110,7 +117,9 @@ def test_ray_worker_setup_hook_installs_in_every_worker(ray_temp_dir: str) -> No
         "print('worker sees rebatch:', ray.get(probe.remote()))\n"
         "ray.shutdown()\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=300
+    )
     assert "worker sees rebatch: True" in done.stdout, (done.stdout[-2000:], done.stderr[-3000:])
 
 

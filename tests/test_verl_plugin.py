@@ -48,7 +48,11 @@ def entry_point(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def _run(code: str, entry_point: str | None, **env: str) -> subprocess.CompletedProcess[str]:
-    environ = {k: v for k, v in os.environ.items() if k not in ("REBATCH", "REBATCH_VERL", "VERL_USE_EXTERNAL_MODULES")}
+    environ = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("REBATCH", "REBATCH_VERL", "VERL_USE_EXTERNAL_MODULES")
+    }
     outer = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]  # where this verl comes from
     environ["PYTHONPATH"] = os.pathsep.join([ROOT] + ([entry_point] if entry_point else []) + outer)
     environ.update(env)
@@ -60,7 +64,9 @@ def _run(code: str, entry_point: str | None, **env: str) -> subprocess.Completed
 @pytest.mark.parametrize(
     ("value", "ours"), [("on", True), (None, False), ("off", False), ("shadow", False), ("shadow:0.5", False)]
 )
-def test_the_entry_point_activates_as_the_variable_says(entry_point: str, value: str | None, ours: bool) -> None:
+def test_the_entry_point_activates_as_the_variable_says(
+    entry_point: str, value: str | None, ours: bool
+) -> None:
     """on: the engine binds rebatch's function; unset, off: verl's; shadow: verl's own wrapped (verl
     0.8.0: through ``VERL_USE_EXTERNAL_MODULES``, its only way)."""
     env = {} if value is None else {"REBATCH_VERL": value}
@@ -84,7 +90,9 @@ def test_the_installed_entry_point_imports_no_torch_impl_with_the_variables_unse
     with ``REBATCH`` and ``REBATCH_VERL`` unset loads it (0.9.x) and imports nothing of torch_impl."""
     import importlib.metadata
 
-    values = [ep.value for ep in importlib.metadata.entry_points(group="verl.plugins") if ep.name == "rebatch"]
+    values = [
+        ep.value for ep in importlib.metadata.entry_points(group="verl.plugins") if ep.name == "rebatch"
+    ]
     assert "rebatch_startup.verl:activate" in values, values
     code = "import sys, verl; print('loaded:', 'torch_impl' in sys.modules, 'rebatch_startup.verl' in sys.modules)"
     done = _run(code, None)
@@ -132,13 +140,18 @@ def test_on_fails_loudly_on_a_release_rebatch_does_not_support() -> None:
     )
     done = _run(fake + PROBE, None, REBATCH_VERL="on", **EXTERNAL)
     assert done.returncode != 0, done.stdout
-    assert "could not install rebatch in verl: UnsupportedSettingError: verl 0.7.0 is not supported" in done.stderr
+    assert (
+        "could not install rebatch in verl: UnsupportedSettingError: verl 0.7.0 is not supported"
+        in done.stderr
+    )
     assert "supported: 0.8.0, 0.9.0, 0.9.1" in done.stderr
 
 
 def test_activation_logs_one_info_line_naming_what_it_replaced(entry_point: str) -> None:
     code = "import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout)\n" + PROBE
-    code += "import rebatch_startup; rebatch_startup.activate('verl', again=True)\n"  # idempotent: no 2nd line
+    code += (
+        "import rebatch_startup; rebatch_startup.activate('verl', again=True)\n"  # idempotent: no 2nd line
+    )
     done = _run(code, entry_point, REBATCH_VERL="on", **({} if PLUGIN_GROUP[VERL.version] else EXTERNAL))
     lines = [line for line in done.stdout.splitlines() if line.startswith("INFO:rebatch:")]
     assert len(lines) == 1, done.stdout
@@ -216,7 +229,8 @@ def test_a_broken_activation_under_on_is_logged_and_raised(monkeypatch, caplog) 
     with (
         caplog.at_level(logging.ERROR, logger="rebatch"),
         pytest.raises(
-            UnsupportedSettingError, match=r"REBATCH_VERL=.on.: could not install rebatch in verl.*no verl here"
+            UnsupportedSettingError,
+            match=r"REBATCH_VERL=.on.: could not install rebatch in verl.*no verl here",
         ),
     ):
         rebatch_startup.activate("verl", again=True)

@@ -98,11 +98,14 @@ def test_the_partitioners_agree_in_shadow_mode() -> None:
         lengths = call.lengths
         n = len(lengths)
         batch = TensorDict(
-            {"input_ids": jagged(torch.arange(sum(lengths)), lengths), "adv": torch.arange(float(n))}, batch_size=[n]
+            {"input_ids": jagged(torch.arange(sum(lengths)), lengths), "adv": torch.arange(float(n))},
+            batch_size=[n],
         )
         k = min(n, call.min_num_micro_batch or 1)
         for fn in (
-            lambda: sb.rearrange_micro_batches(batch, call.max_token_len, min_num_micro_batch=call.min_num_micro_batch),
+            lambda: sb.rearrange_micro_batches(
+                batch, call.max_token_len, min_num_micro_batch=call.min_num_micro_batch
+            ),
             lambda: sb.get_seqlen_balanced_partitions(lengths, k, False),
         ):
             with contextlib.suppress(Exception):  # verl refuses it: its exception is the trainer's
@@ -132,7 +135,10 @@ def test_a_duplicate_index_is_reported_as_misaligned(caplog, tmp_path) -> None:
     assert list(lines) == ["verl restore_dynamic_batch"]  # verl's own helper, shadowed too, refused as well
     assert integration.stats()["by_name"]["postprocess_batch_func"]["defects"] == 1
     saved = _safe_load(str(dump))  # the format `rebatch check --dump` reads, loaded as it loads it
-    assert (saved["trainer"], saved["function"]) == ("verl", "verl.workers.engine.utils.postprocess_batch_func")
+    assert (saved["trainer"], saved["function"]) == (
+        "verl",
+        "verl.workers.engine.utils.postprocess_batch_func",
+    )
     assert saved["inputs"]["indices"] == indices
 
 
@@ -143,7 +149,9 @@ def test_rebatch_verl_shadow_reports_a_duplicate_index_step_with_its_key_and_row
     _activate(monkeypatch, "shadow")
     with caplog.at_level(logging.ERROR, logger="rebatch.shadow"):
         engine.postprocess_batch_func(outs, indices, data)
-    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("verl postprocess_batch_func"))
+    line = next(
+        r.getMessage() for r in caplog.records if r.getMessage().startswith("verl postprocess_batch_func")
+    )
     assert "verl's result of this step is misaligned in keys ['lp']" in line
     assert "index 1 duplicates" in line  # the row, named with its micro-batch and position
     assert integration.stats()["defects"] >= 1
@@ -165,7 +173,12 @@ def test_stats_count_sampled_calls_and_write_the_report(tmp_path) -> None:
         engine.postprocess_batch_func(outs, [[1, 0]], vo.make_data({}))
     s = integration.stats(json_path=str(tmp_path / "now.json"))
     post = s["by_name"]["postprocess_batch_func"]
-    assert (post["calls"], post["sampled"], post["differences"], post["defects"]) == (9, 3, 0, 0)  # calls 0, 4, 8
+    assert (post["calls"], post["sampled"], post["differences"], post["defects"]) == (
+        9,
+        3,
+        0,
+        0,
+    )  # calls 0, 4, 8
     assert json.loads(report.read_text())["by_name"]["postprocess_batch_func"]["sampled"] == 3
     assert json.loads((tmp_path / "now.json").read_text())["calls"] == s["calls"]
 
@@ -204,7 +217,9 @@ def test_rebatchs_other_exceptions_are_recorded_not_raised(caplog) -> None:
     assert shadow.stats()["errors"] == 1
     assert "a bug of rebatch's" in caplog.text
     raising = Shadow(1.0, "raise", None)
-    assert raising.wrap("f", lambda: 7, broken)() == 7  # only a defect is raised (tests/test_shadow_faults.py)
+    assert (
+        raising.wrap("f", lambda: 7, broken)() == 7
+    )  # only a defect is raised (tests/test_shadow_faults.py)
     assert raising.stats()["errors"] == 1
     with pytest.raises(torch_impl.errors.UnsupportedSettingError):
         Shadow(2.0, "log", None)

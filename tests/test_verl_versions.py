@@ -69,10 +69,14 @@ def test_the_one_pass_rule_may_exceed_the_budget_and_0_9_1s_does_not() -> None:
     lengths = [7, 7, 7, 1, 1, 1]
     batch = TensorDict({"input_ids": jagged(torch.arange(24), lengths)}, batch_size=[6])
     for version, count, most in (("0.8.0", 2, 14), ("0.9.0", 2, 14), ("0.9.1", 3, 8)):
-        fn = integration.replacements(version=version)[integration.SEQLEN_BALANCING, "rearrange_micro_batches"]
+        fn = integration.replacements(version=version)[
+            integration.SEQLEN_BALANCING, "rearrange_micro_batches"
+        ]
         parts = fn(batch, 12)[1]
         assert (len(parts), max(sum(lengths[i] for i in p) for p in parts)) == (count, most), version
-    grouped = integration.replacements(version="0.8.0")[integration.SEQLEN_BALANCING, "rearrange_micro_batches"]
+    grouped = integration.replacements(version="0.8.0")[
+        integration.SEQLEN_BALANCING, "rearrange_micro_batches"
+    ]
     parts = grouped(batch, 12, force_group_size=2)[1]  # rows 0 and 1 a group of 14 tokens: not refused
     assert len(parts) == 2
     assert [0, 1] in [p[:2] for p in parts]
@@ -81,7 +85,9 @@ def test_the_one_pass_rule_may_exceed_the_budget_and_0_9_1s_does_not() -> None:
 
 
 @pytest.mark.parametrize("version", ["0.7.0", "0.9.2", "1.0.0.dev0", None])
-def test_another_release_is_refused_naming_it_and_the_supported_ones(monkeypatch, version: str | None) -> None:
+def test_another_release_is_refused_naming_it_and_the_supported_ones(
+    monkeypatch, version: str | None
+) -> None:
     _release(monkeypatch, version)
     with pytest.raises(UnsupportedSettingError) as caught:
         integration.install(lazy=True)
@@ -101,7 +107,9 @@ def test_force_installs_0_9_1s_replacements_with_a_warning(monkeypatch, caplog) 
         chosen = integration.install(lazy=True, force=True)
     assert integration.installed()
     assert (chosen.trainer, chosen.version, chosen.row, chosen.mode) == ("verl", "0.9.2", "0.9.1", "on")
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == "rebatch"]
+    warnings = [
+        r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == "rebatch"
+    ]
     assert len(warnings) == 1
     assert "verl 0.9.2 is not supported" in warnings[0]
     assert "0.9.1" in warnings[0]
@@ -109,11 +117,15 @@ def test_force_installs_0_9_1s_replacements_with_a_warning(monkeypatch, caplog) 
 
 
 @pytest.mark.parametrize("mode", ["on", "shadow"])
-def test_install_logs_one_info_line_saying_what_it_replaces_and_leaves(monkeypatch, caplog, mode: str) -> None:
+def test_install_logs_one_info_line_saying_what_it_replaces_and_leaves(
+    monkeypatch, caplog, mode: str
+) -> None:
     _release(monkeypatch, "0.8.0")
     with caplog.at_level(logging.INFO, logger="rebatch"):
         chosen = integration.install(lazy=True, mode=mode)
-        assert integration.install(lazy=True, mode="on") == chosen  # idempotent: the same install, no second line
+        assert (
+            integration.install(lazy=True, mode="on") == chosen
+        )  # idempotent: the same install, no second line
     assert (chosen.version, chosen.row, chosen.mode) == ("0.8.0", "0.8.0", mode)
     assert integration.mode() == mode
     lines = [r.getMessage() for r in caplog.records if r.name == "rebatch" and r.levelno == logging.INFO]
@@ -129,13 +141,19 @@ def test_install_logs_one_info_line_saying_what_it_replaces_and_leaves(monkeypat
     assert integration.install(lazy=True).row == "0.9.1"  # after uninstall, read again
 
 
-def test_the_plugin_refuses_another_release_loudly_under_on_and_logs_it_under_shadow(monkeypatch, caplog) -> None:
+def test_the_plugin_refuses_another_release_loudly_under_on_and_logs_it_under_shadow(
+    monkeypatch, caplog
+) -> None:
     _release(monkeypatch, "0.7.0")
     monkeypatch.setenv(rebatch_startup.VERL_ENV, "on")
-    with caplog.at_level(logging.ERROR, logger="rebatch"), pytest.raises(UnsupportedSettingError, match=r"0\.7\.0"):
+    with (
+        caplog.at_level(logging.ERROR, logger="rebatch"),
+        pytest.raises(UnsupportedSettingError, match=r"0\.7\.0"),
+    ):
         rebatch_startup.activate("verl", again=True)
     assert any(
-        "could not install rebatch in verl" in r.getMessage() and "0.7.0" in r.getMessage() for r in caplog.records
+        "could not install rebatch in verl" in r.getMessage() and "0.7.0" in r.getMessage()
+        for r in caplog.records
     )
     assert not integration.installed()
     caplog.clear()

@@ -24,7 +24,7 @@ from property_tests.convert import outputs_to_ref
 from property_tests.kernels import KERNELS, forced
 from property_tests.strategies import PER_TOKEN_KEYS, VerlStep, verl_step, verl_steps
 from ref.errors import InvalidJaggedError, MisalignmentError, UnsupportedSettingError
-from torch_impl import _witness
+from torch_impl import _switch
 from torch_impl._postprocess import check_batch_func
 
 KINDS = (
@@ -46,7 +46,9 @@ def _witness_alone(data: Any) -> Any:
     return data.copy()
 
 
-def _misaligned(step: VerlStep, kind: str, rng: np.random.Generator) -> tuple[list[Any], Any, list[int], list[int]]:
+def _misaligned(
+    step: VerlStep, kind: str, rng: np.random.Generator
+) -> tuple[list[Any], Any, list[int], list[int]]:
     """``(output_lst, indices, src, perm)`` of ``step`` misaligned by ``kind``: concatenated row ``k`` was
     computed for original row ``src[k]`` and is restored as ``perm[k]``. Without dynamic batch size only
     micro-batch swaps exist (there are no indices)."""
@@ -88,7 +90,10 @@ def test_verl_style_steps_pass_every_per_token_key_bound(step: VerlStep) -> None
     after = torch_impl.witness_stats()
     assert after["calls"] - before["calls"] == 1
     assert after["keys_witnessed"] - before["keys_witnessed"] >= len(PER_TOKEN_KEYS)
-    assert first_difference(result, verl_postprocess_batch_func(step.output_lst, step.indices, step.data)) is None
+    assert (
+        first_difference(result, verl_postprocess_batch_func(step.output_lst, step.indices, step.data))
+        is None
+    )
     check_batch_func(step.output_lst, step.indices, step.data)  # shadow mode's check: nothing raised
 
 
@@ -106,7 +111,9 @@ def test_ref_passes_the_same_steps_with_their_witness(step: VerlStep) -> None:
 @pytest.mark.parametrize("path", sorted(KERNELS))
 @FEW
 @given(step=STEPS, kind=st.sampled_from(KINDS), seed=st.integers(0, 2**16))
-def test_each_misalignment_raises_naming_a_per_token_key(path: str, step: VerlStep, kind: str, seed: int) -> None:
+def test_each_misalignment_raises_naming_a_per_token_key(
+    path: str, step: VerlStep, kind: str, seed: int
+) -> None:
     """Caught exactly where some restored row's length differs from the batch's (computed here, row by
     row), through the drop-in and shadow mode's check, on every CPU path."""
     outs, indices, src, perm = _misaligned(step, kind, np.random.default_rng(seed))
@@ -120,7 +127,9 @@ def test_each_misalignment_raises_naming_a_per_token_key(path: str, step: VerlSt
                 assert str(info.value).split("'")[1] in PER_TOKEN_KEYS
                 assert "REBATCH_WITNESS=off" in str(info.value)
             else:
-                fn(outs, indices, _witness_alone(step.data))  # moved only among rows of equal length: not visible
+                fn(
+                    outs, indices, _witness_alone(step.data)
+                )  # moved only among rows of equal length: not visible
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -173,13 +182,18 @@ def test_a_keys_structural_defect_comes_before_a_defect_of_the_witness(rows: int
             lambda w=witness: torch_impl.postprocess_batch(outs, perm, witness=w),
             lambda w=witness: ref.postprocess_batch(outputs_to_ref(outs), perm, witness=w),
         ):
-            with pytest.raises(InvalidJaggedError, match=r"key 'lp', micro-batch 0: offsets must be non-decreasing"):
+            with pytest.raises(
+                InvalidJaggedError, match=r"key 'lp', micro-batch 0: offsets must be non-decreasing"
+            ):
                 run()
         ids = torch.nested.nested_tensor_from_jagged(
-            torch.zeros(rows, dtype=torch.int64), torch.tensor([0, *itertools.accumulate(witness)][: rows + 1])
+            torch.zeros(rows, dtype=torch.int64),
+            torch.tensor([0, *itertools.accumulate(witness)][: rows + 1]),
         )
         data = TensorDict({"input_ids": ids}, batch_size=[])
-        with pytest.raises(InvalidJaggedError, match=r"key 'lp', micro-batch 0: offsets must be non-decreasing"):
+        with pytest.raises(
+            InvalidJaggedError, match=r"key 'lp', micro-batch 0: offsets must be non-decreasing"
+        ):
             torch_impl.postprocess_batch_func(outs, perm, data)
 
 
@@ -191,7 +205,9 @@ def test_a_negative_witness_length_is_refused_before_any_mismatch(rows: int) -> 
     outs = [{"model_output": {"lp": lp}}]
     ids_offsets = list(range(rows + 1))
     ids_offsets[1], ids_offsets[2] = 2, 1  # rows of 2, -1 and 2 values: the total stays, so 'lp' is bound
-    ids = torch.nested.nested_tensor_from_jagged(torch.zeros(rows, dtype=torch.int64), torch.tensor(ids_offsets))
+    ids = torch.nested.nested_tensor_from_jagged(
+        torch.zeros(rows, dtype=torch.int64), torch.tensor(ids_offsets)
+    )
     data = TensorDict({"input_ids": ids}, batch_size=[])
     witness = np.diff(ids_offsets).tolist()
     for run in (
@@ -227,7 +243,10 @@ def test_many_rows_misaligned_raise_the_same_error_as_ref() -> None:
 def test_a_witness_of_the_wrong_form_is_refused_alike() -> None:
     lp = torch.nested.nested_tensor_from_jagged(torch.arange(3.0), torch.tensor([0, 1, 3]))
     outs = [{"model_output": {"lp": lp}}]
-    for witness, pattern in (([1, 2, 0], r"3 witness lengths for 2 rows"), ([-1, 4], r"witness lengths\[0\] = -1")):
+    for witness, pattern in (
+        ([1, 2, 0], r"3 witness lengths for 2 rows"),
+        ([-1, 4], r"witness lengths\[0\] = -1"),
+    ):
         for impl, o in ((torch_impl, outs), (ref, outputs_to_ref(outs))):
             with pytest.raises(InvalidJaggedError, match=pattern):
                 impl.postprocess_batch(o, [[0, 1]], witness=witness)
@@ -262,15 +281,17 @@ def test_unbound_keys_and_the_switch() -> None:
 
 
 @pytest.mark.parametrize(("value", "on"), [("off", False), ("on", True), ("", True), (" OFF ", False)])
-def test_the_environment_variable_sets_the_default(monkeypatch: pytest.MonkeyPatch, value: str, on: bool) -> None:
-    monkeypatch.setattr(_witness, "_config", None)
+def test_the_environment_variable_sets_the_default(
+    monkeypatch: pytest.MonkeyPatch, value: str, on: bool
+) -> None:
+    monkeypatch.setattr(_switch, "_config", None)
     monkeypatch.setenv("REBATCH_WITNESS", value)
     monkeypatch.setenv("REBATCH_WITNESS_UNBOUND", "a, b")
     assert torch_impl.witness_config() == (on, frozenset({"a", "b"}))
 
 
 def test_a_bad_environment_value_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_witness, "_config", None)
+    monkeypatch.setattr(_switch, "_config", None)
     monkeypatch.setenv("REBATCH_WITNESS", "maybe")
     with pytest.raises(UnsupportedSettingError, match="REBATCH_WITNESS='maybe'"):
         torch_impl.witness_config()
@@ -352,7 +373,9 @@ def test_verl_after_install_raises_and_shadow_mode_counts_a_defect(caplog: pytes
             got = verl.engine_utils.postprocess_batch_func(outs, indices, step.data)
         assert first_difference(got, silent) is None  # verl's result, unchanged
         assert rebatch_verl.stats()["defects"] == 1
-        assert any("MisalignmentError" in r.getMessage() and "misaligned" in r.getMessage() for r in caplog.records)
+        assert any(
+            "MisalignmentError" in r.getMessage() and "misaligned" in r.getMessage() for r in caplog.records
+        )
     finally:
         rebatch_verl.uninstall()
 
@@ -380,10 +403,15 @@ def test_verl_switched_on_by_its_variable_raises_through_its_own_name(tmp_path: 
         "else:\n"
         "    print('returned')\n"
     )
-    for extra, want in (({}, "raised key 'log_probs', micro-batch"), ({"REBATCH_WITNESS": "off"}, "returned")):
+    for extra, want in (
+        ({}, "raised key 'log_probs', micro-batch"),
+        ({"REBATCH_WITNESS": "off"}, "returned"),
+    ):
         env = {**os.environ, "REBATCH_VERL": "on", **extra}
         env.pop("REBATCH", None)
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+        )
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stdout.strip().startswith(want), (done.stdout, done.stderr[-2000:])
 
@@ -399,12 +427,16 @@ def test_areal_drop_in_checks_each_micro_batch_against_its_own_cu_seqlens() -> N
     cu = [torch.tensor([0, 3, 5], dtype=torch.int32), torch.tensor([0, 1, 5], dtype=torch.int32)]
     plain = reorder_and_pad_outputs(outs, seqlens, areal_mb_list(forward))
     assert (
-        first_difference(reorder_and_pad_outputs(outs, seqlens, areal_mb_list(forward, cu_seqlens=cu)), plain) is None
+        first_difference(reorder_and_pad_outputs(outs, seqlens, areal_mb_list(forward, cu_seqlens=cu)), plain)
+        is None
     )
     with pytest.raises(
-        MisalignmentError, match=r"micro-batch 0, position 0: mb_list.mbs\[0\]\['cu_seqlens'\] gives a row of 3"
+        MisalignmentError,
+        match=r"micro-batch 0, position 0: mb_list.mbs\[0\]\['cu_seqlens'\] gives a row of 3",
     ):
-        reorder_and_pad_outputs(outs, seqlens, areal_mb_list([0, 2, 1, 3], cu_seqlens=cu))  # a wrong forward order
+        reorder_and_pad_outputs(
+            outs, seqlens, areal_mb_list([0, 2, 1, 3], cu_seqlens=cu)
+        )  # a wrong forward order
     swapped = [torch.tensor([0, 1, 5], dtype=torch.int32), torch.tensor([0, 3, 5], dtype=torch.int32)]
     with pytest.raises(MisalignmentError, match=r"micro-batch 0, position 0"):
         reorder_and_pad_outputs(outs, seqlens, areal_mb_list(forward, cu_seqlens=swapped))
@@ -418,9 +450,9 @@ def test_areal_drop_in_checks_each_micro_batch_against_its_own_cu_seqlens() -> N
 _FORK_WHILE_COUNTING = """
 import os, signal, sys, time
 import torch, torch_impl
-from torch_impl import _witness
+from torch_impl import _switch
 nt = torch.nested.nested_tensor_from_jagged(torch.zeros(2), torch.tensor([0, 2]))
-with _witness._lock:
+with _switch._lock:
     pid = os.fork()
     if pid == 0:  # the child: the lock was held at the fork; counting must not wait
         try:

@@ -1,4 +1,5 @@
-"""rebatch's production PyTorch implementation: micro-batch outputs put back in order, vectorized and validated.
+"""rebatch's production PyTorch implementation: micro-batch outputs put back in order, vectorized and
+validated.
 
 The operations of the reference ``ref`` under the same names, and drop-ins for every verl name around
 them, with verl 0.9.1's signatures and results on valid input (and a `ref.errors.RebatchError` where
@@ -11,7 +12,11 @@ them into verl. Never imports JAX; errors are the classes of `ref.errors`.
 from __future__ import annotations
 
 from ref import errors as errors
-from ref.metrics import append_to_dict as append_to_dict, fold_metrics as fold_metrics, merge_metrics as merge_metrics
+from ref.metrics import (
+    append_to_dict as append_to_dict,
+    fold_metrics as fold_metrics,
+    merge_metrics as merge_metrics,
+)
 from ref.partition import (
     get_group_balanced_partitions as get_group_balanced_partitions,
     get_seqlen_balanced_partitions as get_seqlen_balanced_partitions,
@@ -47,12 +52,8 @@ from ._prepare import (
 )
 from ._provenance import provenance_stats as provenance_stats, recorded as recorded
 from ._settings import Settings as Settings, get_settings as get_settings, use_settings as use_settings
-from ._witness import (
-    read_witness as read_witness,
-    set_witness as set_witness,
-    witness_config as witness_config,
-    witness_stats as witness_stats,
-)
+from ._switch import set_witness as set_witness, witness_config as witness_config
+from ._witness import read_witness as read_witness, witness_stats as witness_stats
 
 __all__ = [
     "KERNELS",

@@ -2,7 +2,8 @@
 
 torch has no CPU ``index_copy_``, ``index_select``, ``index_put_`` or ``scatter_`` for ``uint16``, ``uint32``,
 ``uint64`` and several of the float8 variants, all of them in `ref.dtypes.SUPPORTED_DTYPES`: the kernels move
-such values as a view of the signed integer type of the same width (`ref.dtypes.bits_dtype`), which moves every
+such values as a view of the signed integer type of the same width (`ref.dtypes.bits_dtype`), which moves
+every
 bit and costs one view each way. Every other dtype is moved as it is (no operation added). A view of another
 dtype carries no gradient, so a part of such a dtype that requires one is refused by every public function
 (the one dtype rule: `ref.dtypes.check_dtype`, `ref.dtypes.NO_GRADIENT`).
@@ -32,5 +33,6 @@ def as_bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def from_bits(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The inverse of `as_bits`: ``t`` itself, or ``t`` (the integers of a ``dtype``'s bits) viewed as ``dtype``."""
+    """The inverse of `as_bits`: ``t`` itself, or ``t`` (the integers of a ``dtype``'s bits) viewed as
+    ``dtype``."""
     return t if t.dtype == dtype else t.view(dtype)

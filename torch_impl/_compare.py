@@ -30,7 +30,8 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def same_tensor(a: torch.Tensor, b: torch.Tensor, *, consumer: Any = None) -> str | None:
+# Complex by design: one check for each property a consumer observes, in order.
+def same_tensor(a: torch.Tensor, b: torch.Tensor, *, consumer: Any = None) -> str | None:  # noqa: C901
     """None when ``a`` and ``b`` are identical (layout, dtype, device, ``requires_grad``, shape, a
     jagged tensor's cached sizes and holes, offsets, bits), else why not (for values: the first row
     that differs, and both values there). ``consumer``: also what a consumer computes next from two
@@ -102,7 +103,8 @@ def _same_tensordict(a: TensorDictBase, b: TensorDictBase, path: str, consumer: 
     return None
 
 
-def _same(a: Any, b: Any, path: str, consumer: Any = None) -> str | None:
+# Complex by design: one check for each kind of value a result holds, in order.
+def _same(a: Any, b: Any, path: str, consumer: Any = None) -> str | None:  # noqa: C901
     if isinstance(a, TensorDictBase) or isinstance(b, TensorDictBase):
         if not (isinstance(a, TensorDictBase) and isinstance(b, TensorDictBase)):
             return f"{path}: {type(a).__name__} vs {type(b).__name__}"

@@ -98,7 +98,9 @@ def plan_on_device(parts: Sequence[JaggedPart], rows: CallRows) -> DevicePlan:
     """`DevicePlan` of a group's checked ``parts`` (on one accelerator), from their offsets (trusted,
     counted) and the call's ``rows``."""
     device = parts[0].offsets.device
-    host, runs_index_at, jumps_at = rows.once("device layout", torch.device("cpu"), lambda: _host_layout(rows))
+    host, runs_index_at, jumps_at = rows.once(
+        "device layout", torch.device("cpu"), lambda: _host_layout(rows)
+    )
     buffer = upload(host, device)  # each group its own: its jumps are written into it
     skipped("skipped_device_offsets")
     count = sum(rows.rows)

@@ -37,7 +37,9 @@ _ALIGN = 16  # byte alignment of each tensor in the buffer (any dtype can view i
 
 def _comm_device(group: Any) -> torch.device:
     return (
-        torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else torch.device("cpu")
+        torch.device("cuda", torch.cuda.current_device())
+        if dist.get_backend(group) == "nccl"
+        else torch.device("cpu")
     )
 
 
@@ -48,7 +50,8 @@ def sync_micro_batch_count(count: int, group: Any = None) -> int:
 
 
 class MicroBatches(NamedTuple):
-    """``batches[m]`` is micro-batch ``m``; ``indices[m]`` its rows, or `PADDING` for a padding micro-batch."""
+    """``batches[m]`` is micro-batch ``m``; ``indices[m]`` its rows, or `PADDING` for a padding
+    micro-batch."""
 
     batches: list[TensorDictBase]
     indices: list[Any]
@@ -114,7 +117,11 @@ def _pack(tree: Any) -> tuple[_Skeleton, torch.Tensor]:
 
     def put(t: torch.Tensor) -> _Slot:
         t = t.detach().contiguous()
-        raw = t.reshape(-1).view(torch.uint8) if t.numel() else torch.zeros(0, dtype=torch.uint8, device=t.device)
+        raw = (
+            t.reshape(-1).view(torch.uint8)
+            if t.numel()
+            else torch.zeros(0, dtype=torch.uint8, device=t.device)
+        )
         start = size[0]
         pad = (-(start + raw.numel())) % _ALIGN
         chunks.append(raw)
@@ -137,7 +144,9 @@ def _pack(tree: Any) -> tuple[_Skeleton, torch.Tensor]:
         return x
 
     skeleton = _Skeleton(walk(tree), size[0])
-    buffer = torch.cat([c.cpu() for c in chunks]) if chunks else torch.zeros(0, dtype=torch.uint8, device="cpu")
+    buffer = (
+        torch.cat([c.cpu() for c in chunks]) if chunks else torch.zeros(0, dtype=torch.uint8, device="cpu")
+    )
     return skeleton, buffer
 
 
@@ -170,9 +179,13 @@ def _check_result(result: Any) -> None:
         raise UnsupportedSettingError(f"model_output must be a dict, got {type(mo).__name__}")
     for key, value in mo.items():
         if not isinstance(value, torch.Tensor):
-            raise UnsupportedSettingError(f"{where(key)}an output must be a tensor, got {type(value).__name__}")
+            raise UnsupportedSettingError(
+                f"{where(key)}an output must be a tensor, got {type(value).__name__}"
+            )
         if not value.is_nested and value.dim() == 0:
-            raise ShapeMismatchError(f"{where(key)}a dense output needs a leading batch dimension, got a scalar")
+            raise ShapeMismatchError(
+                f"{where(key)}a dense output needs a leading batch dimension, got a scalar"
+            )
     if not isinstance(result.get("loss", []), list):
         raise UnsupportedSettingError(f"loss must be a list, got {type(result['loss']).__name__}")
     if not isinstance(result.get("metrics", {}), Mapping):
@@ -204,7 +217,8 @@ def _check_ranks_agree(skeletons: list[_Skeleton]) -> None:
                 raise DtypeMismatchError(f"{at}dtype {slot.dtype} differs from rank {r0}'s {slot0.dtype}")
             if slot.shape[1:] != slot0.shape[1:]:
                 raise ShapeMismatchError(
-                    f"{at}trailing shape {tuple(slot.shape[1:])} differs from rank {r0}'s {tuple(slot0.shape[1:])}"
+                    f"{at}trailing shape {tuple(slot.shape[1:])} differs from rank {r0}'s "
+                    f"{tuple(slot0.shape[1:])}"
                 )
 
 

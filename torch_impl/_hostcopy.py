@@ -1,4 +1,5 @@
-"""The host kernels: a CPU key's rows written to their places by NumPy fancy assignments, on the calling thread.
+"""The host kernels: a CPU key's rows written to their places by NumPy fancy assignments, on the calling
+thread.
 
 NumPy on the tensors' own memory costs a fraction of torch's dispatch and opens no parallel region
 (``docs/kernels.md``, "The host kernels"). Values move as unsigned integers or raw bytes of a value
@@ -55,7 +56,9 @@ def _value_rows(x: torch.Tensor, raw: np.ndarray | None = None) -> np.ndarray:
     (tensors shaped as ``x`` laid end to end)."""
     row_bytes = x.element_size() * math.prod(x.shape[1:])
     kind = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}.get(row_bytes)
-    return (_bytes(x) if raw is None else raw).view(kind if kind is not None else np.dtype((np.void, row_bytes)))
+    return (_bytes(x) if raw is None else raw).view(
+        kind if kind is not None else np.dtype((np.void, row_bytes))
+    )
 
 
 def _output(plan: KeyPlan) -> torch.Tensor:
@@ -81,7 +84,9 @@ def scatter_values(plan: KeyPlan) -> torch.Tensor:
     lengths, restored, offsets = plan.arrays
     chunk = index_chunk(first)
     if total <= chunk:
-        src = _value_rows(first, np.concatenate([_bytes(p.values) for p in parts]) if len(parts) > 1 else None)
+        src = _value_rows(
+            first, np.concatenate([_bytes(p.values) for p in parts]) if len(parts) > 1 else None
+        )
         starts = host_offsets(lengths)[:-1]
         where = (starts[inv] - offsets[:-1]).repeat(restored)
         where += np.arange(total, dtype=np.int64)
@@ -123,9 +128,16 @@ def copy_rows(plan: KeyPlan) -> torch.Tensor:
     starts = host_offsets(lengths)[:-1]
     starts -= np.array(list(itertools.accumulate((p.values.shape[0] for p in parts[:-1]), initial=0)))[of_row]
     targets = offsets[:-1][perm] * width  # row k of the concatenation goes to output row perm[k]
-    part_of_row, src, dst, n = of_row.tolist(), (starts * width).tolist(), targets.tolist(), (lengths * width).tolist()
+    part_of_row, src, dst, n = (
+        of_row.tolist(),
+        (starts * width).tolist(),
+        targets.tolist(),
+        (lengths * width).tolist(),
+    )
     whole = [_bytes(p.values) for p in parts]
-    get: Any = operator.getitem  # typed Any: NumPy's overloads of ``ndarray[slice]`` defeat ``map``'s inference
+    get: Any = (
+        operator.getitem
+    )  # typed Any: NumPy's overloads of ``ndarray[slice]`` defeat ``map``'s inference
     put: Any = operator.setitem
     pieces = map(get, map(whole.__getitem__, part_of_row), map(slice, src, map(operator.add, src, n)))
     into = map(slice, dst, map(operator.add, dst, n))

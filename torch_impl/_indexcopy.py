@@ -48,7 +48,9 @@ def permute_rows(plan: KeyPlan) -> torch.Tensor:
     the permutation (its backward gives each part exactly its rows' gradient)."""
     values = plan.parts[0].values if len(plan.parts) == 1 else torch.cat([p.values for p in plan.parts])
     bits = as_bits(values)
-    return from_bits(bits.new_empty(bits.shape).index_copy_(0, plan.rows.perm_on(plan.device), bits), values.dtype)
+    return from_bits(
+        bits.new_empty(bits.shape).index_copy_(0, plan.rows.perm_on(plan.device), bits), values.dtype
+    )
 
 
 def permute_by_indices(plan: KeyPlan) -> torch.Tensor:

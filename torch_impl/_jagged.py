@@ -1,4 +1,5 @@
-"""Jagged building blocks: a nested tensor over values and offsets, offsets from lengths, runs as indices (`Runs`),
+"""Jagged building blocks: a nested tensor over values and offsets, offsets from lengths, runs as indices
+(`Runs`),
 and rows gathered by index. No checks here beyond `check_offsets` on the gathered input.
 
 Every jagged tensor handed out carries what the trainers' own carry (built from a list of rows): its
@@ -95,7 +96,10 @@ def size_cache(seqlens: Seqlens) -> dict[str, torch.Tensor]:
 
 
 def result_njt(
-    values: torch.Tensor, offsets: torch.Tensor, seqlens: Seqlens = None, cache: dict[str, torch.Tensor] | None = None
+    values: torch.Tensor,
+    offsets: torch.Tensor,
+    seqlens: Seqlens = None,
+    cache: dict[str, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """`njt` over ``values`` just made (a result's own storage), ``seqlens`` cached (``cache``: their
     `size_cache`, where made already), built directly where no gradient can flow (the same nested
@@ -103,7 +107,9 @@ def result_njt(
     ``docs/kernels.md``); with a gradient to carry, or a tensor subclass, `njt` itself."""
     if type(values) is torch.Tensor and not (values.requires_grad and torch.is_grad_enabled()):
         sizes = dict(cache) if cache is not None else size_cache(seqlens)
-        with torch._C.DisableTorchFunctionSubclass():  # its constructor's reads of itself: 38% of it on torch 2.9.1
+        with (
+            torch._C.DisableTorchFunctionSubclass()
+        ):  # its constructor's reads of itself: 38% of it on torch 2.9.1
             return NestedTensor(values, offsets, _metadata_cache=sizes)
     return njt(values, offsets, None, seqlens)
 
@@ -148,7 +154,8 @@ class Runs(NamedTuple):
     def indices(self, begin: int = 0, end: int | None = None) -> torch.Tensor:
         """int64 ``[end - begin]``: the index of every element in ``[begin, end)`` (default: all).
 
-        A constant number of operations (5 for all elements, 6 for the first of several slices, 8 for a later one): one fill, one
+        A constant number of operations (5 for all elements, 6 for the first of several slices, 8 for a later
+        one): one fill, one
         ``index_add_`` of the ``R`` jumps (runs that begin before ``begin`` land on its first element,
         where their jumps sum to the shift in force there; runs that begin at or after ``end`` land on
         one spare slot past the end), one in-place ``cumsum``.
@@ -166,7 +173,9 @@ class Runs(NamedTuple):
         return steps[:-1].cumsum_(0)
 
 
-def gather_jagged(x: JaggedPart, rows: torch.Tensor, total: int | None = None, seqlens: Seqlens = None) -> torch.Tensor:
+def gather_jagged(
+    x: JaggedPart, rows: torch.Tensor, total: int | None = None, seqlens: Seqlens = None
+) -> torch.Tensor:
     """``[rows_of(x)[i] for i in rows]`` as one jagged tensor: a single gather of the values.
 
     ``x``: a jagged part; ``rows``: int64 ``[R]`` in ``range(B)`` on ``x``'s device. ``total``: the

@@ -51,7 +51,11 @@ def _concat(plan: KeyPlan) -> torch.Tensor:
 
 
 def _on_host(plan: KeyPlan) -> bool:
-    return plan.device.type == "cpu" and host_movable(plan.parts) and (plan.lengths is None or plan.arrays is not None)
+    return (
+        plan.device.type == "cpu"
+        and host_movable(plan.parts)
+        and (plan.lengths is None or plan.arrays is not None)
+    )
 
 
 def _elements(plan: KeyPlan) -> int:
@@ -96,7 +100,9 @@ def choose(plan: KeyPlan) -> Kernel:
     if forced is not None:
         kernel = KERNELS.get(forced)
         if kernel is None:
-            raise UnsupportedSettingError(f"Settings.kernel: no kernel named {forced!r} (known: {sorted(KERNELS)})")
+            raise UnsupportedSettingError(
+                f"Settings.kernel: no kernel named {forced!r} (known: {sorted(KERNELS)})"
+            )
         if _serves(kernel, plan):
             if not kernel.applies(plan):
                 why = f"{where(plan.key)}Settings.kernel {forced!r} cannot move this key on {plan.device}"
@@ -119,7 +125,9 @@ def move(plan: KeyPlan) -> torch.Tensor:
 _HOST = torch.device("cpu")  # where a result's cached sizes live
 
 
-def assemble(parts: Sequence[Part], perm: torch.Tensor | None, key: Any = None, sources: Any = ()) -> torch.Tensor:
+def assemble(
+    parts: Sequence[Part], perm: torch.Tensor | None, key: Any = None, sources: Any = ()
+) -> torch.Tensor:
     """One key's checked ``parts`` planned and moved (no witness): the concatenation, with row ``k`` put
     at row ``perm[k]`` where ``perm`` (a checked permutation of ``range(B)``, CPU) is given; ``sources``:
     the parts as given (`plan_key`)."""

@@ -31,7 +31,9 @@ def host_lengths(lengths: Any, name: str, **rule: Any) -> list[int]:
     checked by `check_lengths` with ``rule``; `UnsupportedSettingError` on ``meta``, which holds no values."""
     if isinstance(lengths, torch.Tensor):
         if lengths.device.type == "meta":
-            raise UnsupportedSettingError(f"{name} needs lengths the host can read, got lengths on the meta device")
+            raise UnsupportedSettingError(
+                f"{name} needs lengths the host can read, got lengths on the meta device"
+            )
         lengths = lengths.detach().cpu()
     return check_lengths(lengths, **rule)
 
@@ -88,7 +90,9 @@ def _jagged_part(x: Any, name: str) -> JaggedPart:
 
 
 def _offsets_tensor(cu_seqlens: Any, device: torch.device) -> torch.Tensor:
-    offsets = cu_seqlens if isinstance(cu_seqlens, torch.Tensor) else torch.as_tensor(cu_seqlens, device="cpu")
+    offsets = (
+        cu_seqlens if isinstance(cu_seqlens, torch.Tensor) else torch.as_tensor(cu_seqlens, device="cpu")
+    )
     if (
         offsets.dim() != 1
         or offsets.shape[0] < 1
@@ -103,7 +107,8 @@ def _offsets_tensor(cu_seqlens: Any, device: torch.device) -> torch.Tensor:
 @entry
 def from_packed(values: torch.Tensor, lengths: Any = None, *, cu_seqlens: Any = None) -> torch.Tensor:
     """Packed rows as a jagged nested tensor ``[B, (j), *F]``: ``values`` ``[N, *F]`` cut by ``lengths``
-    ``[B]`` (a sequence or a tensor) or by ``cu_seqlens`` ``[B + 1]`` (checked as offsets). ``ref.from_packed``'s
+    ``[B]`` (a sequence or a tensor) or by ``cu_seqlens`` ``[B + 1]`` (checked as offsets).
+    ``ref.from_packed``'s
     meaning; the values are copied."""
     if (lengths is None) == (cu_seqlens is None):
         raise UnsupportedSettingError("from_packed needs exactly one of lengths and cu_seqlens")
@@ -137,7 +142,9 @@ def to_packed(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @entry
-def to_padded(x: torch.Tensor, *, pad_value: bool | int | float = 0, max_len: int | None = None) -> torch.Tensor:
+def to_padded(
+    x: torch.Tensor, *, pad_value: bool | int | float = 0, max_len: int | None = None
+) -> torch.Tensor:
     """A jagged nested tensor ``[B, (j), *F]`` right-padded to ``[B, max_len, *F]`` with ``pad_value``
     (``max_len``: the longest row by default). ``ref.to_padded``'s meaning.
 
@@ -152,7 +159,9 @@ def to_padded(x: torch.Tensor, *, pad_value: bool | int | float = 0, max_len: in
         longest = int(lengths.max()) if b else 0
     if max_len is None:
         if longest is None:
-            raise UnsupportedSettingError("to_padded on the meta device needs max_len (the rows cannot be read)")
+            raise UnsupportedSettingError(
+                "to_padded on the meta device needs max_len (the rows cannot be read)"
+            )
         max_len = longest
     max_len = check_max_len(max_len, longest)
     rows = torch.arange(b, dtype=torch.int64, device=part.values.device)

@@ -52,7 +52,9 @@ def _checked_rows(rows: Any, n: int, device: torch.device) -> torch.Tensor:
             if isinstance(i, bool) or not isinstance(i, int | np.integer):
                 raise RowIndexError(f"position {j}: row index {i!r} is not an integer")
             if not 0 <= int(i) < n:
-                raise RowIndexError(f"position {j}: row index {int(i)} is out of range for {n} rows (no wrap-around)")
+                raise RowIndexError(
+                    f"position {j}: row index {int(i)} is out of range for {n} rows (no wrap-around)"
+                )
         r = torch.tensor([int(i) for i in listed], dtype=torch.int64, device="cpu")
     if r.dim() != 1:
         raise RowIndexError(f"rows must be 1-D, got shape {tuple(r.shape)}")
@@ -63,13 +65,19 @@ def _checked_rows(rows: Any, n: int, device: torch.device) -> torch.Tensor:
         bad = (r < 0) | (r >= n)
         if bool(bad.any()):
             j = int(bad.nonzero()[0, 0])
-            raise RowIndexError(f"position {j}: row index {int(r[j])} is out of range for {n} rows (no wrap-around)")
+            raise RowIndexError(
+                f"position {j}: row index {int(r[j])} is out of range for {n} rows (no wrap-around)"
+            )
     return r.to(device, non_blocking=r.is_cpu)  # an upload waits for nothing; a download blocks
 
 
 def _is_permutation(rows: torch.Tensor, n: int) -> bool:
     """``rows`` (checked, in ``range(n)``) hold each of ``range(n)`` once; False off the CPU (unread)."""
-    return rows.device.type == "cpu" and rows.numel() == n and bool((torch.bincount(rows, minlength=n) == 1).all())
+    return (
+        rows.device.type == "cpu"
+        and rows.numel() == n
+        and bool((torch.bincount(rows, minlength=n) == 1).all())
+    )
 
 
 def _take_part(x: Part, rows: Any, *, total: int | None = None, source: Any = None) -> torch.Tensor:
@@ -121,7 +129,8 @@ def take(x: T, rows: Any) -> T:
 def restore(x: torch.Tensor, partitions: Any) -> torch.Tensor:
     """Rows of ``x`` (micro-batch order) back in original order: output row ``perm[k]`` is input row ``k``.
 
-    With ``perm = [i for p in partitions for i in p]``: ``out = [x.unbind()[perm.index(i)] for i in range(B)]``.
+    With ``perm = [i for p in partitions for i in p]``: ``out = [x.unbind()[perm.index(i)] for i in
+    range(B)]``.
     ``partitions`` must flatten to a permutation of ``range(B)`` (`NotAPermutationError`).
     """
     (part,) = check_parts([x])
@@ -160,7 +169,9 @@ def split(
 
 def _whole_in_order(part: Part, perm: torch.Tensor, source: Any) -> torch.Tensor:
     """All rows in micro-batch order, one gather (a permutation keeps the number of values)."""
-    return _take_part(part, perm, total=None if isinstance(part, DensePart) else part.values.shape[0], source=source)
+    return _take_part(
+        part, perm, total=None if isinstance(part, DensePart) else part.values.shape[0], source=source
+    )
 
 
 def _cut(x: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
@@ -175,11 +186,16 @@ def _cut(x: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
             "which a meta tensor does not hold"
         )
     # one read of the offsets: each piece's bounds and cached sizes
-    offsets = part.offsets.cpu().numpy() if numpy_bridge() else np.array(part.offsets.tolist(), dtype=np.int64)
+    offsets = (
+        part.offsets.cpu().numpy() if numpy_bridge() else np.array(part.offsets.tolist(), dtype=np.int64)
+    )
     lengths = np.diff(offsets)
     at = offsets[row_bounds].tolist()  # each piece's first value, and the end
     pieces = zip(at, at[1:], row_bounds, row_bounds[1:], strict=False)  # consecutive bounds
-    return [njt(part.values[a:b], part.offsets[r : e + 1] - a, None, seqlens_of(lengths[r:e])) for a, b, r, e in pieces]
+    return [
+        njt(part.values[a:b], part.offsets[r : e + 1] - a, None, seqlens_of(lengths[r:e]))
+        for a, b, r, e in pieces
+    ]
 
 
 def _split_tensordict(

@@ -59,7 +59,8 @@ def numpy_bridge() -> bool:
     return True
 
 
-numpy_bridge()  # probed at import, outside any mode a caller may enter later (a fake tensor has no NumPy view)
+# probed at import, outside any mode a caller may enter later (a fake tensor has no NumPy view)
+numpy_bridge()
 
 
 class JaggedPart(NamedTuple):
@@ -97,10 +98,14 @@ def unpack(x: Any, key: Any = None, micro_batch: int | None = None, *, allow_jag
 def _unpack(x: Any, key: Any, micro_batch: int | None, allow_jagged: bool) -> Part:
     """`unpack`, with torch's ``__torch_function__`` handling of subclasses already switched off."""
     if not isinstance(x, torch.Tensor):
-        raise ShapeMismatchError(f"{where(key, micro_batch)}an output must be a tensor, got {type(x).__name__}")
+        raise ShapeMismatchError(
+            f"{where(key, micro_batch)}an output must be a tensor, got {type(x).__name__}"
+        )
     if isinstance(x, NestedTensor):
         if x._ragged_idx != 1:
-            raise InvalidJaggedError(f"{where(key, micro_batch)}the ragged dimension must be 1, got {x._ragged_idx}")
+            raise InvalidJaggedError(
+                f"{where(key, micro_batch)}the ragged dimension must be 1, got {x._ragged_idx}"
+            )
         if not allow_jagged:
             raise UnsupportedSettingError(
                 f"{where(key, micro_batch)}jagged outputs need pad_mode 'no_padding', got a jagged tensor"
@@ -118,12 +123,15 @@ def _unpack(x: Any, key: Any, micro_batch: int | None, allow_jagged: bool) -> Pa
         if offsets.dtype != torch.int64 or offsets.dim() != 1:
             if offsets.dim() != 1 or offsets.dtype.is_floating_point or offsets.dtype == torch.bool:
                 raise InvalidJaggedError(
-                    f"{where(key, micro_batch)}offsets must be 1-D integers, got {offsets.dtype}{list(offsets.shape)}"
+                    f"{where(key, micro_batch)}offsets must be 1-D integers, got "
+                    f"{offsets.dtype}{list(offsets.shape)}"
                 )
             offsets = offsets.to(torch.int64)
         return JaggedPart(_resolved(values), offsets, int(offsets.shape[0]) - 1, ragged)
     if x.is_nested:
-        raise InvalidJaggedError(f"{where(key, micro_batch)}a nested tensor must use the jagged layout, got {x.layout}")
+        raise InvalidJaggedError(
+            f"{where(key, micro_batch)}a nested tensor must use the jagged layout, got {x.layout}"
+        )
     if x.dim() == 0:
         raise ShapeMismatchError(
             f"{where(key, micro_batch)}a dense output needs a leading batch dimension, got a scalar"
@@ -156,7 +164,8 @@ def _without_holes(x: Any, at: str) -> Any:
         or lengths.dtype == torch.bool
     ):
         raise InvalidJaggedError(
-            f"{at}lengths must be 1-D integers, one per row ({rows}), got {lengths.dtype}{list(lengths.shape)}"
+            f"{at}lengths must be 1-D integers, one per row ({rows}), got "
+            f"{lengths.dtype}{list(lengths.shape)}"
         )
     if rows > 0 and (lengths.device.type != "cpu" or offsets.device.type != "cpu"):
         skipped("skipped_device_offsets")  # trusted off the CPU, and counted (`_tally.SKIPS`)
@@ -173,7 +182,10 @@ def _without_holes(x: Any, at: str) -> Any:
             elif o < 0:
                 what = f"offsets[{i}] = {o} is negative"
             else:
-                what = f"row {i} runs past the values: offsets[{i}] + lengths[{i}] = {o} + {n_i} > len(values) = {n}"
+                what = (
+                    f"row {i} runs past the values: offsets[{i}] + lengths[{i}] = {o} + {n_i} "
+                    f"> len(values) = {n}"
+                )
             raise InvalidJaggedError(at + what)
     if rows == 0:
         source = x.values() if x.requires_grad else values
@@ -196,7 +208,9 @@ def check_parts(parts: Sequence[Any], key: Any = None, *, allow_jagged: bool = T
 
 
 #: The torch dtypes of the one dtype rule (`ref.dtypes.check_dtype`) it accepts, with a gradient or not.
-_FREE = frozenset(d for n in SUPPORTED_DTYPES - NO_GRADIENT if isinstance(d := getattr(torch, n, None), torch.dtype))
+_FREE = frozenset(
+    d for n in SUPPORTED_DTYPES - NO_GRADIENT if isinstance(d := getattr(torch, n, None), torch.dtype)
+)
 
 
 def check_dtypes(parts: Sequence[Part], key: Any = None, first: int | None = 0) -> None:
@@ -204,7 +218,11 @@ def check_dtypes(parts: Sequence[Part], key: Any = None, first: int | None = 0) 
     (``first``: the micro-batch of ``parts[0]``): their dtype, and each part's gradient (where enabled)."""
     dtype = parts[0].values.dtype
     if dtype not in _FREE:  # the rule decides; at most one read of each part's ``requires_grad``
-        m = next((i for i, p in enumerate(parts) if p.values.requires_grad), None) if torch.is_grad_enabled() else None
+        m = (
+            next((i for i, p in enumerate(parts) if p.values.requires_grad), None)
+            if torch.is_grad_enabled()
+            else None
+        )
         grad_at = None if m is None else where(key, None if first is None else first + m)
         check_dtype(dtype, at=where(key, first), grad_at=grad_at)
 
@@ -250,7 +268,10 @@ def _check_unpacked(parts: Sequence[Any], key: Any, allow_jagged: bool) -> list[
 #: Parts from which `_plain_jagged` goes first (docs/kernels.md, "Host bookkeeping").
 _MAPPED_MIN_PARTS = 8
 #: What `_plain_jagged` reads of each part (one C-level call a part for each group)
-_AS_IS, _BUFFERS = attrgetter("_ragged_idx", "_lengths", "requires_grad"), attrgetter("_values", "_offsets", "_size")
+_AS_IS, _BUFFERS = (
+    attrgetter("_ragged_idx", "_lengths", "requires_grad"),
+    attrgetter("_values", "_offsets", "_size"),
+)
 _KIND, _INDEX_KIND = attrgetter("dtype", "ndim", "device"), attrgetter("dtype", "ndim")
 _TAKEN = (1, None, False)  # `_AS_IS` of a part taken as it is: ragged dimension 1, no holes, no gradient
 
@@ -262,7 +283,9 @@ def _plain_jagged(parts: Sequence[Any]) -> list[Part] | None:
     lazy conjugate or negative bit) and agreeing with the first (dtype, dimensions, device, trailing
     shape). Their `JaggedPart`s, the loop's result; None where any of this does not hold (the loop
     then raises for the first defect, or converts)."""
-    if set(map(type, parts)) != {NestedTensor} or set(map(_AS_IS, parts)) != {_TAKEN}:  # none: {} != {NestedTensor}
+    if set(map(type, parts)) != {NestedTensor} or set(map(_AS_IS, parts)) != {
+        _TAKEN
+    }:  # none: {} != {NestedTensor}
         return None
     values, offsets, sizes = zip(*map(_BUFFERS, parts), strict=True)
     kinds = set(map(_KIND, values))
@@ -278,17 +301,22 @@ def _plain_jagged(parts: Sequence[Any]) -> list[Part] | None:
     rows = [n - 1 for n in map(torch.Tensor.numel, offsets)]
     # ``tuple.__new__`` makes each `JaggedPart` without the named tuple's Python ``__new__`` (0.7 µs a part)
     ragged = map(itemgetter(1), sizes)
-    return list(map(tuple.__new__, itertools.repeat(JaggedPart), zip(values, offsets, rows, ragged, strict=True)))
+    return list(
+        map(tuple.__new__, itertools.repeat(JaggedPart), zip(values, offsets, rows, ragged, strict=True))
+    )
 
 
-def check_offsets(parts: Sequence[JaggedPart], key: Any = None, steps: torch.Tensor | None = None) -> torch.Tensor:
+def check_offsets(
+    parts: Sequence[JaggedPart], key: Any = None, steps: torch.Tensor | None = None
+) -> torch.Tensor:
     """The one validator of the jagged invariants on the torch side; returns all row lengths ``[B]``.
 
     ``offsets[0] == 0``, non-decreasing, ``offsets[-1] == len(values)`` (`InvalidJaggedError`; 1-D
     integer offsets are checked by `unpack`). Reading offsets costs a host-device synchronisation on
     an accelerator, so they are checked where they live on the CPU (there with NumPy on the tensors'
     own memory, a fraction of torch's dispatch cost); on an accelerator they are trusted (torch builds
-    them), each such call counted (``skipped_device_offsets``, `torch_impl.witness_stats`). A constant number of operations, whatever the numbers of rows and parts: all offsets are
+    them), each such call counted (``skipped_device_offsets``, `torch_impl.witness_stats`). A constant number
+    of operations, whatever the numbers of rows and parts: all offsets are
     laid end to end (``[B + M]``) and differenced once; the steps that cross from one part to the next
     are left out (on the device by one ``index_select`` with ``steps``, `row_steps` of the parts' row
     counts, built here when not given: a call shares it between keys).
@@ -296,7 +324,9 @@ def check_offsets(parts: Sequence[JaggedPart], key: Any = None, steps: torch.Ten
     if not parts:
         return torch.zeros(0, dtype=torch.int64, device="cpu")
     device = parts[0].offsets.device
-    flat = torch.cat([p.offsets for p in parts]) if len(parts) > 1 else parts[0].offsets  # (M NumPy reads cost more)
+    flat = (
+        torch.cat([p.offsets for p in parts]) if len(parts) > 1 else parts[0].offsets
+    )  # (M NumPy reads cost more)
     if device.type == "cpu" and numpy_bridge() and all(type(p.offsets) is torch.Tensor for p in parts):
         return torch.from_numpy(_host_lengths(parts, key, flat.numpy()))
     rows = [p.rows for p in parts]
@@ -371,7 +401,8 @@ def explain_bad_offsets(parts: Sequence[JaggedPart], key: Any) -> None:
         if bool((steps < 0).any()):
             i = int((steps < 0).nonzero()[0, 0])
             raise InvalidJaggedError(
-                f"{at}offsets must be non-decreasing, got offsets[{i}] = {int(o[i])} > offsets[{i + 1}] = {int(o[i + 1])}"
+                f"{at}offsets must be non-decreasing, got offsets[{i}] = {int(o[i])} > offsets[{i + 1}] = "
+                f"{int(o[i + 1])}"
             )
         if int(o[-1]) != n:
             raise InvalidJaggedError(f"{at}offsets[-1] must equal len(values) = {n}, got {int(o[-1])}")

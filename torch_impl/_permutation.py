@@ -21,7 +21,9 @@ __all__ = ["flatten_partitions", "inverse_permutation", "check_permutation", "is
 
 #: The NumPy dtypes besides the integers that ``torch.as_tensor`` takes (refused below by dtype); an
 #: array of any other dtype (object, string, date, long double) is taken entry by entry, as a list is.
-_AS_TENSOR = frozenset(np.dtype(t) for t in ("bool", "float16", "float32", "float64", "complex64", "complex128"))
+_AS_TENSOR = frozenset(
+    np.dtype(t) for t in ("bool", "float16", "float32", "float64", "complex64", "complex128")
+)
 
 #: How a message names flat position ``j``'s place: ``(micro-batch, position inside it) -> text``.
 Locator = Callable[[int, int], str]
@@ -51,9 +53,13 @@ def _flat_indices(
     for m, part in enumerate(check_partitions(partitions)):
         check_partition(part, m)
         if hasattr(part, "__array__") and not isinstance(part, torch.Tensor | np.ndarray):
-            part = np.asarray(part)  # another framework's array (JAX's): its values on the host, as `ref` reads it
+            part = np.asarray(
+                part
+            )  # another framework's array (JAX's): its values on the host, as `ref` reads it
         if isinstance(part, np.ndarray) and not part.flags.writeable:
-            part = part.copy()  # torch warns of a tensor over read-only memory (the copy below is ours anyway)
+            part = (
+                part.copy()
+            )  # torch warns of a tensor over read-only memory (the copy below is ours anyway)
         if isinstance(part, np.ndarray) and not (part.dtype.kind in "iu" or part.dtype in _AS_TENSOR):
             lists[m] = list(part.astype(object))  # each entry checked as a list's is (as `ref` takes it)
             sizes.append(len(part))
@@ -91,7 +97,8 @@ def _from_lists(lists: dict[int, Any], num_rows: int, at: Locator) -> torch.Tens
     local_sizes = [len(lists[m]) for m in ms]
     kinds = set(map(type, flat))
     if not kinds <= {int}:
-        # a 0-d array or tensor counts as its value (iterating a tensor gives 0-d tensors; verl indexes with them)
+        # a 0-d array or tensor counts as its value (iterating a tensor gives 0-d tensors; verl indexes with
+        # them)
         flat = [i.item() if getattr(i, "ndim", None) == 0 and hasattr(i, "item") else i for i in flat]
         kinds = set(map(type, flat))
         bad = [k for k in kinds if k is bool or not issubclass(k, numbers.Integral)]
@@ -100,7 +107,9 @@ def _from_lists(lists: dict[int, Any], num_rows: int, at: Locator) -> torch.Tens
             m, pos = _locate(j, local_sizes)
             raise NotAPermutationError(f"{at(ms[m], pos)}: index {flat[j]!r} is not an integer")
     try:
-        if kinds <= {int} and numpy_bridge():  # NumPy converts Python ints in a fraction of torch.tensor's time
+        if (
+            kinds <= {int} and numpy_bridge()
+        ):  # NumPy converts Python ints in a fraction of torch.tensor's time
             whole = torch.from_numpy(np.array(flat, dtype=np.int64))
         else:
             whole = torch.tensor(flat, dtype=torch.int64, device="cpu")
@@ -110,7 +119,11 @@ def _from_lists(lists: dict[int, Any], num_rows: int, at: Locator) -> torch.Tens
             raise
         m, pos = _locate(wide, local_sizes)
         i = int(flat[wide])
-        what = "is negative (negative indices are not wrapped)" if i < 0 else f"is out of range for {num_rows} rows"
+        what = (
+            "is negative (negative indices are not wrapped)"
+            if i < 0
+            else f"is out of range for {num_rows} rows"
+        )
         raise NotAPermutationError(f"{at(ms[m], pos)}: index {i} {what}") from None
     return whole
 
@@ -143,7 +156,11 @@ def check_permutation(
             j = int(bad.nonzero()[0, 0])
             m, pos = _locate(j, sizes)
             i = int(perm[j])
-            what = "is negative (negative indices are not wrapped)" if i < 0 else f"is out of range for {num_rows} rows"
+            what = (
+                "is negative (negative indices are not wrapped)"
+                if i < 0
+                else f"is out of range for {num_rows} rows"
+            )
             raise NotAPermutationError(f"{at(m, pos)}: index {i} {what}")
         if bool((torch.bincount(perm, minlength=num_rows) > 1).any()):
             sorted_perm, order = torch.sort(perm, stable=True)
@@ -158,7 +175,9 @@ def check_permutation(
         present = torch.zeros(num_rows, dtype=torch.bool, device=perm.device)
         present[perm] = True
         missing = int((~present).nonzero()[0, 0])
-        raise NotAPermutationError(f"index {missing} is missing: the partitions hold {n} indices for {num_rows} rows")
+        raise NotAPermutationError(
+            f"index {missing} is missing: the partitions hold {n} indices for {num_rows} rows"
+        )
     return perm
 
 
@@ -166,7 +185,9 @@ def as_bytes(perm: torch.Tensor, host: np.ndarray | None = None) -> bytes:
     """A CPU int64 tensor's bytes (``host``: its NumPy view where read already, as `is_identity` and `invert`
     take it; where NumPy cannot share its memory, its values')."""
     no_view = host is None and not numpy_bridge()
-    return (np.array(perm.tolist(), dtype=np.int64) if no_view else perm.numpy() if host is None else host).tobytes()
+    return (
+        np.array(perm.tolist(), dtype=np.int64) if no_view else perm.numpy() if host is None else host
+    ).tobytes()
 
 
 #: Up to this many indices `_valid` sorts them as Python ints (docs/kernels.md, "Host bookkeeping").

@@ -119,7 +119,8 @@ def _plan_jagged(
     where it knows them and they fill the values, else on the device from its offsets."""
     total = sum(p.values.shape[0] for p in parts)
     if parts[0].offsets.device.type != "cpu" or get_settings().plan_on_device:  # type: ignore[union-attr]
-        if parts[0].offsets.device.type == "cpu":  # type: ignore[union-attr]  # the tests' plan: checked still
+        # the tests' plan (`Settings.plan_on_device`) on the CPU: its offsets checked still
+        if parts[0].offsets.device.type == "cpu":  # type: ignore[union-attr]
             check_offsets(parts, key)  # type: ignore[arg-type]  # jagged parts
         restored = known(key, total) if known is not None else None
         if restored is not None:
@@ -138,6 +139,10 @@ def _plan_jagged(
         restored = host if rows.perm is None else host[rows.host()[1]]
         offsets = host_offsets(restored)
         tensors = torch.from_numpy(restored), torch.from_numpy(offsets)
-        return KeyPlan(key, parts, rows, lengths, *tensors, total, seqlens_of(host), (host, restored, offsets))
+        return KeyPlan(
+            key, parts, rows, lengths, *tensors, total, seqlens_of(host), (host, restored, offsets)
+        )
     restored_t = lengths if rows.perm is None else lengths.index_select(0, rows.inverse())
-    return KeyPlan(key, parts, rows, lengths, restored_t, zero_prefixed_cumsum(restored_t), total, seqlens_of(lengths))
+    return KeyPlan(
+        key, parts, rows, lengths, restored_t, zero_prefixed_cumsum(restored_t), total, seqlens_of(lengths)
+    )

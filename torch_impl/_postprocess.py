@@ -21,7 +21,8 @@ from ._permutation import check_permutation
 from ._plan import KeyPlan, plan_key
 from ._provenance import Provenance, recorded
 from ._rows import CallRows
-from ._witness import Witness, read_witness, witness_config
+from ._switch import witness_config
+from ._witness import Witness, read_witness
 
 __all__ = ["check_batch_func", "postprocess_batch", "postprocess_batch_func", "read_setting"]
 
@@ -80,7 +81,8 @@ def _checked_plans(
     """Every check of a call, in ``docs/spec.md``'s order, and every key's plan, no data moved: the
     settings (step 1), the outputs without padding micro-batches, the permutation, each key's parts
     (`_check_keys`), each key's offsets as it is planned (`plan_key`), the provenance's verdict (step
-    6p, judged before planning, raised after it) and the alignment witness's verdict on every key's restored lengths, computed once from the plans. Returns the outputs
+    6p, judged before planning, raised after it) and the alignment witness's verdict on every key's restored
+    lengths, computed once from the plans. Returns the outputs
     without padding micro-batches and the plans, in the keys' order."""
     pad_mode, dynamic = _settings(use_dynamic_bsz, pad_mode, indices)
     output_lst, indices = drop_padding(output_lst, indices)
@@ -103,7 +105,9 @@ def _checked_plans(
     plans = []
     groups: dict[tuple[int, ...], KeyPlan] = {}  # keys on the same offsets tensors share one plan
     for key, parts in checked.items():
-        witnessed = judge.known if judge is not None else None  # the witness's lengths, where it binds the key
+        witnessed = (
+            judge.known if judge is not None else None
+        )  # the witness's lengths, where it binds the key
         plan = plan_key(parts, key, rows, [mo[key] for mo in outs], groups, witnessed)
         if judge is not None:
             judge.observe(plan)
@@ -126,7 +130,9 @@ def _sized(plan: KeyPlan, sizes: Seqlens) -> KeyPlan:
     return plan._replace(seqlens=sizes) if unknown else plan
 
 
-def _settings(use_dynamic_bsz: Any, pad_mode: Any, indices: Sequence[Sequence[int]] | None) -> tuple[str, bool]:
+def _settings(
+    use_dynamic_bsz: Any, pad_mode: Any, indices: Sequence[Sequence[int]] | None
+) -> tuple[str, bool]:
     """The first check of a call (`check_settings`): ``pad_mode`` (verl's enum read as its value) and
     ``use_dynamic_bsz`` as a bool."""
     if isinstance(pad_mode, Enum):
@@ -166,10 +172,16 @@ def read_setting(data: Any, key: str, default: Any) -> Any:
     if data is None:
         return default
     if not isinstance(data, TensorDictBase | Mapping):
-        raise UnsupportedSettingError(f"data must be a TensorDict (or a mapping, or None), got {type(data).__name__}")
+        raise UnsupportedSettingError(
+            f"data must be a TensorDict (or a mapping, or None), got {type(data).__name__}"
+        )
     value = data.get(key, default)
-    if isinstance(value, NonTensorData):  # a plain field as stored (tensorclass's getter: 4 µs on tensordict 0.10)
-        stored = getattr(value, "_non_tensordict", {}).get("data", value)  # shared or memory-mapped: a wrapper
+    if isinstance(
+        value, NonTensorData
+    ):  # a plain field as stored (tensorclass's getter: 4 µs on tensordict 0.10)
+        stored = getattr(value, "_non_tensordict", {}).get(
+            "data", value
+        )  # shared or memory-mapped: a wrapper
         value = stored if type(stored) in (bool, int, str) or isinstance(stored, Enum) else value.data
     return value
 
@@ -214,7 +226,9 @@ def _verl_call(output_lst: Any, data: Any) -> tuple[Any, tuple[Any, Any, Any, Co
     dicts, and ``(use_dynamic_bsz, pad_mode, witness, unbound, provenance)`` read from ``data``."""
     use_dynamic_bsz = read_setting(data, "use_dynamic_bsz", True)
     pad_mode = read_setting(data, "pad_mode", "no_padding")
-    output_lst = [_plain_model_output(o) for o in output_lst] if isinstance(output_lst, list | tuple) else output_lst
+    output_lst = (
+        [_plain_model_output(o) for o in output_lst] if isinstance(output_lst, list | tuple) else output_lst
+    )
     witness = read_witness(data)
     unbound = witness_config()[1] if witness is not None else ()
     provenance = recorded(data) if witness_config()[0] else None  # one switch for both alignment checks
@@ -234,7 +248,9 @@ def _plain_model_output(o: Any) -> Any:
 def _nested_like_verl(x: torch.Tensor) -> torch.Tensor:
     """A dense ``[B, S, *F]`` result as the jagged ``[B, (S), *F]`` verl returns (every row of length
     ``S``; a view of the result's own fresh storage); jagged and ``[B]`` results as they are."""
-    if isinstance(x, NestedTensor) or x.is_nested or x.dim() < 2:  # the class first: no __torch_function__ for it
+    if (
+        isinstance(x, NestedTensor) or x.is_nested or x.dim() < 2
+    ):  # the class first: no __torch_function__ for it
         return x
     b, s = int(x.shape[0]), int(x.shape[1])
     offsets = (

@@ -2,7 +2,8 @@
 partitioner ``rearrange_micro_batches``) and its ``restore_dynamic_batch``, with verl's signatures.
 
 The partitions come from `ref.partition` (pure Python, shared with the reference): the same partitions,
-in the same order, as verl 0.9.1 (or, with ``one_pass=True``, as verl 0.8.0 and 0.9.0), and `TokenBudgetError` where verl fails an ``assert`` or raises
+in the same order, as verl 0.9.1 (or, with ``one_pass=True``, as verl 0.8.0 and 0.9.0), and `TokenBudgetError`
+where verl fails an ``assert`` or raises
 ``ValueError``. The micro-batches are cut by `torch_impl.split` (one gather per field). Across
 data-parallel ranks the counts are agreed with all-reduces (`DistSync`), as verl does, and a fatal
 problem on any rank is raised on every rank, never left to a collective's timeout.
@@ -66,7 +67,11 @@ def row_lengths(data: TensorDictBase, key: str | None = None) -> torch.Tensor:
     ``key`` defaults to ``input_ids`` when it is jagged, else ``attention_mask``.
     """
     if key is None:
-        key = "input_ids" if "input_ids" in data.keys() and data.get("input_ids").is_nested else "attention_mask"
+        key = (
+            "input_ids"
+            if "input_ids" in data.keys() and data.get("input_ids").is_nested
+            else "attention_mask"
+        )
     if key not in data.keys():
         raise UnsupportedSettingError(f"key {key!r}: no such field to count tokens with")
     part = unpack(data.get(key), key)
@@ -136,7 +141,9 @@ def prepare_micro_batches(
     ``one_pass``: verl 0.8.0's and 0.9.0's count rule (see `rearrange_micro_batches`).
     """
     use_dynamic = (
-        as_flag(read_setting(data, "use_dynamic_bsz", True), "use_dynamic_bsz") if micro_batch_size is None else False
+        as_flag(read_setting(data, "use_dynamic_bsz", True), "use_dynamic_bsz")
+        if micro_batch_size is None
+        else False
     )
     if max_token_len is not None:
         use_dynamic = True
@@ -154,10 +161,13 @@ def prepare_micro_batches(
         size = int(mbs) * force_group_size
         if size <= 0 or b % size:
             raise UnsupportedSettingError(
-                f"the batch size {b} must be divisible by force_group_size * micro_batch_size_per_gpu = {size}"
+                f"the batch size {b} must be divisible by force_group_size * micro_batch_size_per_gpu = "
+                f"{size}"
             )
         # verl chunks the TensorDict (a tuple of micro-batches)
-        return _recorded(data, tuple(split(data, [list(range(i, i + size)) for i in range(0, b, size)])), None)
+        return _recorded(
+            data, tuple(split(data, [list(range(i, i + size)) for i in range(0, b, size)])), None
+        )
     if max_token_len is None:
         per_gpu = read_setting(data, "max_token_len_per_gpu", None)
         if per_gpu is None:

@@ -33,8 +33,8 @@ from ref.structure import PADDING
 
 from ._parts import JaggedPart, NestedTensor, Part
 from ._permutation import as_bytes
+from ._switch import witness_config
 from ._tally import Tally
-from ._witness import witness_config
 
 __all__ = [
     "MAX_BATCHES",
@@ -272,7 +272,12 @@ def observe_split(result: Any, *args: Any, **kwargs: Any) -> None:
     engines pass it) returned ``result`` (``(micro_batches, indices)``): recorded as rebatch's split
     records its own (shadow mode, `torch_impl.integrations`); anything else, unrecorded. Never raises."""
     batch = args[0] if args else kwargs.get("data", kwargs.get("batch"))
-    if batch is not None and isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], list | tuple):
+    if (
+        batch is not None
+        and isinstance(result, tuple)
+        and len(result) == 2
+        and isinstance(result[0], list | tuple)
+    ):
         record(batch, *result)
 
 

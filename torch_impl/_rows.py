@@ -27,7 +27,9 @@ class CallRows:
 
     def __init__(self, rows: Sequence[int], perm: torch.Tensor | None) -> None:
         self.rows = list(rows)
-        self.given = perm.numpy() if perm is not None and numpy_bridge() else None  # its NumPy view, read once
+        self.given = (
+            perm.numpy() if perm is not None and numpy_bridge() else None
+        )  # its NumPy view, read once
         self.perm: torch.Tensor | None = None if perm is None or is_identity(perm, self.given) else perm
         self._made: dict[tuple[Hashable, torch.device], Any] = {}
         self._inverse: torch.Tensor | None = None

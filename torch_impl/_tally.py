@@ -1,5 +1,7 @@
-"""The process's counters of torch_impl (the alignment witness's, every check skipped by reason: `SKIPS`), zeroed
-in a forked child by the one fork mechanism (`rebatch_startup.renew_at_fork`); a new reason or category is a name.
+"""The process's counters of torch_impl (the alignment witness's, every check skipped by reason: `SKIPS`),
+zeroed
+in a forked child by the one fork mechanism (`rebatch_startup.renew_at_fork`); a new reason or category is a
+name.
 """
 
 from __future__ import annotations

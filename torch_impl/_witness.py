@@ -17,77 +17,23 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import os
 import threading
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from rebatch_startup import WITNESS_ENV, WITNESS_UNBOUND_ENV, ForkSafeLock
 from ref.errors import RebatchError, UnsupportedSettingError, where
 from ref.structure import WITNESS, check_lengths, misalignment, witness_binds, witness_form
 
 from ._parts import NestedTensor, check_offsets, explain_bad_offsets
 from ._plan import KeyPlan
+from ._provenance import provenance_stats
+from ._switch import witness_config
 from ._tally import TALLY, skipped
 
-__all__ = [
-    "ENV",
-    "ENV_UNBOUND",
-    "Witness",
-    "keys_witnessed_here",
-    "read_witness",
-    "set_witness",
-    "witness_config",
-    "witness_stats",
-]
-
-#: The environment variables of the process-wide switch (read once, at the first call that asks), named in
-#: `rebatch_startup` (torch-free), which carries them to the processes a trainer starts.
-ENV = WITNESS_ENV
-ENV_UNBOUND = WITNESS_UNBOUND_ENV
-
-_lock = ForkSafeLock()  # a forked child finds it free (`rebatch_startup.renew_at_fork`)
-_config: tuple[bool, frozenset[Any]] | None = None
-
-
-def _from_env() -> tuple[bool, frozenset[Any]]:
-    value = os.environ.get(ENV, "")
-    text = value.strip().lower()
-    if text not in ("", "on", "off"):
-        raise UnsupportedSettingError(f"{ENV}={value!r}: expected on or off")
-    unbound = frozenset(k.strip() for k in os.environ.get(ENV_UNBOUND, "").split(",") if k.strip())
-    return text != "off", unbound
-
-
-def witness_config() -> tuple[bool, frozenset[Any]]:
-    """``(on, unbound keys)``: whether the drop-ins read the alignment witness from their input, and
-    the keys declared unbound (`set_witness`; default from ``REBATCH_WITNESS`` and
-    ``REBATCH_WITNESS_UNBOUND``, comma-separated keys)."""
-    global _config
-    config = _config
-    if config is None:
-        with _lock:
-            if _config is None:
-                _config = _from_env()
-            config = _config
-    return config
-
-
-def set_witness(on: bool | None = None, *, unbound: Iterable[Any] | None = None) -> tuple[bool, frozenset[Any]]:
-    """Switch the drop-ins' alignment witness on or off for the whole process, and/or declare the keys
-    it leaves unbound (a custom loss whose rows are not the batch's rows, say); None keeps a setting
-    as it is. Returns the previous ``(on, unbound)``, which `set_witness` takes back:
-    ``set_witness(*previous[:1], unbound=previous[1])``."""
-    global _config
-    previous = witness_config()
-    if on is not None and not isinstance(on, bool):
-        raise UnsupportedSettingError(f"set_witness: on must be a bool or None, got {on!r}")
-    with _lock:
-        _config = (previous[0] if on is None else on, previous[1] if unbound is None else frozenset(unbound))
-    return previous
+__all__ = ["Witness", "keys_witnessed_here", "read_witness", "witness_stats"]
 
 
 def witness_stats(reset: bool = False) -> dict[str, int]:
@@ -97,8 +43,7 @@ def witness_stats(reset: bool = False) -> dict[str, int]:
     ``calls_without_witness``, drop-in calls whose input held no lengths to witness, ...); and exact
     provenance's counters, prefixed ``provenance_`` (`torch_impl._provenance.provenance_stats`)."""
     out = TALLY.read(reset)
-    from ._provenance import provenance_stats  # what exact provenance proved, beside the witness (``provenance_*``)
-
+    # what exact provenance proved, beside the witness (``provenance_*``)
     out.update({f"provenance_{k}": v for k, v in provenance_stats(reset).items()})
     return out
 
@@ -160,7 +105,12 @@ class Witness:
     structural checks (step 5, which the plan makes key by key), as ``docs/spec.md`` orders them."""
 
     def __init__(
-        self, witness: Any, rows: int, perm: torch.Tensor | None, sizes: Sequence[int], unbound: Collection[Any]
+        self,
+        witness: Any,
+        rows: int,
+        perm: torch.Tensor | None,
+        sizes: Sequence[int],
+        unbound: Collection[Any],
     ) -> None:
         self.rows = rows
         self.unbound = unbound
@@ -190,7 +140,12 @@ class Witness:
             witness_form(witness, rows)
             self.device = witness.to(torch.int64)
             return None
-        if isinstance(witness, np.ndarray) and witness.ndim == 1 and witness.dtype == np.int64 and len(witness) == rows:
+        if (
+            isinstance(witness, np.ndarray)
+            and witness.ndim == 1
+            and witness.dtype == np.int64
+            and len(witness) == rows
+        ):
             host = witness
         elif isinstance(witness, torch.Tensor | np.ndarray):
             witness_form(witness, rows)
@@ -243,19 +198,27 @@ class Witness:
             self._entries.append((plan, -1, flag))
             self._flags += 1
             return
-        if self.device is not None and self.device.device.type == "meta":  # host lengths, no values to compare
+        if (
+            self.device is not None and self.device.device.type == "meta"
+        ):  # host lengths, no values to compare
             self._error = UnsupportedSettingError(
-                f"{where(key)}the {WITNESS} are on the meta device, which holds no values to compare with this "
-                "key's row lengths on the CPU"
+                f"{where(key)}the {WITNESS} are on the meta device, which holds no values to compare with "
+                "this key's row lengths on the CPU"
             )
             return
         try:
             host = self._host_array()
-        except RebatchError as err:  # a negative length of a witness read from a device: step 6a, at the verdict
+        except (
+            RebatchError
+        ) as err:  # a negative length of a witness read from a device: step 6a, at the verdict
             self._error = err
             return
-        got = restored.numpy() if plan.arrays is None else plan.arrays[1]  # the plan's own array, where it has one
-        bad = -1 if got.tobytes() == host.tobytes() else int(np.flatnonzero(got != host)[0])  # a match: bytes equal
+        got = (
+            restored.numpy() if plan.arrays is None else plan.arrays[1]
+        )  # the plan's own array, where it has one
+        bad = (
+            -1 if got.tobytes() == host.tobytes() else int(np.flatnonzero(got != host)[0])
+        )  # a match: bytes equal
         self._entries.append((plan, bad, None))
 
     def verdict(self) -> None:
@@ -273,7 +236,11 @@ class Witness:
             elif len({f.device for f in flags}) == 1:
                 stacked = torch.stack(flags)
                 # on ``meta`` nothing can be read: the comparison is launched (counted), never judged
-                read = [False] * len(flags) if stacked.device.type == "meta" else [bool(v) for v in stacked.tolist()]
+                read = (
+                    [False] * len(flags)
+                    if stacked.device.type == "meta"
+                    else [bool(v) for v in stacked.tolist()]
+                )
             else:
                 read = [f.device.type != "meta" and bool(f.item()) for f in flags]
         it = iter(read)
@@ -286,7 +253,9 @@ class Witness:
             if flag is not None:
                 got, want = lengths.tolist(), self._want().tolist()  # reads the device
                 bad = next((i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b), -1)
-                if bad < 0:  # the lengths agree, so the offsets themselves are broken (planned from the host's)
+                if (
+                    bad < 0
+                ):  # the lengths agree, so the offsets themselves are broken (planned from the host's)
                     explain_bad_offsets(plan.parts, plan.key)  # type: ignore[arg-type]  # jagged parts
             if bad >= 0:
                 self._raise(plan.key, lengths, bad)

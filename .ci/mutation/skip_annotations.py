@@ -25,7 +25,9 @@ def annotation_spans(path: Path) -> list[Span]:
     """(start, end) of each annotation of the module, as (1-based line, 0-based column)."""
     tree = ast.parse(path.read_text())
     future = any(
-        isinstance(n, ast.ImportFrom) and n.module == "__future__" and any(a.name == "annotations" for a in n.names)
+        isinstance(n, ast.ImportFrom)
+        and n.module == "__future__"
+        and any(a.name == "annotations" for a in n.names)
         for n in tree.body
     )
     if not future:
@@ -55,7 +57,9 @@ def main(session: str) -> int:
             ):
                 db.set_result(
                     item.job_id,
-                    WorkResult(output=None, test_outcome=None, diff=None, worker_outcome=WorkerOutcome.SKIPPED),
+                    WorkResult(
+                        output=None, test_outcome=None, diff=None, worker_outcome=WorkerOutcome.SKIPPED
+                    ),
                 )
                 skipped += 1
     print(f"   {skipped} mutants inside annotations skipped (equivalent: annotations are never evaluated)")

@@ -43,7 +43,9 @@ def carry_over(old: Path, new: Path, modules: set[str]) -> int:
     """Copy into ``new`` the results ``old`` holds for mutants of ``modules``; returns how many."""
     src, dst = sqlite3.connect(old), sqlite3.connect(new)
     cols = ", ".join(f"m.{c}" for c in MUTANT) + ", " + ", ".join(f"w.{c}" for c in RESULT)
-    rows = src.execute(f"SELECT {cols} FROM work_results w JOIN mutation_specs m ON w.job_id = m.job_id").fetchall()
+    rows = src.execute(
+        f"SELECT {cols} FROM work_results w JOIN mutation_specs m ON w.job_id = m.job_id"
+    ).fetchall()
     where = " AND ".join(f"{c} IS ?" for c in MUTANT)
     n = 0
     for row in rows:

@@ -66,7 +66,9 @@ __all__ = [
 ]
 
 #: The table: every defect both implementations must reject, in the order of ``docs/spec.md``'s checks.
-TABLE: tuple[Defect, ...] = SETTINGS + STRUCTURE + PERMUTATION + PARTS + OPERATIONS + LAYOUTS + ALIGNMENT + PROVENANCE
+TABLE: tuple[Defect, ...] = (
+    SETTINGS + STRUCTURE + PERMUTATION + PARTS + OPERATIONS + LAYOUTS + ALIGNMENT + PROVENANCE
+)
 
 
 def postprocess_defects() -> dict[str, Defect]:

@@ -34,13 +34,17 @@ def _sizes(call: Call) -> list[int]:
     return [len(p) for p in call.args[1]]
 
 
-def _witnessed(call: Call, src: list[int], perm: list[int], sizes: list[int], *, dynamic: bool = True) -> Call:
+def _witnessed(
+    call: Call, src: list[int], perm: list[int], sizes: list[int], *, dynamic: bool = True
+) -> Call:
     """``call`` with a witness and the key ``aligned`` that show the misalignment: concatenated position
     ``k`` holds a row computed for original row ``src[k]`` and is restored as ``perm[k]`` (the partitions,
     ``perm`` cut into ``sizes``; None without dynamic batch size, where ``perm`` is the identity)."""
     k = next((k for k, (s, p) in enumerate(zip(src, perm, strict=True)) if s != p), None)
     if k is None:
-        raise RuntimeError("a breaker of the alignment family left every row in its place (a defect of the kit)")
+        raise RuntimeError(
+            "a breaker of the alignment family left every row in its place (a defect of the kit)"
+        )
     witness = [1] * len(perm)
     witness[src[k]] = 2
     bounds = list(itertools.accumulate(sizes, initial=0))
@@ -58,7 +62,9 @@ def _swap_rows(call: Call, choose: Chooser) -> Call:
     sizes = _sizes(call)
     flat = [int(i) for p in call.args[1] for i in p]
     bounds = list(itertools.accumulate(sizes, initial=0))
-    inside = [pair for q in range(len(sizes)) for pair in itertools.combinations(range(bounds[q], bounds[q + 1]), 2)]
+    inside = [
+        pair for q in range(len(sizes)) for pair in itertools.combinations(range(bounds[q], bounds[q + 1]), 2)
+    ]
     a, b = choose.choice(inside or list(itertools.combinations(range(len(flat)), 2)))
     perm = list(flat)
     perm[a], perm[b] = perm[b], perm[a]
@@ -141,7 +147,14 @@ def _misaligned(
     (``got`` values restored as original row ``row``, whose witnessed length is ``want``)."""
     message = _AT.format(m=m, j=j, got=got, row=row, want=want)
     return Defect(
-        name, POSTPROCESS, E.MisalignmentError, message, _NEEDS, breaker, base="postprocess_three", script=script
+        name,
+        POSTPROCESS,
+        E.MisalignmentError,
+        message,
+        _NEEDS,
+        breaker,
+        base="postprocess_three",
+        script=script,
     )
 
 
@@ -152,6 +165,8 @@ ALIGNMENT: tuple[Defect, ...] = (
     _misaligned("rows_swapped_in_a_micro_batch", _swap_rows, 1, 1, 1, 0, 2, script=(1,)),
     _misaligned("inverse_for_forward", _replaced(_inverse), 1, 0, 1, 1, 2),
     _misaligned("another_steps_indices", _replaced(_another_step), 2, 0, 1, 1, 2),
-    _misaligned("outputs_in_micro_batch_order", _replaced(lambda flat, choose: list(range(len(flat)))), 0, 0, 2, 0, 1),
+    _misaligned(
+        "outputs_in_micro_batch_order", _replaced(lambda flat, choose: list(range(len(flat)))), 0, 0, 2, 0, 1
+    ),
     _misaligned("fixed_size_micro_batches_swapped", _fixed_size_swapped, 0, 0, 2, 0, 1),
 )

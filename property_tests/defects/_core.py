@@ -207,7 +207,9 @@ def postprocess_call(
     """A ``postprocess_batch`` call, its containers copied (so a breaker can change them in place); a
     ``witness`` (the alignment witness) and a ``provenance`` (the split's) are keywords of the call where
     given."""
-    outs = [dict(o, model_output=dict(o["model_output"])) if "model_output" in o else dict(o) for o in output_lst]
+    outs = [
+        dict(o, model_output=dict(o["model_output"])) if "model_output" in o else dict(o) for o in output_lst
+    ]
     idx = [list(p) for p in indices] if indices is not None else None
     kwargs = {"use_dynamic_bsz": use_dynamic_bsz, "pad_mode": pad_mode}
     if witness is not None:
@@ -222,7 +224,8 @@ def _copy(call: Call) -> Call:
         outs, indices = call.args
         return postprocess_call(outs, indices, **call.kwargs)
     args = tuple(
-        [list(a) if isinstance(a, list) else a for a in arg] if isinstance(arg, list) else arg for arg in call.args
+        [list(a) if isinstance(a, list) else a for a in arg] if isinstance(arg, list) else arg
+        for arg in call.args
     )
     return Call(call.op, args, dict(call.kwargs))
 

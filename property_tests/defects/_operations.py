@@ -9,7 +9,17 @@ import torch
 
 from ref import errors as E
 
-from ._core import Breaker, Call, Chooser, Defect, made_decreasing, one_index, positions_of, retyped, row_count
+from ._core import (
+    Breaker,
+    Call,
+    Chooser,
+    Defect,
+    made_decreasing,
+    one_index,
+    positions_of,
+    retyped,
+    row_count,
+)
 
 __all__ = ["OPERATIONS"]
 
@@ -100,7 +110,10 @@ OPERATIONS: tuple[Defect, ...] = (
         r"index 1 duplicates",
         "two rows",
         one_index(
-            1, lambda call, choose, m, j: choose.choice([i for p in call.args[1] for i in p if i != call.args[1][m][j]])
+            1,
+            lambda call, choose, m, j: choose.choice(
+                [i for p in call.args[1] for i in p if i != call.args[1][m][j]]
+            ),
         ),
         script=(1, 0),
     ),
@@ -112,8 +125,17 @@ OPERATIONS: tuple[Defect, ...] = (
         "two rows",
         _first_arg(made_decreasing),
     ),
-    Defect("concat_dtypes", "concat", E.DtypeMismatchError, r"micro-batch 1: dtype", "two parts", _concat_dtype),
-    Defect("concat_nothing", "concat", E.UnsupportedSettingError, r"at least one part", "nothing", _concat_nothing),
+    Defect(
+        "concat_dtypes", "concat", E.DtypeMismatchError, r"micro-batch 1: dtype", "two parts", _concat_dtype
+    ),
+    Defect(
+        "concat_nothing",
+        "concat",
+        E.UnsupportedSettingError,
+        r"at least one part",
+        "nothing",
+        _concat_nothing,
+    ),
     Defect(
         "row_over_budget",
         "balanced_partitions",

@@ -10,7 +10,17 @@ from typing import Any
 from ref import errors as E
 
 from ..data import from_rows, rows_of
-from ._core import POSTPROCESS, Breaker, Call, Chooser, Defect, keys_of, model_output_of, one_index, positions_of
+from ._core import (
+    POSTPROCESS,
+    Breaker,
+    Call,
+    Chooser,
+    Defect,
+    keys_of,
+    model_output_of,
+    one_index,
+    positions_of,
+)
 
 __all__ = ["PERMUTATION", "LyingPartition"]
 
@@ -109,7 +119,9 @@ def _dropped_row(call: Call, choose: Chooser) -> Call:
     del indices[m][j]
     for k in keys_of(call):
         rows = rows_of(model_output_of(call, m)[k])
-        model_output_of(call, m)[k] = from_rows([r for n, r in enumerate(rows) if n != j], model_output_of(call, m)[k])
+        model_output_of(call, m)[k] = from_rows(
+            [r for n, r in enumerate(rows) if n != j], model_output_of(call, m)[k]
+        )
     return call
 
 

@@ -110,17 +110,24 @@ def _on_a_split(breaker: Breaker) -> Breaker:
     return lambda call, choose: breaker(_split_of(call, choose), choose)
 
 
-_STRAY_OUTPUT = "key 'log_probs', micro-batch {m}: this output holds micro-batch {q}'s rows, by the split's provenance"
-_STRAY_INDEX = (
-    "micro-batch {m}, position {j}: index {got}, but the split put row {want} there (the indices are not the split's"
+_STRAY_OUTPUT = (
+    "key 'log_probs', micro-batch {m}: this output holds micro-batch {q}'s rows, by the split's provenance"
 )
+_STRAY_INDEX = "micro-batch {m}, position {j}: index {got}, but the split put row {want} there (the indices are not the split's"
 
 
 def _row(name: str, breaker: Breaker, message: str, script: tuple[int, ...] = ()) -> Defect:
     """A defect of the family: `MisalignmentError` whose message starts with ``message`` on the named case
     (``VALID["postprocess_split"]``: 6 rows of 3 tokens, indices ``[[0, 5], [2, 3], [1, 4]]``)."""
     return Defect(
-        name, POSTPROCESS, E.MisalignmentError, re.escape(message), _NEEDS, breaker, "postprocess_split", script
+        name,
+        POSTPROCESS,
+        E.MisalignmentError,
+        re.escape(message),
+        _NEEDS,
+        breaker,
+        "postprocess_split",
+        script,
     )
 
 
@@ -137,7 +144,13 @@ PROVENANCE: tuple[Defect, ...] = (
         _indices(_another_partition),
         _STRAY_INDEX.format(m=0, j=1, got=1, want=5),
     ),
-    _row("fixed_length_another_steps_indices", _indices(_another_step), _STRAY_INDEX.format(m=0, j=0, got=5, want=0)),
-    _row("fixed_length_inverse_for_forward", _indices(_inverse), _STRAY_INDEX.format(m=0, j=1, got=4, want=5)),
+    _row(
+        "fixed_length_another_steps_indices",
+        _indices(_another_step),
+        _STRAY_INDEX.format(m=0, j=0, got=5, want=0),
+    ),
+    _row(
+        "fixed_length_inverse_for_forward", _indices(_inverse), _STRAY_INDEX.format(m=0, j=1, got=4, want=5)
+    ),
     _row("fixed_length_dense_key_rows", _dense_rows, _STRAY_INDEX.format(m=0, j=0, got=5, want=0)),
 )

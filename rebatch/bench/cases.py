@@ -77,7 +77,9 @@ def make_inputs(case: Case, device: str = "cpu", seed: int = 0) -> Inputs:
             o["model_output"][f"key{k}"] = piece
         del whole, values
     elements = total * case.keys * (5 if case.ndim == 3 else 1)
-    return Inputs(outs, indices, elements * torch.empty((), dtype=getattr(torch, case.dtype)).element_size(), elements)
+    return Inputs(
+        outs, indices, elements * torch.empty((), dtype=getattr(torch, case.dtype)).element_size(), elements
+    )
 
 
 def _product(rows, lengths, mbs, keys=(1,), dtypes=("float32",), ndims=(2,)) -> list[Case]:
@@ -85,7 +87,9 @@ def _product(rows, lengths, mbs, keys=(1,), dtypes=("float32",), ndims=(2,)) -> 
 
 
 LARGE_ELEMENTS = 64_000_000  # the copy-limit target's size: "at least 64M output elements"
-MAX_BYTES = 3 * 2**30  # output bytes per case on a 24 GiB machine: inputs, output and the baseline's copies fit
+MAX_BYTES = (
+    3 * 2**30
+)  # output bytes per case on a 24 GiB machine: inputs, output and the baseline's copies fit
 
 
 def grid(name: str) -> list[Case]:
@@ -100,7 +104,10 @@ def grid(name: str) -> list[Case]:
     elif name == "small":  # the small call alone (its 0.2 ms target on either torch)
         cases = [Case(8, 16, 4, 1, "float32", 2)]
     elif name == "copy":  # the copy limit (time / clone at 16M, 64M and 256M elements) and the small call
-        cases = [Case(8, 16, 4, 1, "float32", 2), *(Case(r, 16384, 16, 1, "float32", 2) for r in (1024, 4096, 16384))]
+        cases = [
+            Case(8, 16, 4, 1, "float32", 2),
+            *(Case(r, 16384, 16, 1, "float32", 2) for r in (1024, 4096, 16384)),
+        ]
     elif name == "quick":
         cases = [*_product((8, 512), (16, 512), (1, 4)), Case(1024, 512, 16, 1, "float32", 2)]
     elif name == "standard":
@@ -111,7 +118,12 @@ def grid(name: str) -> list[Case]:
         cases = [c for c in grid("full") if c.elements >= LARGE_ELEMENTS and c.micro_batches == 16]
     elif name == "full":
         cases = _product(
-            (8, 64, 512, 4096, 16384), (16, 512, 4096), (1, 4, 16, 64), (1, 3), ("float32", "bfloat16"), (2, 3)
+            (8, 64, 512, 4096, 16384),
+            (16, 512, 4096),
+            (1, 4, 16, 64),
+            (1, 3),
+            ("float32", "bfloat16"),
+            (2, 3),
         )
         cases += [Case(1024, 512, 16, 1, "float32", 2)]
     else:
@@ -154,5 +166,7 @@ def verl_target_lines(against: str, speedups: dict[Case, str], small: float | No
             )
     if small is not None:
         verdict = "**met**" if small < SMALL_CALL_SECONDS else "**missed**"
-        out.append(f"- The small call under {SMALL_CALL_SECONDS * 1e3:g} ms: {small * 1e3:.3f} ms, {verdict}.")
+        out.append(
+            f"- The small call under {SMALL_CALL_SECONDS * 1e3:g} ms: {small * 1e3:.3f} ms, {verdict}."
+        )
     return out

@@ -19,14 +19,27 @@ import statistics
 import time
 from typing import Any
 
-from .versus import ROOT, Worker, _describe, _ms
+from .tables import ms
+from .workers import ROOT, Worker, describe
 
-__all__ = ["TARGETS", "checks_cost", "checks_markdown", "kept_section", "paired", "section", "targets", "witness_grid"]
+__all__ = [
+    "TARGETS",
+    "checks_cost",
+    "checks_markdown",
+    "kept_section",
+    "paired",
+    "section",
+    "targets",
+    "witness_grid",
+]
 
 #: Each check's cost targets: case name -> (at most this many ms more, at most this ratio). Issue 38's
 #: for the witness, issue 49's for exact provenance.
 TARGETS: dict[str, dict[str, tuple[float | None, float | None]]] = {
-    "witness": {"B=8 L=16 M=4 keys=1 float32 2-D": (0.02, None), "B=1024 L=512 M=16 keys=1 float32 2-D": (None, 1.05)},
+    "witness": {
+        "B=8 L=16 M=4 keys=1 float32 2-D": (0.02, None),
+        "B=1024 L=512 M=16 keys=1 float32 2-D": (None, 1.05),
+    },
     "provenance": {
         "B=8 L=16 M=4 keys=1 float32 2-D": (0.02, 1.03),
         "B=1024 L=512 M=16 keys=1 float32 2-D": (0.02, 1.03),
@@ -61,7 +74,9 @@ def paired(pairs: list[tuple[float, float]]) -> dict[str, float]:
     }
 
 
-def checks_cost(cases: list[Any], *, rounds: int = 31, log: Any = None, provenance: bool = False) -> dict[str, Any]:
+def checks_cost(
+    cases: list[Any], *, rounds: int = 31, log: Any = None, provenance: bool = False
+) -> dict[str, Any]:
     """Each case's figures (`paired`) for the check (the witness, or with ``provenance`` exact provenance)
     and for the null pair, over ``rounds`` rounds of one worker."""
     from .contention import cores
@@ -96,13 +111,20 @@ def checks_cost(cases: list[Any], *, rounds: int = 31, log: Any = None, provenan
     finally:
         worker.close()
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    return {"check": check, "today": _describe(), "torch": torch_version, "date": date, "rounds": rounds, "rows": rows}
+    return {
+        "check": check,
+        "today": describe(),
+        "torch": torch_version,
+        "date": date,
+        "rounds": rounds,
+        "rows": rows,
+    }
 
 
 def _line(row: dict[str, Any]) -> str:
     c, z = row["check"], row["null"]
     return (
-        f"without {_ms(c['without'] / 1e3)} ms, with {_ms(c['with'] / 1e3)} ms: {c['ratio']:.3f}x, "
+        f"without {ms(c['without'] / 1e3)} ms, with {ms(c['with'] / 1e3)} ms: {c['ratio']:.3f}x, "
         f"{c['cost_ms']:+.4f} ms paired (null pair {z['ratio']:.3f}x, {z['cost_ms']:+.4f} ms)"
     )
 
@@ -113,7 +135,9 @@ def targets(results: dict[str, Any]) -> dict[str, bool]:
     return {
         r["name"]: all(
             bound is None or figure <= bound
-            for figure, bound in zip((r["check"]["cost_ms"], r["check"]["ratio"]), bounds[r["name"]], strict=True)
+            for figure, bound in zip(
+                (r["check"]["cost_ms"], r["check"]["ratio"]), bounds[r["name"]], strict=True
+            )
         )
         for r in results["rows"]
         if r["name"] in bounds
@@ -137,9 +161,13 @@ def checks_markdown(results: dict[str, Any]) -> list[str]:
     ]
     for r in results["rows"]:
         c, z, name = r["check"], r["null"], r["name"]
-        target = f"within {_target(bounds[name])}: {'met' if verdicts[name] else 'NOT met'}" if name in verdicts else ""
+        target = (
+            f"within {_target(bounds[name])}: {'met' if verdicts[name] else 'NOT met'}"
+            if name in verdicts
+            else ""
+        )
         lines.append(
-            f"| {name} | {_ms(c['without'] / 1e3)} | {_ms(c['with'] / 1e3)} | {c['ratio']:.3f}x | "
+            f"| {name} | {ms(c['without'] / 1e3)} | {ms(c['with'] / 1e3)} | {c['ratio']:.3f}x | "
             f"{c['cost_ms']:+.4f} | {z['ratio']:.3f}x, {z['cost_ms']:+.4f} ms | {target} |"
         )
     return lines
@@ -159,7 +187,7 @@ def section(results: dict[str, Any], against_verl: dict[str, Any] | None = None)
     provenance, the drop-in with every check on against verl's own function (``against_verl``: a
     ``--commit verl --checked`` run of `rebatch.bench.versus`), between its markers (`rebatch.figures`
     checks docs/witness.md against the files)."""
-    from .versus import markdown
+    from .tables import markdown
 
     begin, end = _markers(results["check"])
     pairs = [r["check"]["pairs"] for r in results["rows"]]

@@ -35,11 +35,15 @@ __all__ = ["chunk_sizes", "kernels_side_by_side", "main"]
 CASES: dict[str, list[tuple[str, Case, int | None]]] = {
     "jagged": [
         ("B=8 L=16 M=4", Case(8, 16, 4, 1, "float32", 2), None),
-        *((f"B=1024 L={n} M=16", Case(1024, n, 16, 1, "float32", 2), None) for n in (64, 128, 256, 512, 1024)),
+        *(
+            (f"B=1024 L={n} M=16", Case(1024, n, 16, 1, "float32", 2), None)
+            for n in (64, 128, 256, 512, 1024)
+        ),
         ("B=16384 L=16 M=16", Case(16384, 16, 16, 1, "float32", 2), None),
     ],
     "dense": [
-        (f"dense B=1024 [{width}] M=16", Case(1024, 1, 16, 1, "float32", 2), width) for width in (4, 16, 32, 64, 512)
+        (f"dense B=1024 [{width}] M=16", Case(1024, 1, 16, 1, "float32", 2), width)
+        for width in (4, 16, 32, 64, 512)
     ],
 }
 
@@ -73,7 +77,11 @@ def kernels_side_by_side(names: list[str], *, min_time: float = 0.3) -> list[dic
                 calls[kernel.name] = call
         seconds = median_times(calls, "cpu", min_time=min_time)
         out.append(
-            {"case": name, "seconds": seconds, "over_default": {k: s / seconds["default"] for k, s in seconds.items()}}
+            {
+                "case": name,
+                "seconds": seconds,
+                "over_default": {k: s / seconds["default"] for k, s in seconds.items()},
+            }
         )
     return out
 
@@ -110,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
-    print(f"float32, {torch.get_num_threads()} threads, torch {torch.__version__}, {torch_impl.get_settings()}")
+    print(
+        f"float32, {torch.get_num_threads()} threads, torch {torch.__version__}, {torch_impl.get_settings()}"
+    )
     for r in rows:
         times = ", ".join(f"{k} {s * 1e3:.3g} ms" for k, s in r["seconds"].items())
         ratios = ", ".join(f"{k} {v:.2f}x" for k, v in r.get("over_default", {}).items() if k != "default")

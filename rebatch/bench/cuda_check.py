@@ -159,7 +159,9 @@ def _to(outs: list[dict[str, Any]], device: str) -> list[dict[str, Any]]:
     return [{**o, "model_output": {k: v.to(device) for k, v in o["model_output"].items()}} for o in outs]
 
 
-def _with_extras(outs: list[dict[str, Any]], indices: list[list[int]]) -> tuple[list[dict[str, Any]], list[list[int]]]:
+def _with_extras(
+    outs: list[dict[str, Any]], indices: list[list[int]]
+) -> tuple[list[dict[str, Any]], list[list[int]]]:
     """A dense key in every micro-batch, and one micro-batch with no rows at the end."""
     g = torch.Generator().manual_seed(1)
     outs = [
@@ -217,7 +219,9 @@ def check(device: str, cases: list[Case], *, min_time: float = 0.2) -> list[str]
                     continue
                 for k, v in got.items():
                     if v.device.type != torch.device(device).type:
-                        failures.append(f"{case.name}, {variant}, key {k}: result on {v.device}, not {device}")
+                        failures.append(
+                            f"{case.name}, {variant}, key {k}: result on {v.device}, not {device}"
+                        )
                     diff = first_difference(v.cpu(), expected[k])
                     if diff is not None:
                         failures.append(f"{case.name}, {variant}, key {k}: {diff}")
@@ -253,7 +257,9 @@ def _device_calls(device: str) -> list[dict[str, Any]]:
         where_ok = all(
             t.device.type == (torch.device(device).type if where == "in" else where) for t in tensors_of(got)
         )
-        problem = next((d for d in diffs if d is not None), None) or (None if where_ok else "result on another device")
+        problem = next((d for d in diffs if d is not None), None) or (
+            None if where_ok else "result on another device"
+        )
         rows.append({"call": name, "kernel": path or "default", "ok": problem is None, "problem": problem})
     return rows
 
@@ -283,7 +289,9 @@ def _launches(device: str, sizes: tuple[int, ...]) -> list[dict[str, Any]]:
                     with profile(activities=[ProfilerActivity.CUDA]) as prof:
                         call()
                         torch.cuda.synchronize()
-                    measured = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+                    measured = sum(
+                        1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+                    )
                 rows.append(
                     {
                         "trainer": trainer,
@@ -416,7 +424,11 @@ def _verl_calls(device: str, sizes: tuple[int, ...], min_time: float) -> list[di
                 call = _verl_call(device, b, keys, checked)
                 call()
                 timer = benchmark.Timer(stmt="fn()", globals={"fn": call})
-                synced = timer.blocked_autorange(min_run_time=min_time).median if min_time else timer.timeit(3).median
+                synced = (
+                    timer.blocked_autorange(min_run_time=min_time).median
+                    if min_time
+                    else timer.timeit(3).median
+                )
                 issued = []
                 for _ in range(5 if min_time else 2):
                     _synchronize(device)
@@ -506,7 +518,9 @@ def _machine(device: str, min_time: float) -> dict[str, Any]:
             tiny.add_(1)
 
     def time(fn: Callable[[], Any]) -> float:
-        return float(benchmark.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_time).median)
+        return float(
+            benchmark.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_time).median
+        )
 
     copy_s, clone_s, chain_s = time(lambda: dst.copy_(src)), time(src.clone), time(chain)
     model = Model()
@@ -557,8 +571,14 @@ def _table(results: dict[str, Any]) -> list[str]:
         key = (r["trainer"], r["b"], r["keys"])
         theirs = "n/a" if r["theirs_s"] is None else f"{r['theirs_s'] * 1e3:.3f}"
         ratio = "n/a" if r["theirs_s"] is None else f"{r['theirs_s'] / r['rebatch_s']:.2f}x"
-        case = next((c for c in traces.get(r["trainer"], {}).get("cases", []) if (c["b"], c["keys"]) == key[1:]), None)
-        model = "n/a" if case is None else f"{predict(case['theirs'], fitted) / predict(case['rebatch'], fitted):.2f}x"
+        case = next(
+            (c for c in traces.get(r["trainer"], {}).get("cases", []) if (c["b"], c["keys"]) == key[1:]), None
+        )
+        model = (
+            "n/a"
+            if case is None
+            else f"{predict(case['theirs'], fitted) / predict(case['rebatch'], fitted):.2f}x"
+        )
         counted = launches.get(key)
         kernels = "n/a" if counted is None else f"{counted['traced_launches']}/{counted['measured_kernels']}"
         lines.append(
@@ -614,7 +634,9 @@ def main(argv: list[str] | None = None) -> int:
         elif name == "device_calls":
             failures += [f"{r['call']} ({r['kernel']}): {r['problem']}" for r in got if not r["ok"]]
             results[name] = {"rows": got}
-            print(f"{'ok  ' if all(r['ok'] for r in got) else 'FAIL'} device calls: {len(got)} checked on {device}")
+            print(
+                f"{'ok  ' if all(r['ok'] for r in got) else 'FAIL'} device calls: {len(got)} checked on {device}"
+            )
         else:
             results[name] = {"rows": got} if isinstance(got, list) else got
     if "machine" in results and "error" not in results["machine"]:

@@ -10,7 +10,7 @@ both are measured on this machine for each trainer's call:
 - **launches** and **reads**: the call traced on fake CUDA tensors (`property_tests.fakecuda`, that
   commit's own tracer), what stays on the host in a trainer left there.
 
-Each commit's code runs in a worker process of its own (`rebatch.bench.versus.Worker`, its ``ref``,
+Each commit's code runs in a worker process of its own (`rebatch.bench.workers.Worker`, its ``ref``,
 ``torch_impl`` and ``property_tests`` extracted from git); the harness alternates the two workers turn by
 turn (the order shuffled each round), each turn timing a number of calls of one case, and reports the
 medians and the median of the rounds' paired ratios. Both workers build the same inputs from one seed
@@ -101,7 +101,9 @@ def _batch(case: Case, seed: int = 0) -> tuple[list[int], list[list[int]], list[
     return lengths.tolist(), partitions, keys
 
 
-def _verl_data(case: Case, lengths: list[int], outs: list[dict[str, Any]], partitions: list[list[int]]) -> Any:
+def _verl_data(
+    case: Case, lengths: list[int], outs: list[dict[str, Any]], partitions: list[list[int]]
+) -> Any:
     """verl's ``data``: ``use_dynamic_bsz``, and where checked the batch's ``input_ids`` on the host,
     recorded as rebatch's split records the micro-batches it hands out (each output's keys their fields)."""
     import torch
@@ -254,7 +256,7 @@ def _worker() -> int:
 def measure(cases: tuple[Case, ...], commit: str, *, rounds: int, log: Any = None) -> dict[str, Any]:
     """Each case, today's code against ``commit``'s, alternated turn by turn: medians, paired ratio,
     launches and reads of each."""
-    from .versus import Worker, baseline_root
+    from .workers import Worker, baseline_root
 
     root = Path(__file__).resolve().parents[2]
     before = Worker(baseline_root(commit), module=_MODULE)
@@ -327,7 +329,9 @@ def _line(row: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rebatch.bench.devicepath", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m rebatch.bench.devicepath", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--commit", default=BEFORE, help=f"the older commit (default {BEFORE})")
     parser.add_argument("--rounds", type=int, default=9)

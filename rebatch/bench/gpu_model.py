@@ -70,7 +70,9 @@ class Model(NamedTuple):
 def predict(side: dict[str, Any], model: Model) -> float:
     """The model's seconds for one traced side of a case (its ``host_s``, where measured)."""
     device = (
-        side["launches"] * model.per_launch_s + side["bytes"] / model.bandwidth_bytes_s + side["syncs"] * model.sync_s
+        side["launches"] * model.per_launch_s
+        + side["bytes"] / model.bandwidth_bytes_s
+        + side["syncs"] * model.sync_s
     )
     return model.host_scale * side.get("host_s", 0.0) + device
 
@@ -503,7 +505,9 @@ def _verl_calls_section(rows: list[dict[str, Any]]) -> list[str]:
 DEVICEPATH = CALIBRATION.parent / "devicepath.json"
 
 
-def page_sources(measured: Path, calibration: Path = CALIBRATION, devicepath: Path = DEVICEPATH) -> dict[str, Any]:
+def page_sources(
+    measured: Path, calibration: Path = CALIBRATION, devicepath: Path = DEVICEPATH
+) -> dict[str, Any]:
     """`render`'s other inputs as stored (each left out where its file is missing)."""
     paths = {"measured": measured, "calibration": calibration, "devicepath": devicepath}
     return {k: json.loads(p.read_text()) for k, p in paths.items() if p.exists()}
@@ -511,10 +515,10 @@ def page_sources(measured: Path, calibration: Path = CALIBRATION, devicepath: Pa
 
 def _probe_commit(commit: str) -> dict[str, Any]:
     """`probe` run with ``commit``'s ``ref``, ``torch_impl`` and ``property_tests`` (an extract, as the
-    benchmark harness makes it: `rebatch.bench.versus.baseline_root`), in a process of its own."""
+    benchmark harness makes it: `rebatch.bench.workers.baseline_root`), in a process of its own."""
     import subprocess
 
-    from .versus import ROOT, baseline_root
+    from .workers import ROOT, baseline_root
 
     root = baseline_root(commit)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(ROOT)])}
@@ -539,7 +543,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("docs/gpu_traces.json"), help="the traces' JSON")
     parser.add_argument("--traces", type=Path, default=Path("docs/gpu_traces.json"))
     parser.add_argument("--write", type=Path, help="write the page (docs/gpu.md) from --traces")
-    parser.add_argument("--measured", type=Path, default=Path("docs/gpu_h200.json"), help="a cuda_check --out run")
+    parser.add_argument(
+        "--measured", type=Path, default=Path("docs/gpu_h200.json"), help="a cuda_check --out run"
+    )
     args = parser.parse_args(argv)
     if args.command == "probe":
         sys.stdout.write(json.dumps(probe()) + "\n")
@@ -555,7 +561,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             traced = trace_trainer(args.trainer)
         except ImportError as err:
-            print(f"{args.trainer} is not installed in this environment ({err}): nothing traced", file=sys.stderr)
+            print(
+                f"{args.trainer} is not installed in this environment ({err}): nothing traced",
+                file=sys.stderr,
+            )
             return 2
         stored = json.loads(args.out.read_text()) if args.out.exists() else {}
         stored[args.trainer] = traced

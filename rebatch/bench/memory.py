@@ -43,7 +43,8 @@ def peak_tensor_bytes(fn: Callable[[], Any], device: str = "cpu") -> int:
         result = fn()
     del result
     events = sorted(
-        (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns()
+        (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+        key=lambda e: e.start_ns(),
     )
     live = peak = 0
     for e in events:  # allocations count positive, frees negative

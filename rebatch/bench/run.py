@@ -164,7 +164,10 @@ def restore_side_by_side(rows: int, elements: int, micro_batches: int, *, seed: 
 
     want = torch_restore()
     got = interop.to_torch(jax_restore())
-    if not (torch.equal(bits(got.values()), bits(want.values())) and torch.equal(offsets_of(got), offsets_of(want))):
+    if not (
+        torch.equal(bits(got.values()), bits(want.values()))
+        and torch.equal(offsets_of(got), offsets_of(want))
+    ):
         raise AssertionError("jit(ref.restore) and torch_impl.restore differ")
     seconds = median_times({"torch_impl_restore": torch_restore, "jax_ref_restore_jit": jax_restore}, "cpu")
     return {
@@ -215,7 +218,9 @@ def _timings(fns: dict[str, Callable[[], Any]], device: str) -> dict[str, Any]:
     return out
 
 
-def measure(case: Case, device: str = "cpu", *, with_jax: bool = True, contended: bool = False) -> dict[str, Any]:
+def measure(
+    case: Case, device: str = "cpu", *, with_jax: bool = True, contended: bool = False
+) -> dict[str, Any]:
     inputs = make_inputs(case, device)
     outs, indices = inputs.output_lst, inputs.indices
     row: dict[str, Any] = {
@@ -295,7 +300,9 @@ def targets(results: dict[str, Any]) -> list[str]:
         verl_q = mid[0].get("speedup_vs_verl")
         verl_c = mid[0].get("contended", {}).get("speedup_vs_verl")
         if verl_q is None:
-            out.append("- Against verl's own `postprocess_batch_func`: verl was not importable in this run (absent).")
+            out.append(
+                "- Against verl's own `postprocess_batch_func`: verl was not importable in this run (absent)."
+            )
         else:
             out.append(
                 f"- At least 5x faster than verl's own function there, quiet: {verl_q:.1f}x, {verdict(verl_q >= 5)}."
@@ -359,13 +366,17 @@ VERL_HARNESS_NOTE = (
 def verl_targets(rows: list[dict[str, Any]]) -> list[str]:
     """The targets against verl's own function (`cases.TARGETS_VS_VERL`), the small call's time and
     peak memory against verl's, for the cases of ``rows`` that hold them."""
-    found = {c: r for c in TARGETS_VS_VERL for r in rows if r["case"] == c._asdict() and "speedup_vs_verl" in r}
+    found = {
+        c: r for c in TARGETS_VS_VERL for r in rows if r["case"] == c._asdict() and "speedup_vs_verl" in r
+    }
     if not found:
         return []
     small = next((r["seconds"]["torch_impl"] for c, r in found.items() if c.rows == 8), None)
     out = [
         VERL_HARNESS_NOTE,
-        *verl_target_lines("verl's own function", {c: f"{r['speedup_vs_verl']:.1f}x" for c, r in found.items()}, small),
+        *verl_target_lines(
+            "verl's own function", {c: f"{r['speedup_vs_verl']:.1f}x" for c, r in found.items()}, small
+        ),
     ]
     for c, r in found.items():
         peak = r["peak_extra_bytes"]
@@ -540,7 +551,9 @@ def run_bench(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m rebatch.bench.run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m rebatch.bench.run",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--grid", choices=GRIDS, default="standard")
     parser.add_argument("--device", default="cpu")
@@ -552,7 +565,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only the side-by-side row, jit(ref.restore) against torch_impl.restore (B=16384, N=2^20, M=4)",
     )
-    parser.add_argument("--contended", action="store_true", help="also time every case with one busy process per core")
+    parser.add_argument(
+        "--contended", action="store_true", help="also time every case with one busy process per core"
+    )
     args = parser.parse_args(argv)
     if args.restore_only:
         row = restore_side_by_side(*RESTORE_SIZE)

@@ -35,7 +35,9 @@ def _step(rows: int, micro_batches: int, max_len: int, device: str) -> tuple[lis
         n = sum(lens)
         offsets = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=device)
         lp = torch.nested.nested_tensor_from_jagged(torch.randn(n, generator=g).to(device), offsets)
-        ent = torch.nested.nested_tensor_from_jagged(torch.randn(n, generator=g).to(device, torch.bfloat16), offsets)
+        ent = torch.nested.nested_tensor_from_jagged(
+            torch.randn(n, generator=g).to(device, torch.bfloat16), offsets
+        )
         values = torch.randn(len(part), 4, generator=g).to(device)
         outs.append(
             {
@@ -88,7 +90,10 @@ def _measure(args: argparse.Namespace) -> int:
     call()  # warm both paths
     alone = _median(call, args.repeats)
     rows = [("verl alone", alone)]
-    for label, sample in (("shadow, unsampled calls (checks only)", 0.0), ("shadow, every call sampled", 1.0)):
+    for label, sample in (
+        ("shadow, unsampled calls (checks only)", 0.0),
+        ("shadow, every call sampled", 1.0),
+    ):
         integration.install(mode="shadow", sample=sample)
         try:
             call()  # the first call is always sampled

@@ -49,7 +49,8 @@ def _data(case: Case) -> tuple[TensorDict, list[int]]:
     offsets[1:] = torch.cumsum(torch.tensor(lengths), 0)
     n = int(offsets[-1])
     fields: dict[str, Any] = {
-        f"jagged{k}": torch.nested.nested_tensor_from_jagged(torch.randn(n), offsets) for k in range(case.keys)
+        f"jagged{k}": torch.nested.nested_tensor_from_jagged(torch.randn(n), offsets)
+        for k in range(case.keys)
     }
     fields["advantages"] = torch.randn(case.rows)
     return TensorDict(fields, batch_size=[case.rows]), lengths
@@ -57,7 +58,9 @@ def _data(case: Case) -> tuple[TensorDict, list[int]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m rebatch.bench.split", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m rebatch.bench.split",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--out", default="docs")
     args = parser.parse_args(argv)

@@ -22,26 +22,24 @@ against a same-bytes clone).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import hashlib
 import json
 import math
 import os
 import random
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .tables import markdown, row_line
+from .workers import IMPL_ENV, ROOT, Worker, baseline_root, describe, timed_alone
+
 __all__ = ["TARGETS", "kept_section", "main", "section", "targets_grid", "versus", "write_docs"]
 
-ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_COMMIT = "3c468db6"
 
 
@@ -66,7 +64,9 @@ def _inputs(case: Any, seed: int = 0) -> tuple[list[dict[str, Any]], list[list[i
     outs: list[dict[str, Any]] = [{"model_output": {}, "loss": torch.tensor(0.0)} for _ in indices]
     wholes = []
     for k in range(case.keys):
-        values = torch.randn((int(offsets[-1]), *feature), generator=torch.Generator().manual_seed(seed + k)).to(dtype)
+        values = torch.randn(
+            (int(offsets[-1]), *feature), generator=torch.Generator().manual_seed(seed + k)
+        ).to(dtype)
         wholes.append(values)
         for o, part in zip(outs, indices, strict=True):
             rows = np.asarray(part, dtype=np.int64)
@@ -114,7 +114,9 @@ def _witness_data(case: Any, seed: int = 0, *, witness: bool = True) -> Any:
     )
     from tensordict import NonTensorData
 
-    return TensorDict({"input_ids" if witness else "ids": ids, "use_dynamic_bsz": NonTensorData(True)}, batch_size=[])
+    return TensorDict(
+        {"input_ids" if witness else "ids": ids, "use_dynamic_bsz": NonTensorData(True)}, batch_size=[]
+    )
 
 
 def _provenanced_data(case: Any, outs: list[Any], indices: Any) -> Any:
@@ -139,17 +141,8 @@ def _clones(wholes: list[Any]) -> list[Any]:
     return [w.clone() for w in wholes]
 
 
-def _timed_alone(fn: Callable[[], Any]) -> float:
-    """Seconds of one call of ``fn``, after the C heap's free pages go back to the kernel."""
-    from .memory import release_free_memory
-
-    release_free_memory()
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-def _worker() -> int:
+# Complex by design: one branch for each command of the worker protocol.
+def _worker() -> int:  # noqa: C901
     """Serve the harness: ``setup`` (a case: inputs built, a warm-up call, the result's digest),
     ``time`` (``n`` calls of ``impl`` or ``clone``, each timed alone after returning the C heap's free
     pages; with ``core``, the calling thread on that core alone meanwhile), ``pair`` (``n`` pairs of
@@ -188,12 +181,18 @@ def _worker() -> int:
             case = Case(*msg["case"])
             outs, indices, wholes = _inputs(case)
             data = data_of(case)
-            if msg.get("checked"):  # the same data to both: rebatch's recorded by a split, which verl's ignores
+            if msg.get(
+                "checked"
+            ):  # the same data to both: rebatch's recorded by a split, which verl's ignores
                 data = (
-                    _witness_data(case) if os.environ.get(IMPL_ENV) == VERL else _provenanced_data(case, outs, indices)
+                    _witness_data(case)
+                    if os.environ.get(IMPL_ENV) == VERL
+                    else _provenanced_data(case, outs, indices)
                 )
             fns["impl"] = functools.partial(call, outs, indices, data)
-            fns["witnessed"] = functools.partial(torch_impl.postprocess_batch_func, outs, indices, _witness_data(case))
+            fns["witnessed"] = functools.partial(
+                torch_impl.postprocess_batch_func, outs, indices, _witness_data(case)
+            )
             fns["unwitnessed"] = functools.partial(
                 torch_impl.postprocess_batch_func, outs, indices, _witness_data(case, witness=False)
             )
@@ -218,7 +217,7 @@ def _worker() -> int:
         elif msg["cmd"] == "time":
             fn = fns[msg["fn"]]
             with on_core(msg.get("core")):
-                times = [_timed_alone(fn) for _ in range(msg["n"])]
+                times = [timed_alone(fn) for _ in range(msg["n"])]
             reply = {"times": times}
         elif msg["cmd"] == "pair":  # two functions call by call, each pair in a shuffled order
             pair = [fns[name] for name in msg["fns"]]
@@ -227,7 +226,7 @@ def _worker() -> int:
             with on_core(msg.get("core")):
                 for _ in range(msg["n"]):
                     for k in rng.sample((0, 1), 2):
-                        paired[k].append(_timed_alone(pair[k]))
+                        paired[k].append(timed_alone(pair[k]))
             reply = {"times": paired}
         elif msg["cmd"] == "quit":
             return 0
@@ -240,88 +239,6 @@ def _worker() -> int:
 
 # ---------------------------------------------------------------------------------------------------
 # The harness.
-
-
-#: The worker's implementation: unset, ``torch_impl``'s drop-in; ``verl``, verl's own function.
-IMPL_ENV = "REBATCH_VERSUS_IMPL"
-
-
-class Worker:
-    """One worker process with ``ref``/``torch_impl`` from ``root``; ``verl``: its ``impl`` is verl's own
-    ``postprocess_batch_func`` instead of rebatch's drop-in; ``module``: the worker's module (its
-    ``--worker`` serves the harness: `rebatch.bench.devicepath` has its own)."""
-
-    def __init__(self, root: Path, *, verl: bool = False, module: str = "rebatch.bench.versus") -> None:
-        env = dict(os.environ)
-        env.pop(IMPL_ENV, None)
-        if verl:
-            env[IMPL_ENV] = "verl"
-        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([str(root), str(ROOT)]))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", module, "--worker"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-            text=True,
-            cwd=root,  # ``-m`` puts the working directory first on sys.path
-        )
-        self.root = root
-
-    def ask(self, **msg: Any) -> dict[str, Any]:
-        assert self.proc.stdin is not None
-        assert self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps(msg) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"worker exited with {self.proc.wait()}")
-        reply: dict[str, Any] = json.loads(line)
-        if "error" in reply:
-            raise RuntimeError(reply["error"])
-        return reply
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(RuntimeError, BrokenPipeError, json.JSONDecodeError):
-                self.ask(cmd="quit")
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            if pipe is not None:
-                pipe.close()
-
-
-def baseline_root(commit: str) -> Path:
-    """An extract of ``ref``, ``torch_impl`` and ``property_tests`` at ``commit`` (cached under
-    ``.cache/baseline-<commit>``). Extracted into a scratch folder beside it and renamed into place, so
-    a process that finds the folder finds it whole, also while another extracts the same commit (CI's
-    test lanes run side by side in one checkout): the first rename wins, the other extract is dropped."""
-    full = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--verify", f"{commit}^{{commit}}"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    folder = ROOT / ".cache" / f"baseline-{full[:7]}"
-    if folder.exists():
-        return folder
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", full, "ref", "torch_impl", "property_tests"],
-        check=True,
-        capture_output=True,
-    ).stdout
-    scratch = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
-    try:
-        subprocess.run(["tar", "-x", "-C", str(scratch)], input=archive, check=True)
-        with contextlib.suppress(OSError):  # another process renamed its extract there first
-            scratch.rename(folder)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)  # gone already where the rename took it
-    return folder
 
 
 def _medians(
@@ -427,14 +344,16 @@ def versus(
                 raise AssertionError(f"{case.name}: the baseline's result and today's differ")
             first = {"baseline": a["first"], "today": b["first"]}
             row: dict[str, Any] = {"case": case._asdict(), "name": case.name, "elements": case.elements}
-            timing = functools.partial(_medians, fns, first, min_time=min_time, rounds=rounds, seed=i, cores=cores())
+            timing = functools.partial(
+                _medians, fns, first, min_time=min_time, rounds=rounds, seed=i, cores=cores()
+            )
             row["quiet"] = timing()
             if contended:
                 with busy_processes():
                     row["contended"] = timing()
             rows.append(row)
             if log is not None:
-                print(f"[{time.perf_counter() - start:6.0f}s] {_line(row)}", file=log, flush=True)
+                print(f"[{time.perf_counter() - start:6.0f}s] {row_line(row)}", file=log, flush=True)
     finally:
         base.close()
         today.close()
@@ -444,7 +363,7 @@ def versus(
         commit = f"verl {importlib.metadata.version('verl')}"
     return {
         "commit": commit,
-        "today": _describe(),
+        "today": describe(),
         "torch": a["torch"] if cases else None,
         "checked": checked,
         "busy_processes": core_count() if contended else 0,
@@ -452,147 +371,6 @@ def versus(
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "rows": rows,
     }
-
-
-def _describe() -> str:
-    """This checkout's commit, with ``+changes`` where its libraries differ from it."""
-    head = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
-    dirty = subprocess.run(
-        ["git", "-C", str(ROOT), "diff", "--quiet", "HEAD", "--", "ref", "torch_impl"], capture_output=True
-    ).returncode
-    return (head or "unknown") + ("+changes" if dirty else "")
-
-
-def _ms(s: float) -> str:
-    return f"{s * 1e3:.3g}"
-
-
-def _ratios(s: dict[str, float]) -> tuple[float, float]:
-    """``baseline / today`` and ``today / clone``: the paired medians where the run has them."""
-    if "speedup" in s and "vs_clone" in s:
-        return s["speedup"], s["vs_clone"]
-    return s["baseline"] / s["today"], s["today"] / s["clone"]
-
-
-def _line(row: dict[str, Any]) -> str:
-    q = row["quiet"]
-    text = f"{row['name']}: {_ms(q['baseline'])} / {_ms(q['today'])} ms = {_ratios(q)[0]:.2f}x"
-    if "contended" in row:
-        text += f", contended {_ratios(row['contended'])[0]:.2f}x"
-    return text
-
-
-def markdown(results: dict[str, Any]) -> list[str]:
-    contended = any("contended" in r for r in results["rows"])
-    head = "| case | baseline ms | today ms | clone ms | baseline / today | today / clone |"
-    sep = "|---|---|---|---|---|---|"
-    if contended:
-        head += " contended: baseline ms | today ms | clone ms | baseline / today | today / clone |"
-        sep += "---|---|---|---|---|"
-    lines = [head, sep]
-    for r in results["rows"]:
-        q = r["quiet"]
-        sp, cl = _ratios(q)
-        line = f"| {r['name']} | {_ms(q['baseline'])} | {_ms(q['today'])} | {_ms(q['clone'])} | {sp:.2f}x | {cl:.2f} |"
-        if "contended" in r:
-            c = r["contended"]
-            csp, ccl = _ratios(c)
-            line += f" {_ms(c['baseline'])} | {_ms(c['today'])} | {_ms(c['clone'])} | {csp:.2f}x | {ccl:.2f} |"
-        lines.append(line)
-    return [*lines, "", *targets(results)]
-
-
-def targets(results: dict[str, Any]) -> list[str]:
-    """Issue 25's items 2 and 3, each with its figure from ``results``, met / missed."""
-
-    def verdict(ok: bool) -> str:
-        return "**met**" if ok else "**missed**"
-
-    def pick(rows: int, length: int, mbs: int, keys: int) -> dict[str, Any] | None:
-        for r in results["rows"]:
-            c = r["case"]
-            if (c["rows"], c["mean_length"], c["micro_batches"], c["keys"], c["dtype"], c["ndim"]) == (
-                rows,
-                length,
-                mbs,
-                keys,
-                "float32",
-                2,
-            ):
-                return r
-        return None
-
-    def both(r: dict[str, Any], fig: Callable[[dict[str, float]], float], fmt: str) -> str:
-        text = "quiet " + fmt.format(fig(r["quiet"]))
-        if "contended" in r:
-            text += ", contended " + fmt.format(fig(r["contended"]))
-        return text
-
-    def worst(r: dict[str, Any], fig: Callable[[dict[str, float]], float], low: bool = True) -> float:
-        vals = [fig(r[k]) for k in ("quiet", "contended") if k in r]
-        return min(vals) if low else max(vals)
-
-    if results["commit"].startswith("verl"):
-        return verl_targets(results, pick)
-    out = []
-    small = pick(8, 16, 4, 1)
-    if small:
-        ms = small["quiet"]["today"] * 1e3
-        out.append(
-            f"- Fixed cost at B=8, L=16, M=4, one key, at most 0.2 ms quiet: {ms:.3f} ms "
-            f"(the commit's {small['quiet']['baseline'] * 1e3:.3f} ms), {verdict(ms <= 0.2)}"
-            + (
-                f"; a turn's first call, just after the other worker's turn: {small['quiet']['today_first'] * 1e3:.3f} ms "
-                f"(the commit's {small['quiet']['baseline_first'] * 1e3:.3f} ms)."
-                if "today_first" in small["quiet"]
-                else "."
-            )
-        )
-    speed = lambda s: _ratios(s)[0]  # noqa: E731
-    for args, want in (((1024, 512, 64, 5), 2.0), ((1024, 512, 16, 1), 1.5)):
-        r = pick(*args)
-        if r:
-            x = worst(r, speed)
-            out.append(
-                f"- At least {want}x faster than the commit at B={args[0]}, L={args[1]}, M={args[2]}, "
-                f"{args[3]} key{'s' if args[3] > 1 else ''}: {both(r, speed, '{:.2f}x')}, {verdict(x >= want)}."
-            )
-    rows = results["rows"]
-    if rows:
-        slow = min(rows, key=lambda r: worst(r, speed))
-        x = worst(slow, speed)
-        out.append(
-            f"- Never slower than the commit ({len(rows)} cases, quiet"
-            f"{' and contended' if any('contended' in r for r in rows) else ''}): slowest {x:.2f}x "
-            f"({slow['name']}), {verdict(x >= 1.0)}."
-        )
-    from .cases import LARGE_ELEMENTS
-
-    large = [r for r in rows if r["elements"] >= LARGE_ELEMENTS]
-    if large:
-        clone = lambda s: _ratios(s)[1]  # noqa: E731
-        far = max(large, key=lambda r: worst(r, clone, low=False))
-        x = worst(far, clone, low=False)
-        out.append(
-            f"- Within 1.5x of a same-bytes clone at >= 64M output elements ({len(large)} cases; "
-            f"worst {far['name']}): {both(far, clone, '{:.2f}x')}, {verdict(x <= 1.5)}."
-        )
-    return out
-
-
-def verl_targets(results: dict[str, Any], pick: Callable[..., Any]) -> list[str]:
-    """The speed targets against verl's own function (`rebatch.bench.cases.TARGETS_VS_VERL`) and the
-    small call's time, each with its figure from ``results``."""
-    from .cases import TARGETS_VS_VERL, verl_target_lines
-
-    found = {c: r for c in TARGETS_VS_VERL if (r := pick(c.rows, c.mean_length, c.micro_batches, c.keys))}
-    speedups = {
-        c: ", ".join(f"{k} {_ratios(r[k])[0]:.2f}x" for k in ("quiet", "contended") if k in r) for c, r in found.items()
-    }
-    small = next((r["quiet"]["today"] for c, r in found.items() if c.rows == 8), None)
-    return verl_target_lines(f"{results['commit']}'s own function", speedups, small)
 
 
 BEGIN, END = "<!-- versus: written by python -m rebatch.bench.versus -->", "<!-- /versus -->"
@@ -672,7 +450,11 @@ def copy_section(copy: dict[str, Any], small: dict[str, Any]) -> str:
         "paired ratios, which cancel it).",
     ]
     for run, python in ((copy, ""), (small, " (verl's pins, `.venv-pins/bin/python`)")):
-        lines += ["", f"Torch {run['torch']}{python}, {run['date']}, today {run['today']}:", f"`{run['command']}`"]
+        lines += [
+            "",
+            f"Torch {run['torch']}{python}, {run['date']}, today {run['today']}:",
+            f"`{run['command']}`",
+        ]
         lines += ["", *markdown(run)]
     return "\n".join([*lines, COPY_END]) + "\n"
 
@@ -694,16 +476,22 @@ def write_docs(results: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m rebatch.bench.versus", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m rebatch.bench.versus",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--commit", default=DEFAULT_COMMIT, help="a commit, or verl: verl's own function (pins env)")
+    parser.add_argument(
+        "--commit", default=DEFAULT_COMMIT, help="a commit, or verl: verl's own function (pins env)"
+    )
     parser.add_argument(
         "--grid",
         default=TARGETS,
         help="targets (issue 25's cases), acceptance (the standard grid and the targets), or a grid of rebatch.bench.cases",
     )
-    parser.add_argument("--contended", action="store_true", help="also time every case with one busy process per core")
+    parser.add_argument(
+        "--contended", action="store_true", help="also time every case with one busy process per core"
+    )
     parser.add_argument(
         "--checked",
         action="store_true",
@@ -713,7 +501,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--docs", help="put the results into this markdown file's side-by-side section")
     parser.add_argument(
-        "--witness", action="store_true", help="the alignment witness's cost instead: with it against without, paired"
+        "--witness",
+        action="store_true",
+        help="the alignment witness's cost instead: with it against without, paired",
     )
     parser.add_argument(
         "--provenance",
@@ -727,7 +517,9 @@ def main(argv: list[str] | None = None) -> int:
         from .checkcost import checks_cost, checks_markdown, witness_grid
 
         results = checks_cost(witness_grid(), rounds=args.rounds, log=sys.stderr, provenance=args.provenance)
-        results["command"] = "python -m rebatch.bench.versus " + " ".join(argv if argv is not None else sys.argv[1:])
+        results["command"] = "python -m rebatch.bench.versus " + " ".join(
+            argv if argv is not None else sys.argv[1:]
+        )
         print("\n".join(checks_markdown(results)))
         if args.out:
             Path(args.out).write_text(json.dumps(results, indent=1))
@@ -748,7 +540,9 @@ def main(argv: list[str] | None = None) -> int:
     results = versus(
         cases, args.commit, contended=args.contended, rounds=args.rounds, log=sys.stderr, checked=args.checked
     )
-    results["command"] = "python -m rebatch.bench.versus " + " ".join(argv if argv is not None else sys.argv[1:])
+    results["command"] = "python -m rebatch.bench.versus " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
     print("\n".join(markdown(results)))
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))

@@ -314,7 +314,9 @@ def _plain(x: Any) -> Any:
     return x
 
 
-def _log_probs(worker: Any, batch: Any, recorder: Recorder, phase: str) -> tuple[dict[str, Any], torch.Tensor]:
+def _log_probs(
+    worker: Any, batch: Any, recorder: Recorder, phase: str
+) -> tuple[dict[str, Any], torch.Tensor]:
     """``RayPPOTrainer._compute_old_log_prob``'s steps 1-5 around ``ActorRolloutRefWorker.compute_log_prob``."""
     from verl.utils import tensordict_utils as tu
     from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
@@ -380,10 +382,17 @@ def _bindings() -> dict[str, str]:
 
 def run(args: argparse.Namespace) -> int:
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    for name, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
+    for name, value in (
+        ("RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("LOCAL_RANK", "0"),
+        ("MASTER_ADDR", "127.0.0.1"),
+    ):
         os.environ.setdefault(name, value)  # verl's Worker reads them; torchrun sets them for world size 2
     os.environ.setdefault("MASTER_PORT", str(args.port))
-    os.environ["VERL_ENGINE_DEVICE"] = "cuda"  # picks the FSDP engine class (registered for cuda and npu only)
+    os.environ["VERL_ENGINE_DEVICE"] = (
+        "cuda"  # picks the FSDP engine class (registered for cuda and npu only)
+    )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
@@ -397,7 +406,9 @@ def run(args: argparse.Namespace) -> int:
 
         # TrainingWorker's initialize_global_process_group_ray would ask for "cpu:gloo,cpu:gloo" (the device's
         # backend beside gloo for cpu), which torch refuses: the group is started first, as verl then skips it
-        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))  # a stuck rank fails, not hangs
+        dist.init_process_group(
+            "gloo", timeout=datetime.timedelta(seconds=120)
+        )  # a stuck rank fails, not hangs
     verl_postprocess = engine_utils.postprocess_batch_func
     if args.mode == "install":
         from torch_impl.integrations import verl as integration
@@ -405,13 +416,21 @@ def run(args: argparse.Namespace) -> int:
         integration.install()
         if args.unbind:
             fsdp.postprocess_batch_func = verl_postprocess  # rebatch's binding left out of the engine module
-    record: dict[str, Any] = {"mode": args.mode, "rank": rank, "world": world, "bindings": _bindings(), "runs": {}}
+    record: dict[str, Any] = {
+        "mode": args.mode,
+        "rank": rank,
+        "world": world,
+        "bindings": _bindings(),
+        "runs": {},
+    }
     results: dict[str, Any] = {}
     started = time.perf_counter()
     runs: list[tuple[str, Config, str | None]] = []
     if not args.only_inject:
         runs += [(c.name, c, None) for c in CONFIGS]
-    if world == 1 and not args.no_inject:  # an injected rank raising alone would leave its peers in verl's collectives
+    if (
+        world == 1 and not args.no_inject
+    ):  # an injected rank raising alone would leave its peers in verl's collectives
         runs += [(f"inject-{kind}", _config(INJECT_AT[kind]), kind) for kind in INJECTIONS]
     if args.only:
         runs = [r for r in runs if r[0] in args.only.split(",")]
@@ -464,7 +483,9 @@ def _shadow_counts() -> dict[str, int] | None:
     return {k: stats[k] for k in ("calls", "sampled", "differences", "defects", "errors")}
 
 
-def _run_config(model_path: str, config: Config, rank: int, world: int, inject: str | None) -> tuple[Any, Any]:
+def _run_config(
+    model_path: str, config: Config, rank: int, world: int, inject: str | None
+) -> tuple[Any, Any]:
     """One configuration (a fresh worker): log-probs, two PPO updates, log-probs; with ``inject``, the
     first log-prob pass only, misaligned. Returns (the results compared bit for bit, what happened)."""
     torch.manual_seed(0)
@@ -504,13 +525,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="the directory for rank-R.pt and rank-R.json")
     parser.add_argument(
-        "--mode", choices=MODES, default="off", help="for the record (the environment does the work) but install"
+        "--mode",
+        choices=MODES,
+        default="off",
+        help="for the record (the environment does the work) but install",
     )
     parser.add_argument("--no-inject", action="store_true", help="run no injected misalignment")
     parser.add_argument("--only-inject", action="store_true", help="run the injected misalignments only")
     parser.add_argument("--unbind", action="store_true", help="the negative control (with --mode install)")
-    parser.add_argument("--only", help="comma-separated run names (a configuration or inject-KIND): these alone")
-    parser.add_argument("--expect", choices=("caught",), help="exit 1 unless every injection raised MisalignmentError")
+    parser.add_argument(
+        "--only", help="comma-separated run names (a configuration or inject-KIND): these alone"
+    )
+    parser.add_argument(
+        "--expect", choices=("caught",), help="exit 1 unless every injection raised MisalignmentError"
+    )
     parser.add_argument("--port", type=int, default=29533, help="MASTER_PORT for world size 1")
     return run(parser.parse_args(argv))
 

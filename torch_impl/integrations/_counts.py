@@ -56,14 +56,20 @@ class Counts(Counters):
 
         return counted
 
-    def _count(self, name: str, args: Any, kwargs: Any, rows: Rows | None, before: int, *, error: bool) -> None:
+    def _count(
+        self, name: str, args: Any, kwargs: Any, rows: Rows | None, before: int, *, error: bool
+    ) -> None:
         n = 0
         if rows is not None:
             try:
                 n = int(rows(*args, **kwargs))
-            except Exception as err:  # an input too broken to count its rows: counted; said once unless refused
+            except (
+                Exception
+            ) as err:  # an input too broken to count its rows: counted; said once unless refused
                 refused = " (a refused call)" if error else ""
-                self._said(f"rows of {name}{refused}", f"cannot count the rows of a call of {name}", err, quiet=error)
+                self._said(
+                    f"rows of {name}{refused}", f"cannot count the rows of a call of {name}", err, quiet=error
+                )
         with self.lock:
             c = self.by_name.setdefault(name, dict.fromkeys(FIELDS, 0))
             c["calls"] += 1
@@ -71,7 +77,9 @@ class Counts(Counters):
             c["keys_witnessed"] += keys_witnessed_here() - before
             c["errors"] += error
             calls = c["calls"]
-        if self.file is not None and (error or int(calls) & (int(calls) - 1) == 0):  # an error, or a power of two
+        if self.file is not None and (
+            error or int(calls) & (int(calls) - 1) == 0
+        ):  # an error, or a power of two
             self.write_report()
 
     def write_report(self) -> None:
@@ -81,9 +89,12 @@ class Counts(Counters):
             self._said("report", f"cannot write the on-mode report {self.report}", err)
 
     def _said(self, reason: str, what: str, err: Exception, *, quiet: bool = False) -> None:
-        """``err`` caught for ``reason``: counted (`caught`), said once unless ``quiet`` (the call's error says it)."""
+        """``err`` caught for ``reason``: counted (`caught`), said once unless ``quiet`` (the call's error
+        says it)."""
         if self.caught(reason) and not quiet:
-            logging.getLogger("rebatch").warning(f"rebatch: {self.trainer}: {what}: {type(err).__name__}: {err}")
+            logging.getLogger("rebatch").warning(
+                f"rebatch: {self.trainer}: {what}: {type(err).__name__}: {err}"
+            )
 
     def stats(self, json_path: str | None = None) -> dict[str, Any]:
         """Totals over every name and ``"by_name"`` (each: `FIELDS`, and shadow's counters at 0), with

@@ -53,7 +53,9 @@ def write_private(path: str, data: bytes) -> None:
         raise
 
 
-def save_dump(path: str, *, trainer: str, version: str | None, function: str, inputs: Mapping[str, Any]) -> None:
+def save_dump(
+    path: str, *, trainer: str, version: str | None, function: str, inputs: Mapping[str, Any]
+) -> None:
     """Save a step: ``{"format": DUMP_FORMAT, "trainer", "trainer_version", "function", "inputs"}`` (the
     function's arguments by name, as plain lists, dicts, tensors and TensorDicts), with `write_private`."""
     import torch
@@ -101,7 +103,9 @@ def _final_reports() -> None:
         try:
             counters.write_report()
         except Exception as err:  # at exit: said once a report, never a traceback
-            log.warning(f"rebatch: {counters.trainer}: cannot write {counters.report}: {type(err).__name__}: {err}")
+            log.warning(
+                f"rebatch: {counters.trainer}: cannot write {counters.report}: {type(err).__name__}: {err}"
+            )
 
 
 class Counters:

@@ -94,7 +94,9 @@ class Integration:
         self.carry = carry
         self.describe = describe or self._describe
         self.patcher = Patcher(trainer, self._patch_table)
-        self.lock = self.patcher.lock  # one lock (a forked child finds it free: `rebatch_startup.ForkSafeLock`)
+        self.lock = (
+            self.patcher.lock
+        )  # one lock (a forked child finds it free: `rebatch_startup.ForkSafeLock`)
         #: The counters of the last install (`Shadow` or `Counts`; kept after `uninstall`, for `stats`).
         self.kept: Shadow | Counts | None = None
         #: ``(version read, row used, mode)`` of the install in force, else None.
@@ -105,7 +107,8 @@ class Integration:
         return f"rebatch: {self.trainer} {version}: rebatch {how} {self.label}'s {names}"
 
     def _row_of(self, version: str | None) -> str:
-        """The release whose table applies to ``version`` (default: the installed one; another: the newest)."""
+        """The release whose table applies to ``version`` (default: the installed one; another: the
+        newest)."""
         if version is None:
             version = self.versions.installed()
         return version if version in self.versions.rows else self.versions.fallback
@@ -141,7 +144,9 @@ class Integration:
         table: dict[tuple[str, str], Any] = {}
         saved = threading.Event()  # on mode: the first call of any name with a saver is dumped
         for r in self.table(row):
-            where = ProcessFile(dump) if dump and r.dumped is not None else None  # a forked child: its own file
+            where = (
+                ProcessFile(dump) if dump and r.dumped is not None else None
+            )  # a forked child: its own file
             save = None if where is None else functools.partial(self._dump_to, r.name, where)
             if isinstance(kept, Shadow):
                 table[r.module, r.name] = _shadowed(kept, r, save)
@@ -254,7 +259,7 @@ class _WitnessSettings:
         self.base: tuple[bool, frozenset[Any]] = (True, frozenset())
 
     def push(self, owner: Integration, on: bool | None, unbound: Iterable[Any] | None) -> None:
-        from .._witness import set_witness
+        from .._switch import set_witness
 
         with self.lock:
             previous = set_witness(on, unbound=unbound)  # checks ``on`` first: nothing pushed if refused
@@ -262,7 +267,7 @@ class _WitnessSettings:
             self.stack.append((owner, on, None if unbound is None else frozenset(unbound)))
 
     def drop(self, owner: Integration) -> None:
-        from .._witness import set_witness
+        from .._switch import set_witness
 
         with self.lock:
             if any(o is owner for o, _, _ in self.stack):
@@ -305,7 +310,9 @@ def _observed(theirs: Callable[..., Any], observe: Callable[..., None]) -> Calla
     return observed
 
 
-def _saving_first(ours: Callable[..., Any], save: Callable[..., None], saved: threading.Event) -> Callable[..., Any]:
+def _saving_first(
+    ours: Callable[..., Any], save: Callable[..., None], saved: threading.Event
+) -> Callable[..., Any]:
     """``ours``, saving the first call's arguments (of the install: ``saved``) with ``save``."""
 
     @functools.wraps(ours)

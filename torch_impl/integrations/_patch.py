@@ -69,7 +69,11 @@ class Versions(Generic[R]):
             return version, self.rows[version]
         from ref.errors import UnsupportedSettingError
 
-        found = f"{self.distribution} {version}" if version else f"{self.distribution} (version unknown: no metadata)"
+        found = (
+            f"{self.distribution} {version}"
+            if version
+            else f"{self.distribution} (version unknown: no metadata)"
+        )
         supported = ", ".join(self.rows)
         if not force:
             raise UnsupportedSettingError(
@@ -225,7 +229,9 @@ class _AfterImport(importlib.abc.MetaPathFinder):
             return None
         from rebatch_startup._hooks import spec_around
 
-        spec: importlib.machinery.ModuleSpec | None = spec_around(self, fullname, path, target, after=self._then)
+        spec: importlib.machinery.ModuleSpec | None = spec_around(
+            self, fullname, path, target, after=self._then
+        )
         return spec
 
 

@@ -99,7 +99,9 @@ class Shadow(Counters):
         trainer: str = "verl",
         version: str | None = None,
     ) -> None:
-        if not isinstance(sample, int | float) or not (sample == 0 or 2**-62 <= sample <= 1):  # 1 / sample: finite
+        if not isinstance(sample, int | float) or not (
+            sample == 0 or 2**-62 <= sample <= 1
+        ):  # 1 / sample: finite
             raise UnsupportedSettingError(f"sample must be 0 or a fraction in [2**-62, 1], got {sample!r}")
         if on_defect not in ("log", "raise"):
             raise UnsupportedSettingError(f"on_defect must be 'log' or 'raise', got {on_defect!r}")
@@ -157,13 +159,17 @@ class Shadow(Counters):
         if isinstance(failure, DEFECTS):
             self._count(name, defects=1)
             keys = _keys(site.keys_of, args, kwargs)
-            misaligned = f"{trainer}'s result of this step is misaligned{keys} (rebatch refuses its input, {why})"
+            misaligned = (
+                f"{trainer}'s result of this step is misaligned{keys} (rebatch refuses its input, {why})"
+            )
             self._say(logging.ERROR, name, n, misaligned)
             self._first_bad(site, args, kwargs)
         else:
             self._count(name, errors=1)
             if self.caught(f"{name}: {type(failure).__name__}"):
-                self._say(logging.WARNING, name, n, f"rebatch raised {why} (recorded; {trainer}'s result returned)")
+                self._say(
+                    logging.WARNING, name, n, f"rebatch raised {why} (recorded; {trainer}'s result returned)"
+                )
         self.write_report()
 
     def _after(self, site: _Site, n: int, mine: Any, result: Any, args: Any, kwargs: Any) -> None:
@@ -172,7 +178,10 @@ class Shadow(Counters):
         if why is not None:
             self._count(site.name, differences=1)
             self._say(
-                logging.ERROR, site.name, n, f"rebatch and {self.trainer} differ (rebatch vs {self.trainer}): {why}"
+                logging.ERROR,
+                site.name,
+                n,
+                f"rebatch and {self.trainer} differ (rebatch vs {self.trainer}): {why}",
             )
             self._first_bad(site, args, kwargs)
         self.write_report()

@@ -37,8 +37,8 @@ from .._entry import entry
 from .._layouts import scatter_padded
 from .._parts import DensePart, check_parts
 from .._permutation import check_permutation, invert
+from .._switch import witness_config
 from .._tally import skipped
-from .._witness import witness_config
 from ._integration import Installed, Integration, Replaced
 from ._patch import Versions
 
@@ -82,11 +82,13 @@ def _boundaries(sizes: Sequence[int], row_lengths: Sequence[int], perm: Sequence
         if k >= len(ends) or ends[k] != done:
             if done > total:
                 raise PartitionMismatchError(
-                    f"micro-batch {m}: the outputs hold {done} values up to here, but output_seqlens add up to {total}"
+                    f"micro-batch {m}: the outputs hold {done} values up to here, but output_seqlens add up "
+                    f"to {total}"
                 )
             raise PartitionMismatchError(
                 f"micro-batch {m}: its output ends at value {done}, inside row {perm[k - 1]} "
-                f"(forward_indices[{k - 1}], values {ends[k - 1]} to {ends[k]}): a micro-batch must hold whole rows"
+                f"(forward_indices[{k - 1}], values {ends[k - 1]} to {ends[k]}): a micro-batch must hold "
+                "whole rows"
             )
         counts.append(max(k, counts[-1] if counts else 0))
     if done != total:
@@ -137,7 +139,10 @@ def check_reorder_and_pad_outputs(
 
 
 def _checked(
-    outputs: list[torch.Tensor], output_seqlens: list[int], mb_list: Any, aggregate_fn: Callable[[list[Any]], Any]
+    outputs: list[torch.Tensor],
+    output_seqlens: list[int],
+    mb_list: Any,
+    aggregate_fn: Callable[[list[Any]], Any],
 ) -> tuple[list[int], torch.Tensor, list[int], list[DensePart] | None]:
     """The checks of a call: ``(seqlens, the permutation, the lengths in its order, each micro-batch's
     part)`` (no parts for another ``aggregate_fn``)."""
@@ -153,7 +158,9 @@ def _checked(
         raise UnsupportedSettingError(f"outputs must be a non-empty list, got {type(outputs).__name__}")
     order = perm.tolist()
     in_order = [seqlens[i] for i in order]
-    parts = _packed_parts(outputs) if aggregate_fn is torch.cat else None  # another aggregate_fn: its own inputs
+    parts = (
+        _packed_parts(outputs) if aggregate_fn is torch.cat else None
+    )  # another aggregate_fn: its own inputs
     _check_micro_batches(mb_list, in_order, order, None if parts is None else [p.rows for p in parts])
     counts = _boundaries([p.rows for p in parts], in_order, order) if parts is not None else [b]
     inv = invert(perm)
@@ -167,7 +174,9 @@ def _checked(
     return list(seqlens), perm, in_order, parts
 
 
-def _check_micro_batches(mb_list: Any, in_order: list[int], order: list[int], sizes: list[int] | None) -> None:
+def _check_micro_batches(
+    mb_list: Any, in_order: list[int], order: list[int], sizes: list[int] | None
+) -> None:
     """The alignment witness AReaL's call holds (``docs/witness.md``): each micro-batch's own ``cu_seqlens``
     (``mb_list.mbs[m]["cu_seqlens"]``: its rows' lengths as the model saw them, in ``forward_indices``
     order) against ``output_seqlens`` in that order, and each output's size (``sizes``, packed values)
@@ -211,28 +220,31 @@ def _check_micro_batches(mb_list: Any, in_order: list[int], order: list[int], si
         if n != want:
             m = bisect.bisect_right(at, k) - 1
             raise MisalignmentError(
-                f"micro-batch {m}, position {k - at[m]}: mb_list.mbs[{m}]['cu_seqlens'] gives a row of {n} tokens, "
-                f"but forward_indices[{k}] = {order[k]} puts original row {order[k]} there, whose output_seqlens "
-                f"is {want} (forward_indices is not the order the micro-batches were built in; switch the check "
-                "off: REBATCH_WITNESS=off)"
+                f"micro-batch {m}, position {k - at[m]}: mb_list.mbs[{m}]['cu_seqlens'] gives a row of {n} "
+                f"tokens, but forward_indices[{k}] = {order[k]} puts original row {order[k]} there, whose "
+                f"output_seqlens is {want} (forward_indices is not the order the micro-batches were built "
+                "in; switch the check off: REBATCH_WITNESS=off)"
             )
     assert sizes is not None
     for m, (n, total) in enumerate(zip(sizes, totals.tolist(), strict=True)):
         if n != total:
             raise MisalignmentError(
-                f"micro-batch {m}: its output holds {n} values, but mb_list.mbs[{m}]['cu_seqlens'] gives {total} "
-                "tokens (the outputs are not in the order of the micro-batches; switch the check off: "
-                "REBATCH_WITNESS=off)"
+                f"micro-batch {m}: its output holds {n} values, but mb_list.mbs[{m}]['cu_seqlens'] gives "
+                f"{total} tokens (the outputs are not in the order of the micro-batches; switch the check "
+                "off: REBATCH_WITNESS=off)"
             )
 
 
 def _packed_parts(outputs: Sequence[Any]) -> list[DensePart]:
-    """Each micro-batch's output, a dense tensor ``[n_m, *F]``, all of one dtype, device and trailing shape."""
+    """Each micro-batch's output, a dense tensor ``[n_m, *F]``, all of one dtype, device and trailing
+    shape."""
     parts = check_parts(list(outputs))
     dense = [p for p in parts if isinstance(p, DensePart)]
     if len(dense) != len(parts):
         m = next(m for m, p in enumerate(parts) if not isinstance(p, DensePart))
-        raise ShapeMismatchError(f"micro-batch {m}: AReaL's outputs are packed [n, *F] tensors, got a nested tensor")
+        raise ShapeMismatchError(
+            f"micro-batch {m}: AReaL's outputs are packed [n, *F] tensors, got a nested tensor"
+        )
     return dense
 
 
@@ -240,7 +252,8 @@ def _aggregated(res: Any, total: int) -> torch.Tensor:
     """What another ``aggregate_fn`` returned: one packed tensor ``[total, *F]``."""
     if not isinstance(res, torch.Tensor) or res.is_nested or res.dim() < 1:
         raise UnsupportedSettingError(
-            f"aggregate_fn must return one packed tensor [N, *F] for rebatch to reorder, got {type(res).__name__}"
+            "aggregate_fn must return one packed tensor [N, *F] for rebatch to reorder, got "
+            f"{type(res).__name__}"
         )
     if int(res.shape[0]) != total:
         raise PartitionMismatchError(
@@ -267,7 +280,9 @@ def _dumped(outputs: Any, output_seqlens: Any, mb_list: Any, aggregate_fn: Any =
             "backward_indices": list(getattr(mb_list, "backward_indices", None) or []),
             "mbs": [{"cu_seqlens": mb.get("cu_seqlens")} if isinstance(mb, Mapping) else {} for mb in mbs],
         },
-        "aggregate_fn": None if aggregate_fn in (None, torch.cat) else getattr(aggregate_fn, "__qualname__", "?"),
+        "aggregate_fn": None
+        if aggregate_fn in (None, torch.cat)
+        else getattr(aggregate_fn, "__qualname__", "?"),
     }
 
 

@@ -31,8 +31,8 @@ from ref.structure import misalignment, witness_binds
 from .._entry import entry
 from .._permutation import check_permutation, invert
 from .._postprocess import check_batch_func, postprocess_batch
+from .._switch import witness_config
 from .._tally import skipped
-from .._witness import witness_config
 from ._counts import rows_of_partitions
 from ._integration import Installed, Integration, Replaced
 from ._patch import Versions
@@ -74,7 +74,8 @@ def _real(batches: Sequence[Any], partitions: Sequence[Any], padding: int, what:
         raise PartitionMismatchError("Cannot reorder an empty list of microbatches.")
     if len(real) != len(partitions):
         raise PartitionMismatchError(
-            f"{len(real)} micro-batch {what} (after {padding} padding ones) for {len(partitions)} micro-batches"
+            f"{len(real)} micro-batch {what} (after {padding} padding ones) for {len(partitions)} "
+            "micro-batches"
         )
     return real
 
@@ -148,7 +149,9 @@ def _items_restored(self: Any, batches: Sequence[Sequence[Any]]) -> list[Any]:
     widest = max([len(p) for p in partitions] + [1 if padding else 0])
     flat: list[Any] = []
     for m, (part, items) in enumerate(zip(partitions, batches, strict=False)):
-        if len(items) != len(part) and not (len(items) == widest and all(_empty(x) for x in items[len(part) :])):
+        if len(items) != len(part) and not (
+            len(items) == widest and all(_empty(x) for x in items[len(part) :])
+        ):
             raise PartitionMismatchError(
                 f"micro-batch {m}: {len(items)} items, but its partition has {len(part)} indices"
             )

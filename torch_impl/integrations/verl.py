@@ -115,7 +115,8 @@ class Plan(NamedTuple):
         if self.row != self.verl:
             verl += f", treated as {self.row}"
         rules = "".join(
-            f"; {name} with {', '.join(f'{k}={v!r}' for k, v in kw.items())}" for name, kw in self.bound.items()
+            f"; {name} with {', '.join(f'{k}={v!r}' for k, v in kw.items())}"
+            for name, kw in self.bound.items()
         )
         return (
             f"rebatch: {verl}: rebatch {how} verl's {', '.join(self.replaced) or 'nothing'}{rules}; "
@@ -179,7 +180,9 @@ def _portable(data: Any) -> Any:
 
     if not isinstance(data, TensorDictBase):
         return data
-    enums = [(k, v.data) for k, v in data.non_tensor_items() if isinstance(getattr(v, "data", None), enum.Enum)]
+    enums = [
+        (k, v.data) for k, v in data.non_tensor_items() if isinstance(getattr(v, "data", None), enum.Enum)
+    ]
     if not enums:
         return data
     copied = data.copy()
