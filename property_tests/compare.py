@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from torch_impl import _compare
-from torch_impl._compare import bits
+from torch_impl import testing
+from torch_impl.testing import bits
 
 __all__ = ["bits", "cached_sizes", "observed_difference", "same_tensor", "assert_same", "first_difference"]
 
@@ -61,14 +61,14 @@ def observed_difference(a: torch.Tensor, b: torch.Tensor) -> str | None:
 
 def same_tensor(a: torch.Tensor, b: torch.Tensor) -> str | None:
     """`torch_impl._compare.same_tensor` with `observed_difference`."""
-    return _compare.same_tensor(a, b, consumer=observed_difference)
+    return testing.same_tensor(a, b, consumer=observed_difference)
 
 
 def first_difference(a: Any, b: Any) -> str | None:
     """`torch_impl._compare.first_difference` with `observed_difference`."""
-    return _compare.first_difference(a, b, consumer=observed_difference)
+    return testing.first_difference(a, b, consumer=observed_difference)
 
 
 def assert_same(a: Any, b: Any) -> None:
     """`torch_impl._compare.assert_same` with `observed_difference`."""
-    _compare.assert_same(a, b, consumer=observed_difference)
+    testing.assert_same(a, b, consumer=observed_difference)

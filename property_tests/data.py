@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from torch_impl._jagged import njt, seqlens_of
+from torch_impl.testing import njt, seqlens_of
 
 __all__ = ["DTYPES", "ListModel", "jagged", "offsets_of", "random_tensor", "rows_of"]
 

@@ -35,7 +35,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
-from torch_impl import _kernels
+from torch_impl.testing import kernel_choices
 
 from .data import offsets_of
 from .nondeterministic import Op, refusal, switch
@@ -172,7 +172,9 @@ class FakeCuda(TorchDispatchMode):
         self.allocations = 0
         self.kernels: list[str] = []
         self._indexing = _Indexing()
-        self._choose = _kernels.choose
+        self._choices: Any = (
+            None  # the kernel-choice hook, while inside (`torch_impl.testing.kernel_choices`)
+        )
         #: id(fake) -> (the fake, its shadow: the same computation on real host tensors)
         self._shadows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         #: id(element) -> the group of the tensor it was taken from (``unbind``, ``select``), for `Trace.syncs`
@@ -217,7 +219,8 @@ class FakeCuda(TorchDispatchMode):
                 self.shadow(f, r)
 
     def __enter__(self) -> FakeCuda:
-        _kernels.choose = self._chosen
+        self._choices = kernel_choices(self.record_kernel)
+        self._choices.__enter__()
         self.fake.__enter__()
         super().__enter__()
         self._indexing.__enter__()
@@ -227,10 +230,10 @@ class FakeCuda(TorchDispatchMode):
         self._indexing.__exit__(*exc)
         super().__exit__(*exc)
         self.fake.__exit__(*exc)
-        _kernels.choose = self._choose
+        self._choices.__exit__(*exc)
 
-    def _chosen(self, plan: Any) -> Any:
-        kernel = self._choose(plan)
+    def record_kernel(self, plan: Any, kernel: Any) -> Any:
+        """Record the kernel a key takes (`kernels`), and take it."""
         self.kernels.append(kernel.name)
         return kernel
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_impl._jagged import njt, seqlens_of
+from torch_impl.testing import njt, seqlens_of
 
 from .data import offsets_of
 

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from torch_impl._jagged import njt
+from torch_impl.testing import njt
 
 from .baseline import verl_postprocess_batch_func
 from .compare import assert_same
@@ -402,7 +402,7 @@ def hostile_data_rejected(drawn: tuple[HostileData, MicrobatchOutputs]) -> None:
     None with `UnsupportedSettingError` naming its type, on a valid call. (``data`` is verl's argument: the
     reference has no such argument; its settings are keywords, checked by `malformed_rejected_alike`.)"""
     import torch_impl
-    from torch_impl._postprocess import check_batch_func
+    from torch_impl.testing import check_batch_func
 
     case, call = drawn
     for fn in (torch_impl.postprocess_batch_func, check_batch_func):

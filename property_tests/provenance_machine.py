@@ -31,7 +31,7 @@ import torch_impl
 from ref import PADDING
 from ref.errors import MisalignmentError, RebatchError
 from ref.provenance import Carried
-from torch_impl._postprocess import check_batch_func
+from torch_impl.testing import check_batch_func
 
 from .baseline import verl_postprocess_batch_func
 from .compare import first_difference

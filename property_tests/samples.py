@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from torch_impl._jagged import njt
+from torch_impl.testing import njt
 
 from .data import from_rows, jagged, rows_of
 from .metric import FakeMetric

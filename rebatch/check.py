@@ -25,8 +25,7 @@ from property_tests.compare import same_tensor
 from property_tests.data import rows_of
 from ref.errors import MisalignmentError, RebatchError
 from torch_impl import postprocess_batch_func, read_setting, witness_stats
-from torch_impl._postprocess import check_batch_func
-from torch_impl.integrations._files import DUMP_FORMAT
+from torch_impl.testing import DUMP_FORMAT, check_batch_func
 
 __all__ = ["DUMP_GLOBALS", "DumpError", "UnsafeDumpError", "first_bad_row", "run_check"]
 

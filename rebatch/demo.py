@@ -19,7 +19,7 @@ from tensordict import NonTensorData, TensorDict
 
 from property_tests.models import stand_in_model
 from torch_impl import balanced_partitions, prepare_micro_batches
-from torch_impl._jagged import njt
+from torch_impl.testing import njt
 
 __all__ = ["RLStep", "grpo_lengths", "make_step"]
 

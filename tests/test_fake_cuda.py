@@ -18,6 +18,7 @@ from property_tests.fakecuda import FakeCuda, Trace, fake_like
 from property_tests.kernels import ANYWHERE, KERNELS, forced
 from ref.errors import UnsupportedSettingError
 from torch_impl._jagged import cached_seqlens
+from torch_impl.testing import kernel_choices
 
 #: The host-device synchronisations each call makes by design (all others: none).
 DOCUMENTED_SYNCS = {
@@ -45,18 +46,13 @@ def meta_kernels(name: str, b: int) -> list[str] | None:
     call, _ = CALLS[name](
         lambda x: tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, x), b
     )
-    original = fc._choose
-    from torch_impl import _kernels
-
-    _kernels.choose = fc._chosen
     try:
-        call()
+        with kernel_choices(fc.record_kernel):
+            call()
     except torch_impl.errors.UnsupportedSettingError as err:
         if "meta" not in str(err):
             raise
         return None
-    finally:
-        _kernels.choose = original
     return fc.kernels
 
 

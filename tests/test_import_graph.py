@@ -118,3 +118,31 @@ def test_the_families_of_defects_do_not_import_the_table() -> None:
     assert set(families) - {"property_tests.defects._core"} <= graph["property_tests.defects"]
     for name in families:
         assert "property_tests.defects" not in graph[name], name
+
+
+def test_the_kit_and_the_tool_import_torch_impl_public_names_only() -> None:
+    """`property_tests` and `rebatch` import ``torch_impl``'s public modules and names only (its testing
+    namespace, `torch_impl.testing`, where they need helpers); the mutation kit, which mutates private
+    modules, is the one exception (issue 58)."""
+    exempt = {"property_tests.mutants"}
+    found = []
+    for name, (path, _) in _modules(("property_tests", "rebatch")).items():
+        if name in exempt:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+                names: list[str] = []
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                modules = [node.module or ""]
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            for module in modules:
+                if not module.startswith("torch_impl"):
+                    continue
+                private = [p for p in module.split(".") if p.startswith("_")]
+                private += [n for n in names if n.startswith("_")]
+                if private:
+                    found.append(f"{name}: {module} {names}")
+    assert not found, found

@@ -12,7 +12,7 @@ import torch
 
 from ref import errors
 from ref.provenance import Provenance
-from torch_impl._jagged import njt
+from torch_impl.testing import njt
 
 from ..data import jagged, offsets_of
 

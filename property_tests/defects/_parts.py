@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 
 from ref import errors as E
-from torch_impl._jagged import njt
+from torch_impl.testing import njt
 
 from ..data import from_rows, jagged, offsets_of, rows_of
 from ._core import (

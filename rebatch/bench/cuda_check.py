@@ -56,6 +56,7 @@ import torch
 import torch_impl
 from property_tests.baseline import verl_postprocess_batch_func
 from property_tests.compare import first_difference
+from torch_impl.testing import PHASES, phase_seconds
 
 from .cases import Case, make_inputs
 from .run import median_times
@@ -343,51 +344,6 @@ def _timings(device: str, sizes: tuple[int, ...], min_time: float) -> list[dict[
     return rows
 
 
-#: Where each phase of a call begins, as `_phases` times it: its checks (the witness's one read
-#: included), its plan, its data moved, its results built.
-PHASES = ("check", "plan", "move", "result")
-
-
-@contextlib.contextmanager
-def _phases() -> Iterator[dict[str, float]]:
-    """Within the block, the host seconds a call spends in each of `PHASES`, summed over its calls: the
-    plan (`torch_impl._plan.plan_key`), the move (each kernel's run) and the result (each result's
-    nested tensor, `torch_impl._jagged.result_njt`) timed around them, the check the rest of
-    ``_checked_plans``. The functions are wrapped where the pipeline calls them, and restored after."""
-    import time
-
-    from torch_impl import _kernels, _postprocess
-
-    spent = dict.fromkeys(("checked_plans", "plan", "move", "result"), 0.0)
-
-    def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                spent[name] += time.perf_counter() - start
-
-        return wrapper
-
-    saved = (_postprocess._checked_plans, _postprocess.plan_key, _postprocess.move, _kernels.result_njt)
-    _postprocess._checked_plans = timed("checked_plans", saved[0])
-    _postprocess.plan_key = timed("plan", saved[1])
-    _postprocess.move = timed("move", saved[2])
-    _kernels.result_njt = timed("result", saved[3])
-    phases: dict[str, float] = {}
-    try:
-        yield phases
-    finally:
-        _postprocess._checked_plans, _postprocess.plan_key, _postprocess.move, _kernels.result_njt = saved
-        phases.update(
-            check=spent["checked_plans"] - spent["plan"],
-            plan=spent["plan"],
-            move=spent["move"] - spent["result"],
-            result=spent["result"],
-        )
-
-
 def _verl_call(device: str, b: int, keys: int, checked: bool) -> Callable[[], Any]:
     """verl's call of `rebatch.bench.devicepath`'s inputs (every key of a micro-batch on its one offsets
     tensor) on ``device``; ``checked``: ``data`` holding the batch's ``input_ids`` on the host (as verl's
@@ -410,7 +366,7 @@ def _synchronize(device: str) -> None:
 def _verl_calls(device: str, sizes: tuple[int, ...], min_time: float) -> list[dict[str, Any]]:
     """What a verl user runs, plain and checked, at each B with one and five keys: the synchronised time
     (`torch.utils.benchmark`) beside the host's issue time (until the call returns, the device idle
-    before it), the host seconds of each phase (`PHASES`), the synchronisations of a warm call (0 plain,
+    before it), the host seconds of each phase (`torch_impl.testing.PHASES`), the synchronisations of a warm call (0 plain,
     at most 1 checked), and one call profiled (its wall time against its kernels' summed time, and
     their number)."""
     import time
@@ -436,7 +392,7 @@ def _verl_calls(device: str, sizes: tuple[int, ...], min_time: float) -> list[di
                     call()
                     issued.append(time.perf_counter() - start)
                 _synchronize(device)
-                with _phases() as phases:
+                with phase_seconds() as phases:
                     call()
                     _synchronize(device)
                 with _syncs(device) as found:

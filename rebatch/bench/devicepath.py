@@ -117,7 +117,7 @@ def _verl_data(
     ids = torch.zeros(sum(lengths), dtype=torch.int64, device="cpu")
     entries["input_ids"] = torch_impl.from_packed(ids, lengths)
     data = TensorDict(entries, batch_size=[])
-    from torch_impl._provenance import record
+    from torch_impl.testing import record
 
     fields = [dict(o["model_output"]) for o in outs]
     micro_batches = [TensorDict(f, batch_size=[len(p)]) for f, p in zip(fields, partitions, strict=True)]

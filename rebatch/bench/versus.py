@@ -125,7 +125,7 @@ def _provenanced_data(case: Any, outs: list[Any], indices: Any) -> Any:
     output on its micro-batch's offsets, so every output is proven by its nested ints."""
     from tensordict import TensorDict
 
-    from torch_impl._provenance import record
+    from torch_impl.testing import record
 
     data = _witness_data(case)
     micro_batches = []
