@@ -85,7 +85,8 @@ def _dense_again(result: Any, output_lst: Any) -> Any:
 
 @contextlib.contextmanager
 def use_candidate(spec: str | Callable[..., Any]) -> Iterator[Callable[..., Any]]:
-    """Within the block, the properties call the candidate wherever they call ``torch_impl.postprocess_batch``."""
+    """Within the block, the properties call the candidate wherever they call
+    ``torch_impl.postprocess_batch``."""
     candidate = load_candidate(spec)
     with mock.patch.object(properties_mod, "torch_postprocess", candidate):
         yield candidate

@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _peer(name: str, args: argparse.Namespace) -> int:
-    """A trainer's report: differential, properties, defects, speed; exit 1 on a difference or a failed property."""
+    """A trainer's report: differential, properties, defects, speed; exit 1 on a difference or a failed
+    property."""
     import json
 
     from .peer_report import measure
@@ -100,7 +101,8 @@ def _peer(name: str, args: argparse.Namespace) -> int:
     report = measure(name, cases=args.cases, max_examples=args.max_examples)
     diff = report["differential"]
     print(
-        f"{report['label']}: {diff['cases']} valid calls, {len(diff['differences'])} differences from rebatch's drop-in"
+        f"{report['label']}: {diff['cases']} valid calls, {len(diff['differences'])} differences from "
+        "rebatch's drop-in"
     )
     for line in diff["differences"][:5]:
         print(f"  {line}")
@@ -109,7 +111,8 @@ def _peer(name: str, args: argparse.Namespace) -> int:
     for d in report["defects"]:
         limit = f" (known limit: {d['limit']})" if d.get("limit") else ""
         print(
-            f"  {d['name']:<40} {d['source']:<6} {report['label']}: {d['theirs']:<32} rebatch: {d['ours']}{limit}"
+            f"  {d['name']:<40} {d['source']:<6} {report['label']}: {d['theirs']:<32} rebatch: "
+            f"{d['ours']}{limit}"
         )
     for sp in report["speed"]:
         print(

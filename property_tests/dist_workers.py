@@ -1,7 +1,8 @@
 """Worker processes for the multi-rank tests (importable, so ``torch.multiprocessing`` can spawn them).
 
 Each rank takes its shard of one deterministic global batch, makes data-parallel micro-batches, runs a
-stand-in model (`property_tests.models`: element-wise, so any batching gives the same rows), reassembles, gathers, broadcasts,
+stand-in model (`property_tests.models`: element-wise, so any batching gives the same rows), reassembles,
+gathers, broadcasts,
 and checks every result against the single-process answer; a mismatch raises in the worker.
 """
 
@@ -69,7 +70,8 @@ _thread_store: Any = None
 
 
 def init_group(rank: int, world: int, port: int, timeout_s: float) -> None:
-    """Join rank ``rank`` of ``world`` to a gloo group on ``port`` (or the threaded group of `run_in_threads`)."""
+    """Join rank ``rank`` of ``world`` to a gloo group on ``port`` (or the threaded group of
+    `run_in_threads`)."""
     if _thread_store is not None:
         dist.init_process_group(
             "threaded",

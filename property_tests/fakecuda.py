@@ -177,7 +177,8 @@ class FakeCuda(TorchDispatchMode):
         )
         #: id(fake) -> (the fake, its shadow: the same computation on real host tensors)
         self._shadows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        #: id(element) -> the group of the tensor it was taken from (``unbind``, ``select``), for `Trace.syncs`
+        # : id(element) -> the group of the tensor it was taken from (``unbind``, ``select``), for
+        # `Trace.syncs`
         self._unbound: dict[int, tuple[int, torch.Tensor]] = {}
         self._read_groups: list[int] = []
         self._sources: dict[int, tuple[int, torch.Tensor]] = {}  # id(tensor) -> (its group, the tensor)

@@ -2,7 +2,8 @@
 
 ``python -m property_tests.fuzz --minutes N`` shares the budget between the properties and runs each in
 rounds of examples until its share is spent; the
-round under way when the share runs out ends at its next example (so the budget holds). Hypothesis's example database lives in
+round under way when the share runs out ends at its next example (so the budget holds). Hypothesis's example
+database lives in
 ``.hypothesis/fuzz-db`` (``REBATCH_FUZZ_DB`` overrides), so a failure found once is replayed first
 next time. On a failure it prints the shrunk example and the ``@reproduce_failure`` blob and exits 1.
 The same properties run under HypoFuzz (``hypothesis fuzz property_tests/test_properties.py``).
@@ -89,8 +90,9 @@ def fuzz(minutes: float, *, only: list[str] | None = None, out: Any = None) -> i
                 print(f"FAILED {name} after {counter[0]} examples:", file=out)
                 traceback.print_exc(file=out)
                 print(
-                    "Reproduce: the failing example is saved in the database above and replays first on the next run;"
-                    " the @reproduce_failure line printed by Hypothesis above pins it in a test.",
+                    "Reproduce: the failing example is saved in the database above and replays first on "
+                    "the next run; the @reproduce_failure line printed by Hypothesis above pins it in a "
+                    "test.",
                     file=out,
                 )
                 break
@@ -98,7 +100,8 @@ def fuzz(minutes: float, *, only: list[str] | None = None, out: Any = None) -> i
                 print("\n".join(map(str, lines)), file=out)
         elapsed = time.perf_counter() - start
         print(
-            f"{'FAIL' if failed else 'ok  '} {name:<36} {counter[0]:>7} examples  {counter[0] / elapsed:8.1f} examples/s  ({elapsed:.0f} s)",
+            f"{'FAIL' if failed else 'ok  '} {name:<36} {counter[0]:>7} examples  "
+            f"{counter[0] / elapsed:8.1f} examples/s  ({elapsed:.0f} s)",
             file=out,
             flush=True,
         )

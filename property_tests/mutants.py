@@ -166,7 +166,8 @@ def run_mutant(name: str, *, max_examples: int = 200) -> tuple[bool, str]:
             except Exception as err:
                 return (
                     True,
-                    f"{prop_name}: {type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''}",
+                    f"{prop_name}: {type(err).__name__}: "
+                    f"{str(err).splitlines()[0][:120] if str(err) else ''}",
                 )
     return False, f"survived {len(DIFFERENTIAL)} properties x {max_examples} examples"
 

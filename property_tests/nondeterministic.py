@@ -1,4 +1,5 @@
-"""The operations torch documents as nondeterministic on CUDA, as data: what ``torch.use_deterministic_algorithms(
+"""The operations torch documents as nondeterministic on CUDA, as data: what
+``torch.use_deterministic_algorithms(
 True)`` (verl's ``enable_full_determinism`` sets it) refuses on a GPU, and what it swaps for a deterministic
 algorithm there.
 

@@ -53,7 +53,8 @@ class NotExpressible(Exception):
 
 
 class NativeDefect(NamedTuple):
-    """A bad input in a trainer's own form: ``attempt(functions)`` calls the trainer-signature functions on it."""
+    """A bad input in a trainer's own form: ``attempt(functions)`` calls the trainer-signature functions on
+    it."""
 
     name: str
     what: str
@@ -77,7 +78,8 @@ class Peer(NamedTuple):
     native_defects: Callable[[], tuple[NativeDefect, ...]]
     #: (output_lst, partitions) of one jagged key -> (function name, its arguments): for timing the call alone
     native: Callable[[Any, Any], tuple[str, tuple[Any, ...]]]
-    #: whether the trainer's call can carry an alignment witness (the batch's row lengths, `run`'s ``witness``)
+    # : whether the trainer's call can carry an alignment witness (the batch's row lengths, `run`'s
+    # ``witness``)
     witnessed: bool = True
     #: whether the trainer's call can carry rebatch's split's provenance (`run`'s ``provenance``, as
     #: ``torch_impl.recorded(batch)``): verl's, whose ``data`` is the batch the split recorded; AReaL's and

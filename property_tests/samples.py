@@ -59,7 +59,8 @@ HOLE_DEFECTS: list[tuple[list[int], list[int], str]] = [
 
 
 def holed_tensor(offsets: list[int], lengths: list[int]) -> torch.Tensor:
-    """The nested tensor of a `HOLE_DEFECTS` row: rows of ``torch.arange(10.0)`` at ``offsets``, ``lengths`` long."""
+    """The nested tensor of a `HOLE_DEFECTS` row: rows of ``torch.arange(10.0)`` at ``offsets``, ``lengths``
+    long."""
     return njt(torch.arange(10.0), torch.tensor(offsets), torch.tensor(lengths))
 
 

@@ -133,7 +133,8 @@ def jagged_batches(
 
 
 class Partitions(NamedTuple):
-    """``parts[m]`` lists the original row indices of micro-batch ``m``; together a permutation of ``range(num_rows)``."""
+    """``parts[m]`` lists the original row indices of micro-batch ``m``; together a permutation of
+    ``range(num_rows)``."""
 
     parts: list[list[int]]
     num_rows: int
@@ -297,7 +298,8 @@ DEFECTS: dict[str, Defect] = postprocess_defects()
 
 
 class Drawing:
-    """The `property_tests.defects.Chooser` that draws every choice (so Hypothesis explores and shrinks it)."""
+    """The `property_tests.defects.Chooser` that draws every choice (so Hypothesis explores and shrinks
+    it)."""
 
     def __init__(self, draw: st.DrawFn) -> None:
         self.draw = draw
@@ -375,7 +377,8 @@ class TensorDictBatch(NamedTuple):
 def tensordict_batches(
     draw: st.DrawFn, *, min_rows: int = 0, max_rows: int = 10, min_length: int = 0, max_length: int = 8
 ) -> TensorDictBatch:
-    """TensorDicts of ``min_rows..max_rows`` rows of ``min_length..max_length`` tokens (zero-length rows included)."""
+    """TensorDicts of ``min_rows..max_rows`` rows of ``min_length..max_length`` tokens (zero-length rows
+    included)."""
     from tensordict import NonTensorStack, TensorDict
 
     _check_bounds("rows", min_rows, max_rows)
@@ -519,7 +522,8 @@ def hostile_indices(
     """A valid dynamic-batch call (`microbatch_outputs`, every partition non-empty) with one partition
     replaced by a hostile type: on torch's ``meta`` device (`UnsupportedSettingError`), a NumPy object
     array with an entry that is not an integer, a string or long-double array (`NotAPermutationError`), or
-    a sequence whose ``len()`` lies, 10**9 rows included (`PartitionMismatchError`, nothing allocated by it)."""
+    a sequence whose ``len()`` lies, 10**9 rows included (`PartitionMismatchError`, nothing allocated by
+    it)."""
     _check_bounds("rows", min_rows, max_rows, floor=1)
     _check_bounds("micro_batches", min_micro_batches, max_micro_batches, floor=1)
     base = draw(
@@ -544,7 +548,8 @@ def hostile_indices(
 
 
 class HostileData(NamedTuple):
-    """A ``data`` argument of verl's ``postprocess_batch_func`` that is not a TensorDict, a mapping or None."""
+    """A ``data`` argument of verl's ``postprocess_batch_func`` that is not a TensorDict, a mapping or
+    None."""
 
     name: str
     error: type[errors.RebatchError]
@@ -583,7 +588,8 @@ def fixed_length_steps(
 ) -> VerlStep:
     """`verl_step`\\ s whose rows all have one drawn length (fixed-length data: SFT packed or truncated to one
     length, reward-model batches), where no row length tells two rows apart; split into at least two
-    micro-batches, by a token budget (``dynamic``) or in fixed-size chunks (``dynamic=False``; None: either)."""
+    micro-batches, by a token budget (``dynamic``) or in fixed-size chunks (``dynamic=False``; None:
+    either)."""
     _check_bounds("rows", min_rows, max_rows, floor=2)
     b = draw(st.integers(min_rows, max_rows))
     length = draw(st.integers(1, max(max_length, 1)))

@@ -4,7 +4,8 @@ rebatch activated as a user does (``REBATCH=on``, ``REBATCH=shadow:1`` or off), 
 the test to compare bit for bit.
 
 - ``areal``: AReaL 1.0.4's own ``FSDPEngine`` (``areal.engine.fsdp_engine``) on the CPU over gloo (world
-  size 1, or each rank of ``torch.distributed.run`` with its own rows, its result in ``OUT.rankR``): ``forward_batch`` (log-probs: its micro-batch split, the model, ``reorder_and_pad_outputs``),
+  size 1, or each rank of ``torch.distributed.run`` with its own rows, its result in ``OUT.rankR``):
+  ``forward_batch`` (log-probs: its micro-batch split, the model, ``reorder_and_pad_outputs``),
   two ``train_batch`` steps (its loss path, optimizer step), ``forward_batch`` again.
 - ``skyrl``: SkyRL 0.4.0's ``TokenBasedBatchIterator`` over a ``TrainingInputBatch`` built as its trainer
   builds one, each micro-batch through the model's forward as its worker's ``_forward_backward_micro``
@@ -15,7 +16,8 @@ the test to compare bit for bit.
 ``--dtype bfloat16``: the model computes in bf16 (AReaL: its engine's ``dtype``, fp32 master weights).
 ``--swap M,N``: the outputs of micro-batches ``M`` and ``N`` swapped inside the loop (a well-formed
 misalignment); the result records what the restore step did with it. Run as ``python -m
-property_tests.trainer_steps TRAINER MODEL OUT [--swap M,N]``; ``build_model(path)`` writes the model. Nothing here is imported by rebatch itself.
+property_tests.trainer_steps TRAINER MODEL OUT [--swap M,N]``; ``build_model(path)`` writes the model. Nothing
+here is imported by rebatch itself.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ ROWS = 24
 
 
 def build_model(path: str) -> None:
-    """The tiny random ``Qwen2ForCausalLM`` (hidden 64, 2 layers, vocab 512) saved with ``save_pretrained``."""
+    """The tiny random ``Qwen2ForCausalLM`` (hidden 64, 2 layers, vocab 512) saved with
+    ``save_pretrained``."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)

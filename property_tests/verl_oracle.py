@@ -175,7 +175,8 @@ def _rows(x: torch.Tensor, rows: list[int]) -> torch.Tensor:
 
 
 def make_data(settings: dict[str, Any], **fields: Any) -> Any:
-    """A TensorDict (verl's ``data`` is never None) holding ``fields`` and ``settings`` as ``NonTensorData``."""
+    """A TensorDict (verl's ``data`` is never None) holding ``fields`` and ``settings`` as
+    ``NonTensorData``."""
     from tensordict import NonTensorData, TensorDict
 
     batch = [int(next(iter(fields.values())).shape[0])] if fields else []

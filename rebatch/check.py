@@ -41,7 +41,8 @@ def first_bad_row(got: Any, want: torch.Tensor) -> tuple[int | None, str]:
     if got.is_nested != want.is_nested or got.dtype != want.dtype:
         return (
             0,
-            f"layout or dtype differs: {got.dtype} nested={got.is_nested} vs {want.dtype} nested={want.is_nested}",
+            f"layout or dtype differs: {got.dtype} nested={got.is_nested} vs {want.dtype} "
+            f"nested={want.is_nested}",
         )
     g, w = rows_of(got.detach()), rows_of(want.detach())
     bad = [i for i, (a, b) in enumerate(zip(g, w, strict=False)) if same_tensor(a, b) is not None]
@@ -178,7 +179,8 @@ def witness_rates(
     no data moved): ``trials`` of each of `MISALIGNMENTS` (a random permutation cut into the step's
     micro-batch sizes; two positions of the flattened indices swapped; the same for two rows of one
     prompt's group, ``step.responses`` consecutive rows, the blind spot's worst case (responses truncated
-    at the cap have equal lengths); two micro-batches of equal size swapped in ``output_lst``). A miss must be a misalignment that moves rows only among rows of equal
+    at the cap have equal lengths); two micro-batches of equal size swapped in ``output_lst``). A miss must be
+    a misalignment that moves rows only among rows of equal
     length (``missed_equal_lengths``); a miss that is not, or a catch where every length agrees, is
     ``unexplained`` (a defect of rebatch). ``proven``: ``step`` was split by rebatch's split (its
     provenance recorded): every misalignment must be caught, whatever the lengths (a miss is
@@ -233,7 +235,8 @@ def witness_rates(
 #: storages, nested (jagged) tensors, tensordict's TensorDict and non-tensor data, and the containers they
 #: use, and the dynamic-dimension marks of a tensor. Found by saving real-shaped verl, AReaL and SkyRL
 #: steps (torch 2.9.1 and 2.13, tensordict 0.10 and 0.15) and the dump verl's own FSDP engine leaves
-#: (``tests/test_verl_engine.py``), and reading the globals their pickles name (``tests/test_trust_files.py``).
+# : (``tests/test_verl_engine.py``), and reading the globals their pickles name
+# (``tests/test_trust_files.py``).
 DUMP_GLOBALS = frozenset(
     {
         "collections.OrderedDict",
@@ -493,7 +496,8 @@ def _print_report(report: dict[str, Any], out: TextIO) -> None:  # noqa: C901
         for name, c in info.items():
             if name.startswith("vs_") and c is not None and not c["agree"]:
                 print(
-                    f"    {name.removeprefix('vs_')}: key {key!r} first differs at original row {c['first_bad_row']}: {c['detail']}",
+                    f"    {name.removeprefix('vs_')}: key {key!r} first differs at original row "
+                    f"{c['first_bad_row']}: {c['detail']}",
                     file=out,
                 )
     if "candidate_error" in report:
@@ -510,14 +514,15 @@ def _print_report(report: dict[str, Any], out: TextIO) -> None:  # noqa: C901
     if "witness" in report:
         w = report["witness"]["stats"]
         print(
-            f"  alignment witness (data['input_ids']): {w['calls']} calls, {w['keys_witnessed']} keys witnessed, "
-            f"{w['keys_unbound']} left unbound, {w['calls_binding_nothing']} binding nothing",
+            f"  alignment witness (data['input_ids']): {w['calls']} calls, {w['keys_witnessed']} keys "
+            f"witnessed, {w['keys_unbound']} left unbound, {w['calls_binding_nothing']} binding nothing",
             file=out,
         )
         for kind, c in report["witness"]["caught"].items():
             print(
                 f"    {kind}: caught {c['caught']} of {c['trials']}; missed {c['missed']} "
-                f"({c['missed_equal_lengths']} only among rows of equal length, {c['unexplained']} unexplained)",
+                f"({c['missed_equal_lengths']} only among rows of equal length, {c['unexplained']} "
+                "unexplained)",
                 file=out,
             )
     for step, rates in report.get("provenance", {}).items():

@@ -26,9 +26,9 @@ def _parser() -> argparse.ArgumentParser:
         "check",
         help="verify reassembly bit for bit on an embedded RL step or a dump",
         description="With no arguments: build a realistic RL step (256 prompts x 8 responses, long-tailed lengths), "
-        "split it under a token budget, run a stand-in model, reassemble with torch_impl and verify it against "
-        "the original rows, the JAX reference and a per-row baseline. Exit 0 when all agree, 1 on a mismatch, "
-        "2 for an unusable dump.",
+        "split it under a token budget, run a stand-in model, reassemble with torch_impl and verify it "
+        "against the original rows, the JAX reference and a per-row baseline. Exit 0 when all agree, 1 on "
+        "a mismatch, 2 for an unusable dump.",
         epilog=DUMP_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -60,8 +60,9 @@ def _parser() -> argparse.ArgumentParser:
         "report",
         help="the reports of many processes (shadow and on mode) in one table; exit 1 on a difference or a defect",
         description="Read reports (REBATCH_REPORT_DIR: one JSON a process) and print, per trainer, function and "
-        "mode, the processes, calls, sampled calls, differences, defects, errors, both functions' seconds and "
-        "the rows. Exit 0 when clean, 1 on a difference or a defect, 2 for anything that is not a report.",
+        "mode, the processes, calls, sampled calls, differences, defects, errors, both functions' seconds "
+        "and the rows. Exit 0 when clean, 1 on a difference or a defect, 2 for anything that is not a "
+        "report.",
     )
     report.add_argument(
         "paths", nargs="+", metavar="PATH", help="report files, or directories of them (rebatch-*-*-*-*.json)"

@@ -4,7 +4,8 @@ the reassembly must give.
 
 256 prompts x 8 responses, GRPO-like (`grpo_lengths`, fixed seed): the responses of a prompt share
 its prompt length, responses are long-tailed and a share is truncated at the length cap, so rows of
-equal length occur as in real runs; ``data["input_ids"]`` holds the batch, as a verl step's does. The stand-in model is element-wise in the token ids and positions, so running it on any
+equal length occur as in real runs; ``data["input_ids"]`` holds the batch, as a verl step's does. The stand-in
+model is element-wise in the token ids and positions, so running it on any
 micro-batch gives exactly the rows it gives on the whole batch: the expected result is the model on
 the original batch, computed without any reassembly.
 """

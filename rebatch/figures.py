@@ -14,7 +14,8 @@ whole by the code that wrote it. The sources: the trainers' speed table of ``doc
 from the conformance reports by ``property_tests.conformance --report``, and checked here for its own
 arithmetic), ``docs/durations.json`` (the test command's time, measured; CI times it again and checks the
 stated range), ``.ci/verl_upstream/expected.txt`` (verl's own outcomes), ``docs/benchmarks.json``,
-``docs/versus.json``, ``docs/split.json``, and the checks' costs: ``docs/witness.json``, ``docs/provenance.json``,
+``docs/versus.json``, ``docs/split.json``, and the checks' costs: ``docs/witness.json``,
+``docs/provenance.json``,
 ``docs/versus-checked.json``.
 """
 
@@ -149,8 +150,8 @@ def _ci_time(root: Path) -> str:
     ci = _durations(root)["ci"]
     runs = ci["seconds"]
     return (
-        f"{math.floor(min(runs) / 60)}-{math.ceil(max(runs) / 60)} minutes on {ci['cores']} cores in the last "
-        f"runs: {', '.join(f'{s} s' for s in runs)}"
+        f"{math.floor(min(runs) / 60)}-{math.ceil(max(runs) / 60)} minutes on {ci['cores']} cores in the "
+        f"last runs: {', '.join(f'{s} s' for s in runs)}"
     )
 
 
@@ -260,7 +261,8 @@ def _peers_arithmetic(root: Path) -> list[str]:
         hi = (r["theirs_ms"] + 0.005) / max(r["ours_ms"] - 0.005, 1e-9)
         if not lo - 0.05 <= r["speedup"] <= hi + 0.05:
             problems.append(
-                f"docs/peers.md: {r['trainer']} B={r['B']}: {r['speedup']}x is not {r['theirs_ms']} ms / {r['ours_ms']} ms"
+                f"docs/peers.md: {r['trainer']} B={r['B']}: {r['speedup']}x is not {r['theirs_ms']} ms / "
+                f"{r['ours_ms']} ms"
             )
         if r["same"] != "yes":
             problems.append(f"docs/peers.md: {r['trainer']} B={r['B']}: results not the same ({r['same']})")
@@ -313,7 +315,8 @@ def peers_against_reports(root: Path, paths: list[str]) -> list[str]:
             )
     for old_row, new_row in zip(_table(stated, "Speed"), _table(fresh, "Speed"), strict=False):
         print(
-            f"  {' '.join(old_row[:4])}: stated {old_row[6]}, this run {new_row[6]} ({new_row[4]} / {new_row[5]} ms)"
+            f"  {' '.join(old_row[:4])}: stated {old_row[6]}, this run {new_row[6]} ({new_row[4]} / "
+            f"{new_row[5]} ms)"
         )
     return problems
 
@@ -374,11 +377,13 @@ def check(root: Path = ROOT, *, tests_seconds: float | None = None) -> list[str]
         _, found, rendered = _located(figure, root)
         if len(found) != 1:
             problems.append(
-                f"{figure.page}: {len(found)} places for the figure from {', '.join(figure.sources)}: {rendered!r}"
+                f"{figure.page}: {len(found)} places for the figure from {', '.join(figure.sources)}: "
+                f"{rendered!r}"
             )
         elif _normal(found[0].group(0)) != rendered:
             problems.append(
-                f"{figure.page}: states [{_normal(found[0].group(0))}] where {', '.join(figure.sources)} gives [{rendered}]"
+                f"{figure.page}: states [{_normal(found[0].group(0))}] where {', '.join(figure.sources)} "
+                f"gives [{rendered}]"
             )
     for page in PAGES:
         if page.region((root / page.page).read_text()) != page.render(root):

@@ -117,7 +117,8 @@ def ray_traces() -> tuple[Path, object]:
 
 @pytest.fixture
 def records() -> Iterator[list[logging.LogRecord]]:
-    """Every record of rebatch's loggers (``rebatch``, ``rebatch.shadow``, ...) at WARNING or above (a handler of its own: a trainer imported by
+    """Every record of rebatch's loggers (``rebatch``, ``rebatch.shadow``, ...) at WARNING or above (a handler
+    of its own: a trainer imported by
     another test may keep records from the root logger)."""
     out: list[logging.LogRecord] = []
     handler = logging.Handler(logging.WARNING)

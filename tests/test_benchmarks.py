@@ -147,7 +147,8 @@ def test_launch_table_script_runs_on_a_tiny_grid(capsys) -> None:
 
 def test_crossover_times_every_registered_kernel_that_serves_a_case(capsys) -> None:
     """`kernels_side_by_side` times the default choice and every permuting kernel of the registry that
-    serves the case's layout; `chunk_sizes` every chunked kernel at each size; nothing timed against a bound."""
+    serves the case's layout; `chunk_sizes` every chunked kernel at each size; nothing timed against a
+    bound."""
     import torch_impl
     from rebatch.bench.crossover import chunk_sizes, kernels_side_by_side, main
 

@@ -96,13 +96,10 @@ def test_the_scan_finds_a_new_silent_handler(tmp_path: Path) -> None:
     """The scan itself: a handler that turns an error into a default is found; one that re-raises is not."""
     source = tmp_path / "m.py"
     source.write_text(
-        "import contextlib\n"
-        "def rows(x):\n"
-        "    try:\n        return len(x)\n    except Exception:\n        return 0\n"
-        "def typed(x):\n"
-        "    try:\n        return len(x)\n    except (TypeError, BaseException) as err:\n        raise ValueError(x) from err\n"
-        "class C:\n"
-        "    def quiet(self):\n        with contextlib.suppress(Exception):\n            pass\n"
+        "import contextlib\ndef rows(x):\n    try:\n        return len(x)\n    except Exception:\n        "
+        "return 0\ndef typed(x):\n    try:\n        return len(x)\n    except (TypeError, BaseException) as "
+        "err:\n        raise ValueError(x) from err\nclass C:\n    def quiet(self):\n        with "
+        "contextlib.suppress(Exception):\n            pass\n"
     )
     assert _handlers(source) == [("rows", 5, False), ("typed", 10, True), ("C.quiet", 14, False)]
 

@@ -1,4 +1,5 @@
-"""The ``rebatch`` command: exit codes, report contents, dumps (round trip, corrupted, misordering candidate)."""
+"""The ``rebatch`` command: exit codes, report contents, dumps (round trip, corrupted, misordering
+candidate)."""
 
 from __future__ import annotations
 

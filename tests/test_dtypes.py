@@ -1,7 +1,8 @@
 """Every dtype of `ref.dtypes.SUPPORTED_DTYPES` that torch has moves bit for bit, dense and jagged, on every
 kernel path, through both entry points and the other operations, in both implementations (issue 42, item 5).
 
-torch has no CPU indexing kernels for ``uint16``/``uint32``/``uint64`` and several float8 variants: those move as
+torch has no CPU indexing kernels for ``uint16``/``uint32``/``uint64`` and several float8 variants: those move
+as
 the integers of their bits (`torch_impl._bits`); before, they raised a bare ``NotImplementedError``.
 """
 
@@ -58,7 +59,8 @@ def _random(shape: tuple[int, ...], dtype: str, seed: int = 0) -> torch.Tensor:
 
 
 def _rows(t: torch.Tensor, index: list[int]) -> torch.Tensor:
-    """``t[index]``, through the integers of its bits (torch 2.9 cannot index some of these dtypes on the CPU)."""
+    """``t[index]``, through the integers of its bits (torch 2.9 cannot index some of these dtypes on the
+    CPU)."""
     if t.dtype == torch.bool or t.element_size() not in (1, 2, 4, 8):
         return t[index]  # bool and complex128 have CPU indexing kernels
     signed = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
@@ -68,7 +70,8 @@ def _rows(t: torch.Tensor, index: list[int]) -> torch.Tensor:
 def _call(
     dtype: str, trailing: tuple[int, ...] = ()
 ) -> tuple[list[dict[str, Any]], list[list[int]], dict[str, Any]]:
-    """Two micro-batches (3 rows, then 2) of a dense and a jagged key, the partitions, and the expected rows."""
+    """Two micro-batches (3 rows, then 2) of a dense and a jagged key, the partitions, and the expected
+    rows."""
     dense = _random((5, *trailing), dtype)
     lengths = [2, 0, 3, 4, 1]
     values = _random((sum(lengths), *trailing), dtype, seed=1)

@@ -155,8 +155,8 @@ def test_unset_or_off_the_interpreter_start_imports_nothing_of_rebatch(value: st
 
 def test_on_the_start_imports_the_hook_alone_and_no_torch() -> None:
     code = (
-        "import sys; mods = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torch_impl', 'ref', "
-        "'rebatch_startup')); print(mods); print(type(sys.meta_path[0]).__name__)"
+        "import sys; mods = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torch_impl', "
+        "'ref', 'rebatch_startup')); print(mods); print(type(sys.meta_path[0]).__name__)"
     )
     done = _python(code, REBATCH="on")
     assert done.returncode == 0, done.stderr
@@ -177,13 +177,12 @@ def test_a_bad_value_at_start_never_breaks_an_interpreter_that_imports_no_traine
 # -- a stand-in trainer, activated by the variable alone -------------------------------------------
 
 PROBE = (
-    "import areal.engine.core as core, areal.engine.core.train_engine as te\n"
-    "from torch_impl.integrations import areal as ia\n"
-    "print('ours:', getattr(core.reorder_and_pad_outputs, '__wrapped__', None) is ia.reorder_and_pad_outputs)\n"
-    "print('wrapped:', getattr(core.reorder_and_pad_outputs, '__wrapped__', print).__module__ == te.__name__)\n"
-    "print('bound:', core.reorder_and_pad_outputs is te.reorder_and_pad_outputs)\n"
-    "from areal.infra.utils import launcher\n"
-    "print('carried:', launcher.get_env_vars().get('REBATCH'))\n"
+    "import areal.engine.core as core, areal.engine.core.train_engine as te\nfrom torch_impl.integrations "
+    "import areal as ia\nprint('ours:', getattr(core.reorder_and_pad_outputs, '__wrapped__', None) is "
+    "ia.reorder_and_pad_outputs)\nprint('wrapped:', getattr(core.reorder_and_pad_outputs, '__wrapped__', "
+    "print).__module__ == te.__name__)\nprint('bound:', core.reorder_and_pad_outputs is "
+    "te.reorder_and_pad_outputs)\nfrom areal.infra.utils import launcher\nprint('carried:', "
+    "launcher.get_env_vars().get('REBATCH'))\n"
 )
 
 
@@ -356,16 +355,11 @@ print("exit:", os.waitstatus_to_exitcode(status))
 #: while it holds the hook's lock), or holding an integration's install lock or its patcher's lock.
 HOLDS = {
     "activation": (
-        "real = rebatch_startup.install_kwargs\n"
-        "def stalled(trainer, setting, environ=None):\n"
-        "    if trainer == 'skyrl':\n"
-        "        held.set()\n"
-        "        go.wait()\n"
-        "    return real(trainer, setting, environ)\n"
-        "rebatch_startup.install_kwargs = stalled\n"
-        "def hold():\n"
-        "    with contextlib.suppress(Exception):  # skyrl is not installed here: its activation fails, later\n"
-        "        rebatch_startup.activate('skyrl')\n"
+        "real = rebatch_startup.install_kwargs\ndef stalled(trainer, setting, environ=None):\n    if "
+        "trainer == 'skyrl':\n        held.set()\n        go.wait()\n    return real(trainer, setting, "
+        "environ)\nrebatch_startup.install_kwargs = stalled\ndef hold():\n    with "
+        "contextlib.suppress(Exception):  # skyrl is not installed here: its activation fails, later\n      "
+        "  rebatch_startup.activate('skyrl')\n"
     ),
     "install state": (
         "from torch_impl.integrations import areal as ia\n"

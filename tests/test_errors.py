@@ -46,7 +46,8 @@ def test_torch_impl_drop_in_raises_what_postprocess_batch_raises(case: ErrorCase
     """verl's call, ``postprocess_batch_func(output_lst, indices, data)`` with the settings in a
     TensorDict, refuses every bad input of ``postprocess_batch`` with the same class and message."""
     args, kwargs = case.build()
-    # the settings as NonTensorData, the witness as the batch's input_ids (with a provenance: the split's batch)
+    # the settings as NonTensorData, the witness as the batch's input_ids (with a provenance: the split's
+    # batch)
     data = verl_data(**provenance_for("torch_impl", kwargs))
     with pytest.raises(errors.RebatchError) as info:
         torch_impl.postprocess_batch_func(*args, data)

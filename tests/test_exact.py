@@ -97,7 +97,8 @@ def test_interop_is_zero_copy_where_possible() -> None:
 
 
 def test_interop_reads_rows_with_holes_as_torch_impl_does() -> None:
-    """A nested tensor with ``lengths``: rows at ``offsets[i]`` of ``lengths[i]`` values; empty rows allowed."""
+    """A nested tensor with ``lengths``: rows at ``offsets[i]`` of ``lengths[i]`` values; empty rows
+    allowed."""
     holed = torch.nested.nested_tensor_from_jagged(
         torch.arange(10.0), torch.tensor([0, 4, 8, 10]), lengths=torch.tensor([3, 0, 2])
     )
@@ -221,7 +222,8 @@ def test_jit_concat_take_restore_equal_eager() -> None:
 
 
 def test_traced_indices_in_a_plain_jit_are_refused_not_trusted() -> None:
-    """Without checkify (ref.checked), a traced index array cannot be checked, so it is refused when traced."""
+    """Without checkify (ref.checked), a traced index array cannot be checked, so it is refused when
+    traced."""
     x = _jagged_example()
     with pytest.raises(ValueError, match="checkify"):
         jax.jit(lambda a, p: ref.take(a, p))(x, jnp.asarray([3, 0, 4, 1, 2]))

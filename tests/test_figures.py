@@ -158,7 +158,8 @@ def test_peers_md_against_ci_reports(tmp_path: Path, capsys: pytest.CaptureFixtu
     reports[1]["differential"] = {"cases": 400, "differences": []}
     problems = figures.peers_against_reports(ROOT, _saved(tmp_path, reports))
     assert problems == [
-        f"docs/peers.md: its 'Differential' table differs from the reports {_saved(tmp_path, reports)} (regenerate it)"
+        f"docs/peers.md: its 'Differential' table differs from the reports {_saved(tmp_path, reports)} "
+        "(regenerate it)"
     ]
     reports = _reports_like_the_page(tmp_path)
     reports[2]["speed"][0]["same"] = "row 3 differs"  # type: ignore[index]

@@ -1,5 +1,6 @@
 """Hostile inputs found in issue 42 (item 5): each raised an exception that was not a `RebatchError`, or cost
-time and memory sized by a claim before it was checked. Each is now a `RebatchError` subclass naming the place,
+time and memory sized by a claim before it was checked. Each is now a `RebatchError` subclass naming the
+place,
 the same class in both implementations where the input applies to both. (The dtypes: `tests/test_dtypes.py`;
 the strategies of hostile types: `property_tests.strategies.hostile_indices`, `hostile_data`.)"""
 

@@ -1,6 +1,8 @@
-"""The imports among ``property_tests``' modules point one way: no cycle, lazy imports inside functions included.
+"""The imports among ``property_tests``' modules point one way: no cycle, lazy imports inside functions
+included.
 
-Parsed with `ast` (nothing is imported): ``from .x import y`` is an edge to ``x`` (and to ``x.y`` when that is a
+Parsed with `ast` (nothing is imported): ``from .x import y`` is an edge to ``x`` (and to ``x.y`` when that is
+a
 module), ``from . import x`` an edge to ``x``, ``import property_tests.x`` an edge to ``x``.
 """
 

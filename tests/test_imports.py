@@ -17,7 +17,8 @@ CHECKS = {
     ),
     "verl_plugin_on_imports_no_verl": (  # verl's plugin (rebatch_startup.verl), imported mid-import by verl
         "import os, sys, importlib.metadata as md; os.environ['REBATCH_VERL'] = 'on'; "
-        "real = md.version; md.version = lambda name: '0.9.1' if name == 'verl' else real(name); "  # verl absent here
+        # verl absent here
+        "real = md.version; md.version = lambda name: '0.9.1' if name == 'verl' else real(name); "
         "import rebatch_startup.verl; "
         "from torch_impl.integrations import verl; assert verl.installed(); "
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'verl'); assert not loaded, loaded"

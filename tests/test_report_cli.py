@@ -150,8 +150,8 @@ def test_skips_and_caught_exceptions_are_summed_by_reason(tmp_path: Path, capsys
     assert main([str(tmp_path)]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("checks"))
     assert line == (
-        "checks (all reports): calls_without_witness 3, caught: postprocess_batch_func: shadow RuntimeError 2, "
-        "provenance_calls_proven 6"
+        "checks (all reports): calls_without_witness 3, caught: postprocess_batch_func: shadow RuntimeError "
+        "2, provenance_calls_proven 6"
     ), line
     report["witness"] = {"calls_without_witness": -1}
     path.write_text(json.dumps(report))

@@ -106,7 +106,8 @@ def test_areal_a_new_process_with_only_the_variable(value: str | None, kind: str
     assert done.returncode == 0, done.stderr[-3000:]
     bound = [line.split() for line in _probed(done)]
     names = [b[0] for b in bound]
-    # every engine that imports on CPU (.ci/areal_env.sh): megatron's needs mbridge (megatron-core), not installed
+    # every engine that imports on CPU (.ci/areal_env.sh): megatron's needs mbridge (megatron-core), not
+    # installed
     assert names == [
         "areal.engine.core.train_engine",
         "areal.engine.core",
@@ -136,17 +137,15 @@ def test_areal_a_bad_value_names_the_variable() -> None:
 def test_areal_shadow_wraps_areals_own_function_and_carries_the_variable(tmp_path: Path) -> None:
     _need("areal")
     code = (
-        "import areal.engine.core.train_engine as te\n"
-        "from areal.infra.scheduler import local, ray\n"
-        "from areal.infra.utils import launcher\n"
-        "fn = te.reorder_and_pad_outputs\n"
-        "print('PROBE', fn.__wrapped__.__module__, fn.__wrapped__.__name__)\n"
-        "print('PROBE', launcher.get_env_vars('A=1').get('REBATCH'), local.get_env_vars is launcher.get_env_vars,"
-        " ray.get_env_vars is launcher.get_env_vars)\n"
-        "from areal.api.cli_args import SchedulingSpec\n"
-        "scheduler = object.__new__(ray.RayScheduler); scheduler.enable_tms_offload = False\n"
-        "env = scheduler._build_env_vars(SchedulingSpec(cpu=1, env_vars={'X': '1'}))  # RuntimeEnv(env_vars=env)\n"
-        "print('PROBE', env.get('REBATCH'), env.get('REBATCH_REPORT_DIR'), env.get('X'))\n"
+        "import areal.engine.core.train_engine as te\nfrom areal.infra.scheduler import local, ray\nfrom "
+        "areal.infra.utils import launcher\nfn = te.reorder_and_pad_outputs\nprint('PROBE', "
+        "fn.__wrapped__.__module__, fn.__wrapped__.__name__)\nprint('PROBE', "
+        "launcher.get_env_vars('A=1').get('REBATCH'), local.get_env_vars is launcher.get_env_vars, "
+        "ray.get_env_vars is launcher.get_env_vars)\nfrom areal.api.cli_args import "
+        "SchedulingSpec\nscheduler = object.__new__(ray.RayScheduler); scheduler.enable_tms_offload = "
+        "False\nenv = scheduler._build_env_vars(SchedulingSpec(cpu=1, env_vars={'X': '1'}))  # "
+        "RuntimeEnv(env_vars=env)\nprint('PROBE', env.get('REBATCH'), env.get('REBATCH_REPORT_DIR'), "
+        "env.get('X'))\n"
     )
     done = _python(code, REBATCH="shadow:0.5", REBATCH_REPORT_DIR=str(tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]

@@ -70,7 +70,8 @@ class _Runs:
         dtype: str = "float32",
         world: int = 1,
     ) -> Any:
-        """The step's result (with ``world`` > 1: each rank's, in a list; through ``torch.distributed.run``)."""
+        """The step's result (with ``world`` > 1: each rank's, in a list; through
+        ``torch.distributed.run``)."""
         key = (trainer, mode, swap, dtype, world)
         if key not in self.results:
             if not os.path.isdir(self.model):
@@ -151,7 +152,8 @@ def test_areal_fsdp_engine_swapped_outputs_areal_silent_rebatch_raises(runs: _Ru
     assert first_difference(off["forward"], right) is not None
     assert on["error"] is not None
     assert on["error"].startswith(
-        "MisalignmentError: micro-batch 0: its output holds 62 values, but mb_list.mbs[0]['cu_seqlens'] gives 63"
+        "MisalignmentError: micro-batch 0: its output holds 62 values, but mb_list.mbs[0]['cu_seqlens'] "
+        "gives 63"
     )
     assert shadow["error"] is None  # AReaL's result returned, the defect counted
     assert first_difference(shadow["forward"], off["forward"]) is None

@@ -6,7 +6,8 @@ the engine loop (world size 1); ``rebatch check --dump`` and ``rebatch report`` 
 and the negative control (rebatch's binding left out of the engine module: the misalignment check fails).
 
 Needs verl 0.9.1 with its engine's imports (the pins environment, ``.ci/pins_env.sh``): skipped without
-them, failed instead under ``REBATCH_REQUIRE_ENGINE=1`` (CI's pins lane). ``REBATCH_ENGINE_NEGATIVE_CONTROL=1``
+them, failed instead under ``REBATCH_REQUIRE_ENGINE=1`` (CI's pins lane).
+``REBATCH_ENGINE_NEGATIVE_CONTROL=1``
 runs the ``install`` mode with ``--unbind``: the lane must then fail (docs/engine.md shows it failing).
 """
 
@@ -34,7 +35,8 @@ REQUIRE_ENV = "REBATCH_REQUIRE_ENGINE"
 NEGATIVE_ENV = "REBATCH_ENGINE_NEGATIVE_CONTROL"
 MODES = ("off", "on", "verl", "install", "shadow")
 REBATCH_MODES = ("on", "verl", "install", "shadow")
-#: The configurations, the fixed-length batch's last (every row one length: only provenance sees a swap there).
+# : The configurations, the fixed-length batch's last (every row one length: only provenance sees a swap
+# there).
 CONFIGS = [f"{d}-rmpad{r}-dyn{b}" for d in ("bf16", "fp32") for r in (1, 0) for b in (1, 0)] + [
     "fp32-rmpad1-dyn1-fixedlen"
 ]
@@ -61,8 +63,8 @@ def _need_engine() -> None:
     if not missing and version == "0.9.1":
         return
     why = (
-        f"verl 0.9.1's engine cannot run here (missing {missing}, verl {version}); CI runs the engine lane in its "
-        "pins environment (.ci/pins_env.sh)"
+        f"verl 0.9.1's engine cannot run here (missing {missing}, verl {version}); CI runs the engine lane "
+        "in its pins environment (.ci/pins_env.sh)"
     )
     if os.environ.get(REQUIRE_ENV) == "1":
         pytest.fail(why)
@@ -272,7 +274,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 def test_rebatch_check_and_report_read_what_the_engine_left(runs: Runs) -> None:
     """Shadow at world size 1 met one misalignment per injection: one dump (the first), which ``rebatch
     check --dump`` rejects naming the misalignment (exit 1), and a report that ``rebatch report`` finds
-    not clean (exit 1, one defect per injection). At world size 2 (no misalignment): no dump, two clean reports (exit 0)."""
+    not clean (exit 1, one defect per injection). At world size 2 (no misalignment): no dump, two clean
+    reports (exit 0)."""
     one, two = runs["shadow", 1], runs["shadow", 2]
     dumps = sorted(p for p in one.dump_dir.iterdir() if p.is_file())
     assert len(dumps) == 1, dumps

@@ -58,7 +58,8 @@ def _batch(lengths: list[int], nested: bool) -> TensorDict:
 
 
 def _whole_groups(partition: list[int], size: int) -> bool:
-    """Every forced group (rows ``size * g`` to ``size * g + size - 1``) met in ``partition`` is in it whole."""
+    """Every forced group (rows ``size * g`` to ``size * g + size - 1``) met in ``partition`` is in it
+    whole."""
     groups = [i // size for i in partition]
     return all(groups.count(g) == size for g in groups)
 
@@ -81,7 +82,8 @@ def _gathered(value: Any) -> list[Any]:
 
 
 def _agree(a_kind: str, a: Any, b_kind: str, b: Any, context: Any) -> bool:
-    """rebatch's outcome ``a`` agrees with verl's ``b`` over the group: where verl raised on any rank (0.8.0 and
+    """rebatch's outcome ``a`` agrees with verl's ``b`` over the group: where verl raised on any rank (0.8.0
+    and
     0.9.0 check a count against a rank's own groups, on that rank only), rebatch raised on every rank; else
     the same partitions on every rank. True if they planned."""
     kinds = _gathered((a_kind, b_kind))

@@ -27,12 +27,11 @@ PLUGIN_GROUP = {"0.8.0": False, "0.9.0": True, "0.9.1": True}
 EXTERNAL = {"VERL_USE_EXTERNAL_MODULES": "rebatch_startup.verl"}
 
 PROBE = (
-    "import warnings; warnings.simplefilter('ignore')\n"
-    "import torch_impl\n"
-    "import verl.workers.engine.fsdp.transformer_impl as m\n"
-    "from verl.workers.engine import utils\n"
-    "print('rebatch:', getattr(m.postprocess_batch_func, '__wrapped__', None) is torch_impl.postprocess_batch_func)\n"
-    "print('verl:', m.postprocess_batch_func is utils.postprocess_batch_func)\n"
+    "import warnings; warnings.simplefilter('ignore')\nimport torch_impl\nimport "
+    "verl.workers.engine.fsdp.transformer_impl as m\nfrom verl.workers.engine import "
+    "utils\nprint('rebatch:', getattr(m.postprocess_batch_func, '__wrapped__', None) is "
+    "torch_impl.postprocess_batch_func)\nprint('verl:', m.postprocess_batch_func is "
+    "utils.postprocess_batch_func)\n"
 )
 
 
@@ -156,8 +155,8 @@ def test_activation_logs_one_info_line_naming_what_it_replaced(entry_point: str)
     lines = [line for line in done.stdout.splitlines() if line.startswith("INFO:rebatch:")]
     assert len(lines) == 1, done.stdout
     assert (
-        f"rebatch: verl {VERL.version}: rebatch replaces verl's verl.workers.engine.utils.postprocess_batch_func"
-        in lines[0]
+        f"rebatch: verl {VERL.version}: rebatch replaces verl's "
+        "verl.workers.engine.utils.postprocess_batch_func" in lines[0]
     )
     assert lines[0].endswith("left as verl's: none"), lines[0]
 
@@ -170,15 +169,12 @@ def test_a_ray_worker_sees_rebatch_through_the_runtime_env(entry_point: str, ray
     path = os.pathsep.join([ROOT, entry_point, *outer])
     env_vars = {"REBATCH_VERL": "on", "PYTHONPATH": path, **({} if PLUGIN_GROUP[VERL.version] else EXTERNAL)}
     code = (
-        "import ray, warnings; warnings.simplefilter('ignore')\n"
-        f"ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, _temp_dir={ray_temp_dir!r},\n"
-        f"         runtime_env={{'env_vars': {env_vars!r}}})\n"
-        "@ray.remote\n"
-        "def probe():\n"
-        "    import torch_impl, verl.workers.engine.fsdp.transformer_impl as m\n"
-        "    return getattr(m.postprocess_batch_func, '__wrapped__', None) is torch_impl.postprocess_batch_func\n"
-        "print('worker sees rebatch:', ray.get(probe.remote(), timeout=240))\n"
-        "ray.shutdown()\n"
+        "import ray, warnings; warnings.simplefilter('ignore')\nray.init(num_cpus=1, "
+        f"include_dashboard=False, log_to_driver=False, _temp_dir={ray_temp_dir!r},\n         "
+        f"runtime_env={{'env_vars': {env_vars!r}}})\n@ray.remote\ndef probe():\n    import torch_impl, "
+        "verl.workers.engine.fsdp.transformer_impl as m\n    return getattr(m.postprocess_batch_func, "
+        "'__wrapped__', None) is torch_impl.postprocess_batch_func\nprint('worker sees rebatch:', "
+        "ray.get(probe.remote(), timeout=240))\nray.shutdown()\n"
     )
     done = _run(code, None)  # the driver itself has no entry point and no REBATCH_VERL
     assert "worker sees rebatch: True" in done.stdout, (done.stdout[-2000:], done.stderr[-3000:])
@@ -193,17 +189,13 @@ def test_a_ray_worker_of_plain_ray_init_sees_what_the_driver_variable_says(
     in each; unset, a worker sees verl's own function."""
     pytest.importorskip("ray", reason="ray is not installed")
     code = (
-        "import ray, warnings; warnings.simplefilter('ignore')\n"
-        f"ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, _temp_dir={ray_temp_dir!r})\n"
-        "@ray.remote\n"
-        "def probe():\n"
-        "    import torch_impl, verl.workers.engine.fsdp.transformer_impl as m\n"
-        "    from verl.workers.engine import utils\n"
-        "    ours = getattr(m.postprocess_batch_func, '__wrapped__', None) is torch_impl.postprocess_batch_func\n"
-        "    theirs = m.postprocess_batch_func is utils.postprocess_batch_func and not ours\n"
-        "    return ours, theirs\n"
-        "print('worker sees (rebatch, verl):', ray.get(probe.remote(), timeout=240))\n"
-        "ray.shutdown()\n"
+        "import ray, warnings; warnings.simplefilter('ignore')\nray.init(num_cpus=1, "
+        f"include_dashboard=False, log_to_driver=False, _temp_dir={ray_temp_dir!r})\n@ray.remote\ndef "
+        "probe():\n    import torch_impl, verl.workers.engine.fsdp.transformer_impl as m\n    from "
+        "verl.workers.engine import utils\n    ours = getattr(m.postprocess_batch_func, '__wrapped__', "
+        "None) is torch_impl.postprocess_batch_func\n    theirs = m.postprocess_batch_func is "
+        "utils.postprocess_batch_func and not ours\n    return ours, theirs\nprint('worker sees (rebatch, "
+        "verl):', ray.get(probe.remote(), timeout=240))\nray.shutdown()\n"
     )
     env = {} if value is None else {"REBATCH_VERL": value}
     if not PLUGIN_GROUP[VERL.version]:

@@ -1,6 +1,7 @@
 """Which verl releases `torch_impl.integrations.verl.install` supports and what it does on each: the one
 table (`VERSIONS`), the gate (another release refused, naming it and the supported ones, unless
-``force=True``), the plan it logs, what it returns (`Installed`), and the plugin's path through the same gate. The installed
+``force=True``), the plan it logs, what it returns (`Installed`), and the plugin's path through the same gate.
+The installed
 version is monkeypatched, so these run without verl (``lazy=True`` installs import nothing of it); what
 each row does against verl itself is the differential's (tests/test_verl_differential.py), on every
 release CI installs."""

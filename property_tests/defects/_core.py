@@ -1,4 +1,5 @@
-"""The shared core of the table of defects: a `Call`, the `Chooser` every breaker asks (and the `Scripted` one),
+"""The shared core of the table of defects: a `Call`, the `Chooser` every breaker asks (and the `Scripted`
+one),
 a `Defect`, the named valid calls `VALID`, `apply`, and the helpers more than one family of defects uses.
 No Hypothesis here."""
 

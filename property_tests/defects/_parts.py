@@ -152,7 +152,8 @@ def _later_key_row_count(*, dynamic: bool) -> Breaker:
 
 def _holed_lengths(make_lengths: Callable[[int], list[int]]) -> Breaker:
     """One jagged key of one micro-batch with rows as a nested tensor with holes (``lengths``), rows
-    4 values apart in ``4 * n + 2`` values, lengths ``make_lengths(n)`` (broken: past the values or negative)."""
+    4 values apart in ``4 * n + 2`` values, lengths ``make_lengths(n)`` (broken: past the values or
+    negative)."""
 
     def breaker(call: Call, choose: Chooser) -> Call:
         key = _jagged_key(call, choose)

@@ -10,7 +10,8 @@ in the indices; another partition of the same batch (its rows in order, cut into
 another step's indices (the split's rotated); the inverse given for the forward permutation; two rows of
 one micro-batch transposed in the indices (the dense key's rows restored as each other's). Where a call
 has no room for the chosen misalignment (no two micro-batches of one size, an involution, no micro-batch
-of two rows), a row is transposed across micro-batches instead. Both implementations raise `MisalignmentError` given the
+of two rows), a row is transposed across micro-batches instead. Both implementations raise `MisalignmentError`
+given the
 split's provenance (``ref``: the rows each output carries and ``ref.Provenance``; ``torch_impl``: the
 nested ints and ``torch_impl.recorded(data)``); without it, both are silent.
 """

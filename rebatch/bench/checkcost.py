@@ -156,7 +156,8 @@ def checks_markdown(results: dict[str, Any]) -> list[str]:
     verdicts = targets(results)
     bounds = TARGETS[results["check"]]
     lines = [
-        "| case | without (ms) | with (ms) | with / without (paired) | cost (ms, paired) | null pair | target |",
+        "| case | without (ms) | with (ms) | with / without (paired) | cost (ms, paired) | null pair | "
+        "target |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in results["rows"]:

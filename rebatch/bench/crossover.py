@@ -4,7 +4,8 @@ For each case (B, mean length, M, trailing shape, dense or jagged), `torch_impl.
 with every kernel of the registry that serves the case forced (`property_tests.kernels.forced`), in
 alternation on the same inputs (`rebatch.bench.run.median_times`), and the median times are printed
 with each kernel's time over the registry's default choice. ``--chunks`` times the CPU chunk sizes of the
-chunked kernels instead (``Settings.index_chunk_bytes``, up to ``CPU_CHUNK_ROWS`` value rows on the CPU). ``docs/kernels.md``, "Settings", cites these.
+chunked kernels instead (``Settings.index_chunk_bytes``, up to ``CPU_CHUNK_ROWS`` value rows on the CPU).
+``docs/kernels.md``, "Settings", cites these.
 
     python -m rebatch.bench.crossover [--cases jagged dense] [--min-time 0.3] [--json]
     python -m rebatch.bench.crossover --chunks [--values 1024 4096 16384 65536]

@@ -366,7 +366,8 @@ def _synchronize(device: str) -> None:
 def _verl_calls(device: str, sizes: tuple[int, ...], min_time: float) -> list[dict[str, Any]]:
     """What a verl user runs, plain and checked, at each B with one and five keys: the synchronised time
     (`torch.utils.benchmark`) beside the host's issue time (until the call returns, the device idle
-    before it), the host seconds of each phase (`torch_impl.testing.PHASES`), the synchronisations of a warm call (0 plain,
+    before it), the host seconds of each phase (`torch_impl.testing.PHASES`), the synchronisations of a warm
+    call (0 plain,
     at most 1 checked), and one call profiled (its wall time against its kernels' summed time, and
     their number)."""
     import time
@@ -502,7 +503,8 @@ def _verl_calls_table(rows: list[dict[str, Any]]) -> list[str]:
         name = f"B={r['b']} keys={r['keys']}{' checked' if r['checked'] else ''}"
         phases = " ".join(f"{p} {r['phases_s'][p] * 1e3:.3f}" for p in PHASES)
         lines.append(
-            f"{name:<22} {r['synced_s'] * 1e3:>10.3f} {r['host_s'] * 1e3:>8.3f} {r['syncs']:>5} {r['kernels']:>7}  {phases}"
+            f"{name:<22} {r['synced_s'] * 1e3:>10.3f} {r['host_s'] * 1e3:>8.3f} {r['syncs']:>5} "
+            f"{r['kernels']:>7}  {phases}"
         )
     return lines
 
@@ -520,8 +522,8 @@ def _table(results: dict[str, Any]) -> list[str]:
     traces = json.loads(traces_path.read_text()) if traces_path.exists() else {}
     launches = {(r["trainer"], r["b"], r["keys"]): r for r in results.get("launches", {}).get("rows", [])}
     lines = [
-        f"{'trainer':<8} {'B':>6} {'keys':>4} {'rebatch ms':>11} {'theirs ms':>10} {'measured':>9} {'model':>7} "
-        f"{'kernels traced/counted':>23}"
+        f"{'trainer':<8} {'B':>6} {'keys':>4} {'rebatch ms':>11} {'theirs ms':>10} {'measured':>9} "
+        f"{'model':>7} {'kernels traced/counted':>23}"
     ]
     for r in results.get("timings", {}).get("rows", []):
         key = (r["trainer"], r["b"], r["keys"])
@@ -538,8 +540,8 @@ def _table(results: dict[str, Any]) -> list[str]:
         counted = launches.get(key)
         kernels = "n/a" if counted is None else f"{counted['traced_launches']}/{counted['measured_kernels']}"
         lines.append(
-            f"{r['trainer']:<8} {r['b']:>6} {r['keys']:>4} {r['rebatch_s'] * 1e3:>11.3f} {theirs:>10} {ratio:>9} "
-            f"{model:>7} {kernels:>23}"
+            f"{r['trainer']:<8} {r['b']:>6} {r['keys']:>4} {r['rebatch_s'] * 1e3:>11.3f} {theirs:>10} "
+            f"{ratio:>9} {model:>7} {kernels:>23}"
         )
     labels = sorted({r["label"] for r in results.get("timings", {}).get("rows", [])})
     return [*lines, *(f"  theirs: {label}" for label in labels)]
@@ -591,16 +593,18 @@ def main(argv: list[str] | None = None) -> int:
             failures += [f"{r['call']} ({r['kernel']}): {r['problem']}" for r in got if not r["ok"]]
             results[name] = {"rows": got}
             print(
-                f"{'ok  ' if all(r['ok'] for r in got) else 'FAIL'} device calls: {len(got)} checked on {device}"
+                f"{'ok  ' if all(r['ok'] for r in got) else 'FAIL'} device calls: {len(got)} checked on "
+                f"{device}"
             )
         else:
             results[name] = {"rows": got} if isinstance(got, list) else got
     if "machine" in results and "error" not in results["machine"]:
         m = results["machine"]
         print(
-            f"copy {m['copy_bandwidth_bytes_s'] / 1e12:.3g} TB/s, clone {m['clone_bandwidth_bytes_s'] / 1e12:.3g} TB/s "
-            f"(copy/clone {m['copy_over_clone']:.2f}x), one small operation {m['per_launch_s'] * 1e6:.2f} us "
-            f"(model: {m['model']['bandwidth_bytes_s'] / 1e12:g} TB/s, {m['model']['per_launch_s'] * 1e6:g} us)"
+            f"copy {m['copy_bandwidth_bytes_s'] / 1e12:.3g} TB/s, clone "
+            f"{m['clone_bandwidth_bytes_s'] / 1e12:.3g} TB/s (copy/clone {m['copy_over_clone']:.2f}x), one "
+            f"small operation {m['per_launch_s'] * 1e6:.2f} us (model: "
+            f"{m['model']['bandwidth_bytes_s'] / 1e12:g} TB/s, {m['model']['per_launch_s'] * 1e6:g} us)"
         )
     try:
         print("\n".join(_table(results)))

@@ -56,7 +56,8 @@ class Model(NamedTuple):
     the calibration (`calibrate`: ``docs/gpu_calibration.json``) against an H200's measured rows."""
 
     #: 4.3 TB/s: NVIDIA's H200 datasheet gives 4.8 TB/s of HBM3e peak bandwidth; a device-to-device copy
-    #: reaches about 90% of a peak in practice (``rebatch.bench.cuda_check`` measures a ``clone`` to check it).
+    # : reaches about 90% of a peak in practice (``rebatch.bench.cuda_check`` measures a ``clone`` to check
+    # it).
     bandwidth_bytes_s: float = 4.3e12
     #: The cost of one launch beyond its host dispatch (fitted; the H200 measured 6.86 us for a small
     #: operation from Python, dispatch included).
@@ -113,7 +114,8 @@ def to_device(x: Any, device: str) -> Any:
             return t
         if id(t) not in made:
             if t.is_nested:
-                made[id(t)] = torch.nested.nested_tensor_from_jagged(one(t.values()), one(t.offsets()))  # type: ignore[attr-defined]
+                offsets = one(t.offsets())  # type: ignore[attr-defined]
+                made[id(t)] = torch.nested.nested_tensor_from_jagged(one(t.values()), offsets)
             else:
                 made[id(t)] = t.to(device)
         return made[id(t)]
@@ -339,8 +341,9 @@ def render(
         "",
         "## The model",
         "",
-        f"time = {model.host_scale:.3g} x host seconds measured here + launches x {model.per_launch_s * 1e6:.3g} us"
-        f" + bytes / {model.bandwidth_bytes_s / 1e12:g} TB/s + host reads x {model.sync_s * 1e6:.3g} us",
+        f"time = {model.host_scale:.3g} x host seconds measured here + launches x "
+        f"{model.per_launch_s * 1e6:.3g} us + bytes / {model.bandwidth_bytes_s / 1e12:g} TB/s + host reads "
+        f"x {model.sync_s * 1e6:.3g} us",
         "(`rebatch.bench.gpu_model.Model`). The host seconds of a call are its Python, NumPy and torch's",
         "dispatch: rebatch's measured on `meta` tensors (the device path without data), a trainer's own",
         "function, which reads device data, on CPU tensors (its per-row operations are dispatch-bound).",
@@ -364,18 +367,18 @@ def render(
         lines += [
             f"## {t['label']} (traced with torch {t['torch']}): predictions for today's code",
             "",
-            "| B | keys | launches rebatch / theirs | MB moved rebatch / theirs | host reads rebatch / theirs "
-            "| host ms here rebatch / theirs | predicted ms rebatch / theirs | theirs / rebatch |",
+            "| B | keys | launches rebatch / theirs | MB moved rebatch / theirs | host reads rebatch / "
+            "theirs | host ms here rebatch / theirs | predicted ms rebatch / theirs | theirs / rebatch |",
             "|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for c in t["cases"]:
             ours, theirs = c["rebatch"], c["theirs"]
             p_ours, p_theirs = predict(ours, model), predict(theirs, model)
             lines.append(
-                f"| {c['b']} | {c['keys']} | {ours['launches']} / {theirs['launches']} "
-                f"| {ours['bytes'] / 1e6:.2f} / {theirs['bytes'] / 1e6:.2f} | {ours['syncs']} / {theirs['syncs']} "
-                f"| {_ms(ours.get('host_s'))} / {_ms(theirs.get('host_s'))} "
-                f"| {p_ours * 1e3:.3f} / {p_theirs * 1e3:.3f} | {p_theirs / p_ours:.2f}x |"
+                f"| {c['b']} | {c['keys']} | {ours['launches']} / {theirs['launches']} | "
+                f"{ours['bytes'] / 1e6:.2f} / {theirs['bytes'] / 1e6:.2f} | {ours['syncs']} / "
+                f"{theirs['syncs']} | {_ms(ours.get('host_s'))} / {_ms(theirs.get('host_s'))} | "
+                f"{p_ours * 1e3:.3f} / {p_theirs * 1e3:.3f} | {p_theirs / p_ours:.2f}x |"
             )
         lines.append("")
     if calibration is not None:
@@ -396,22 +399,26 @@ def _calibration(fit: dict[str, Any]) -> list[str]:
     lines = [
         f"## The calibration: the code of {fit['commit']} on an {fit['device_name']}, measured and predicted",
         "",
-        f"The measured rows are those of `docs/gpu_h200.json` (the code of {fit['commit']}); the predictions are",
+        f"The measured rows are those of `docs/gpu_h200.json` (the code of {fit['commit']}); the "
+        "predictions are",
         "the fitted model's for the same code, its host seconds, launches and reads measured here",
-        f"(`.venv-pins/bin/python -m rebatch.bench.gpu_model calibrate --commit {fit['commit']}`). Worst measured / predicted: "
-        f"{fit['worst_ratio']:.2f}x either way; {_within(fit['rows'], 1.5)} of {len(fit['rows'])} rows within 1.5x.",
-        "The fit makes the worst ratio smallest; what it cannot fit is the host's mix: rebatch's host work is",
+        f"(`.venv-pins/bin/python -m rebatch.bench.gpu_model calibrate --commit {fit['commit']}`). Worst "
+        f"measured / predicted: {fit['worst_ratio']:.2f}x either way; {_within(fit['rows'], 1.5)} of "
+        f"{len(fit['rows'])} rows within 1.5x.",
+        "The fit makes the worst ratio smallest; what it cannot fit is the host's mix: rebatch's host work "
+        "is",
         "timed on `meta` and the trainer's on CPU tensors, and the GPU's host runs Python and NumPy at",
         "different speeds relative to this machine.",
         "",
-        "| trainer | B | keys | side | host ms here | launches | reads | measured ms | predicted ms | measured / predicted |",
+        "| trainer | B | keys | side | host ms here | launches | reads | measured ms | predicted ms | "
+        "measured / predicted |",
         "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in fit["rows"]:
         lines.append(
-            f"| {r['trainer']} | {r['b']} | {r['keys']} | {r['side']} | {r['host_s'] * 1e3:.3f} | {r['launches']} "
-            f"| {r['syncs']} | {r['measured_s'] * 1e3:.3f} | {r['predicted_s'] * 1e3:.3f} "
-            f"| {r['measured_over_predicted']:.2f}x |"
+            f"| {r['trainer']} | {r['b']} | {r['keys']} | {r['side']} | {r['host_s'] * 1e3:.3f} | "
+            f"{r['launches']} | {r['syncs']} | {r['measured_s'] * 1e3:.3f} | {r['predicted_s'] * 1e3:.3f} | "
+            f"{r['measured_over_predicted']:.2f}x |"
         )
     return [*lines, ""]
 
@@ -426,14 +433,16 @@ def _devicepath(run: dict[str, Any]) -> list[str]:
     lines = [
         f"## The device path measured here: today's code beside {run['commit']}'s",
         "",
-        f"`{run['command']}` ({run['machine']}, torch {run['torch']}, {run['rounds']} rounds): **measurements** "
-        "on this machine's CPU with the device kernel forced on CPU tensors (today's code also with the",
+        f"`{run['command']}` ({run['machine']}, torch {run['torch']}, {run['rounds']} rounds): "
+        "**measurements** on this machine's CPU with the device kernel forced on CPU tensors (today's code "
+        "also with the",
         "accelerator's plan, `Settings.plan_on_device`), each commit in a worker of its own, alternated turn",
         "by turn, results checked equal first; launches and reads traced on fake CUDA by each commit's own",
         "tracer. *checked*: `data` carries the batch's `input_ids` on the host, recorded by rebatch's split",
         "(the witness and exact provenance on).",
         "",
-        "| call | M | before ms | today ms | before / today | launches before / today | reads before / today |",
+        "| call | M | before ms | today ms | before / today | launches before / today | reads before / "
+        "today |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in run["rows"]:
@@ -449,13 +458,15 @@ def _measured(run: dict[str, Any]) -> list[str]:
     """The section of a ``cuda_check --out`` run: what a GPU measured."""
     m = run["machine"]
     lines = [
-        f"## Measured on an {run['device_name']} (`cuda_check --out docs/gpu_h200.json`, torch {run['torch']})",
+        f"## Measured on an {run['device_name']} (`cuda_check --out docs/gpu_h200.json`, torch "
+        f"{run['torch']})",
         "",
-        f"**Measurements**: one run of `python -m rebatch.bench.cuda_check` on an {run['device_name']}: a copy of "
-        f"{m['bytes'] / 2**20:.0f} MiB at {m['copy_bandwidth_bytes_s'] / 1e12:.2f} TB/s (clone "
-        f"{m['clone_bandwidth_bytes_s'] / 1e12:.2f} TB/s), one small operation {m['per_launch_s'] * 1e6:.2f} us "
-        "from Python. Medians of `torch.utils.benchmark` (CUDA-synchronised); where the trainer was not installed "
-        "there, verl's algorithm (`property_tests.baseline`) stands in for verl and the others have no row.",
+        f"**Measurements**: one run of `python -m rebatch.bench.cuda_check` on an {run['device_name']}: a "
+        f"copy of {m['bytes'] / 2**20:.0f} MiB at {m['copy_bandwidth_bytes_s'] / 1e12:.2f} TB/s (clone "
+        f"{m['clone_bandwidth_bytes_s'] / 1e12:.2f} TB/s), one small operation "
+        f"{m['per_launch_s'] * 1e6:.2f} us from Python. Medians of `torch.utils.benchmark` "
+        "(CUDA-synchronised); where the trainer was not installed there, verl's algorithm "
+        "(`property_tests.baseline`) stands in for verl and the others have no row.",
         "",
         "| trainer | B | keys | rebatch ms | theirs ms | measured theirs / rebatch |",
         "|---|---:|---:|---:|---:|---:|",
@@ -464,7 +475,8 @@ def _measured(run: dict[str, Any]) -> list[str]:
         theirs = "n/a" if row["theirs_s"] is None else f"{row['theirs_s'] * 1e3:.3f}"
         ratio = "n/a" if row["theirs_s"] is None else f"{row['theirs_s'] / row['rebatch_s']:.2f}x"
         lines.append(
-            f"| {row['label']} | {row['b']} | {row['keys']} | {row['rebatch_s'] * 1e3:.3f} | {theirs} | {ratio} |"
+            f"| {row['label']} | {row['b']} | {row['keys']} | {row['rebatch_s'] * 1e3:.3f} | {theirs} | "
+            f"{ratio} |"
         )
     if "verl_calls" in run and "rows" in run["verl_calls"]:
         lines += ["", *_verl_calls_section(run["verl_calls"]["rows"])]
@@ -472,8 +484,8 @@ def _measured(run: dict[str, Any]) -> list[str]:
     if "pageable_s" in uploads:
         lines += [
             "",
-            f"An upload of {uploads['bytes'] / 2**20:.0f} MiB queued behind {uploads['queued_s'] * 1e3:.0f} ms of "
-            f"device work: the host waited {uploads['pageable_s'] * 1e3:.3f} ms for a pageable one, "
+            f"An upload of {uploads['bytes'] / 2**20:.0f} MiB queued behind {uploads['queued_s'] * 1e3:.0f} "
+            f"ms of device work: the host waited {uploads['pageable_s'] * 1e3:.3f} ms for a pageable one, "
             f"{uploads['pinned_s'] * 1e3:.3f} ms for a pinned one.",
         ]
     failures = run.get("failures", [])
@@ -483,9 +495,11 @@ def _measured(run: dict[str, Any]) -> list[str]:
 
 
 def _verl_calls_section(rows: list[dict[str, Any]]) -> list[str]:
-    """``cuda_check``'s verl calls: synchronised and host times, phases, synchronisations, the profiled call."""
+    """``cuda_check``'s verl calls: synchronised and host times, phases, synchronisations, the profiled
+    call."""
     lines = [
-        "What a verl user runs (plain, and checked: `data` carrying `input_ids`, recorded by rebatch's split):",
+        "What a verl user runs (plain, and checked: `data` carrying `input_ids`, recorded by rebatch's "
+        "split):",
         "",
         "| B | keys | checked | synchronised ms | host issue ms | check / plan / move / result ms | syncs "
         "| profiled wall ms | kernels' ms | kernels |",

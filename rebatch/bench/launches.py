@@ -36,7 +36,8 @@ SMOKE_GRID = ([8], [1, 2], [1])
 def launch_rows(
     rows: list[int], micro_batches: list[int], keys: list[int], *, length: int = MEAN_LENGTH
 ) -> list[dict[str, Any]]:
-    """One dict per (B, M, keys): operations, those on values, estimated bytes, output bytes, modelled seconds."""
+    """One dict per (B, M, keys): operations, those on values, estimated bytes, output bytes, modelled
+    seconds."""
     out = []
     for b in rows:
         for m in micro_batches:
@@ -67,20 +68,21 @@ def markdown(table: list[dict[str, Any]], *, length: int = MEAN_LENGTH) -> list[
     lines = [
         "## Launches: operations per call on the device path",
         "",
-        f"Torch operations dispatched by one call of `torch_impl.postprocess_batch_func` (dynamic batch size, "
-        f"float32 `[b, (j)]` keys, every row {length} values, the partitions a reversal), counted with "
-        "`property_tests.opcount.CountOps` on `meta` tensors: the device path and its element-index kernel, "
-        "without data, `data` holding the batch's `input_ids` on the host as verl's engines leave it (the alignment "
-        "witness's comparison included: 4 to 6 operations a call; its one read of the verdict cannot happen on `meta`). "
-        "*on values* are those whose first argument is floating-point (the data moved; the rest "
-        "is int64 bookkeeping of B or fewer elements). The modelled device time is operations x "
-        f"{LAUNCH_SECONDS * 1e6:g} µs (an assumed launch with its Python dispatch) plus the estimated bytes "
-        f"moved over {BANDWIDTH / 1e12:g} TB/s (assumed: an H200's HBM3e); bytes are estimated by `CountOps` "
-        "(each operation that is not a view reads its tensors and writes its results in full). verl's own "
-        "function is not in this table (it runs only where verl is installed). Regenerate with "
-        "`python -m rebatch.bench.launches`.",
+        "Torch operations dispatched by one call of `torch_impl.postprocess_batch_func` (dynamic batch "
+        f"size, float32 `[b, (j)]` keys, every row {length} values, the partitions a reversal), counted "
+        "with `property_tests.opcount.CountOps` on `meta` tensors: the device path and its element-index "
+        "kernel, without data, `data` holding the batch's `input_ids` on the host as verl's engines leave "
+        "it (the alignment witness's comparison included: 4 to 6 operations a call; its one read of the "
+        "verdict cannot happen on `meta`). *on values* are those whose first argument is floating-point "
+        "(the data moved; the rest is int64 bookkeeping of B or fewer elements). The modelled device time "
+        f"is operations x {LAUNCH_SECONDS * 1e6:g} µs (an assumed launch with its Python dispatch) plus the "
+        f"estimated bytes moved over {BANDWIDTH / 1e12:g} TB/s (assumed: an H200's HBM3e); bytes are "
+        "estimated by `CountOps` (each operation that is not a view reads its tensors and writes its "
+        "results in full). verl's own function is not in this table (it runs only where verl is "
+        "installed). Regenerate with `python -m rebatch.bench.launches`.",
         "",
-        "| B | M | keys | operations | on values | output MiB | est. MiB moved | modelled µs (launches + bytes) |",
+        "| B | M | keys | operations | on values | output MiB | est. MiB moved | modelled µs (launches + "
+        "bytes) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in table:

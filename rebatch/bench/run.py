@@ -295,7 +295,8 @@ def targets(results: dict[str, Any]) -> list[str]:
     if mid:
         x = mid[0]["speedup_vs_baseline"]
         out.append(
-            f"- At least 5x faster than the per-row baseline at B=1024, L=512, M=16, float32, 1 key: {x:.1f}x, {verdict(x >= 5)}."
+            "- At least 5x faster than the per-row baseline at B=1024, L=512, M=16, float32, 1 key: "
+            f"{x:.1f}x, {verdict(x >= 5)}."
         )
         verl_q = mid[0].get("speedup_vs_verl")
         verl_c = mid[0].get("contended", {}).get("speedup_vs_verl")
@@ -305,31 +306,34 @@ def targets(results: dict[str, Any]) -> list[str]:
             )
         else:
             out.append(
-                f"- At least 5x faster than verl's own function there, quiet: {verl_q:.1f}x, {verdict(verl_q >= 5)}."
+                f"- At least 5x faster than verl's own function there, quiet: {verl_q:.1f}x, "
+                f"{verdict(verl_q >= 5)}."
             )
         if verl_c is not None:
             out.append(
-                f"- At least 3x faster than verl's own function there, one busy process per core: {verl_c:.1f}x, "
-                f"{verdict(verl_c >= 3)}."
+                "- At least 3x faster than verl's own function there, one busy process per core: "
+                f"{verl_c:.1f}x, {verdict(verl_c >= 3)}."
             )
     short = pick(rows=16384, mean_length=16)
     if short:
         x = min(r["speedup_vs_baseline"] for r in short)
         out.append(
-            f"- At least 20x faster at B=16384, L=16 ({len(short)} cases): slowest {x:.1f}x, {verdict(x >= 20)}."
+            f"- At least 20x faster at B=16384, L=16 ({len(short)} cases): slowest {x:.1f}x, "
+            f"{verdict(x >= 20)}."
         )
     worst = min(rows, key=lambda r: r["speedup_vs_baseline"])
     x = worst["speedup_vs_baseline"]
     out.append(
-        f"- Never slower than the baseline ({len(rows)} cases): slowest {x:.2f}x ({worst['name']}), {verdict(x > 1)}."
+        f"- Never slower than the baseline ({len(rows)} cases): slowest {x:.2f}x ({worst['name']}), "
+        f"{verdict(x > 1)}."
     )
     contended = [r for r in rows if "contended" in r]
     if contended:
         worst = min(contended, key=lambda r: r["contended"]["speedup_vs_baseline"])
         x = worst["contended"]["speedup_vs_baseline"]
         out.append(
-            f"- Never slower than the baseline with one busy process per core ({len(contended)} cases): slowest "
-            f"{x:.2f}x ({worst['name']}), {verdict(x > 1)}."
+            f"- Never slower than the baseline with one busy process per core ({len(contended)} cases): "
+            f"slowest {x:.2f}x ({worst['name']}), {verdict(x > 1)}."
         )
     large = [r for r in rows if r["output_elements"] >= LARGE_ELEMENTS]
     if large:
@@ -337,13 +341,15 @@ def targets(results: dict[str, Any]) -> list[str]:
         x = max(r["ratio_to_copy_limit"] for r in large)
         detail = "; ".join(f"{r['name']}: {r['ratio_to_copy_limit']:.2f}x" for r in far)
         out.append(
-            f"- Within 1.5x of the copy limit at >= 64M output elements ({len(large)} cases): worst {x:.2f}x, "
+            f"- Within 1.5x of the copy limit at >= 64M output elements ({len(large)} cases): worst "
+            f"{x:.2f}x, "
             f"{verdict(not far)}" + (f" (over 1.5x: {detail})." if far else ".")
         )
     over = [r for r in rows if r["peak_extra_bytes"]["torch_impl"] > memory_allowance(r)]
     x = max((r["peak_extra_over_output"] for r in rows if r["output_bytes"] >= 2**20), default=float("nan"))
     detail = "; ".join(
-        f"{r['name']}: {_fmt_mib(r['peak_extra_bytes']['torch_impl'])} MiB for {_fmt_mib(r['output_bytes'])} MiB"
+        f"{r['name']}: {_fmt_mib(r['peak_extra_bytes']['torch_impl'])} MiB for {_fmt_mib(r['output_bytes'])} "
+        "MiB"
         for r in over
     )
     out.append(
@@ -400,22 +406,25 @@ def markdown(results: dict[str, Any]) -> str:
     lines = [
         "# Benchmarks",
         "",
-        f"Machine: {results['machine']}; device {results['device']}; torch {results['torch']}; grid `{results['grid']}`; "
-        f"{results['date']}. Regenerate with `rebatch bench` (or `python -m rebatch.bench.run --grid {results['grid']}`).",
+        f"Machine: {results['machine']}; device {results['device']}; torch {results['torch']}; grid "
+        f"`{results['grid']}`; {results['date']}. Regenerate with `rebatch bench` (or `python -m "
+        f"rebatch.bench.run --grid {results['grid']}`).",
         "",
-        "Times are medians in milliseconds, measured in one run on the same inputs; torch_impl, the baseline "
-        "and the copy limit are timed in alternation (one call of each per round, in an order shuffled afresh "
-        "each round with a fixed seed, at least 5 rounds), so their ratios compare like with like. Before every timed call (of any implementation) the C heap's free pages are "
-        "returned to the kernel, so each call maps its fresh buffers as a training step does. *baseline* follows verl's "
-        "algorithm row by row (unbind, rebuild, unbind, rebuild in inverse order); *copy* is one clone of the "
-        "output's bytes; *verl* is verl's own `postprocess_batch_func` (blank when verl was not importable: "
-        f"{results.get('verl', 'absent')}); *contended* is the same timing with one busy process per core "
-        f"({results.get('busy_processes', 0)} here, started and stopped by the harness; blank when not run); *JAX* is the reference under `jax.jit`, timed after compilation (up to "
-        f"{JAX_MAX_ELEMENTS // 2**20}M output elements). *peak* is the most bytes of tensors the call "
-        "had allocated at once (its output included), from the allocator's records (the profiler's memory events "
-        "on the CPU); *RSS* is the resident-set high-water mark over the call minus the resident set before it, "
-        "after returning the C heap's free pages to the kernel (what the operating system sees: Python objects "
-        "and allocator slack included).",
+        "Times are medians in milliseconds, measured in one run on the same inputs; torch_impl, the "
+        "baseline and the copy limit are timed in alternation (one call of each per round, in an order "
+        "shuffled afresh each round with a fixed seed, at least 5 rounds), so their ratios compare like "
+        "with like. Before every timed call (of any implementation) the C heap's free pages are returned "
+        "to the kernel, so each call maps its fresh buffers as a training step does. *baseline* follows "
+        "verl's algorithm row by row (unbind, rebuild, unbind, rebuild in inverse order); *copy* is one "
+        "clone of the output's bytes; *verl* is verl's own `postprocess_batch_func` (blank when verl was "
+        f"not importable: {results.get('verl', 'absent')}); *contended* is the same timing with one busy "
+        f"process per core ({results.get('busy_processes', 0)} here, started and stopped by the harness; "
+        "blank when not run); *JAX* is the reference under `jax.jit`, timed after compilation (up to "
+        f"{JAX_MAX_ELEMENTS // 2**20}M output elements). *peak* is the most bytes of tensors the call had "
+        "allocated at once (its output included), from the allocator's records (the profiler's memory "
+        "events on the CPU); *RSS* is the resident-set high-water mark over the call minus the resident "
+        "set before it, after returning the C heap's free pages to the kernel (what the operating system "
+        "sees: Python objects and allocator slack included).",
         "",
         "## Targets",
         "",
@@ -424,21 +433,22 @@ def markdown(results: dict[str, Any]) -> str:
         *(restore_markdown(results["restore_side_by_side"]) if results.get("restore_side_by_side") else []),
         "![time against B](benchmarks.png)",
         "",
-        "| B | mean len | M | keys | dtype | jagged | torch_impl ms | baseline ms | verl ms | copy ms | JAX ms "
-        "| speed-up vs baseline (quiet / contended) | vs verl (quiet / contended) | x copy (quiet / contended) "
-        "| torch_impl peak MiB | baseline peak MiB | output MiB | peak / output | torch_impl RSS MiB | baseline RSS MiB |",
+        "| B | mean len | M | keys | dtype | jagged | torch_impl ms | baseline ms | verl ms | copy ms | "
+        "JAX ms | speed-up vs baseline (quiet / contended) | vs verl (quiet / contended) | x copy (quiet / "
+        "contended) | torch_impl peak MiB | baseline peak MiB | output MiB | peak / output | torch_impl "
+        "RSS MiB | baseline RSS MiB |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results["rows"]:
         c, s, p = r["case"], r["seconds"], r["peak_extra_bytes"]
         rss = r.get("peak_rss_bytes") or {}
         lines.append(
-            f"| {c['rows']} | {c['mean_length']} | {c['micro_batches']} | {c['keys']} | {c['dtype']} | {c['ndim']}-D | "
-            f"{_fmt_ms(s['torch_impl'])} | {_fmt_ms(s['per_row_baseline'])} | {_fmt_ms(s.get('verl'))} | "
-            f"{_fmt_ms(s['copy_limit'])} | {_fmt_ms(s.get('jax_reference_jit'))} | "
-            f"{_pair(r, 'speedup_vs_baseline', '{:.1f}x')} | {_pair(r, 'speedup_vs_verl', '{:.1f}x')} | "
-            f"{_pair(r, 'ratio_to_copy_limit', '{:.2f}')} | "
-            f"{_fmt_mib(p['torch_impl'])} | {_fmt_mib(p['per_row_baseline'])} | {_fmt_mib(r['output_bytes'])} | "
+            f"| {c['rows']} | {c['mean_length']} | {c['micro_batches']} | {c['keys']} | {c['dtype']} | "
+            f"{c['ndim']}-D | {_fmt_ms(s['torch_impl'])} | {_fmt_ms(s['per_row_baseline'])} | "
+            f"{_fmt_ms(s.get('verl'))} | {_fmt_ms(s['copy_limit'])} | {_fmt_ms(s.get('jax_reference_jit'))} "
+            f"| {_pair(r, 'speedup_vs_baseline', '{:.1f}x')} | {_pair(r, 'speedup_vs_verl', '{:.1f}x')} | "
+            f"{_pair(r, 'ratio_to_copy_limit', '{:.2f}')} | {_fmt_mib(p['torch_impl'])} | "
+            f"{_fmt_mib(p['per_row_baseline'])} | {_fmt_mib(r['output_bytes'])} | "
             f"{r.get('peak_extra_over_output', float('nan')):.2f} | {_fmt_mib(rss.get('torch_impl'))} | "
             f"{_fmt_mib(rss.get('per_row_baseline'))} |"
         )
@@ -521,8 +531,8 @@ def run_bench(
         elapsed = time.perf_counter() - start
         bar = "#" * int(20 * i / len(cases))
         print(
-            f"\r[{bar:<20}] {i}/{len(cases)} {elapsed:6.0f}s  {case.name}: {row['speedup_vs_baseline']:.1f}x vs baseline, "
-            f"{row['ratio_to_copy_limit']:.2f}x copy",
+            f"\r[{bar:<20}] {i}/{len(cases)} {elapsed:6.0f}s  {case.name}: "
+            f"{row['speedup_vs_baseline']:.1f}x vs baseline, {row['ratio_to_copy_limit']:.2f}x copy",
             end="\n" if not sys.stderr.isatty() else "",
             file=sys.stderr,
             flush=True,

@@ -2,7 +2,8 @@
 ``install(mode="shadow")`` on unsampled calls (rebatch's checks only) and on sampled ones (rebatch's
 function too, and the bit-exact comparison). Needs verl (the pins environment).
 
-    python -m rebatch.bench.shadow [--rows 256] [--micro-batches 8] [--max-len 512] [--device cpu] [--threads 1]
+    python -m rebatch.bench.shadow [--rows 256] [--micro-batches 8] [--max-len 512] [--device cpu] [--threads
+    1]
 
 Prints one line per variant: the median seconds per call and the ratio to verl alone.
 """

@@ -73,7 +73,11 @@ def main(argv: list[str] | None = None) -> int:
                 budget = max(max(lengths), 8 * length)
                 parts = torch_impl.balanced_partitions(lengths, budget)
                 t_impl = median_time(lambda: torch_impl.split(data, parts), "cpu")  # noqa: B023
-                t_base = median_time(lambda: per_partition_baseline(data, parts), "cpu", max_runs=5)  # noqa: B023
+                t_base = median_time(
+                    lambda: per_partition_baseline(data, parts),  # noqa: B023
+                    "cpu",
+                    max_runs=5,
+                )
                 rows.append(
                     {
                         "rows": b,
@@ -97,9 +101,9 @@ def main(argv: list[str] | None = None) -> int:
         "# Split benchmark",
         "",
         f"{time.strftime('%Y-%m-%d')}, torch {torch.__version__}, {torch.get_num_threads()} threads. "
-        "`torch_impl.split` of a TensorDict (jagged float32 fields plus a dense one) into token-budget partitions, "
-        "against a per-partition baseline (unbind and rebuild per partition for jagged fields, `index_select` for "
-        "dense). Medians in milliseconds. Regenerate: `python -m rebatch.bench.split`.",
+        "`torch_impl.split` of a TensorDict (jagged float32 fields plus a dense one) into token-budget "
+        "partitions, against a per-partition baseline (unbind and rebuild per partition for jagged fields, "
+        "`index_select` for dense). Medians in milliseconds. Regenerate: `python -m rebatch.bench.split`.",
         "",
         "| B | mean len | jagged fields | partitions | torch_impl ms | baseline ms | speed-up |",
         "|---|---|---|---|---|---|---|",

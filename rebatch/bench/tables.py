@@ -89,8 +89,9 @@ def targets(results: dict[str, Any]) -> list[str]:  # noqa: C901
             f"- Fixed cost at B=8, L=16, M=4, one key, at most 0.2 ms quiet: {ms:.3f} ms "
             f"(the commit's {small['quiet']['baseline'] * 1e3:.3f} ms), {verdict(ms <= 0.2)}"
             + (
-                f"; a turn's first call, just after the other worker's turn: {small['quiet']['today_first'] * 1e3:.3f} ms "
-                f"(the commit's {small['quiet']['baseline_first'] * 1e3:.3f} ms)."
+                "; a turn's first call, just after the other worker's turn: "
+                f"{small['quiet']['today_first'] * 1e3:.3f} ms (the commit's "
+                f"{small['quiet']['baseline_first'] * 1e3:.3f} ms)."
                 if "today_first" in small["quiet"]
                 else "."
             )
@@ -102,7 +103,8 @@ def targets(results: dict[str, Any]) -> list[str]:  # noqa: C901
             x = worst(r, speed)
             out.append(
                 f"- At least {want}x faster than the commit at B={args[0]}, L={args[1]}, M={args[2]}, "
-                f"{args[3]} key{'s' if args[3] > 1 else ''}: {both(r, speed, '{:.2f}x')}, {verdict(x >= want)}."
+                f"{args[3]} key{'s' if args[3] > 1 else ''}: {both(r, speed, '{:.2f}x')}, "
+                f"{verdict(x >= want)}."
             )
     rows = results["rows"]
     if rows:

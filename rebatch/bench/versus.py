@@ -15,7 +15,8 @@ every output's bytes and offsets) before any timing.
                                    [--contended] [--out versus.json] [--docs docs/benchmarks.md]
 
 Prints a table: case, baseline ms, today ms, baseline / today (quiet and contended), today / clone
-(the ms columns medians of all calls, the ratios medians of each round's paired ratio); then the issue's targets (item 2: fixed cost and speed-ups against the commit; item 3: large outputs
+(the ms columns medians of all calls, the ratios medians of each round's paired ratio); then the issue's
+targets (item 2: fixed cost and speed-ups against the commit; item 3: large outputs
 against a same-bytes clone).
 """
 
@@ -380,8 +381,8 @@ def section(results: dict[str, Any]) -> str:
     """The side-by-side run as a section of ``docs/benchmarks.md`` (between `BEGIN` and `END`)."""
     verl = results["commit"].startswith("verl")
     whose = (
-        f"the function of {results['commit']} itself, `postprocess_batch_func` (run in verl's pins environment, "
-        "`bash .ci/pins_env.sh .venv-pins`, with `.venv-pins/bin/python`)"
+        f"the function of {results['commit']} itself, `postprocess_batch_func` (run in verl's pins "
+        "environment, `bash .ci/pins_env.sh .venv-pins`, with `.venv-pins/bin/python`)"
         if verl
         else "The commit's `postprocess_batch_func` (its `ref`, `torch_impl`, `property_tests` extracted with `git archive`)"
     )
@@ -429,8 +430,8 @@ def kept_section(text: str) -> str:
 
 #: The copy limit and the small call's section of ``docs/benchmarks.md`` (issue 48), from two runs' JSON.
 COPY_BEGIN = (
-    "<!-- copy-limit: tables rendered by rebatch.bench.versus.copy_section from docs/benchmarks-copy.json and "
-    "docs/benchmarks-small-pins.json -->"
+    "<!-- copy-limit: tables rendered by rebatch.bench.versus.copy_section from docs/benchmarks-copy.json "
+    "and docs/benchmarks-small-pins.json -->"
 )
 COPY_END = "<!-- /copy-limit -->"
 
@@ -444,10 +445,10 @@ def copy_section(copy: dict[str, Any], small: dict[str, Any]) -> str:
         "## The copy limit and the small call, side by side (issue 48)",
         "",
         f"Both runs alternate the code at {copy['commit']} (*baseline*), today's drop-in and a same-bytes "
-        "`clone()` turn by turn in one run, as the section above describes; *today / clone* is the copy limit "
-        "(target: at most 1.5 at 16M, 64M and 256M elements), the B=8 row the small call (target: under 0.2 ms, "
-        "set where the small call took 0.146 ms on torch 2.13; this machine's speed varies, so compare the "
-        "paired ratios, which cancel it).",
+        "`clone()` turn by turn in one run, as the section above describes; *today / clone* is the copy "
+        "limit (target: at most 1.5 at 16M, 64M and 256M elements), the B=8 row the small call (target: "
+        "under 0.2 ms, set where the small call took 0.146 ms on torch 2.13; this machine's speed varies, "
+        "so compare the paired ratios, which cancel it).",
     ]
     for run, python in ((copy, ""), (small, " (verl's pins, `.venv-pins/bin/python`)")):
         lines += [

@@ -24,7 +24,8 @@ At world size 1, three more runs (``inject-KIND``, after the configurations; ``-
 alone, ``--no-inject``: none) put a well-formed misalignment inside the engine loop of the first log-prob
 pass of the configuration `INJECT_AT` names (a fresh worker), by wrapping the engine's ``forward_step``
 (never an edit of verl): the outputs the engine collects into ``output_lst`` are changed in place before
-``postprocess_batch_func`` sees them. ``swap_micro_batches``: two micro-batches' outputs of the same row count but different row
+``postprocess_batch_func`` sees them. ``swap_micro_batches``: two micro-batches' outputs of the same row count
+but different row
 lengths (dynamic batch size); ``swap_rows``: two rows of different lengths inside one micro-batch;
 ``swap_fixed``: two fixed-size micro-batches' outputs (dynamic batch size off); ``swap_equal``: two
 micro-batches' outputs of identical row lengths, on the fixed-length batch (every row one length: no row
@@ -317,7 +318,8 @@ def _plain(x: Any) -> Any:
 def _log_probs(
     worker: Any, batch: Any, recorder: Recorder, phase: str
 ) -> tuple[dict[str, Any], torch.Tensor]:
-    """``RayPPOTrainer._compute_old_log_prob``'s steps 1-5 around ``ActorRolloutRefWorker.compute_log_prob``."""
+    """``RayPPOTrainer._compute_old_log_prob``'s steps 1-5 around
+    ``ActorRolloutRefWorker.compute_log_prob``."""
     from verl.utils import tensordict_utils as tu
     from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
 
