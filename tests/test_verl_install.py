@@ -107,9 +107,15 @@ def test_ray_worker_setup_hook_installs_in_every_worker(ray_temp_dir: str) -> No
     functions in verl's engine module (run in a fresh interpreter: Ray starts its own processes)."""
     pytest.importorskip("ray", reason="ray is not installed")
     code = (
-        "import ray, warnings; warnings.simplefilter('ignore')\nray.init(num_cpus=1, "
-        f"include_dashboard=False, log_to_driver=False, _temp_dir={ray_temp_dir!r},\n         "
-        f"runtime_env={'worker_process_setup_hook': 'torch_impl.integrations.verl.install'})\n@ray.remote\ndef probe():\n    import torch_impl, verl.workers.engine.fsdp.transformer_impl as m\n    return getattr(m.postprocess_batch_func, '__wrapped__', None) is torch_impl.postprocess_batch_func\nprint('worker sees rebatch:', ray.get(probe.remote()))\nray.shutdown()\n"
+        "import ray, warnings; warnings.simplefilter('ignore')\n"
+        f"ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, _temp_dir={ray_temp_dir!r},\n"
+        "         runtime_env={'worker_process_setup_hook': 'torch_impl.integrations.verl.install'})\n"
+        "@ray.remote\n"
+        "def probe():\n"
+        "    import torch_impl, verl.workers.engine.fsdp.transformer_impl as m\n"
+        "    return getattr(m.postprocess_batch_func, '__wrapped__', None) is torch_impl.postprocess_batch_func\n"
+        "print('worker sees rebatch:', ray.get(probe.remote()))\n"
+        "ray.shutdown()\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=300
