@@ -190,3 +190,51 @@ def test_a_group_plan_is_one_upload_and_a_fixed_chain(rows: int, micro_batches: 
 
 #: Operations that launch nothing: views and slices of a tensor, a host array taken as a tensor.
 _VIEWS = ("slice", "view", "select.int", "alias", "as_strided", "lift_fresh", "detach")
+
+
+def test_a_read_only_witness_array_is_planned_from_without_a_warning() -> None:
+    """The caller's read-only int64 witness (warnings are errors here): planned from as any other."""
+    batch = Batch([2, 3, 1, 4], [[1, 2], [0, 3]], keys=1, width=0)
+    witness = np.array(batch.lengths, dtype=np.int64)
+    witness.flags.writeable = False
+    outs = [{"model_output": {"k0": o["model_output"]["k0"]}} for o in batch.outs]
+    want = torch_impl.postprocess_batch(outs, batch.partitions, witness=batch.lengths)
+    with torch_impl.use_settings(plan_on_device=True):
+        assert_same(torch_impl.postprocess_batch(outs, batch.partitions, witness=witness), want)
+
+
+def test_offsets_compared_with_the_witness_are_not_counted_as_trusted() -> None:
+    """On fake CUDA: three keys on one offsets tensor, planned from the witness's lengths (their offsets
+    compared), count no trusted offsets; without a witness each key's are counted; the CPU's, checked
+    under ``plan_on_device``, are not."""
+    from property_tests.fakecuda import FakeCuda, fake_like
+
+    batch = Batch([2, 3, 1, 4], [[1, 2], [0, 3]], keys=3, width=0)
+    outs = [{"model_output": {k: v for k, v in o["model_output"].items() if k != "dense"}} for o in batch.outs]
+
+    def trusted(witness: list[int] | None, fake: bool) -> int:
+        torch_impl.witness_stats(reset=True)
+        fc = FakeCuda()
+        moved = fake_like(outs, fc) if fake else outs
+        with fc if fake else torch_impl.use_settings(plan_on_device=True):
+            torch_impl.postprocess_batch(moved, batch.partitions, witness=witness)
+        return torch_impl.witness_stats(reset=True).get("skipped_device_offsets", 0)
+
+    assert trusted(batch.lengths, fake=True) == 0
+    assert trusted(None, fake=True) == 3
+    assert trusted(None, fake=False) == 0
+
+
+def test_areals_witness_names_the_misalignment_with_cu_seqlens_on_two_devices() -> None:
+    """AReaL's ``cu_seqlens``, one micro-batch's on the (fake) device and one on the host: the check's
+    error path reads both (moved to one device) and names the micro-batch."""
+    import types
+
+    from property_tests.fakecuda import FakeCuda, fake_like
+    from torch_impl.integrations import areal
+
+    fc = FakeCuda()
+    on_device = fake_like(torch.tensor([0, 2, 5], device="cpu"), fc)
+    mb_list = types.SimpleNamespace(mbs=[{"cu_seqlens": on_device}, {"cu_seqlens": torch.tensor([0, 4])}])
+    with fc, pytest.raises(errors.MisalignmentError, match="micro-batch 1: its output holds 9 values"):
+        areal._check_micro_batches(mb_list, [2, 3, 4], [0, 1, 2], [5, 9])

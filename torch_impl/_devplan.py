@@ -102,7 +102,8 @@ def plan_on_device(parts: Sequence[JaggedPart], rows: CallRows) -> DevicePlan:
         "device layout", torch.device("cpu"), lambda: _host_layout(rows)
     )
     buffer = upload(host, device)  # each group its own: its jumps are written into it
-    skipped("skipped_device_offsets")
+    if device.type != "cpu":  # trusted there, and counted (the CPU's were checked: `Settings.plan_on_device`)
+        skipped("skipped_device_offsets")
     count = sum(rows.rows)
     width = count + 2
     flat = torch.cat([*(p.offsets for p in parts), buffer[:_ZEROS]])
@@ -128,6 +129,8 @@ def plan_from_host(parts: Sequence[JaggedPart], rows: CallRows, restored: np.nda
     flag). None where those lengths do not fill each micro-batch's values exactly (a misalignment the
     witness then finds on the device's own plan): planned from them, the move could index out of range.
     """
+    if not restored.flags.writeable:  # a caller's read-only array: torch takes only writable memory
+        restored = restored.copy()
     sizes = rows.rows
     lengths = restored if rows.perm is None else restored[rows.host()[0]]
     ends = np.zeros(lengths.shape[0] + 1, dtype=np.int64)  # each split row's end among all values

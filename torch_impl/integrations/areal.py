@@ -212,8 +212,9 @@ def _check_micro_batches(
     fills = sizes is None or len(sizes) != len(cus) or sizes == [int(e[-1]) for e in expected]
     if fills and not bool(bad):  # the one read
         return
-    got = torch.cat([c.diff().to(torch.int64) for c in cus])  # the error path: read on the host
-    totals = torch.stack([(c[-1] - c[0]).to(torch.int64) for c in cus])
+    # the error path: each micro-batch's rows and total on one device, then read on the host
+    got = torch.cat([c.diff().to(device, torch.int64) for c in cus])
+    totals = torch.stack([(c[-1] - c[0]).to(device, torch.int64) for c in cus])
     rows = got.tolist()
     at = list(itertools.accumulate((int(c.numel()) - 1 for c in cus), initial=0))
     for k, (n, want) in enumerate(zip(rows, in_order, strict=True)):
