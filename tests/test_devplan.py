@@ -210,7 +210,9 @@ def test_offsets_compared_with_the_witness_are_not_counted_as_trusted() -> None:
     from property_tests.fakecuda import FakeCuda, fake_like
 
     batch = Batch([2, 3, 1, 4], [[1, 2], [0, 3]], keys=3, width=0)
-    outs = [{"model_output": {k: v for k, v in o["model_output"].items() if k != "dense"}} for o in batch.outs]
+    outs = [
+        {"model_output": {k: v for k, v in o["model_output"].items() if k != "dense"}} for o in batch.outs
+    ]
 
     def trusted(witness: list[int] | None, fake: bool) -> int:
         torch_impl.witness_stats(reset=True)
