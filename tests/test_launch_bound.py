@@ -189,32 +189,12 @@ _NO_LAUNCH = (
 def _meta_launches(rows: int, micro_batches: int, keys: int, witness: bool) -> int:
     """The operations of `_verl_call` on ``meta`` that launch a kernel."""
     from property_tests.opcount import CountOps
+    from rebatch.bench.gpu_model import to_meta
 
-    call = _verl_call(rows, micro_batches, keys, witness, lambda x: tree_to(x, "meta"))
+    call = _verl_call(rows, micro_batches, keys, witness, to_meta)
     with CountOps() as counter:
         call()
     return sum(n for op, n in counter.ops.items() if not any(v in op for v in _NO_LAUNCH))
-
-
-def tree_to(x: Any, device: str) -> Any:
-    """``x``'s tensors (nested ones too, keys on one offsets tensor kept on one) on ``device``."""
-    from torch.utils._pytree import tree_map
-
-    made: dict[int, Any] = {}
-
-    def one(t: Any) -> Any:
-        if not isinstance(t, torch.Tensor):
-            return t
-        if id(t) not in made:
-            if t.is_nested:
-                made[id(t)] = torch.nested.nested_tensor_from_jagged(
-                    t.values().to(device), t.offsets().to(device)
-                )
-            else:
-                made[id(t)] = t.to(device)
-        return made[id(t)]
-
-    return tree_map(one, x)
 
 
 @pytest.mark.parametrize(

@@ -35,7 +35,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ._jagged import Runs
+from ._jagged import Runs, host_offsets
 from ._parts import JaggedPart
 from ._rows import CallRows
 from ._tally import skipped
@@ -133,18 +133,15 @@ def plan_from_host(parts: Sequence[JaggedPart], rows: CallRows, restored: np.nda
         restored = restored.copy()
     sizes = rows.rows
     lengths = restored if rows.perm is None else restored[rows.host()[0]]
-    ends = np.zeros(lengths.shape[0] + 1, dtype=np.int64)  # each split row's end among all values
-    np.cumsum(lengths, out=ends[1:])
-    firsts = np.zeros(len(sizes) + 1, dtype=np.int64)  # each micro-batch's first row
-    np.cumsum(sizes, out=firsts[1:])
+    ends = host_offsets(lengths)  # each split row's end among all values
+    firsts = host_offsets(sizes)  # each micro-batch's first row
     fills = ends[firsts[1:]] - ends[firsts[:-1]]
     if fills.tolist() != [p.values.shape[0] for p in parts]:
         return None
     micro_batch = np.repeat(np.arange(len(sizes), dtype=np.int64), np.asarray(sizes) + 1)
     rows_at = np.arange(lengths.shape[0] + len(sizes), dtype=np.int64) - micro_batch  # each offset's row
     expected = ends[rows_at] - ends[firsts[micro_batch]]
-    offsets = np.zeros(restored.shape[0] + 1, dtype=np.int64)
-    np.cumsum(restored, out=offsets[1:])
+    offsets = host_offsets(restored)
     pieces = [offsets, expected]
     if rows.perm is not None:
         pieces += Runs.on_host(offsets[rows.host()[0]], ends[:-1], int(ends[-1]))

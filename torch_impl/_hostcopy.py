@@ -20,8 +20,9 @@ import numpy as np
 import torch
 
 from ._indexcopy import index_chunk
+from ._jagged import host_offsets
 from ._parts import Part, numpy_bridge
-from ._plan import KeyPlan, host_offsets
+from ._plan import KeyPlan
 
 __all__ = ["copy_rows", "host_movable", "scatter_rows", "scatter_values"]
 

@@ -16,11 +16,10 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-import numpy as np
 import torch
 
 from ._bits import as_bits, from_bits
-from ._jagged import Runs, zero_prefixed_cumsum
+from ._jagged import Runs, host_offsets, zero_prefixed_cumsum
 from ._plan import KeyPlan
 from ._settings import get_settings
 
@@ -102,8 +101,7 @@ def _runs_of(plan: KeyPlan) -> Runs:
     if plan.arrays is None:
         return Runs.of(_dest_starts(plan), sources_of(plan.lengths), plan.total)
     lengths, _, offsets = plan.arrays
-    sources = np.zeros(lengths.shape[0], dtype=np.int64)
-    np.cumsum(lengths[:-1], out=sources[1:])
+    sources = host_offsets(lengths)[:-1]
     positions, jumps = Runs.on_host(offsets[plan.rows.host()[0]], sources, plan.total)
     return Runs(torch.from_numpy(positions), torch.from_numpy(jumps), plan.total)
 

@@ -23,6 +23,7 @@ __all__ = [
     "Runs",
     "cached_seqlens",
     "gather_jagged",
+    "host_offsets",
     "njt",
     "result_njt",
     "seqlens_of",
@@ -112,6 +113,14 @@ def result_njt(
         ):  # its constructor's reads of itself: 38% of it on torch 2.9.1
             return NestedTensor(values, offsets, _metadata_cache=sizes)
     return njt(values, offsets, None, seqlens)
+
+
+def host_offsets(lengths: Any) -> np.ndarray:
+    """`zero_prefixed_cumsum` of host lengths (a NumPy array or a sequence of ints), in NumPy (int64
+    ``[B + 1]``)."""
+    out = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=out[1:])
+    return out
 
 
 def zero_prefixed_cumsum(lengths: torch.Tensor) -> torch.Tensor:

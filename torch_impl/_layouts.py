@@ -20,7 +20,7 @@ from ref.structure import check_lengths, check_max_len, check_pad_value
 from ._bits import as_bits, from_bits
 from ._devplan import upload
 from ._entry import entry
-from ._jagged import Runs, njt, seqlens_of, zero_prefixed_cumsum
+from ._jagged import Runs, host_offsets, njt, seqlens_of, zero_prefixed_cumsum
 from ._parts import DensePart, JaggedPart, check_offsets, check_parts
 
 __all__ = ["from_packed", "from_padded", "host_lengths", "scatter_padded", "to_packed", "to_padded"]
@@ -71,8 +71,7 @@ def _host_runs(
     """``[s + j for s, n in zip(starts, lengths) for j in range(n)]``, int64 ``[total]`` on ``device``,
     from host arrays: their runs computed on the host and uploaded once, with the rows' offsets ``[B + 1]``
     (returned first: the first ``B + 1`` of the one buffer uploaded); three launches more."""
-    offsets = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
+    offsets = host_offsets(lengths)
     host = np.concatenate([offsets, *Runs.on_host(starts, offsets[:-1], total)])
     both = upload(host, device)
     count = lengths.shape[0]

@@ -14,13 +14,13 @@ import numpy as np
 import torch
 
 from ._devplan import plan_from_host, plan_on_device
-from ._jagged import Runs, Seqlens, cached_seqlens, seqlens_of, zero_prefixed_cumsum
+from ._jagged import Runs, Seqlens, cached_seqlens, host_offsets, seqlens_of, zero_prefixed_cumsum
 from ._parts import DensePart, Part, check_offsets, numpy_bridge
 from ._rows import CallRows
 from ._settings import get_settings
 from ._tally import skipped
 
-__all__ = ["KeyPlan", "host_offsets", "plan_key"]
+__all__ = ["KeyPlan", "plan_key"]
 
 
 class KeyPlan(NamedTuple):
@@ -52,13 +52,6 @@ class KeyPlan(NamedTuple):
     @property
     def device(self) -> torch.device:
         return self.parts[0].values.device
-
-
-def host_offsets(lengths: np.ndarray) -> np.ndarray:
-    """`torch_impl._jagged.zero_prefixed_cumsum` of host lengths, in NumPy (int64 ``[B + 1]``)."""
-    out = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
-    lengths.cumsum(out=out[1:])
-    return out
 
 
 def plan_key(

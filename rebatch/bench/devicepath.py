@@ -40,6 +40,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from .workers import Worker, baseline_root, serve
+
 __all__ = ["BEFORE", "CASES", "Case", "main", "measure"]
 
 #: The commit before issue 56's work (its parent: keys on one offsets tensor each planned alone).
@@ -146,25 +148,20 @@ def _call(case: Case, move: Callable[[Any], Any]) -> Callable[[], Any]:
         packed = move([[ks[k].values() for ks in keys] for k in range(case.keys)])
         return lambda: [areal.reorder_and_pad_outputs(p, lengths, mb_list) for p in packed]
     if case.trainer == "skyrl":
+        from property_tests.sidebyside import Batch
         from torch_impl.integrations import skyrl
 
         width = max(lengths)
         batches = []
         for ks in keys:
             padded = {f"k{k}": x.to_padded_tensor(0.0, (x.size(0), width)) for k, x in enumerate(ks)}
-            batches.append(_SkyrlBatch(padded))
+            batches.append(Batch(padded))
         it = types.SimpleNamespace(
             _microbatches=partitions, _token_counts=[1] * case.rows, _num_padding_microbatches=0, data=None
         )
         moved_batches = move([dict(b) for b in batches])  # plain dicts: a tree's nodes
-        return lambda: skyrl.reorder_and_combine_batches(it, [_SkyrlBatch(b) for b in moved_batches])
+        return lambda: skyrl.reorder_and_combine_batches(it, [Batch(b) for b in moved_batches])
     raise ValueError(f"unknown trainer {case.trainer!r}")
-
-
-class _SkyrlBatch(dict):  # type: ignore[type-arg,unused-ignore]
-    """What ``reorder_and_combine_batches`` reads of SkyRL's batch: its items, its type, ``metadata``."""
-
-    metadata: Any = None
 
 
 def _forced(call: Callable[[], Any]) -> Callable[[], Any]:
@@ -220,15 +217,13 @@ def _worker() -> int:
     """Serve the harness on stdin/stdout: ``setup`` (a case: its forced call built, a warm-up, the
     result's digest, the warm time of one call, the fake-CUDA trace), ``time`` (``n`` calls, each timed),
     ``quit``."""
-    fn: Callable[[], Any] | None = None
-    out = sys.stdout
-    sys.stdout = sys.stderr  # nothing but replies on the pipe
-    for line in sys.stdin:
-        msg = json.loads(line)
+    made: dict[str, Callable[[], Any]] = {}  # the case's forced call, once set up
+
+    def handle(msg: dict[str, Any]) -> dict[str, Any] | None:
         reply: dict[str, Any]
         if msg["cmd"] == "setup":
             case = Case(*msg["case"])
-            fn = _forced(_call(case, lambda x: x))
+            fn = made["call"] = _forced(_call(case, lambda x: x))
             reply = {"digest": _digest(fn()), **_trace(case)}
             warm = []
             for _ in range(3):
@@ -237,27 +232,23 @@ def _worker() -> int:
                 warm.append(time.perf_counter() - start)
             reply["first"] = min(warm)
         elif msg["cmd"] == "time":
-            assert fn is not None
+            fn = made["call"]
             times = []
             for _ in range(msg["n"]):
                 start = time.perf_counter()
                 fn()
                 times.append(time.perf_counter() - start)
             reply = {"times": times}
-        elif msg["cmd"] == "quit":
-            return 0
         else:
-            reply = {"error": f"unknown command {msg['cmd']!r}"}
-        out.write(json.dumps(reply) + "\n")
-        out.flush()
-    return 0
+            return None
+        return reply
+
+    return serve(handle)
 
 
 def measure(cases: tuple[Case, ...], commit: str, *, rounds: int, log: Any = None) -> dict[str, Any]:
     """Each case, today's code against ``commit``'s, alternated turn by turn: medians, paired ratio,
     launches and reads of each."""
-    from .workers import Worker, baseline_root
-
     root = Path(__file__).resolve().parents[2]
     before = Worker(baseline_root(commit), module=_MODULE)
     today = Worker(root, module=_MODULE)

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from .tables import markdown, row_line
-from .workers import IMPL_ENV, ROOT, Worker, baseline_root, describe, timed_alone
+from .workers import IMPL_ENV, ROOT, Worker, baseline_root, describe, serve, timed_alone
 
 __all__ = ["TARGETS", "kept_section", "main", "section", "targets_grid", "versus", "write_docs"]
 
@@ -172,10 +172,8 @@ def _worker() -> int:  # noqa: C901
         data_of = lambda case: TensorDict({}, batch_size=[])  # noqa: E731  (verl's defaults, as ours)
 
     fns: dict[str, Callable[[], Any]] = {}
-    out = sys.stdout
-    sys.stdout = sys.stderr  # nothing but replies on the pipe
-    for line in sys.stdin:
-        msg = json.loads(line)
+
+    def handle(msg: dict[str, Any]) -> dict[str, Any] | None:
         reply: dict[str, Any]
         if msg["cmd"] == "setup":
             fns.clear()
@@ -229,13 +227,11 @@ def _worker() -> int:  # noqa: C901
                     for k in rng.sample((0, 1), 2):
                         paired[k].append(timed_alone(pair[k]))
             reply = {"times": paired}
-        elif msg["cmd"] == "quit":
-            return 0
         else:
-            reply = {"error": f"unknown command {msg['cmd']!r}"}
-        out.write(json.dumps(reply) + "\n")
-        out.flush()
-    return 0
+            return None
+        return reply
+
+    return serve(handle)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["IMPL_ENV", "ROOT", "Worker", "baseline_root", "describe", "timed_alone"]
+__all__ = ["IMPL_ENV", "ROOT", "Worker", "baseline_root", "describe", "serve", "timed_alone"]
 
 #: This checkout.
 ROOT = Path(__file__).resolve().parents[2]
@@ -124,3 +124,21 @@ def describe() -> str:
         ["git", "-C", str(ROOT), "diff", "--quiet", "HEAD", "--", "ref", "torch_impl"], capture_output=True
     ).returncode
     return (head or "unknown") + ("+changes" if dirty else "")
+
+
+def serve(handle: Callable[[dict[str, Any]], dict[str, Any] | None]) -> int:
+    """A worker's loop: each JSON line of stdin a command (``{"cmd": ...}``), each answered by one JSON
+    line on stdout, ``handle(msg)``'s reply (None: an unknown command, answered as an error), until
+    ``quit`` or the end of stdin. Anything else printed meanwhile goes to stderr."""
+    out = sys.stdout
+    sys.stdout = sys.stderr  # nothing but replies on the pipe
+    for line in sys.stdin:
+        msg = json.loads(line)
+        if msg["cmd"] == "quit":
+            return 0
+        reply = handle(msg)
+        if reply is None:
+            reply = {"error": f"unknown command {msg['cmd']!r}"}
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+    return 0
