@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The trainers' environments, one after another (.ci/run starts this in the background at its beginning,
-# so that their downloads overlap the main test suite): verl's pins (torch 2.9.1), AReaL 1.0.4 (the same
-# torch, the pins environment's files hard-linked) and SkyRL 0.4.0 (Python 3.12, torch 2.13.0). About
+# so that their downloads overlap the main test suite): verl's pins (torch 2.9.1) first, then each other
+# trainer's as rebatch_startup/trainers.py declares it: AReaL 1.0.4 (the same torch, the pins
+# environment's files hard-linked), SkyRL 0.4.0 (Python 3.12, torch 2.13.0), ... About
 # 16 GB on disk in all (pins 8, AReaL 1.5, SkyRL 6), plus pip's temporary copy of the largest download;
 # pip's cache is off (PIP_NO_CACHE_DIR), so no second copy of the wheels stays behind.
 # Progress for .ci/lanes.sh: .cache/envs/pins.built once the pins environment is built (.ci/run also
@@ -15,7 +16,9 @@ free() { df -h . | awk 'NR == 2 {print $4 " free on disk"}'; }
 bash .ci/pins_env.sh .venv-pins
 echo "== envs [$SECONDS s] verl's pins environment built ($(free))"
 mkdir -p .cache/envs && touch .cache/envs/pins.built  # .ci/lanes.sh starts the tests on verl's pins
-bash .ci/areal_env.sh .venv-areal
-echo "== envs [$SECONDS s] AReaL's environment built ($(free))"
-bash .ci/skyrl_env.sh .venv-skyrl
-echo "== envs [$SECONDS s] SkyRL's environment built ($(free))"
+# every other trainer's environment, as declared once (rebatch_startup/trainers.py)
+python3 -m rebatch_startup envs | while read -r name venv script; do
+  [ "$venv" = .venv-pins ] && continue
+  bash "$script" "$venv" < /dev/null  # (not the list this loop reads)
+  echo "== envs [$SECONDS s] $name's environment built ($(free))"
+done

@@ -45,7 +45,8 @@ pins() {
     .venv-pins/bin/python -m pytest tests
 }
 trainers() {
-  built all && grep "^== envs\|^pins:\|^areal:\|^skyrl:" .cache/envs.log \
+  local names; names="$(python3 -m rebatch_startup names | tr ' ' '|')"
+  built all && grep -E "^== envs|^(pins|$names):" .cache/envs.log \
     && bash .ci/verl_versions.sh "$PWD/.venv-pins" && bash .ci/verl_upstream/run.sh "$PWD/.venv-pins" && bash .ci/peers.sh
 }
 step "three lanes: the main tests now | the tests on verl's pins once built | then verl 0.8.0 and 0.9.0, verl's own tests, the trainers"

@@ -8,6 +8,8 @@ from __future__ import annotations
 import sys
 import zipfile
 
+from rebatch_startup.trainers import TRAINERS
+
 ALLOWED = {
     "ref",
     "torch_impl",
@@ -24,9 +26,11 @@ HOOK = {"rebatch.pth": "rebatch_startup/rebatch.pth", "rebatch.start": "rebatch_
 REQUIRED = {
     "torch_impl/integrations/_patch.py",
     "torch_impl/integrations/_integration.py",
-    "torch_impl/integrations/verl.py",
-    "torch_impl/integrations/areal.py",
-    "torch_impl/integrations/skyrl.py",
+    # every declared trainer's integration and kit module (rebatch_startup/trainers.py)
+    *(f"{trainer.integration.replace('.', '/')}.py" for trainer in TRAINERS),
+    *(f"{trainer.kit_module.replace('.', '/')}.py" for trainer in TRAINERS if trainer.kit_module),
+    "rebatch_startup/trainers.py",
+    "rebatch_startup/forksafe.py",
     "rebatch_startup/__init__.py",
     "rebatch_startup/_hooks.py",
     "rebatch_startup/verl.py",

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from torch_impl import testing
-from torch_impl.testing import bits
+from torch_impl.testing import bits, cached_seqlen_bounds, raw_lengths, raw_values
 
 __all__ = ["bits", "cached_sizes", "observed_difference", "same_tensor", "assert_same", "first_difference"]
 
@@ -19,8 +19,7 @@ def cached_sizes(x: torch.Tensor) -> tuple[int | None, int | None, bool]:
     """What a jagged nested tensor caches that a consumer reads next (`same_tensor` compares it): its
     shortest and longest row (None where not cached: ``to_padded_tensor()`` then pads to the number of
     values) and whether it has holes (``lengths()``)."""
-    nested: Any = x
-    return nested._maybe_min_seqlen, nested._maybe_max_seqlen, nested._lengths is not None
+    return (*cached_seqlen_bounds(x), raw_lengths(x) is not None)
 
 
 def _observed(x: torch.Tensor) -> list[Any]:
@@ -29,7 +28,7 @@ def _observed(x: torch.Tensor) -> list[Any]:
     tensor read in inference mode."""
     raw: Any = x
     seen: list[Any] = []
-    with torch.inference_mode(raw._values.is_inference()):
+    with torch.inference_mode(raw_values(raw).is_inference()):
         nested = raw.detach()
         try:
             padded = nested.to_padded_tensor(0)

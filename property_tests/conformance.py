@@ -45,6 +45,8 @@ def candidate_from_env() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .peers import PEERS
+
     parser = argparse.ArgumentParser(
         prog="python -m property_tests.conformance",
         description=__doc__,
@@ -53,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--candidate",
         default=candidate_from_env(),
-        help="module:function, or a trainer's name (verl, areal, skyrl: its own function through its adapter) "
-        "(default: %(default)s)",
+        help=f"module:function, or a trainer's name ({', '.join(PEERS)}: its own function through its "
+        "adapter) (default: %(default)s)",
     )
     parser.add_argument("--max-examples", type=int, default=100)
     parser.add_argument("--cases", type=int, default=500, help="a trainer's differential: valid calls drawn")
@@ -69,8 +71,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.report:
         return _write_report(args.report, args.reports, check=args.check)
-    from .peers import PEERS
-
     if args.candidate in PEERS:
         return _peer(args.candidate, args)
     failed = 0

@@ -455,7 +455,7 @@ def run_in_threads(worker: Any, world: int, *, timeout_s: float = 60.0) -> None:
     collectives at once."""
     import threading
 
-    from torch.testing._internal.distributed import multi_threaded_pg as threaded
+    from torch_impl.testing import install_threaded_process_group, uninstall_threaded_process_group
 
     global _thread_store
     failures: list[BaseException] = []
@@ -467,9 +467,7 @@ def run_in_threads(worker: Any, world: int, *, timeout_s: float = 60.0) -> None:
             failures.append(err)
             threaded.ProcessLocalGroup.exception_handle(err)
 
-    isolate = torch._C._distributed_c10d._set_thread_isolation_mode  # type: ignore[attr-defined]
-    threaded._install_threaded_pg()
-    isolate(True)  # process group names per thread, as torch's own threaded tests do
+    threaded = install_threaded_process_group()  # process group names per thread, as torch's own tests do
     _thread_store = dist.HashStore()
     try:
         threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(world)]
@@ -483,6 +481,4 @@ def run_in_threads(worker: Any, world: int, *, timeout_s: float = 60.0) -> None:
             raise next((f for f in failures if not isinstance(f, SystemExit)), failures[0])
     finally:
         _thread_store = None
-        isolate(False)
-        threaded.ProcessLocalGroup.reset()
-        threaded._uninstall_threaded_pg()
+        uninstall_threaded_process_group()

@@ -29,13 +29,19 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves, tree_map
 
-from torch_impl.testing import kernel_choices
+from torch_impl.testing import (
+    FakeTensor,
+    FakeTensorMode,
+    TorchDispatchMode,
+    aten_ops,
+    kernel_choices,
+    tree_leaves,
+    tree_map,
+    unset_fake_temporarily,
+)
 
 from .data import offsets_of
 from .nondeterministic import Op, refusal, switch
@@ -43,18 +49,20 @@ from .nondeterministic import Op, refusal, switch
 __all__ = ["READS", "FakeCuda", "MixedDevices", "Refused", "Trace", "fake_like", "trace", "trace_of"]
 
 _aten = torch.ops.aten
+#: aten's underscored operations this module tells apart: a scalar read, ``torch.unique``, ``to(device)``.
+_SCALAR, _UNIQUE, _TO_COPY = aten_ops()
 
 #: Operations that read device data on the host (a synchronisation on a GPU): a scalar read, or an output
 #: whose shape depends on the data. A copy of a device tensor to the host is one too (see `FakeCuda`).
 READS: frozenset[Any] = frozenset(
     {
-        _aten._local_scalar_dense.default,
+        _SCALAR,
         _aten.item.default,
         _aten.nonzero.default,
         _aten.nonzero_static.default,
         _aten.masked_select.default,
         _aten.unique_consecutive.default,
-        _aten._unique2.default,
+        _UNIQUE,
         _aten.unique_dim.default,
         _aten.equal.default,
         _aten.is_nonzero.default,
@@ -274,7 +282,7 @@ class FakeCuda(TorchDispatchMode):
         _VIEWS.setdefault(name, bool(func.is_view))
         self.ops.append(name)
         host = [t for t in tensors if not isinstance(t, FakeTensor) and t.is_cpu and t.dim() > 0]
-        if fakes and host and func is not _aten._to_copy.default:
+        if fakes and host and func is not _TO_COPY:
             self.mixed.append(f"{name} at {_where()}")
             if self.strict:
                 shown = ", ".join(f"{t.device}{list(t.shape)}" for t in tensors)
@@ -286,7 +294,7 @@ class FakeCuda(TorchDispatchMode):
             pair = self._unbound.get(id(first))
             self._read_groups.append(pair[0] if pair is not None and pair[1] is first else -len(self.reads))
             return self._answer(func, args, kwargs)
-        if func is _aten._to_copy.default and not fakes:  # a host tensor moved to the device
+        if func is _TO_COPY and not fakes:  # a host tensor moved to the device
             (t,) = args
             if not kwargs.get(
                 "non_blocking", False
@@ -342,12 +350,12 @@ class FakeCuda(TorchDispatchMode):
             out = torch.empty_strided(real.shape, real.stride(), dtype=real.dtype, device="cuda")
             self.shadow(out, real)
             return out
-        if func is _aten._local_scalar_dense.default or func is _aten.item.default:
+        if func is _SCALAR or func is _aten.item.default:
             return False if args[0].dtype == torch.bool else 0
         if func in (_aten.equal.default, _aten.is_nonzero.default, _aten.allclose.default):
             return False
-        if func is _aten._to_copy.default or func is _aten.copy_.default:
-            src = args[0] if func is _aten._to_copy.default else args[1]
+        if func is _TO_COPY or func is _aten.copy_.default:
+            src = args[0] if func is _TO_COPY else args[1]
             with unset_fake_temporarily():
                 shape = [int(s) for s in src.shape]
                 out = torch.zeros(shape, dtype=kwargs.get("dtype") or src.dtype, device="cpu")
@@ -357,7 +365,7 @@ class FakeCuda(TorchDispatchMode):
 
 def _to_host(func: Any, args: Any, kwargs: Any, fakes: Sequence[torch.Tensor]) -> bool:
     """A copy of a device tensor to the host (a read)."""
-    if func is _aten._to_copy.default:
+    if func is _TO_COPY:
         device = kwargs.get("device")
         return bool(fakes) and device is not None and torch.device(device).type == "cpu"
     if func is _aten.copy_.default:

@@ -16,6 +16,7 @@ import torch
 from tensordict import NonTensorData, TensorDict
 
 import torch_impl
+from torch_impl.testing import raw_values
 
 from .opcount import CountOps
 
@@ -112,7 +113,7 @@ def _host_input_ids(output_lst: list[dict[str, Any]], indices: list[list[int]] |
         if x is not None:
             rows += int(x.size(0))
             if x.is_nested and not length and int(x.size(0)):
-                length = int(x._values.shape[0]) // int(x.size(0))
+                length = int(raw_values(x).shape[0]) // int(x.size(0))
     if indices is not None:
         rows = sum(len(p) for p in indices)
     offsets = torch.arange(rows + 1, dtype=torch.int64) * length

@@ -7,8 +7,8 @@ from collections import Counter
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+
+from torch_impl.testing import TorchDispatchMode, tree_leaves
 
 __all__ = ["CountOps"]
 

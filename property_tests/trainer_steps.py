@@ -3,6 +3,8 @@
 rebatch activated as a user does (``REBATCH=on``, ``REBATCH=shadow:1`` or off), its results saved for
 the test to compare bit for bit.
 
+Each trainer's steps are its kit module's ``step(model, swap, dtype)`` (`property_tests.trainers`):
+
 - ``areal``: AReaL 1.0.4's own ``FSDPEngine`` (``areal.engine.fsdp_engine``) on the CPU over gloo (world
   size 1, or each rank of ``torch.distributed.run`` with its own rows, its result in ``OUT.rankR``):
   ``forward_batch`` (log-probs: its micro-batch split, the model, ``reorder_and_pad_outputs``),
@@ -23,6 +25,7 @@ here is imported by rebatch itself.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Callable
@@ -30,7 +33,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["ROWS", "build_model", "main"]
+from rebatch_startup.trainers import TRAINERS
+
+__all__ = ["ROWS", "attempt", "batch", "build_model", "main", "mode", "stepped"]
 
 #: the batch: 24 sequences of 6-29 tokens
 ROWS = 24
@@ -54,7 +59,7 @@ def build_model(path: str) -> None:
     Qwen2ForCausalLM(config).save_pretrained(path)
 
 
-def _batch(rank: int = 0) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+def batch(rank: int = 0) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """``(input_ids [B, S], attention_mask [B, S] bool, lengths)``, right-padded, seeded (each data-parallel
     rank its own rows)."""
     g = torch.Generator().manual_seed(1 + rank)
@@ -67,12 +72,21 @@ def _batch(rank: int = 0) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     return ids * mask, mask, lengths
 
 
-def _mode() -> dict[str, Any]:
-    """Which restore functions are bound, and shadow mode's counters (rebatch's, where it is installed)."""
-    from torch_impl.integrations import areal, skyrl
+def stepped() -> tuple[str, ...]:
+    """The trainers whose kit module has steps in their own code (``step``), in the registry's order."""
+    return tuple(
+        trainer.name
+        for trainer in TRAINERS
+        if trainer.kit_module is not None and hasattr(importlib.import_module(trainer.kit_module), "step")
+    )
 
-    out: dict[str, Any] = {"areal": areal.mode(), "skyrl": skyrl.mode()}
-    for name, integration in (("areal", areal), ("skyrl", skyrl)):
+
+def mode() -> dict[str, Any]:
+    """Which restore functions are bound, and shadow mode's counters (rebatch's, where it is installed)."""
+    out: dict[str, Any] = {}
+    for name in stepped():
+        integration = importlib.import_module(f"torch_impl.integrations.{name}")
+        out[name] = integration.mode()
         if integration.mode() == "shadow":
             stats = integration.stats()
             out[f"{name}_shadow"] = {
@@ -82,7 +96,7 @@ def _mode() -> dict[str, Any]:
     return out
 
 
-def _attempt(fn: Callable[[], Any]) -> tuple[Any, str | None]:
+def attempt(fn: Callable[[], Any]) -> tuple[Any, str | None]:
     """``(result, None)`` or ``(None, "Class: message")``."""
     try:
         return fn(), None
@@ -90,146 +104,9 @@ def _attempt(fn: Callable[[], Any]) -> tuple[Any, str | None]:
         return None, f"{type(err).__name__}: {err}"
 
 
-# -- AReaL ---------------------------------------------------------------------------------------
-
-
-def _areal(model: str, swap: tuple[int, int] | None, dtype: str = "float32") -> dict[str, Any]:
-    from areal.api.cli_args import MicroBatchSpec, OptimizerConfig, TrainEngineConfig
-    from areal.api.io_struct import FinetuneSpec
-    from areal.engine import fsdp_engine
-
-    config = TrainEngineConfig(
-        experiment_name="rebatch",
-        trial_name="engine",
-        path=model,
-        dtype=dtype,
-        attn_impl="sdpa",
-        optimizer=OptimizerConfig(lr=1e-2),
-        backend=f"fsdp:d{int(os.environ['WORLD_SIZE'])}",
-        mb_spec=MicroBatchSpec(max_tokens_per_mb=64),
-    )
-    engine = fsdp_engine.FSDPEngine(config)
-    engine.create_process_group()
-    engine.initialize(None, FinetuneSpec(total_train_epochs=1, dataset_size=ROWS, train_batch_size=ROWS))
-    ids, mask, lengths = _batch(int(os.environ["RANK"]))
-    batch = {"input_ids": ids, "attention_mask": mask}
-    out: dict[str, Any] = {"bound": fsdp_engine.reorder_and_pad_outputs.__module__, "lengths": lengths}
-    if swap is not None:
-        _swap_areal_micro_batches(engine, *swap)
-        out["forward"], out["error"] = _attempt(lambda: engine.forward_batch(dict(batch)))
-        out["mode"] = _mode()
-        return out
-    out["logp_before"] = engine.forward_batch(dict(batch))
-
-    def loss_fn(logprobs: torch.Tensor, entropy: torch.Tensor, mb: dict[str, Any], **_: Any) -> torch.Tensor:
-        return -(logprobs * 1.0).sum() + 0.01 * entropy.sum()
-
-    def loss_weight_fn(mb: dict[str, Any]) -> torch.Tensor:
-        return torch.tensor(float(mb["input_ids"].numel()))
-
-    out["train"] = [engine.train_batch(dict(batch), loss_fn, loss_weight_fn) for _ in range(2)]
-    # the metrics but the wall-clock ones, as plain floats (the result is loaded with weights_only)
-    out["train"] = [
-        {k: float(v) for k, v in s.items() if "time" not in k and "seconds" not in k} for s in out["train"]
-    ]
-    out["params"] = {k: v.detach().clone() for k, v in engine.model.state_dict().items()}
-    out["params"] = {
-        k: (v.full_tensor() if hasattr(v, "full_tensor") else v) for k, v in out["params"].items()
-    }
-    out["logp_after"] = engine.forward_batch(dict(batch))
-    out["mode"] = _mode()
-    return out
-
-
-def _swap_areal_micro_batches(engine: Any, m: int, n: int) -> None:
-    """The engine's loop with the outputs of micro-batches ``m`` and ``n`` swapped (their results computed,
-    then handed to the engine's collector in the other order)."""
-    loop = engine.forward_backward_batch
-
-    def forward_backward_batch(
-        mb_list: Any, process_output_fn: Callable[..., Any], forward_only: bool = False
-    ) -> None:
-        held: list[tuple[torch.Tensor, dict[str, Any]]] = []
-        loop(mb_list, lambda logits, ctx: held.append((logits, ctx)), forward_only)
-        held[m], held[n] = held[n], held[m]
-        for logits, ctx in held:
-            process_output_fn(logits, ctx)
-
-    engine.forward_backward_batch = forward_backward_batch
-
-
-# -- SkyRL ---------------------------------------------------------------------------------------
-
-
-def _skyrl(model: str, swap: tuple[int, int] | None, dtype: str = "float32") -> dict[str, Any]:
-    from skyrl.backends.skyrl_train.training_batch import TrainingInputBatch, TrainingOutputBatch
-    from skyrl.backends.skyrl_train.utils.torch_utils import logprobs_from_logits
-    from skyrl.backends.skyrl_train.workers import worker_utils
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    net = AutoModelForCausalLM.from_pretrained(model, attn_implementation="sdpa", dtype=getattr(torch, dtype))
-    ids, _, lengths = _batch()
-    # SkyRL's layout: sequences left-padded, the last `a` columns the response; response_mask marks each
-    # row's response tokens (a prompt of 4 tokens, the rest response)
-    s = ids.shape[1]
-    a = s - 4
-    left = torch.zeros_like(ids)
-    attention = torch.zeros(ROWS, s, dtype=torch.int64)
-    response = torch.zeros(ROWS, a, dtype=torch.int64)
-    for i, n in enumerate(lengths):
-        left[i, s - n :] = ids[i, :n]
-        attention[i, s - n :] = 1
-        response[i, a - (n - 4) :] = 1
-    data = TrainingInputBatch({"sequences": left, "attention_mask": attention, "response_mask": response})
-    data.metadata = {"response_length": a}
-    it = worker_utils.TokenBasedBatchIterator(data, max_tokens_per_microbatch=64)
-    out: dict[str, Any] = {
-        "bound": type(it).__dict__["reorder_and_combine_batches"].__module__,
-        "microbatches": [list(p) for p in it._microbatches],
-        "valid": [n - 4 for n in lengths],
-    }
-
-    def micro(mb: Any) -> tuple[torch.Tensor, list[dict[str, Any]]]:
-        # SkyRL's HFModelWrapper.forward without padding removal (its module imports flash_attn: not on a
-        # CPU machine), with SkyRL's own logprobs_from_logits
-        seq, att = mb["sequences"], mb["attention_mask"]
-        pos = att.long().cumsum(-1) - 1
-        pos.masked_fill_(att == 0, 1)
-        logits = net(seq, attention_mask=att, position_ids=pos)["logits"]
-        logp = logprobs_from_logits(logits, torch.roll(seq, shifts=-1, dims=1), inplace_backward=True)
-        action = logp[:, -a - 1 : -1]
-        valid = mb["response_mask"].sum(dim=1).int().tolist()
-        cpu = action.detach().cpu()
-        items = [{"logprobs": cpu[i, -n:].tolist() if n > 0 else []} for i, n in enumerate(valid)]
-        return action, items
-
-    batches, item_lists, losses = [], [], []
-    for mb in it:
-        action, items = micro(mb)
-        batches.append(TrainingOutputBatch({"output": action.detach()}))
-        item_lists.append(items)
-        losses.append(-(action * mb["response_mask"]).sum())
-    if swap is not None:
-        m, n = swap
-        batches[m], batches[n] = batches[n], batches[m]
-        item_lists[m], item_lists[n] = item_lists[n], item_lists[m]
-        out["swapped"] = (m, n)
-        out["batches"], out["batches_error"] = _attempt(lambda: dict(it.reorder_and_combine_batches(batches)))
-        out["items"], out["items_error"] = _attempt(lambda: it.reorder_and_combine_items(item_lists))
-        out["mode"] = _mode()
-        return out
-    out["batches"] = dict(it.reorder_and_combine_batches(batches))
-    out["items"] = it.reorder_and_combine_items(item_lists)
-    torch.stack(losses).sum().backward()
-    out["grads"] = {k: p.grad.clone() for k, p in net.named_parameters() if p.grad is not None}
-    out["mode"] = _mode()
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("trainer", choices=("areal", "skyrl"))
+    parser.add_argument("trainer", choices=stepped())
     parser.add_argument("model")
     parser.add_argument("out")
     parser.add_argument("--swap", type=lambda v: tuple(int(x) for x in v.split(",")), default=None)
@@ -238,8 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
         os.environ.setdefault(k, v)
     torch.use_deterministic_algorithms(True)
-    step = _areal if args.trainer == "areal" else _skyrl
-    result = step(args.model, args.swap, args.dtype)
+    kit = importlib.import_module(f"property_tests.trainers.{args.trainer}")
+    result = kit.step(args.model, args.swap, args.dtype)
     out = args.out if os.environ["WORLD_SIZE"] == "1" else f"{args.out}.rank{os.environ['RANK']}"
     tmp = f"{out}.{os.getpid()}.tmp"
     torch.save(result, tmp)

@@ -15,7 +15,6 @@ import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, TextIO
 
 import numpy as np
@@ -23,9 +22,10 @@ import torch
 
 from property_tests.compare import same_tensor
 from property_tests.data import rows_of
+from rebatch_startup.trainers import names as trainer_names
 from ref.errors import MisalignmentError, RebatchError
 from torch_impl import postprocess_batch_func, read_setting, witness_stats
-from torch_impl.testing import DUMP_FORMAT, check_batch_func
+from torch_impl.testing import DUMP_FORMAT, PICKLE_NAMES_TO_ALLOW, PICKLE_NAMES_TORCH_ADMITS, check_batch_func
 
 __all__ = ["DUMP_GLOBALS", "DumpError", "UnsafeDumpError", "first_bad_row", "run_check"]
 
@@ -244,17 +244,13 @@ DUMP_GLOBALS = frozenset(
         "builtins.set",
         "torch.Size",
         "torch.Tensor",
-        "torch._utils._rebuild_tensor_v2",
-        "torch._tensor._rebuild_from_type_v2",
-        "torch.nested._internal.nested_tensor.NestedTensor",
-        "torch.nested._internal.nested_tensor._rebuild_njt",
-        "tensordict._td.TensorDict",
-        "tensordict._reductions._make_td",
         "tensordict.tensorclass.NonTensorData",
         "tensordict.tensorclass.NonTensorStack",
-        # a tensor marked dynamic (``torch._dynamo.mark_dynamic(t, dim, min=, max=)``, as verl's engine does)
-        # keeps a set of these (dim, min, max) in its ``_dynamo_dynamic_range``
-        "torch._dynamo.decorators._DimRange",
+        # torch's private rebuild functions, the jagged tensor's class, tensordict's TensorDict, and the
+        # (dim, min, max) ranges a tensor marked dynamic keeps (as verl's engine marks them), as the pickle
+        # spells them (`ref._torch_private`, the one room of private torch names)
+        *PICKLE_NAMES_TORCH_ADMITS,
+        *PICKLE_NAMES_TO_ALLOW,
     }
 )
 _STORAGE = re.compile(r"torch\.[A-Za-z0-9]+Storage")
@@ -307,7 +303,7 @@ def _safe_load(path: str) -> Any:
     allowed: list[Any] = []
     for name in sorted(DUMP_GLOBALS):  # those beyond torch's own allowlist, as this release spells them
         module, _, attr = name.rpartition(".")
-        if module.startswith(("tensordict", "torch.nested", "torch._dynamo")):
+        if module.startswith("tensordict") or name in PICKLE_NAMES_TO_ALLOW:
             with contextlib.suppress(ImportError, AttributeError):  # another release: its pickle names differ
                 allowed.append(getattr(importlib.import_module(module), attr))
     try:
@@ -317,65 +313,30 @@ def _safe_load(path: str) -> Any:
         raise DumpError(f"cannot read {path} with torch.load: {type(err).__name__}: {err}") from None
 
 
-class _Batch(dict[str, Any]):
-    """A SkyRL batch as a dump holds it: its keys, and ``metadata``."""
-
-    metadata: Any = None
-
-
 def _dump_call(path: str, obj: Any) -> tuple[str, Callable[[], Any]] | None:
-    """For an AReaL or SkyRL dump: ``(its function, a call of rebatch's drop-in on its inputs)``; None for
-    verl's. `DumpError` for a dict that is not a dump of rebatch's format."""
+    """For a dump its trainer's integration replays (AReaL's, SkyRL's: ``Integration.replay``):
+    ``(its function, a call of rebatch's drop-in on its inputs)``; None for verl's format. `DumpError` for
+    a dict that is not a dump of rebatch's format, of no declared trainer, or whose inputs its
+    integration cannot replay (``NotReplayable``, a `ValueError`)."""
     if obj.get("format") != DUMP_FORMAT or not isinstance(obj.get("inputs"), dict):
         raise DumpError(
             f"{path}: not a rebatch dump (format {DUMP_FORMAT!r} with inputs), got keys {sorted(obj)[:8]}"
         )
     trainer, function, inputs = obj.get("trainer"), str(obj.get("function")), obj["inputs"]
+    if trainer not in trainer_names():
+        known = ", ".join(trainer_names())
+        raise DumpError(f"{path}: a dump of trainer {trainer!r}: rebatch checks dumps of {known}")
+    integration = importlib.import_module(f"torch_impl.integrations.{trainer}").INTEGRATION
+    if integration.replay is None:
+        return None
     try:
-        if trainer == "verl":
-            return None
-        if trainer == "areal":
-            from torch_impl.integrations import areal
-
-            mb = inputs["mb_list"]
-            mb_list = SimpleNamespace(**mb)
-            if inputs.get("aggregate_fn") is not None:
-                raise DumpError(
-                    f"{path}: AReaL's call used aggregate_fn {inputs['aggregate_fn']}, not torch.cat"
-                )
-            return function, lambda: areal.reorder_and_pad_outputs(
-                list(inputs["outputs"]), list(inputs["output_seqlens"]), mb_list
-            )
-        if trainer == "skyrl":
-            from torch_impl.integrations import skyrl
-
-            me = inputs["self"]
-            n = int(me["batch_size"])
-            self = SimpleNamespace(
-                _microbatches=me["_microbatches"],
-                _num_padding_microbatches=int(me["_num_padding_microbatches"]),
-                _token_counts=[0] * n,
-                data=SimpleNamespace(batch_size=n),
-            )
-            batches: list[Any] = []
-            for b in inputs["batches"]:
-                if isinstance(b, dict):
-                    batch = _Batch(b["values"])
-                    batch.metadata = b.get("metadata")
-                    batches.append(batch)
-                else:
-                    batches.append(list(b))
-            method = function.rsplit(".", 1)[-1]
-            if method not in ("reorder_and_combine_batches", "reorder_and_combine_items"):
-                raise DumpError(f"{path}: SkyRL's function {function} is not one rebatch replaces")
-            return function, lambda: getattr(skyrl, method)(self, batches)
+        return function, integration.replay(function, inputs)
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         if isinstance(err, RebatchError):
             raise
         raise DumpError(
             f"{path}: the {trainer} dump's inputs are not usable: {type(err).__name__}: {err}"
         ) from None
-    raise DumpError(f"{path}: a dump of trainer {trainer!r}: rebatch checks verl, areal and skyrl dumps")
 
 
 def _load_dump(path: str) -> Any:

@@ -123,17 +123,23 @@ def _readme_cost(root: Path) -> str:
     for row in speed_rows(root):
         by_trainer.setdefault(row["trainer"], []).append(row)
     phrases = []
+    slower = []
     for i, (trainer, (small, large)) in enumerate(
         (t, sorted(rows, key=lambda r: r["B"])) for t, rows in by_trainer.items()
     ):
-        if i == 0:
+        if small["speedup"] < 1 or large["speedup"] < 1:  # said apart: never counted among the faster
+            slower.append(f"{small['speedup']:.1f}x {trainer}'s ({large['speedup']:.1f}x)")
+        elif i == 0:
             phrases.append(
                 f"{small['speedup']:.1f}x {trainer}'s at {small['B']:,} rows in {small['M']} micro-batches "
                 f"({large['speedup']:.1f}x at {large['B']:,} rows)"
             )
         else:
             phrases.append(f"{small['speedup']:.1f}x {trainer}'s ({large['speedup']:.1f}x)")
-    return ", ".join(phrases)
+    text = ", ".join(phrases)
+    if slower:
+        text += "; " + ", ".join(slower) + ": slower than a function that moves no data"
+    return text
 
 
 def _test_time(root: Path) -> str:

@@ -14,10 +14,13 @@ import os
 import re
 import time
 
+from .trainers import names
+
 __all__ = ["REPORT_NAME", "for_this_process", "process_file", "run_id"]
 
 #: A report's file name, as `process_file` makes it for ``prefix="rebatch"``, ``suffix="json"``.
-REPORT_NAME = re.compile(r"rebatch-(?:verl|areal|skyrl)-[A-Za-z0-9_]+-\d{8}T\d{6}Z-[0-9a-f]{8}-\d+\.json")
+_TRAINER = "|".join(re.escape(name) for name in names())  # every declared trainer (`trainers.TRAINERS`)
+REPORT_NAME = re.compile(rf"rebatch-(?:{_TRAINER})-[A-Za-z0-9_]+-\d{{8}}T\d{{6}}Z-[0-9a-f]{{8}}-\d+\.json")
 #: The tail `process_file` (and `for_this_process`) put before a file's suffix: ``-RUN-PID``.
 _TAIL = re.compile(r"-\d{8}T\d{6}Z-[0-9a-f]{8}-\d+$")
 

@@ -15,7 +15,7 @@ and one of ``to_torch(x)`` changes ``x``. Pass ``copy=True`` when the tensor may
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -23,23 +23,18 @@ import jax.numpy as jnp
 import torch
 
 from ._jagged import Jagged
+
+# torch's private parts, from the one room that holds them (`ref._torch_private`: imports torch only)
+from ._torch_private import nested_view, ragged_idx
 from ._x64 import exact
 from .errors import InvalidJaggedError, where
 
 __all__ = ["from_torch", "to_torch", "tree_from_torch", "tree_to_torch", "outputs_from_torch"]
 
 
-def _internal_nested_view() -> Callable[..., torch.Tensor] | None:
-    """``torch.nested.nested_tensor_from_jagged`` without its ``is_fx_tracing()`` probe, which logs a
-    warning on the first call in the process (see ``torch_impl._jagged.njt``); None in a torch without it."""
-    try:
-        from torch.nested._internal.nested_tensor import nested_view_from_values_offsets_lengths
-    except ImportError:  # pragma: no cover
-        return None
-    return nested_view_from_values_offsets_lengths
-
-
-_nested_view = _internal_nested_view()
+#: ``torch.nested.nested_tensor_from_jagged`` without its ``is_fx_tracing()`` probe, which logs a warning on
+#: the first call in the process (see ``torch_impl._jagged.njt``); None in a torch without it.
+_nested_view = nested_view
 
 
 def _to_jax(t: torch.Tensor, copy: bool = False) -> jax.Array:
@@ -74,8 +69,8 @@ def from_torch(
     if t.layout != torch.jagged:
         raise InvalidJaggedError(f"{at}a nested tensor must use the jagged layout, got {t.layout}")
     nested: Any = t  # a jagged nested tensor: torch's stubs lack its methods
-    if nested._ragged_idx != 1:
-        raise InvalidJaggedError(f"{at}the ragged dimension must be 1, got {nested._ragged_idx}")
+    if ragged_idx(nested) != 1:
+        raise InvalidJaggedError(f"{at}the ragged dimension must be 1, got {ragged_idx(nested)}")
     if nested.lengths() is not None:
         rows = int(nested.offsets().shape[0]) - 1
         if rows == 0:  # torch cannot make an empty nested tensor contiguous

@@ -62,7 +62,7 @@ def _step(
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 @pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
 def test_compiled_step_takes_every_path_and_matches_eager(backend: str) -> None:
-    torch._dynamo.reset()
+    torch.compiler.reset()
     compiled = torch.compile(_step, backend=backend, fullgraph=False)
     x = _inputs()
     for path in KERNELS:

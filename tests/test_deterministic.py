@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils._pytree import tree_map
 
 import torch_impl
 from property_tests.compare import first_difference
@@ -22,6 +21,7 @@ from property_tests.device_calls import CALLS, tensors_of
 from property_tests.fakecuda import FakeCuda, MixedDevices, Refused, fake_like
 from property_tests.kernels import KERNELS, forced
 from property_tests.nondeterministic import REFUSED, SWITCHED
+from ref._torch_private import tree_map
 from torch_impl import _kernels
 
 
@@ -184,7 +184,7 @@ def test_every_factory_call_in_torch_impl_names_its_device() -> None:
 def test_a_failed_conversion_is_not_taken_for_a_bad_index() -> None:
     """Under a fake-tensor mode the host buffer cannot be read: that failure is re-raised as it is, not
     reported as an index out of int64's range (nor a bare ``next()``'s StopIteration)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    from ref._torch_private import FakeTensorMode
 
     assert torch_impl.flatten_partitions([[1, 0]], 2).tolist() == [1, 0]  # outside the mode: as ever
     with FakeTensorMode(), pytest.raises(RuntimeError) as caught:

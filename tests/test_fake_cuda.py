@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils._pytree import tree_leaves, tree_map
 
 import torch_impl
 from property_tests.device_calls import CALLS, host_batch, tensors_of
@@ -18,7 +17,7 @@ from property_tests.fakecuda import FakeCuda, Trace, fake_like
 from property_tests.kernels import ANYWHERE, KERNELS, forced
 from ref.errors import UnsupportedSettingError
 from torch_impl._jagged import cached_seqlens
-from torch_impl.testing import kernel_choices
+from torch_impl.testing import kernel_choices, tree_leaves, tree_map
 
 #: The host-device synchronisations each call makes by design (all others: none).
 DOCUMENTED_SYNCS = {

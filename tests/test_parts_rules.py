@@ -16,6 +16,13 @@ import torch
 
 import torch_impl._parts
 from property_tests.samples import HOLE_DEFECTS, holed_tensor
+from ref._torch_private import (
+    DisableTorchFunctionSubclass,
+    ragged_size,
+    raw_offsets,
+    raw_values,
+    set_raw_offsets,
+)
 from ref.errors import (
     DeviceMismatchError,
     DtypeMismatchError,
@@ -70,7 +77,7 @@ def test_a_jagged_part_keeps_the_given_tensors_nested_int() -> None:
     for x in (plain, holed, empty):
         part = unpack(x)
         assert isinstance(part, JaggedPart)
-        assert part.ragged is x._size[1]
+        assert part.ragged is ragged_size(x)
     assert jp([0, 1], 1).ragged is None
 
 
@@ -157,18 +164,18 @@ def test_unpack_rejects_a_ragged_dimension_other_than_1() -> None:
 
 def test_unpack_rejects_floating_offsets() -> None:
     x = torch.nested.nested_tensor_from_jagged(torch.zeros(3), torch.tensor([0, 1, 3]))
-    x._offsets = torch.tensor([0.0, 1.0, 3.0])
+    set_raw_offsets(x, torch.tensor([0.0, 1.0, 3.0]))
     with pytest.raises(
         InvalidJaggedError, match=re.escape("offsets must be 1-D integers, got torch.float32[3]")
     ):
         unpack(x)
-    x._offsets = torch.tensor([False, True])
+    set_raw_offsets(x, torch.tensor([False, True]))
     with pytest.raises(InvalidJaggedError, match=re.escape("got torch.bool[2]")):
         unpack(x)
-    x._offsets = torch.tensor([[0, 1, 3]])
+    set_raw_offsets(x, torch.tensor([[0, 1, 3]]))
     with pytest.raises(InvalidJaggedError, match=re.escape("got torch.int64[1, 3]")):
         unpack(x)
-    x._offsets = torch.tensor(3)
+    set_raw_offsets(x, torch.tensor(3))
     with pytest.raises(InvalidJaggedError, match=re.escape("got torch.int64[]")):
         unpack(x)
 
@@ -418,7 +425,7 @@ def _odd_parts() -> dict[str, Any]:
     int32 = torch.nested.nested_tensor_from_jagged(torch.arange(3.0), offsets.to(torch.int32))
     complex_values = torch.complex(torch.arange(3.0), torch.ones(3))
     floating = torch.nested.nested_tensor_from_jagged(torch.zeros(3), offsets.clone())
-    floating._offsets = torch.tensor([0.0, 1.0, 3.0])
+    set_raw_offsets(floating, torch.tensor([0.0, 1.0, 3.0]))
     return {
         "dense": torch.zeros(2),
         "not_a_tensor": [1, 2],
@@ -465,17 +472,20 @@ def test_many_parts_check_as_the_loop_checks_them_one_by_one(odd, at) -> None:
     position, goes to the loop: the same parts, converted, or the same error in the same words."""
     assert torch_impl._parts._MAPPED_MIN_PARTS <= 9
     plain = [njt([i % 3, 2, 0]) for i in range(9)]
-    with torch._C.DisableTorchFunctionSubclass():
+    with DisableTorchFunctionSubclass():
         fast = torch_impl._parts._plain_jagged(plain)
     assert fast is not None  # taken, and the buffers as they are
     assert all(
-        a.values is x._values and a.offsets is x._offsets and a.rows == 3 and a.ragged is x._size[1]
+        a.values is raw_values(x)
+        and a.offsets is raw_offsets(x)
+        and a.rows == 3
+        and a.ragged is ragged_size(x)
         for a, x in zip(fast, plain, strict=True)
     )
     assert _outcome(plain, loop=False) == _outcome(plain, loop=True)
     parts = [*plain[:at], _odd_parts()[odd], *plain[at + 1 :]]
     if odd not in ("dense", "not_a_tensor"):
-        with torch._C.DisableTorchFunctionSubclass():
+        with DisableTorchFunctionSubclass():
             assert torch_impl._parts._plain_jagged(parts) is None
     assert _outcome(parts, loop=False) == _outcome(parts, loop=True)
     assert _outcome(plain, loop=False, allow_jagged=False) == _outcome(plain, loop=True, allow_jagged=False)

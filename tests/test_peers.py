@@ -24,24 +24,12 @@ from property_tests.strategies import microbatch_outputs
 
 REQUIRE_ENV = "REBATCH_REQUIRE_PEER"
 
-#: what each trainer does, on its own, with its native defects (the reason rebatch exists)
+#: what each trainer does, on its own, with its native defects (the reason rebatch exists): its kit
+#: module's ``OUTCOMES``
 TRAINER_OUTCOMES = {
-    "areal": {
-        "negative_alias_in_backward": "silent",
-        "backward_not_the_inverse": "silent",
-        "duplicate_in_backward": "crashes: AssertionError",
-        "out_of_range_in_backward": "crashes: IndexError",
-        "outputs_ending_inside_a_row": "silent",
-        "seqlens_short_of_the_outputs": "crashes: RuntimeError",
-    },
-    "skyrl": {
-        "duplicate_still_covering": "silent",
-        "extra_index": "silent",
-        "negative_index": "silent",
-        "extra_rows": "silent",
-        "items_duplicate_still_covering": "silent",
-        "items_extra_item": "silent",
-    },
+    name: importlib.import_module(f"property_tests.trainers.{name}").OUTCOMES
+    for name in PEERS
+    if hasattr(importlib.import_module(f"property_tests.trainers.{name}"), "OUTCOMES")
 }
 
 
@@ -65,7 +53,7 @@ def _need(name: str) -> None:
         )
 
 
-@pytest.mark.parametrize("name", ["areal", "skyrl", "verl"])
+@pytest.mark.parametrize("name", list(PEERS))
 def test_500_valid_calls_agree_with_the_trainer(name: str) -> None:
     _need(name)
     peer = PEERS[name]
@@ -74,7 +62,7 @@ def test_500_valid_calls_agree_with_the_trainer(name: str) -> None:
     assert differential(peer, calls) == []
 
 
-NATIVE = [(name, d) for name in ("areal", "skyrl") for d in PEERS[name].native_defects()]
+NATIVE = [(name, d) for name in PEERS for d in PEERS[name].native_defects()]
 
 
 @pytest.mark.parametrize(("name", "defect"), NATIVE, ids=[f"{n}-{d.name}" for n, d in NATIVE])
@@ -111,7 +99,7 @@ def test_skyrl_install_replaces_the_iterator_methods_and_a_real_iterator_agrees(
     import torch
 
     from property_tests.compare import assert_same
-    from property_tests.peers import SKYRL_METHODS, tensor_batch
+    from property_tests.trainers.skyrl import METHODS as SKYRL_METHODS, tensor_batch
     from torch_impl.integrations import skyrl
 
     module = importlib.import_module(skyrl.WORKER_UTILS)
@@ -148,7 +136,8 @@ def test_skyrl_padding_micro_batches_none_and_metadata_as_skyrl_keeps_them() -> 
     import torch
 
     from property_tests.compare import assert_same
-    from property_tests.peers import PEERS, skyrl_iterator, tensor_batch
+    from property_tests.peers import PEERS
+    from property_tests.trainers.skyrl import skyrl_iterator, tensor_batch
 
     theirs, ours = PEERS["skyrl"].theirs(), PEERS["skyrl"].ours()
     partitions = [[3, 0], [2], [1, 4]]
@@ -183,7 +172,7 @@ def test_skyrl_padding_micro_batches_none_and_metadata_as_skyrl_keeps_them() -> 
     assert ours["reorder_and_combine_items"](it, items) == theirs["reorder_and_combine_items"](it, items)
 
 
-@pytest.mark.parametrize("name", ["areal", "skyrl", "verl"])
+@pytest.mark.parametrize("name", list(PEERS))
 def test_fixed_length_misalignments_against_the_trainer(name: str) -> None:
     """The table's fixed-length misalignments (only the split's provenance shows them): the trainer's own
     function returns misaligned rows; rebatch's drop-in raises where the trainer's call carries the split's

@@ -30,6 +30,7 @@ from property_tests.kernels import KERNELS, forced
 from property_tests.metric import FakeMetric
 from property_tests.opcount import CountOps
 from ref import errors
+from ref._torch_private import TorchDispatchMode, neg_view
 
 
 class DatasetPadMode(str, enum.Enum):
@@ -278,7 +279,7 @@ def test_every_kernel_resolves_lazy_conjugation_and_negation(path, lazy, force) 
     for o in outs:
         lengths = o["model_output"]["k0"].offsets().diff().tolist()
         base = random_tensor(rng, (sum(lengths),), "complex64")
-        view = base.conj() if lazy == "conj" else torch._neg_view(base)
+        view = base.conj() if lazy == "conj" else neg_view(base)
         assert view.is_conj() or view.is_neg()
         o["model_output"] = {"x": jagged(view, lengths)}
         resolved.append({**o, "model_output": {"x": jagged(view.resolve_conj().resolve_neg(), lengths)}})
@@ -286,7 +287,7 @@ def test_every_kernel_resolves_lazy_conjugation_and_negation(path, lazy, force) 
     assert_same(torch_impl.postprocess_batch(outs, parts), want)
 
 
-class _LargestIndex(torch.utils._python_dispatch.TorchDispatchMode):
+class _LargestIndex(TorchDispatchMode):
     """Records the largest index tensor given to ``index_copy_``, and its number of calls."""
 
     def __init__(self) -> None:

@@ -9,6 +9,7 @@ each trainer's silent cases and on 300 random valid calls, with per-process repo
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import logging
 import os
@@ -25,8 +26,11 @@ import rebatch_startup
 from property_tests.peer_report import drawn
 from property_tests.peers import PEERS, differential, outcome
 from property_tests.strategies import microbatch_outputs
+from rebatch_startup.trainers import TRAINERS, by_name
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The trainers tested in their own environments (CI's trainers lane), with a kit module.
+OWN_LANES = [t.name for t in TRAINERS if t.lane and t.kit]
 REQUIRE_ENV = "REBATCH_REQUIRE_PEER"
 
 
@@ -360,18 +364,9 @@ def test_skyrl_a_ray_actor_on_a_cluster_started_without_the_variable_binds_rebat
 
 # -- shadow mode, in this process ---------------------------------------------------------------------
 
-#: What each trainer's own function does with its native defects (tests/test_peers.py: TRAINER_OUTCOMES).
-SILENT = {
-    "areal": ("negative_alias_in_backward", "backward_not_the_inverse", "outputs_ending_inside_a_row"),
-    "skyrl": (
-        "duplicate_still_covering",
-        "extra_index",
-        "negative_index",
-        "extra_rows",
-        "items_duplicate_still_covering",
-        "items_extra_item",
-    ),
-}
+#: What each trainer's own function is silent on among its native defects (its kit module's ``SILENT``;
+#: tests/test_peers.py: TRAINER_OUTCOMES).
+SILENT = {name: importlib.import_module(f"property_tests.trainers.{name}").SILENT for name in OWN_LANES}
 
 
 @pytest.fixture
@@ -398,7 +393,7 @@ def _same(a: Any, b: Any) -> bool:
     return first_difference(a, b) is None
 
 
-@pytest.mark.parametrize("shadowed", ["areal", "skyrl"], indirect=True)
+@pytest.mark.parametrize("shadowed", OWN_LANES, indirect=True)
 def test_shadow_reports_every_native_defect_and_returns_the_trainers_result(shadowed) -> None:
     integration, own = shadowed
     name = integration.__name__.rsplit(".", 1)[1]
@@ -435,7 +430,7 @@ def test_shadow_reports_every_native_defect_and_returns_the_trainers_result(shad
     assert s["sampled"] == len(s["by_name"]) < s["calls"]
 
 
-@pytest.mark.parametrize("shadowed", ["areal", "skyrl"], indirect=True)
+@pytest.mark.parametrize("shadowed", OWN_LANES, indirect=True)
 def test_shadow_dumps_the_first_misaligned_step(shadowed, tmp_path: Path) -> None:
     import torch
 
@@ -449,10 +444,10 @@ def test_shadow_dumps_the_first_misaligned_step(shadowed, tmp_path: Path) -> Non
         defect.attempt(PEERS[name].theirs())
     assert len(records) == 1
     saved = torch.load(dump, weights_only=False)
-    assert saved["function"].startswith(("areal.", "skyrl."))
+    assert saved["function"].startswith(f"{name}.")
 
 
-@pytest.mark.parametrize("shadowed", ["areal", "skyrl", "areal:0", "skyrl:0"], indirect=True)
+@pytest.mark.parametrize("shadowed", [*OWN_LANES, *(f"{name}:0" for name in OWN_LANES)], indirect=True)
 def test_shadow_on_300_random_valid_calls_finds_nothing_and_logs_nothing(shadowed) -> None:
     """Compared every call, and (``:0``) checked only after each name's first: rebatch's check-only
     functions (`check_reorder_and_pad_outputs`, `check_reorder_and_combine_batches`) refuse no valid call."""
@@ -472,7 +467,7 @@ def test_shadow_on_300_random_valid_calls_finds_nothing_and_logs_nothing(shadowe
     assert [r.getMessage() for r in records] == []
 
 
-@pytest.mark.parametrize("shadowed", ["areal", "skyrl"], indirect=True)
+@pytest.mark.parametrize("shadowed", OWN_LANES, indirect=True)
 def test_on_defect_raise_stops_the_step_with_rebatchs_error(shadowed) -> None:
     integration, _own = shadowed
     name = integration.__name__.rsplit(".", 1)[1]
@@ -492,7 +487,7 @@ defect = next(d for d in peer.native_defects() if d.name == {case!r})
 """
 
 
-@pytest.mark.parametrize("name", ["areal", "skyrl"])
+@pytest.mark.parametrize("name", OWN_LANES)
 def test_reports_of_a_shadow_process_and_rebatch_report(name: str, tmp_path: Path) -> None:
     """``REBATCH=shadow REBATCH_REPORT_DIR=DIR``: one report a process (host and pid in its name), with the
     trainer, its release, the mode and the process; ``rebatch report`` exits 1 on it, 0 on a clean one."""
@@ -532,4 +527,5 @@ def test_reports_of_a_shadow_process_and_rebatch_report(name: str, tmp_path: Pat
     assert clean_run.returncode == 0, clean_run.stdout + clean_run.stderr
 
 
-PEERS_VERSION = {"areal": "1.0.4", "skyrl": "0.4.0"}
+#: Each trainer's release under test (its declaration's, ``"AReaL 1.0.4"``).
+PEERS_VERSION = {name: by_name(name).release.rsplit(" ", 1)[-1] for name in OWN_LANES}

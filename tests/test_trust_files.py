@@ -30,6 +30,7 @@ from property_tests.data import jagged
 from rebatch import check
 from rebatch.cli import main
 from rebatch_startup import _names
+from ref._torch_private import mark_dynamic
 from torch_impl.integrations import _files, areal, skyrl, verl
 from torch_impl.integrations._shadow import Shadow
 
@@ -137,7 +138,7 @@ def test_the_allowlist_is_exactly_what_real_steps_of_every_trainer_hold(tmp_path
     data["uid"] = NonTensorStack("a", "b", "c", "d")
     data["nested"] = TensorDict({"m": torch.ones(4, 2, dtype=torch.bfloat16)}, batch_size=[4])
     marked = torch.zeros(4, 3)
-    torch._dynamo.mark_dynamic(marked, 0, min=2, max=64)  # as verl's engine marks its inputs
+    mark_dynamic(marked, 0, min=2, max=64)  # as verl's engine marks its inputs
     data["marked"] = marked
     named: set[str] = set()
     verl.INTEGRATION.dump("postprocess_batch_func", str(tmp_path / "v.pt"), outs, indices, data)

@@ -419,7 +419,7 @@ def test_verl_switched_on_by_its_variable_raises_through_its_own_name(tmp_path: 
 def test_areal_drop_in_checks_each_micro_batch_against_its_own_cu_seqlens() -> None:
     """AReaL's witness: ``mb_list.mbs[m]["cu_seqlens"]`` (the micro-batch as the model saw it) against
     ``output_seqlens`` in ``forward_indices`` order, and each output's size against its tokens."""
-    from property_tests.peers import areal_mb_list
+    from property_tests.trainers.areal import micro_batch_list as areal_mb_list
     from torch_impl.integrations.areal import reorder_and_pad_outputs
 
     seqlens, forward = [2, 1, 3, 4], [2, 0, 1, 3]  # micro-batches [2, 0] (3 + 2 tokens) and [1, 3] (1 + 4)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDictBase
 
+from ref._torch_private import cached_seqlen_bounds, raw_lengths
 from ref.dtypes import bits_dtype
 
 __all__ = ["bits", "same_tensor", "assert_same", "first_difference"]
@@ -47,7 +48,7 @@ def same_tensor(a: torch.Tensor, b: torch.Tensor, *, consumer: Any = None) -> st
     offsets = None
     if a.is_nested:
         pair: tuple[Any, ...] = (a, b)  # a consumer's reads of the cache: shortest, longest row, and holes
-        sizes_a, sizes_b = ((t._maybe_min_seqlen, t._maybe_max_seqlen, t._lengths is not None) for t in pair)
+        sizes_a, sizes_b = ((*cached_seqlen_bounds(t), raw_lengths(t) is not None) for t in pair)
         if sizes_a != sizes_b:
             return f"cached (min_seqlen, max_seqlen, holes) differ: {sizes_a} vs {sizes_b}"
         why = consumer(a, b) if consumer is not None else None

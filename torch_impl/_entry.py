@@ -18,6 +18,7 @@ from typing import ParamSpec, TypeVar
 
 import torch
 
+from ref._torch_private import functorch_level
 from ref.errors import UnsupportedSettingError
 
 __all__ = ["entry", "check_no_functorch"]
@@ -28,7 +29,7 @@ R = TypeVar("R")
 
 def check_no_functorch(name: str) -> None:
     """`UnsupportedSettingError` if a ``torch.func`` transform is active on this thread."""
-    if torch._C._functorch.maybe_current_level() is not None:
+    if functorch_level() is not None:
         raise UnsupportedSettingError(
             f"{name} is not supported under a torch.func transform (grad, vmap, jacrev, ...): use "
             "ordinary autograd (loss.backward() or torch.autograd.grad), which reaches every micro-batch"

@@ -9,15 +9,16 @@ off it taken from what the call already holds on the host (never a read of the d
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ref._torch_private import DisableTorchFunctionSubclass, metadata_cache, nested_view, nested_with_cache
+
 from ._bits import as_bits, from_bits
-from ._parts import JaggedPart, NestedTensor, check_offsets, numpy_bridge
+from ._parts import JaggedPart, check_offsets, numpy_bridge
 
 __all__ = [
     "Runs",
@@ -50,7 +51,7 @@ def seqlens_of(lengths: Any) -> Seqlens:
 def cached_seqlens(tensors: Any) -> Seqlens:
     """`Seqlens` of all rows of jagged ``tensors`` together, from the sizes each caches (host ints);
     None unless every one caches both."""
-    caches = [getattr(t, "_metadata_cache", None) or {} for t in tensors]
+    caches = [metadata_cache(t) for t in tensors]
     if not caches or not all(isinstance(c.get(k), torch.Tensor) for c in caches for k in _SIZES):
         return None
     return min(c["min_seqlen"].shape[0] for c in caches), max(c["max_seqlen"].shape[0] for c in caches)
@@ -62,17 +63,9 @@ _SIZES = ("min_seqlen", "max_seqlen")
 _CPU = torch.device("cpu")  # where the size tensors live (each result its own, as torch makes them)
 
 
-def _internal_nested_view() -> Callable[..., torch.Tensor] | None:
-    """What ``torch.nested.nested_tensor_from_jagged`` calls after its ``is_fx_tracing()`` probe (None in a
-    torch without it: `njt` then calls the public function, warning and all)."""
-    try:
-        from torch.nested._internal.nested_tensor import nested_view_from_values_offsets_lengths
-    except ImportError:  # pragma: no cover
-        return None
-    return nested_view_from_values_offsets_lengths
-
-
-_nested_view = _internal_nested_view()
+#: What ``torch.nested.nested_tensor_from_jagged`` calls after its ``is_fx_tracing()`` probe (None in a
+#: torch without it: `njt` then calls the public function, warning and all).
+_nested_view = nested_view
 
 
 def njt(
@@ -108,10 +101,8 @@ def result_njt(
     ``docs/kernels.md``); with a gradient to carry, or a tensor subclass, `njt` itself."""
     if type(values) is torch.Tensor and not (values.requires_grad and torch.is_grad_enabled()):
         sizes = dict(cache) if cache is not None else size_cache(seqlens)
-        with (
-            torch._C.DisableTorchFunctionSubclass()
-        ):  # its constructor's reads of itself: 38% of it on torch 2.9.1
-            return NestedTensor(values, offsets, _metadata_cache=sizes)
+        with DisableTorchFunctionSubclass():  # its constructor's reads of itself: 38% of it on torch 2.9.1
+            return nested_with_cache(values, offsets, sizes)
     return njt(values, offsets, None, seqlens)
 
 

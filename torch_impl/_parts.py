@@ -17,10 +17,18 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-# The jagged nested tensor class (torch >= 2.2; this package needs >= 2.6): the attributes read
-# below (``_values``, ``_offsets``, ``_lengths``, ``_ragged_idx``) are its own.
-from torch.nested._internal.nested_tensor import NestedTensor
-
+# The jagged nested tensor class and its own attributes: the one room of torch's private parts.
+from ref._torch_private import (
+    JAGGED_BUFFERS,
+    JAGGED_FLAGS,
+    DisableTorchFunctionSubclass,
+    NestedTensor,
+    ragged_idx,
+    ragged_size,
+    raw_lengths,
+    raw_offsets,
+    raw_values,
+)
 from ref.dtypes import NO_GRADIENT, SUPPORTED_DTYPES, check_dtype
 from ref.errors import (
     DeviceMismatchError,
@@ -89,7 +97,7 @@ def unpack(x: Any, key: Any = None, micro_batch: int | None = None, *, allow_jag
     """``x`` as a `Part`: a jagged nested tensor (ragged dimension 1; made contiguous if it has holes)
     or a dense tensor with a batch dimension. Raises `InvalidJaggedError`, `UnsupportedSettingError`
     or `ShapeMismatchError` for anything else, and applies the one dtype rule (`check_dtypes`)."""
-    with torch._C.DisableTorchFunctionSubclass():
+    with DisableTorchFunctionSubclass():
         part = _unpack(x, key, micro_batch, allow_jagged)
     check_dtypes([part], key, micro_batch)
     return part
@@ -102,24 +110,24 @@ def _unpack(x: Any, key: Any, micro_batch: int | None, allow_jagged: bool) -> Pa
             f"{where(key, micro_batch)}an output must be a tensor, got {type(x).__name__}"
         )
     if isinstance(x, NestedTensor):
-        if x._ragged_idx != 1:
+        if ragged_idx(x) != 1:
             raise InvalidJaggedError(
-                f"{where(key, micro_batch)}the ragged dimension must be 1, got {x._ragged_idx}"
+                f"{where(key, micro_batch)}the ragged dimension must be 1, got {ragged_idx(x)}"
             )
         if not allow_jagged:
             raise UnsupportedSettingError(
                 f"{where(key, micro_batch)}jagged outputs need pad_mode 'no_padding', got a jagged tensor"
             )
-        ragged = x._size[1]  # the given tensor's (a holed one's contiguous copy has its own)
-        if x._lengths is not None:
+        ragged = ragged_size(x)  # the given tensor's (a holed one's contiguous copy has its own)
+        if raw_lengths(x) is not None:
             holed = _without_holes(x, where(key, micro_batch))
             if isinstance(holed, JaggedPart):
                 return holed
             x = holed
         # A nested tensor that requires grad keeps its autograd history on the wrapper: read its
         # values through values(), which is differentiable; otherwise the buffer itself is exact.
-        values = x.values() if x.requires_grad else x._values
-        offsets = x._offsets
+        values = x.values() if x.requires_grad else raw_values(x)
+        offsets = raw_offsets(x)
         if offsets.dtype != torch.int64 or offsets.dim() != 1:
             if offsets.dim() != 1 or offsets.dtype.is_floating_point or offsets.dtype == torch.bool:
                 raise InvalidJaggedError(
@@ -154,7 +162,7 @@ def _without_holes(x: Any, at: str) -> Any:
     on the CPU (elsewhere trusted, counted: ``skipped_device_offsets``), none negative, no row starting before
     or running past the values (`InvalidJaggedError`).
     With no rows, the empty `JaggedPart` itself (torch cannot make such a tensor contiguous)."""
-    lengths, offsets, values = x._lengths, x._offsets, x._values
+    lengths, offsets, values = raw_lengths(x), raw_offsets(x), raw_values(x)
     rows = int(offsets.shape[0]) - 1
     if (
         lengths.dim() != 1
@@ -189,7 +197,8 @@ def _without_holes(x: Any, at: str) -> Any:
             raise InvalidJaggedError(at + what)
     if rows == 0:
         source = x.values() if x.requires_grad else values
-        return JaggedPart(source[:0], torch.zeros(1, dtype=torch.int64, device=offsets.device), 0, x._size[1])
+        empty_offsets = torch.zeros(1, dtype=torch.int64, device=offsets.device)
+        return JaggedPart(source[:0], empty_offsets, 0, ragged_size(x))
     return x.contiguous()
 
 
@@ -200,7 +209,7 @@ def check_parts(parts: Sequence[Any], key: Any = None, *, allow_jagged: bool = T
     dtype (`DtypeMismatchError`), device (`DeviceMismatchError`), trailing shape (`ShapeMismatchError`);
     then the one dtype rule (`check_dtypes`).
     """
-    with torch._C.DisableTorchFunctionSubclass():  # once for all parts (see the module's docstring)
+    with DisableTorchFunctionSubclass():  # once for all parts (see the module's docstring)
         out = _check_unpacked(parts, key, allow_jagged)
     if out:
         check_dtypes(out, key)
@@ -268,10 +277,7 @@ def _check_unpacked(parts: Sequence[Any], key: Any, allow_jagged: bool) -> list[
 #: Parts from which `_plain_jagged` goes first (docs/kernels.md, "Host bookkeeping").
 _MAPPED_MIN_PARTS = 8
 #: What `_plain_jagged` reads of each part (one C-level call a part for each group)
-_AS_IS, _BUFFERS = (
-    attrgetter("_ragged_idx", "_lengths", "requires_grad"),
-    attrgetter("_values", "_offsets", "_size"),
-)
+_AS_IS, _BUFFERS = JAGGED_FLAGS, JAGGED_BUFFERS
 _KIND, _INDEX_KIND = attrgetter("dtype", "ndim", "device"), attrgetter("dtype", "ndim")
 _TAKEN = (1, None, False)  # `_AS_IS` of a part taken as it is: ragged dimension 1, no holes, no gradient
 

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from tensordict import NonTensorData, TensorDictBase
 
+from ref._torch_private import non_tensor_stored
 from ref.errors import PartitionMismatchError, ShapeMismatchError, UnsupportedSettingError, where
 from ref.metrics import fold_metrics
 from ref.structure import check_metrics, check_partition_count, check_settings, drop_padding, model_outputs
@@ -179,9 +180,7 @@ def read_setting(data: Any, key: str, default: Any) -> Any:
     if isinstance(
         value, NonTensorData
     ):  # a plain field as stored (tensorclass's getter: 4 µs on tensordict 0.10)
-        stored = getattr(value, "_non_tensordict", {}).get(
-            "data", value
-        )  # shared or memory-mapped: a wrapper
+        stored = non_tensor_stored(value, value)  # shared or memory-mapped: a wrapper
         value = stored if type(stored) in (bool, int, str) or isinstance(stored, Enum) else value.data
     return value
 

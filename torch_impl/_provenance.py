@@ -26,7 +26,8 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from rebatch_startup import ForkSafeLock
+from rebatch_startup.forksafe import ForkSafeLock
+from ref._torch_private import ragged_idx, ragged_size
 from ref.errors import RebatchError
 from ref.provenance import check_indices, mixed_splits, stray_output
 from ref.structure import PADDING
@@ -70,8 +71,8 @@ Tag = tuple[int, Any]
 def _ragged(x: Any) -> Any:
     """A jagged nested tensor's ragged size, the nested int (a host object torch keeps through moves),
     else None."""
-    if isinstance(x, NestedTensor) and x._ragged_idx == 1:
-        return x._size[1]
+    if isinstance(x, NestedTensor) and ragged_idx(x) == 1:
+        return ragged_size(x)
     return None
 
 

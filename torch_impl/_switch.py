@@ -13,7 +13,8 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from rebatch_startup import WITNESS_ENV, WITNESS_UNBOUND_ENV, ForkSafeLock
+from rebatch_startup import WITNESS_ENV, WITNESS_UNBOUND_ENV
+from rebatch_startup.forksafe import ForkSafeLock
 from ref.errors import UnsupportedSettingError
 
 __all__ = ["ENV", "ENV_UNBOUND", "set_witness", "witness_config"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 
-from rebatch_startup import renew_at_fork
+from rebatch_startup.forksafe import renew_at_fork
 
 __all__ = ["SKIPS", "TALLY", "Tally", "skipped"]
 

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ref._torch_private import ragged_idx, raw_lengths, raw_offsets
 from ref.errors import RebatchError, UnsupportedSettingError, where
 from ref.structure import WITNESS, check_lengths, misalignment, witness_binds, witness_form
 
@@ -84,10 +85,10 @@ def read_witness(data: Any) -> np.ndarray | torch.Tensor | None:
         except (AttributeError, TypeError, KeyError):  # not a mapping: the call goes unwitnessed, counted
             skipped("skipped_unreadable_witness")
             return None
-    if not isinstance(ids, NestedTensor) or ids._ragged_idx != 1:
+    if not isinstance(ids, NestedTensor) or ragged_idx(ids) != 1:
         skipped("calls_without_witness")
         return None
-    lengths, offsets = ids._lengths, ids._offsets  # plain attributes: no nested-tensor dispatch
+    lengths, offsets = raw_lengths(ids), raw_offsets(ids)  # plain attributes: no nested-tensor dispatch
     if lengths is not None:
         return lengths.numpy() if lengths.is_cpu else lengths
     if offsets.is_cpu:

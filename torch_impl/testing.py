@@ -1,8 +1,9 @@
 """What the testing kit (`property_tests`) and the command line (`rebatch`) use of ``torch_impl``
 beyond the API a trainer calls: building blocks, comparisons, the checks alone, a split's record, the
 dumps' format, and two scoped hooks into the pipeline (the kernel each key takes; the host seconds of
-each phase). Not for trainers: a helper here may change with the pipeline it observes. Importing it
-imports nothing more than ``torch_impl``.
+each phase); and the private torch parts the kit needs, from the one room that holds them
+(`ref._torch_private`, each documented there). Not for trainers: a helper here may change with the
+pipeline it observes. Importing it imports nothing more than ``torch_impl``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,24 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from ref._torch_private import (
+    PICKLE_NAMES_TO_ALLOW,
+    PICKLE_NAMES_TORCH_ADMITS,
+    FakeTensor,
+    FakeTensorMode,
+    TorchDispatchMode,
+    aten_ops,
+    cached_seqlen_bounds,
+    install_threaded_process_group,
+    kineto_events,
+    raw_lengths,
+    raw_values,
+    tree_leaves,
+    tree_map,
+    uninstall_threaded_process_group,
+    unset_fake_temporarily,
+)
 
 from . import _kernels, _postprocess
 from ._compare import assert_same, bits, first_difference, same_tensor
@@ -22,16 +41,31 @@ from .integrations._files import DUMP_FORMAT
 __all__ = [
     "DUMP_FORMAT",
     "PHASES",
+    "PICKLE_NAMES_TORCH_ADMITS",
+    "PICKLE_NAMES_TO_ALLOW",
+    "FakeTensor",
+    "FakeTensorMode",
+    "TorchDispatchMode",
+    "aten_ops",
     "assert_same",
     "bits",
+    "cached_seqlen_bounds",
     "check_batch_func",
     "first_difference",
+    "install_threaded_process_group",
     "kernel_choices",
+    "kineto_events",
     "njt",
     "phase_seconds",
+    "raw_lengths",
+    "raw_values",
     "record",
     "same_tensor",
     "seqlens_of",
+    "tree_leaves",
+    "tree_map",
+    "uninstall_threaded_process_group",
+    "unset_fake_temporarily",
 ]
 
 #: The phases of a call `phase_seconds` times: its checks (the witness's one read included), its plan,

@@ -239,10 +239,9 @@ def check(device: str, cases: list[Case], *, min_time: float = 0.2) -> list[str]
 def _device_calls(device: str) -> list[dict[str, Any]]:
     """Every drop-in and public call (`property_tests.device_calls`) and every kernel of the registry
     forced, on ``device`` against the CPU, bit for bit (results on the inputs' device)."""
-    from torch.utils._pytree import tree_map
-
     from property_tests.device_calls import CALLS, tensors_of
     from property_tests.kernels import KERNELS, forced
+    from torch_impl.testing import tree_map
 
     def move(x: Any) -> Any:
         return tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, x)
@@ -308,7 +307,7 @@ def _launches(device: str, sizes: tuple[int, ...]) -> list[dict[str, Any]]:
 
 
 def _moved(x: Any, device: str) -> Any:
-    from torch.utils._pytree import tree_map
+    from torch_impl.testing import tree_map
 
     return tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, x)
 

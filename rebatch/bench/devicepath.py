@@ -148,7 +148,7 @@ def _call(case: Case, move: Callable[[Any], Any]) -> Callable[[], Any]:
         packed = move([[ks[k].values() for ks in keys] for k in range(case.keys)])
         return lambda: [areal.reorder_and_pad_outputs(p, lengths, mb_list) for p in packed]
     if case.trainer == "skyrl":
-        from property_tests.sidebyside import Batch
+        from property_tests.trainers.skyrl import Batch
         from torch_impl.integrations import skyrl
 
         width = max(lengths)
@@ -187,7 +187,8 @@ def _digest(result: Any) -> str:
     import hashlib
 
     import torch
-    from torch.utils._pytree import tree_leaves
+
+    from torch_impl.testing import tree_leaves
 
     h = hashlib.sha256()
     leaves = tree_leaves(dict(result) if isinstance(result, dict) else result)

@@ -33,6 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from rebatch_startup.trainers import names as trainer_names
+
 __all__ = [
     "Model",
     "calibrate",
@@ -105,7 +107,8 @@ def to_device(x: Any, device: str) -> Any:
     keys built on one offsets tensor (as verl's engines build every per-token key of a micro-batch) keep
     one offsets tensor there."""
     import torch
-    from torch.utils._pytree import tree_map
+
+    from torch_impl.testing import tree_map
 
     made: dict[int, Any] = {}
 
@@ -553,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--commit", default=H200_COMMIT, help="calibrate: the code that ran on the GPU")
     parser.add_argument("--calibration", type=Path, default=CALIBRATION, help="calibrate's output")
-    parser.add_argument("--trainer", choices=["verl", "areal", "skyrl"])
+    parser.add_argument("--trainer", choices=trainer_names())
     parser.add_argument("--out", type=Path, default=Path("docs/gpu_traces.json"), help="the traces' JSON")
     parser.add_argument("--traces", type=Path, default=Path("docs/gpu_traces.json"))
     parser.add_argument("--write", type=Path, help="write the page (docs/gpu.md) from --traces")

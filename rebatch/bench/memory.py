@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from torch_impl.testing import kineto_events
+
 __all__ = ["peak_tensor_bytes", "peak_rss_bytes", "release_free_memory"]
 
 _STATUS = Path("/proc/self/status")
@@ -43,7 +45,7 @@ def peak_tensor_bytes(fn: Callable[[], Any], device: str = "cpu") -> int:
         result = fn()
     del result
     events = sorted(
-        (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+        (e for e in kineto_events(prof) if e.name() == "[memory]"),
         key=lambda e: e.start_ns(),
     )
     live = peak = 0

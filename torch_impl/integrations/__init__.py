@@ -1,20 +1,22 @@
 """Integrations of ``torch_impl`` into trainers; each imports its trainer only when called.
 
-Each trainer's module (`verl`, `areal`, `skyrl`) is its table of replacements and their adapters,
-declared as one `_integration.Integration` (``INTEGRATION``) whose bound methods are its ``install``,
-``uninstall``, ``stats``, ``mode``, ``installed`` and ``replacements``. `stats` here gives the counters of
-every integration installed in this process, however it was installed (``install()`` or the ``REBATCH``
-variable, `rebatch_startup`)."""
+Each trainer's module (one per trainer declared in `rebatch_startup.trainers`) is its table of
+replacements and their adapters, declared as one `_integration.Integration` (``INTEGRATION``) whose bound
+methods are its ``install``, ``uninstall``, ``stats``, ``mode``, ``installed`` and ``replacements``.
+`stats` here gives the counters of every integration installed in this process, however it was installed
+(``install()`` or the ``REBATCH`` variable, `rebatch_startup`)."""
 
 from __future__ import annotations
 
 import sys
 from typing import Any
 
+from rebatch_startup.trainers import names
+
 __all__ = ["TRAINERS", "stats"]
 
-#: The integrations, by trainer.
-TRAINERS = ("verl", "areal", "skyrl")
+#: The integrations, by trainer (declared once, in `rebatch_startup.trainers`).
+TRAINERS = names()
 
 
 def stats() -> dict[str, dict[str, Any]]:

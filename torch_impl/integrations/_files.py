@@ -27,8 +27,8 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from rebatch_startup import renew_at_fork
 from rebatch_startup._names import for_this_process, run_id
+from rebatch_startup.forksafe import renew_at_fork
 
 __all__ = ["DUMP_FORMAT", "Counters", "ProcessFile", "process_facts", "save_dump", "write_private"]
 

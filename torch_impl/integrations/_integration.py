@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from rebatch_startup import ForkSafeLock
+from rebatch_startup.forksafe import ForkSafeLock
 from ref.errors import UnsupportedSettingError
 
 from ._counts import Counts, Rows
@@ -26,7 +26,7 @@ from ._files import ProcessFile, save_dump
 from ._patch import Patcher, Versions, Wrap
 from ._shadow import Shadow
 
-__all__ = ["MODES", "Installed", "Integration", "Replaced", "carrying"]
+__all__ = ["MODES", "Installed", "Integration", "NotReplayable", "Replaced", "carrying"]
 
 #: The values of ``install(mode=...)``.
 MODES = ("on", "shadow")
@@ -58,6 +58,11 @@ class Replaced(NamedTuple):
         return self.name.rsplit(".", 1)[-1]
 
 
+class NotReplayable(ValueError):
+    """A dump's inputs that its integration's ``replay`` cannot make a call of (``rebatch check`` names
+    the file)."""
+
+
 class Installed(NamedTuple):
     """What `Integration.install` did, for every trainer: the ``trainer``, its ``version`` read from its
     metadata (None: none), the supported release whose table applies (``row``: the newest for another
@@ -86,6 +91,7 @@ class Integration:
         label: str,
         carry: tuple[str, str] | None = None,
         describe: Callable[[str | None, str, str], str] | None = None,
+        replay: Callable[[str, Mapping[str, Any]], Callable[[], Any]] | None = None,
     ) -> None:
         self.trainer = trainer
         self.versions = versions
@@ -93,6 +99,10 @@ class Integration:
         self.label = label
         self.carry = carry
         self.describe = describe or self._describe
+        #: ``replay(function, inputs)``: a call of rebatch's drop-in on a dump's inputs (``rebatch check``),
+        #: `NotReplayable` where they are not a call of ``function``; None: the dump is verl's format, a
+        #: ``postprocess_batch_func`` call ``rebatch check`` runs itself.
+        self.replay = replay
         self.patcher = Patcher(trainer, self._patch_table)
         self.lock = (
             self.patcher.lock

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import ModuleType
 from typing import Any, Generic, TypeVar
 
-from rebatch_startup import ForkSafeLock
+from rebatch_startup.forksafe import ForkSafeLock
 
 __all__ = ["Patcher", "Table", "Versions", "Wrap"]
 

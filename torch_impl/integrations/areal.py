@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -39,7 +40,7 @@ from .._parts import DensePart, check_parts
 from .._permutation import check_permutation, invert
 from .._switch import witness_config
 from .._tally import skipped
-from ._integration import Installed, Integration, Replaced
+from ._integration import Installed, Integration, NotReplayable, Replaced
 from ._patch import Versions
 
 __all__ = [
@@ -287,6 +288,16 @@ def _dumped(outputs: Any, output_seqlens: Any, mb_list: Any, aggregate_fn: Any =
     }
 
 
+def _replay(function: str, inputs: Mapping[str, Any]) -> Callable[[], Any]:
+    """A call of rebatch's drop-in on a dump's inputs (`_dumped`'s form; ``rebatch check``)."""
+    if inputs.get("aggregate_fn") is not None:
+        raise NotReplayable(f"AReaL's call used aggregate_fn {inputs['aggregate_fn']}, not torch.cat")
+    mb_list = types.SimpleNamespace(**inputs["mb_list"])
+    outputs = list(inputs["outputs"])
+    output_seqlens = list(inputs["output_seqlens"])
+    return lambda: reorder_and_pad_outputs(outputs, output_seqlens, mb_list)
+
+
 #: The AReaL releases `install` supports (checked against AReaL itself in CI: .ci/peers.sh).
 VERSIONS = ("1.0.4",)
 #: AReaL's integration (`_integration.Integration`): its public functions are this object's.
@@ -306,6 +317,7 @@ INTEGRATION = Integration(
     ],
     label="AReaL",
     carry=(LAUNCHER, "get_env_vars"),
+    replay=_replay,
 )
 install, uninstall, stats = INTEGRATION.install, INTEGRATION.uninstall, INTEGRATION.stats
 mode, installed, replacements = INTEGRATION.mode, INTEGRATION.installed, INTEGRATION.replacements

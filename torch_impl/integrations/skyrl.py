@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Mapping, Sequence
+import types
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,7 +35,7 @@ from .._postprocess import check_batch_func, postprocess_batch
 from .._switch import witness_config
 from .._tally import skipped
 from ._counts import rows_of_partitions
-from ._integration import Installed, Integration, Replaced
+from ._integration import Installed, Integration, NotReplayable, Replaced
 from ._patch import Versions
 
 __all__ = [
@@ -255,6 +256,44 @@ def _rows(self: Any, batches: Any) -> int:
     return rows_of_partitions(self._microbatches)
 
 
+class _Batch(dict[str, Any]):
+    """A SkyRL batch as a dump holds it: its keys, and ``metadata``."""
+
+    metadata: Any = None
+
+
+#: The iterator's methods rebatch replaces, by name.
+_METHODS = {
+    "reorder_and_combine_batches": reorder_and_combine_batches,
+    "reorder_and_combine_items": reorder_and_combine_items,
+}
+
+
+def _replay(function: str, inputs: Mapping[str, Any]) -> Callable[[], Any]:
+    """A call of rebatch's drop-in on a dump's inputs (`_dumped`'s form; ``rebatch check``)."""
+    method = function.rsplit(".", 1)[-1]
+    if method not in _METHODS:
+        raise NotReplayable(f"SkyRL's function {function} is not one rebatch replaces")
+    me = inputs["self"]
+    n = int(me["batch_size"])
+    iterator = types.SimpleNamespace(
+        _microbatches=me["_microbatches"],
+        _num_padding_microbatches=int(me["_num_padding_microbatches"]),
+        _token_counts=[0] * n,
+        data=types.SimpleNamespace(batch_size=n),
+    )
+    batches: list[Any] = []
+    for b in inputs["batches"]:
+        if isinstance(b, dict):
+            batch = _Batch(b["values"])
+            batch.metadata = b.get("metadata")
+            batches.append(batch)
+        else:
+            batches.append(list(b))
+    ours = _METHODS[method]
+    return lambda: ours(iterator, batches)
+
+
 #: The SkyRL releases `install` supports (checked against SkyRL itself in CI: .ci/peers.sh).
 VERSIONS = ("0.4.0",)
 #: SkyRL's integration (`_integration.Integration`): its public functions are this object's.
@@ -270,6 +309,7 @@ INTEGRATION = Integration(
     ],
     label="SkyRL",
     carry=(TRAIN_UTILS, "prepare_runtime_environment"),
+    replay=_replay,
 )
 install, uninstall, stats = INTEGRATION.install, INTEGRATION.uninstall, INTEGRATION.stats
 mode, installed, replacements = INTEGRATION.mode, INTEGRATION.installed, INTEGRATION.replacements

@@ -1,0 +1,628 @@
+"""miles 0.0.2's table for the trainer contract (`_integration.Integration`): `install()` turns rebatch on.
+
+miles (``miles-rl``, the slime family) splits each rollout's rows into micro-batches in
+``miles.backends.training_utils.data.get_data_iterator`` (per step, ``get_seqlen_balanced_partitions`` over
+``total_lengths`` under dynamic batch size, else fixed contiguous slices) and puts the per-sample outputs
+back in ``miles.backends.training_utils.log_utils.aggregate_forward_results(forward_data_store,
+data_iterator, args, store_prefix)``: each key's per-sample lists joined over micro-batches, then, under
+``args.use_dynamic_batch_size``, ``origin_values[origin_index] = value`` over ``sum(micro_batch_indices,
+[])`` with ``zip(..., strict=False)``. Megatron's ``forward_only`` (``miles.backends.megatron_utils.model``)
+and the FSDP actor (``miles.backends.experimental.fsdp_utils.actor``) bind it at import. `install` replaces
+it there and wherever else it is bound, and records each split ``get_data_iterator`` makes (miles' own,
+unchanged: its result's iterators, their indices and micro-batch count); a lazy install (``REBATCH``) also
+wraps ``miles.ray.actor_group.RayTrainGroup._allocate_gpus_for_actor`` so that the driver passes rebatch's
+variables on to the training actors (through ``args.train_env_vars``, the environment miles gives them).
+
+Same result as miles on every input it handles correctly (the same value objects, keys in the first
+micro-batch's order, ``store_prefix`` unused as miles leaves it); a `ref.errors.RebatchError` naming the
+key, the micro-batch and the value where miles silently misaligns: indices that are not a permutation of
+the iterator's rows (a duplicate overwrites a row and leaves a ``None``), a micro-batch output with more or
+fewer values than its rows (miles drops or shifts rows), outputs in the wrong order (each per-sample
+value's length against the row's own, `length_witness`), a split's indices changed since it was made or
+outputs not one per micro-batch it handed out (`check_provenance`).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import sys
+import threading
+import types
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from ref.errors import (
+    KeyMismatchError,
+    MisalignmentError,
+    NotAPermutationError,
+    PartitionMismatchError,
+    ShapeMismatchError,
+    UnsupportedSettingError,
+    where,
+)
+from ref.provenance import check_indices
+from ref.structure import misalignment, witness_binds
+
+from .._entry import entry
+from .._permutation import check_permutation, invert
+from .._switch import witness_config
+from .._tally import skipped
+from ._counts import Counts
+from ._integration import Installed, Integration, NotReplayable, Replaced
+from ._patch import Versions, Wrap
+from ._shadow import Shadow
+
+__all__ = [
+    "ACTOR_GROUP",
+    "CARRY",
+    "DATA",
+    "INTEGRATION",
+    "LOG_UTILS",
+    "VERSIONS",
+    "Installed",
+    "aggregate_forward_results",
+    "check_aggregate_forward_results",
+    "check_provenance",
+    "install",
+    "installed",
+    "length_witness",
+    "mode",
+    "recorded_split",
+    "replacements",
+    "stats",
+    "uninstall",
+]
+
+#: The miles module that defines the function `install` replaces.
+LOG_UTILS = "miles.backends.training_utils.log_utils"
+#: The miles module whose ``get_data_iterator`` (the split) `install` records.
+DATA = "miles.backends.training_utils.data"
+#: The miles module whose ``RayTrainGroup`` starts the training actors with ``args.train_env_vars``.
+ACTOR_GROUP = "miles.ray.actor_group"
+#: What a lazy install wraps to pass rebatch's variables on to the training actors.
+CARRY = (ACTOR_GROUP, "RayTrainGroup._allocate_gpus_for_actor")
+#: The miles module holding its parallel state (context parallelism's rank and size, for the witness).
+_PARALLEL = "miles.backends.training_utils.parallel"
+
+
+# ---------------------------------------------------------------------------------------------------
+# The split's record: which rows each micro-batch of an iterator miles' get_data_iterator made is handed
+# ---------------------------------------------------------------------------------------------------
+
+
+class Split(NamedTuple):
+    """What ``get_data_iterator`` made an iterator hand out: ``rows`` (each micro-batch's rows, in the
+    order ``DataIterator.get_next`` hands them, over every step), ``size`` (fixed micro-batch size, else
+    None) and ``micro_batches`` (the rollout's micro-batches: ``sum(num_microbatches)``)."""
+
+    rows: tuple[tuple[int, ...], ...] | None
+    size: int | None
+    micro_batches: int
+
+
+_splits: weakref.WeakKeyDictionary[Any, Split] = weakref.WeakKeyDictionary()
+_splits_lock = threading.Lock()
+
+
+def _record(result: Any) -> None:
+    """Record the split ``get_data_iterator`` returned (``(iterators, num_microbatches)``): each iterator's
+    indices as made, its fixed size, the micro-batch count. Anything else, unrecorded. Never raises."""
+    try:
+        iterators, counts = result
+        total = sum(int(n) for n in counts)
+        for it in iterators:
+            indices = it.micro_batch_indices
+            rows = None if indices is None else tuple(tuple(int(i) for i in p) for p in indices)
+            size = it.micro_batch_size
+            split = Split(rows, None if size is None else int(size), total)
+            with _splits_lock:
+                _splits[it] = split
+    except (TypeError, AttributeError, ValueError):  # not miles' shape, or not weakly held: unproven
+        return
+
+
+def recorded_split(data_iterator: Any) -> Split | None:
+    """The split recorded for ``data_iterator`` (made by ``get_data_iterator`` while installed), or None."""
+    try:
+        with _splits_lock:
+            return _splits.get(data_iterator)
+    except TypeError:  # not weakly held, or unhashable
+        return None
+
+
+def _recording(get_data_iterator: Callable[..., Any]) -> Callable[..., Any]:
+    """miles' own ``get_data_iterator``, its result recorded (`_record`): the split is miles', unchanged."""
+
+    @functools.wraps(get_data_iterator)
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        result = get_data_iterator(*args, **kwargs)
+        _record(result)
+        return result
+
+    return recording
+
+
+def _carrying(allocate: Callable[..., Any]) -> Callable[..., Any]:
+    """``RayTrainGroup._allocate_gpus_for_actor``, with rebatch's variables set here
+    (`rebatch_startup.carried`) added to ``self.args.train_env_vars`` (the training actors' Ray
+    ``runtime_env``) for the call, where it does not set them itself; ``args`` is as it was after."""
+    import rebatch_startup
+
+    @functools.wraps(allocate)
+    def allocating(self: Any, *args: Any, **kwargs: Any) -> Any:
+        env = getattr(self.args, "train_env_vars", None)
+        extra = {
+            k: v for k, v in rebatch_startup.carried().items() if not isinstance(env, dict) or k not in env
+        }
+        if not isinstance(env, dict) or not extra:
+            return allocate(self, *args, **kwargs)
+        self.args.train_env_vars = {**extra, **env}
+        try:
+            return allocate(self, *args, **kwargs)
+        finally:
+            self.args.train_env_vars = env
+
+    return allocating
+
+
+# ---------------------------------------------------------------------------------------------------
+# The restore
+# ---------------------------------------------------------------------------------------------------
+
+
+class _Plan(NamedTuple):
+    """A checked call: ``keys``; ``values[key]`` the joined per-sample values (micro-batch order);
+    ``order`` the position in ``values`` of each result row (None: as joined)."""
+
+    keys: list[Any]
+    values: dict[Any, list[Any]]
+    order: list[int] | None
+
+
+@entry
+def aggregate_forward_results(
+    forward_data_store: list[dict[str, list[Any]]],
+    data_iterator: Any,
+    args: Any,
+    store_prefix: str = "",
+) -> dict[str, list[Any]]:
+    """Drop-in for miles 0.0.2's ``log_utils.aggregate_forward_results``: ``{key: per-sample values}``.
+
+    ``forward_data_store[m]``: micro-batch ``m``'s outputs, each key a list of per-sample values; under
+    ``args.use_dynamic_batch_size`` (and an iterator with ``micro_batch_indices``) the values restored to
+    the iterator's original row order, ``[joined[k] for k in inverse(flat indices)]``, else joined as they
+    come. ``store_prefix`` is unused, as in miles. Every index, count and witnessed length is checked
+    before the result is built (`check_aggregate_forward_results`).
+    """
+    plan = _checked(forward_data_store, data_iterator, args)
+    if plan.order is None:
+        return {key: plan.values[key] for key in plan.keys}
+    return {key: [plan.values[key][k] for k in plan.order] for key in plan.keys}
+
+
+def check_aggregate_forward_results(
+    forward_data_store: list[dict[str, list[Any]]],
+    data_iterator: Any,
+    args: Any,
+    store_prefix: str = "",
+) -> None:
+    """Every check `aggregate_forward_results` makes of this call, without building the result (shadow
+    mode runs it on unsampled calls): None or the same `ref.errors.RebatchError`."""
+    _checked(forward_data_store, data_iterator, args)
+
+
+def _checked(store: Any, data_iterator: Any, args: Any) -> _Plan:
+    """The checks of a call, in order: the outputs' shape (lists, every key), the indices a permutation
+    of the iterator's rows, each micro-batch's count, the recorded split, the length witness."""
+    if not isinstance(store, Sequence) or isinstance(store, str | bytes):
+        raise UnsupportedSettingError(
+            f"forward_data_store must be a list of micro-batch outputs, got {type(store).__name__}"
+        )
+    if not store:
+        return _Plan([], {}, None)
+    keys, values, counts = _joined(store)
+    if not keys:
+        return _Plan([], {}, None)
+    try:
+        dynamic = bool(args.use_dynamic_batch_size)
+    except AttributeError as err:
+        raise UnsupportedSettingError(f"args has no use_dynamic_batch_size: {err}") from err
+    if dynamic and hasattr(data_iterator, "micro_batch_indices"):
+        return _restored(keys, values, counts, data_iterator, args)
+    return _in_order(keys, values, counts, data_iterator, args)
+
+
+def _restored(
+    keys: list[Any], values: dict[Any, list[Any]], counts: dict[Any, list[int]], data_iterator: Any, args: Any
+) -> _Plan:
+    """Dynamic batch size: the iterator's indices a permutation of its rows, one output per micro-batch
+    with one value per row, the recorded split, the witness; the order restoring them."""
+    indices = data_iterator.micro_batch_indices
+    if indices is None:
+        raise UnsupportedSettingError(
+            "args.use_dynamic_batch_size is set, but data_iterator.micro_batch_indices is None (an "
+            "iterator of fixed-size micro-batches): miles cannot restore its order"
+        )
+    parts = _parts(indices)
+    rows = _rows_held(data_iterator, sum(len(p) for p in parts))
+    try:
+        perm = check_permutation(parts, rows)
+    except NotAPermutationError as err:  # the indices every key is restored by: named by the first
+        raise NotAPermutationError(
+            f"{where(keys[0])}data_iterator.micro_batch_indices, {err} (the iterator holds {rows} rows; "
+            "miles would overwrite a row and leave a None, or drop one)"
+        ) from err
+    sizes = [len(p) for p in parts]
+    _check_counts(keys, counts, sizes)
+    check_provenance(data_iterator, parts, len(sizes))
+    _witness(keys, values, perm.tolist(), sizes, data_iterator, args)
+    return _Plan(keys, values, invert(perm).tolist())
+
+
+def _in_order(
+    keys: list[Any], values: dict[Any, list[Any]], counts: dict[Any, list[int]], data_iterator: Any, args: Any
+) -> _Plan:
+    """No restore (miles joins the values as they come): the rows they are, micro-batch ``m`` the
+    iterator's ``m``-th (its indices, which must then be in order, else fixed-size slices), checked as
+    `_restored` checks them."""
+    first, outputs = keys[0], len(counts[keys[0]])
+    for key in keys[1:]:  # each key one value a row: the same total as the first (no order to hide behind)
+        if sum(counts[key]) != sum(counts[first]):
+            raise ShapeMismatchError(
+                f"key {key!r}, micro-batch {len(counts[key]) - 1}: {sum(counts[key])} values in all, but key "
+                f"{first!r} has {sum(counts[first])}: each key holds one value a row"
+            )
+    indices = getattr(data_iterator, "micro_batch_indices", None)
+    size = getattr(data_iterator, "micro_batch_size", None)
+    if indices is not None:  # the iterator handed its rows by these indices
+        parts = _parts(indices)[:outputs]
+        sizes = [len(p) for p in parts]
+        for j, i in enumerate(itertools.chain.from_iterable(parts)):
+            if i != j:
+                m, pos = _locate(j, sizes)
+                raise MisalignmentError(
+                    f"key {first!r}, micro-batch {m}, position {pos}: args.use_dynamic_batch_size is off, so "
+                    "the values stay in micro-batch order, but data_iterator.micro_batch_indices handed "
+                    f"original row {i} there, not row {j} (turn use_dynamic_batch_size on, or make the "
+                    "iterator with micro_batch_size)"
+                )
+    elif isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        sizes = [size] * outputs
+        held = _rows_held(data_iterator, sum(sizes))
+        if sum(sizes) > held:
+            raise PartitionMismatchError(
+                f"key {first!r}, micro-batch {held // size}: {outputs} micro-batches of {size} rows, but "
+                f"the iterator holds {held} rows"
+            )
+    else:  # no split to hold the outputs to: joined as they come, rows 0, 1, ... (witnessed below)
+        sizes = list(counts[first])
+    _check_counts(keys, counts, sizes)
+    check_provenance(data_iterator, None, outputs)
+    _witness(keys, values, list(range(sum(sizes))), sizes, data_iterator, args)
+    return _Plan(keys, values, None)
+
+
+def _joined(store: Sequence[Any]) -> tuple[list[Any], dict[Any, list[Any]], dict[Any, list[int]]]:
+    """``(keys of micro-batch 0, each key's values joined, each key's count per micro-batch)``: every
+    micro-batch's output a mapping with every key of the first, each a list (miles asserts it)."""
+    for m, out in enumerate(store):
+        if not isinstance(out, Mapping):
+            raise UnsupportedSettingError(
+                f"micro-batch {m}: its output must be a dict of per-sample lists, got {type(out).__name__}"
+            )
+    keys = list(store[0].keys())
+    values: dict[Any, list[Any]] = {}
+    counts: dict[Any, list[int]] = {}
+    for key in keys:
+        joined: list[Any] = []
+        sizes: list[int] = []
+        for m, out in enumerate(store):
+            if key not in out:
+                raise KeyMismatchError(f"key {key!r}, micro-batch {m}: missing (micro-batch 0 has it)")
+            value = out[key]
+            if not isinstance(value, list):
+                raise UnsupportedSettingError(
+                    f"key {key!r}, micro-batch {m}: miles' outputs are lists of per-sample values, got "
+                    f"{type(value).__name__}"
+                )
+            joined += value
+            sizes.append(len(value))
+        values[key], counts[key] = joined, sizes
+    return keys, values, counts
+
+
+def _parts(indices: Any) -> list[list[Any]]:
+    """The iterator's ``micro_batch_indices`` as lists (each entry checked by `check_permutation`)."""
+    if not isinstance(indices, Sequence) or not all(isinstance(p, Sequence) for p in indices):
+        raise UnsupportedSettingError(
+            f"data_iterator.micro_batch_indices must be a list of index lists, got {type(indices).__name__}"
+        )
+    return [list(p) for p in indices]
+
+
+def _rows_held(data_iterator: Any, default: int) -> int:
+    """How many rows the iterator holds: ``len(rollout_data["total_lengths"])`` (what miles' split counts),
+    else ``response_lengths``'s, else ``default`` (the indices' count)."""
+    data = getattr(data_iterator, "rollout_data", None)
+    if isinstance(data, Mapping):
+        for name in ("total_lengths", "response_lengths"):
+            lengths = data.get(name)
+            if isinstance(lengths, Sequence | torch.Tensor | np.ndarray):
+                return len(lengths)
+    return default
+
+
+def _locate(j: int, sizes: Sequence[int]) -> tuple[int, int]:
+    """``(micro-batch, position)`` of position ``j`` of the joined values."""
+    for m, n in enumerate(sizes):
+        if j < n:
+            return m, j
+        j -= n
+    return len(sizes), j
+
+
+def _check_counts(keys: Sequence[Any], counts: Mapping[Any, list[int]], sizes: Sequence[int]) -> None:
+    """One output per micro-batch, each key with one value per row of its micro-batch."""
+    for key in keys:
+        got = counts[key]
+        if len(got) != len(sizes):
+            raise PartitionMismatchError(
+                f"key {key!r}, micro-batch {min(len(got), len(sizes))}: {len(got)} micro-batch outputs, but "
+                f"the iterator has {len(sizes)} micro-batches"
+            )
+        for m, (n, want) in enumerate(zip(got, sizes, strict=True)):
+            if n != want:
+                raise PartitionMismatchError(
+                    f"key {key!r}, micro-batch {m}: {n} values, but the micro-batch holds {want} rows (miles "
+                    f"would {'drop' if n < want else 'shift'} rows silently)"
+                )
+
+
+def check_provenance(data_iterator: Any, parts: Sequence[Sequence[Any]] | None, outputs: int) -> None:
+    """Where miles' ``get_data_iterator`` made ``data_iterator`` while rebatch was installed (`Split`
+    recorded): its indices now are the split's (``parts``, None for fixed-size micro-batches), the outputs
+    number the split's micro-batches, and the iterator handed out exactly those (``DataIterator.offset``
+    since its last ``reset``: one a micro-batch, or ``micro_batch_size`` rows each). `MisalignmentError`
+    otherwise. An iterator no recorded split made is unproven, never an error."""
+    split = recorded_split(data_iterator)
+    if split is None or not witness_config()[0]:
+        return
+    if split.rows is not None and parts is not None:
+        check_indices(parts, split.rows)
+    if outputs != split.micro_batches:
+        raise MisalignmentError(
+            f"micro-batch {min(outputs, split.micro_batches)}: {outputs} micro-batch outputs, but the split "
+            f"made {split.micro_batches} micro-batches (outputs of another pass or step; switch the check "
+            "off: REBATCH_WITNESS=off)"
+        )
+    offset = getattr(data_iterator, "offset", None)
+    handed = outputs if split.rows is not None else outputs * (split.size or 0)
+    if isinstance(offset, int) and offset != handed:
+        raise MisalignmentError(
+            f"micro-batch {min(outputs, offset)}: the iterator handed out "
+            f"{offset} {'micro-batches' if split.rows is not None else 'rows'} since its reset, but "
+            f"{outputs} micro-batch outputs came back (switch the check off: REBATCH_WITNESS=off)"
+        )
+
+
+# ---------------------------------------------------------------------------------------------------
+# The alignment witness: each per-sample value's length against its row's own, in the iterator
+# ---------------------------------------------------------------------------------------------------
+
+
+def length_witness(data_iterator: Any, args: Any) -> list[int] | None:
+    """Each row's per-token output length as miles' loss functions make it (``get_responses``): the row's
+    ``response_lengths`` (``data_iterator.rollout_data``); under context parallelism (miles' parallel
+    state, ``cp.size > 1``) this rank's two zigzag chunks of it (``get_logits_and_tokens_offset_with_cp``
+    over ``total_lengths``, and ``max_seq_lens`` for ``qkv_format="bshd"``), the lengths
+    ``slice_log_prob_with_cp`` keeps. None (counted) without those lists of the rows' ints, or with the
+    witness switched off."""
+    if not witness_config()[0]:
+        return None
+    data = getattr(data_iterator, "rollout_data", None)
+    data = data if isinstance(data, Mapping) else {}
+    response = data.get("response_lengths")
+    if not isinstance(response, Sequence) or not all(_is_int(n) for n in response):
+        skipped("calls_without_witness")
+        return None
+    if _cp_size() == 1:
+        return [int(n) for n in response]
+    return _cp_lengths(data, response, getattr(args, "qkv_format", "thd"))
+
+
+def _cp_lengths(data: Mapping[str, Any], response: Sequence[Any], qkv: str) -> list[int] | None:
+    """`length_witness` under context parallelism: this rank's share of each row's response."""
+    total = data.get("total_lengths")
+    if not isinstance(total, Sequence) or len(total) != len(response) or not all(_is_int(n) for n in total):
+        skipped("calls_without_witness")
+        return None
+    max_lens = data.get("max_seq_lens") if qkv == "bshd" else None
+    if qkv == "bshd" and (not isinstance(max_lens, Sequence) or len(max_lens) != len(response)):
+        skipped("calls_without_witness")
+        return None
+    from miles.backends.training_utils.cp_utils import get_logits_and_tokens_offset_with_cp
+
+    out = []
+    for i, (t, r) in enumerate(zip(total, response, strict=True)):
+        _, _, logits, _ = get_logits_and_tokens_offset_with_cp(
+            int(t), int(r), qkv, None if max_lens is None else int(max_lens[i])
+        )
+        out.append(sum(b - a for a, b in logits))
+    return out
+
+
+def _is_int(n: Any) -> bool:
+    return isinstance(n, int | np.integer) and not isinstance(n, bool)
+
+
+def _cp_size() -> int:
+    """Context parallelism's size in miles' parallel state (1 where none is set: no CP slicing)."""
+    parallel = sys.modules.get(_PARALLEL)
+    state = getattr(parallel, "_parallel_state", None)
+    size = getattr(getattr(state, "cp", None), "size", 1)
+    return int(size) if isinstance(size, int) else 1
+
+
+def _length(value: Any) -> int | None:
+    """A per-token value's length (a tensor or array with a row dimension, a list or tuple), else None."""
+    if isinstance(value, torch.Tensor | np.ndarray):
+        return int(value.shape[0]) if value.ndim >= 1 else None
+    if isinstance(value, list | tuple):
+        return len(value)
+    return None
+
+
+def _witness(
+    keys: Sequence[Any],
+    values: Mapping[Any, list[Any]],
+    flat: Sequence[int],
+    sizes: Sequence[int],
+    data_iterator: Any,
+    args: Any,
+) -> None:
+    """Step 6 for miles (``docs/spec.md``, "The alignment witness"): every key bound by
+    `ref.structure.witness_binds` (each value per-token, their lengths adding up to the witness's total
+    over the rows restored, not declared unbound) must give restored row ``i`` the witness's length; the
+    first key, at its first row in micro-batch order, with another raises `MisalignmentError`.
+    ``flat[j]``: the row joined value ``j`` is; ``sizes``: the micro-batches' row counts."""
+    witness = length_witness(data_iterator, args)
+    if witness is None:
+        return
+    rows = sorted(flat)
+    if rows and rows[-1] >= len(witness):
+        skipped("calls_without_witness")  # lengths of other rows than the iterator's: nothing to witness
+        return
+    want = [witness[i] for i in flat]  # in joined (micro-batch) order
+    total = sum(want)
+    unbound = witness_config()[1]
+    for key in keys:
+        lengths = [_length(v) for v in values[key]]
+        jagged = all(n is not None for n in lengths)
+        got = [n if n is not None else -1 for n in lengths]
+        if not witness_binds(key, jagged, sum(got), total, unbound) or got == want:
+            continue
+        if len(set(got)) == 1 and len(set(want)) > 1:
+            # every value the same length where the rows' differ: a fixed-width per-sample value (a vector
+            # a row), not a per-token one whose total happens to match; nothing proven, nothing raised
+            skipped("calls_without_witness")
+            continue
+        j = next(j for j, (a, b) in enumerate(zip(got, want, strict=True)) if a != b)
+        m, pos = _locate(j, sizes)
+        raise misalignment(key, m, pos, flat[j], got[j], want[j])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Adapters and the declaration
+# ---------------------------------------------------------------------------------------------------
+
+
+def _keys(forward_data_store: Any, *args: Any, **kwargs: Any) -> list[Any]:
+    """The keys a misaligned call misaligns (micro-batch 0's)."""
+    first = forward_data_store[0] if isinstance(forward_data_store, Sequence) and forward_data_store else None
+    return list(first.keys()) if isinstance(first, Mapping) else ["forward_data_store"]
+
+
+def _rows(forward_data_store: Any, data_iterator: Any, *args: Any, **kwargs: Any) -> int:
+    """The rows of a call (``on`` mode's counters): the iterator's indices, else micro-batch 0's first
+    key's values over every micro-batch."""
+    indices = getattr(data_iterator, "micro_batch_indices", None)
+    if indices is not None:
+        return sum(len(p) for p in indices)
+    keys = _keys(forward_data_store)
+    return sum(len(out.get(keys[0], ())) for out in forward_data_store) if forward_data_store else 0
+
+
+def _dumped(forward_data_store: Any, data_iterator: Any, args: Any, store_prefix: str = "") -> dict[str, Any]:
+    """A call's inputs as rebatch's dump holds them (`_files.save_dump`): ``forward_data_store`` (plain
+    dicts of lists), ``data_iterator`` (its ``micro_batch_size``, ``micro_batch_indices``, ``offset`` and
+    the rows' ``response_lengths``, ``total_lengths``, ``max_seq_lens``, a plain dict), ``args`` (the
+    settings read: ``use_dynamic_batch_size``, ``qkv_format``, and the parallel state's CP size),
+    ``store_prefix``."""
+    data = getattr(data_iterator, "rollout_data", None)
+    data = data if isinstance(data, Mapping) else {}
+    indices = getattr(data_iterator, "micro_batch_indices", None)
+    return {
+        "forward_data_store": [dict(out) for out in forward_data_store],
+        "data_iterator": {
+            "micro_batch_size": getattr(data_iterator, "micro_batch_size", None),
+            "micro_batch_indices": None if indices is None else [list(p) for p in indices],
+            "offset": getattr(data_iterator, "offset", None),
+            "rollout_data": {
+                k: list(data[k]) for k in ("response_lengths", "total_lengths", "max_seq_lens") if k in data
+            },
+        },
+        "args": {
+            "use_dynamic_batch_size": getattr(args, "use_dynamic_batch_size", None),
+            "qkv_format": getattr(args, "qkv_format", None),
+            "cp_size": _cp_size(),
+        },
+        "store_prefix": store_prefix,
+    }
+
+
+def _replay(function: str, inputs: Mapping[str, Any]) -> Callable[[], Any]:
+    """A call of rebatch's drop-in on a dump's inputs (`_dumped`'s form; ``rebatch check``): the iterator
+    and ``args`` as plain namespaces holding what the dump kept. A call under context parallelism is not
+    replayed (its witness needs the rank's parallel state)."""
+    settings = inputs["args"]
+    if settings.get("cp_size", 1) != 1:
+        raise NotReplayable(f"miles' call ran under context parallelism (size {settings['cp_size']})")
+    held = inputs["data_iterator"]
+    iterator = types.SimpleNamespace(
+        micro_batch_size=held["micro_batch_size"],
+        offset=held["offset"],
+        rollout_data=dict(held["rollout_data"]),
+    )
+    if held["micro_batch_indices"] is not None:
+        iterator.micro_batch_indices = held["micro_batch_indices"]
+    args = types.SimpleNamespace(
+        use_dynamic_batch_size=settings["use_dynamic_batch_size"], qkv_format=settings["qkv_format"] or "thd"
+    )
+    store = [dict(out) for out in inputs["forward_data_store"]]
+    prefix = str(inputs.get("store_prefix", ""))
+    return lambda: aggregate_forward_results(store, iterator, args, prefix)
+
+
+class _MilesIntegration(Integration):
+    """miles' `Integration`: besides the table, every install wraps ``get_data_iterator`` to record its
+    splits (miles' own, in ``on`` and ``shadow`` mode alike: neither counted nor shadowed, its all-reduce
+    run once), and a lazy one wraps `CARRY` (`_carrying`: miles has no function returning its actors'
+    environment for `_integration.carrying` to wrap)."""
+
+    def _patch_table(
+        self, dump: str | None, kept: Shadow | Counts, row: str, carry: bool
+    ) -> dict[tuple[str, str], Any]:
+        table = super()._patch_table(dump, kept, row, carry)
+        table[DATA, "get_data_iterator"] = Wrap(_recording)
+        if carry:
+            table[CARRY] = Wrap(_carrying)
+        return table
+
+
+#: The miles releases `install` supports (checked against miles itself: tests/test_miles.py).
+VERSIONS = ("0.0.2",)
+#: miles' integration (`_integration.Integration`): its public functions are this object's.
+INTEGRATION = _MilesIntegration(
+    "miles",
+    Versions("miles-rl", dict.fromkeys(VERSIONS), fallback=VERSIONS[-1]),
+    lambda row: [
+        Replaced(
+            LOG_UTILS,
+            "aggregate_forward_results",
+            aggregate_forward_results,
+            check_aggregate_forward_results,
+            _dumped,
+            _keys,
+            _rows,
+        )
+    ],
+    label="miles",
+    replay=_replay,
+)
+install, uninstall, stats = INTEGRATION.install, INTEGRATION.uninstall, INTEGRATION.stats
+mode, installed, replacements = INTEGRATION.mode, INTEGRATION.installed, INTEGRATION.replacements
