@@ -10,16 +10,9 @@ from typing import Any
 import torch
 
 from torch_impl import testing
-from torch_impl.testing import bits, cached_seqlen_bounds, raw_lengths, raw_values
+from torch_impl.testing import bits, cached_sizes, raw_values
 
 __all__ = ["bits", "cached_sizes", "observed_difference", "same_tensor", "assert_same", "first_difference"]
-
-
-def cached_sizes(x: torch.Tensor) -> tuple[int | None, int | None, bool]:
-    """What a jagged nested tensor caches that a consumer reads next (`same_tensor` compares it): its
-    shortest and longest row (None where not cached: ``to_padded_tensor()`` then pads to the number of
-    values) and whether it has holes (``lengths()``)."""
-    return (*cached_seqlen_bounds(x), raw_lengths(x) is not None)
 
 
 def _observed(x: torch.Tensor) -> list[Any]:

@@ -28,6 +28,7 @@ from ref import errors
 from .compare import first_difference
 from .convert import provenance_for
 from .defects import TABLE, named_call
+from .markdown import table
 from .peers import PEERS, Peer, differential, outcome, sized_call
 
 __all__ = [
@@ -263,26 +264,23 @@ ENGINES = (
 def outcomes_section(reports: Sequence[dict[str, Any]]) -> list[str]:
     """The table of outcomes: one row per defect, two columns per trainer (its own function, rebatch's
     drop-in). Deterministic: CI regenerates it and compares it with the committed page."""
-    head = (
-        "| defect | source | rebatch raises | "
-        + " | ".join(f"{r['label']} | rebatch's drop-in" for r in reports)
-        + " |"
-    )
-    lines = [OUTCOMES_BEGIN, head, "|" + "---|" * (3 + 2 * len(reports))]
+    head = ["defect", "source", "rebatch raises"]
+    for r in reports:
+        head += [r["label"], "rebatch's drop-in"]
     names: list[tuple[str, str, str]] = []
     for r in reports:
         for d in r["defects"]:
             key = (d["name"], d["source"], d["expected"])
             if key not in names:
                 names.append(key)
+    rows = []
     for name, source, expected in names:
-        cells = []
+        cells = [f"`{name}`", source, expected]
         for r in reports:
             found = next((d for d in r["defects"] if d["name"] == name and d["source"] == source), None)
             cells += [found["theirs"], _ours(found)] if found else ["", ""]
-        lines.append(f"| `{name}` | {source} | {expected} | " + " | ".join(cells) + " |")
-    lines.append(OUTCOMES_END)
-    return lines
+        rows.append(cells)
+    return [OUTCOMES_BEGIN, *table(head, rows), OUTCOMES_END]
 
 
 def _ours(row: dict[str, Any]) -> str:
@@ -345,18 +343,24 @@ def render(reports: Sequence[dict[str, Any]]) -> str:
         "",
         "## Differential: the trainer's function against rebatch's drop-in",
         "",
-        "| trainer | torch | Python | valid calls drawn | differences | conformance properties |",
-        "|---|---|---|---|---|---|",
+        *table(
+            ["trainer", "torch", "Python", "valid calls drawn", "differences", "conformance properties"],
+            [
+                [
+                    r["label"],
+                    r["torch"],
+                    r["python"],
+                    r["differential"]["cases"],
+                    len(r["differential"]["differences"]),
+                    ", ".join(
+                        f"{k}: {'holds' if v is None else 'FAILS (' + v + ')'}"
+                        for k, v in r["properties"].items()
+                    ),
+                ]
+                for r in reports
+            ],
+        ),
     ]
-    for r in reports:
-        props = ", ".join(
-            f"{k}: {'holds' if v is None else 'FAILS (' + v + ')'}" for k, v in r["properties"].items()
-        )
-        diff = r["differential"]
-        out.append(
-            f"| {r['label']} | {r['torch']} | {r['python']} | {diff['cases']} | {len(diff['differences'])} | "
-            f"{props} |"
-        )
     out += [
         "",
         "## Speed: the trainer's own function and rebatch's drop-in, in one run",
@@ -367,16 +371,24 @@ def render(reports: Sequence[dict[str, Any]]) -> str:
         "`[b, S]`;",
         "verl: jagged nested tensors).",
         "",
-        "| trainer | B | mean length | M | trainer's ms | rebatch's ms | speed-up | same result |",
-        "|---|---|---|---|---|---|---|---|",
+        *table(
+            ["trainer", "B", "mean length", "M", "trainer's ms", "rebatch's ms", "speed-up", "same result"],
+            [
+                [
+                    r["label"],
+                    s["B"],
+                    s["mean_length"],
+                    s["M"],
+                    f"{s['theirs_ms']:.2f}",
+                    f"{s['ours_ms']:.2f}",
+                    f"{s['speedup']:.1f}x",
+                    "yes" if s["same"] is None else f"NO: {s['same']}",
+                ]
+                for r in reports
+                for s in r["speed"]
+            ],
+        ),
     ]
-    for r in reports:
-        for s in r["speed"]:
-            same = "yes" if s["same"] is None else f"NO: {s['same']}"
-            out.append(
-                f"| {r['label']} | {s['B']} | {s['mean_length']} | {s['M']} | {s['theirs_ms']:.2f} | "
-                f"{s['ours_ms']:.2f} | {s['speedup']:.1f}x | {same} |"
-            )
     return "\n".join([*out, "", *ENGINES]) + "\n"
 
 

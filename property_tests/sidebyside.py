@@ -74,8 +74,8 @@ def theirs(trainer: str, *, stand_in: bool = False) -> tuple[Any, str]:
             raise
         stand: tuple[Any, str] = kit.stand_in()
         return stand
-    version = importlib.import_module(trainer).__dict__.get("__version__", "?")
-    return found, f"{trainer} {version}"
+    versions = importlib.import_module(f"torch_impl.integrations.{trainer}").INTEGRATION.versions
+    return found, f"{trainer} {versions.installed() or '?'}"
 
 
 def pair(trainer: str, b: int, keys: int, move: Callable[[Any], Any], fn: Any = None) -> Pair:

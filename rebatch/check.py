@@ -9,9 +9,7 @@ import itertools
 import json
 import pickletools
 import re
-import statistics
 import sys
-import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -58,14 +56,13 @@ def first_bad_row(got: Any, want: torch.Tensor) -> tuple[int | None, str]:
     return None, ""
 
 
-def _timed(fn: Callable[[], Any], repeat: int) -> tuple[Any, float]:
-    times = []
-    result = None
-    for _ in range(repeat):
-        start = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - start)
-    return result, statistics.median(times)
+def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    """``fn()``'s result (one call), then its median seconds per call (`rebatch.bench.timing`; a slow call
+    timed once)."""
+    from .bench.timing import SLOW_CALL_SECONDS, median_seconds
+
+    result = fn()
+    return result, median_seconds(fn, min_run_time=MIN_RUN_TIME, once_over=SLOW_CALL_SECONDS)
 
 
 def _compare(result: dict[str, Any], truth: dict[str, torch.Tensor]) -> dict[str, dict[str, Any]]:
@@ -93,6 +90,8 @@ def _ref_postprocess(output_lst: Any, indices: Any, data: Any) -> Callable[[], d
 
 
 #: The one-line note printed when the JAX reference cannot be compared.
+#: Each implementation is timed (`rebatch.bench.timing.median_seconds`) for at least this many seconds.
+MIN_RUN_TIME = 0.2
 NO_JAX_NOTE = "JAX reference comparison skipped: jax is not installed (pip install 'rebatch[jax]')"
 
 
@@ -107,18 +106,19 @@ def _default_check() -> dict[str, Any]:
 
     step = make_step()
     before = witness_stats()
-    result, t_torch = _timed(lambda: postprocess_batch_func(step.output_lst, step.indices, step.data), 5)
-    witnessed = {k: v - before[k] for k, v in witness_stats().items()}
+    result = postprocess_batch_func(step.output_lst, step.indices, step.data)
+    witnessed = {k: v - before[k] for k, v in witness_stats().items()}  # of that one call
+    _, t_torch = _timed(lambda: postprocess_batch_func(step.output_lst, step.indices, step.data))
     mo = result["model_output"]
     ref_mo: dict[str, Any] = {}
     t_ref = None
     if _have_jax():
-        ref_mo, t_ref = _timed(_ref_postprocess(step.output_lst, step.indices, step.data), 2)
+        ref_mo, t_ref = _timed(_ref_postprocess(step.output_lst, step.indices, step.data))
     jagged_keys = [k for k, v in step.expected.items() if v.is_nested]
     jagged_only = [
         {**o, "model_output": {k: o["model_output"][k] for k in jagged_keys}} for o in step.output_lst
     ]
-    base, t_base = _timed(lambda: verl_postprocess_batch_func(jagged_only, step.indices, step.data), 1)
+    base, t_base = _timed(lambda: verl_postprocess_batch_func(jagged_only, step.indices, step.data))
     report: dict[str, Any] = {
         "source": "embedded RL step (256 prompts x 8 responses)",
         "rows": step.rows,
@@ -474,8 +474,9 @@ def _print_report(report: dict[str, Any], out: TextIO) -> None:  # noqa: C901
         )
     if "witness" in report:
         w = report["witness"]["stats"]
+        calls = f"{w['calls']} call" + ("" if w["calls"] == 1 else "s")
         print(
-            f"  alignment witness (data['input_ids']): {w['calls']} calls, {w['keys_witnessed']} keys "
+            f"  alignment witness (data['input_ids']): {calls}, {w['keys_witnessed']} keys "
             f"witnessed, {w['keys_unbound']} left unbound, {w['calls_binding_nothing']} binding nothing",
             file=out,
         )

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.util
 import sys
+
+from .bench import BENCHMARKS
 
 __all__ = ["main"]
 
@@ -39,7 +42,16 @@ def _parser() -> argparse.ArgumentParser:
         "--candidate", metavar="MODULE:FUNCTION", help="also verify this function (e.g. verl's) on the dump"
     )
     check.add_argument("--json", action="store_true", help="print the report as JSON")
-    bench = sub.add_parser("bench", help="run the benchmark grid; write JSON, a Markdown table and a plot")
+    bench = sub.add_parser(
+        "bench",
+        help="run a benchmark (rebatch bench NAME [ARGS...]); alone, the grid: JSON, a Markdown table and a plot",
+        usage="%(prog)s NAME [ARGS...]\n       %(prog)s [--quick] [--grid GRID] [--device DEVICE] [--out OUT] "
+        "[--json] [--contended]",
+        description="NAME: run that benchmark with its own ARGS (also python -m rebatch.bench.MODULE ARGS...).\n"
+        "No NAME: the benchmark grid (the options below).",
+        epilog=_benchmarks_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     bench.add_argument("--quick", action="store_true", help="a small grid (about a minute)")
     bench.add_argument(
         "--grid",
@@ -70,7 +82,34 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _benchmarks_help() -> str:
+    """The benchmarks' names, each with its line, for ``rebatch bench --help``."""
+    width = max(map(len, BENCHMARKS))
+    lines = [f"  {name:<{width}}  {b.help}" for name, b in BENCHMARKS.items()]
+    return "benchmarks (rebatch bench NAME --help: its arguments):\n" + "\n".join(lines)
+
+
+def _bench(name: str, argv: list[str]) -> int:
+    """``rebatch bench NAME ARGS...``: the benchmark's ``main`` given ``ARGS`` (`rebatch.bench.BENCHMARKS`)."""
+    bench = BENCHMARKS.get(name)
+    if bench is None:
+        print(
+            f"rebatch bench: unknown benchmark {name!r} (choose from {', '.join(BENCHMARKS)})",
+            file=sys.stderr,
+        )
+        return 2
+    if missing := _missing(*bench.needs):
+        print(f"rebatch bench {name} needs {missing}: pip install 'rebatch[test]'", file=sys.stderr)
+        return 2
+    module = importlib.import_module(f"{__package__}.bench.{bench.module}")
+    code: int = module.main([*bench.args, *argv])
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"] and len(argv) > 1 and not argv[1].startswith("-"):
+        return _bench(argv[1], argv[2:])
     args = _parser().parse_args(argv)
     if args.command == "check":
         from .check import run_check

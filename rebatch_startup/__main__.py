@@ -29,6 +29,4 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-
-
 sys.exit(main(sys.argv[1:]))

@@ -415,3 +415,29 @@ def test_versus_checked_gives_today_data_with_both_checks_and_the_same_result() 
     results = versus([case], "HEAD", contended=False, rounds=1, min_time=0.0, checked=True)
     assert results["checked"] is True
     assert results["rows"][0]["quiet"]["today"] > 0
+
+
+ONCE_CALLS = 3
+
+
+def test_median_seconds_times_one_function_alone() -> None:
+    """`rebatch.bench.timing.median_seconds`: torch.utils.benchmark's median, torch's threads kept as they
+    are (the library's own default is 1), a call slower than ``once_over`` timed once."""
+    import torch
+
+    from rebatch.bench.timing import median_seconds
+
+    calls: list[int] = []
+    threads: list[int] = []
+
+    def fn() -> None:
+        calls.append(1)
+        threads.append(torch.get_num_threads())
+
+    assert 0 < median_seconds(fn, min_run_time=0.01) < 0.01
+    autoranged = len(calls)
+    assert set(threads) == {torch.get_num_threads()}
+    for once in ({"once_over": 0.0}, {"min_run_time": 0}):
+        calls.clear()
+        assert median_seconds(fn, **once) > 0
+        assert len(calls) <= ONCE_CALLS < autoranged  # the library's two warm-up calls and the timed one

@@ -13,6 +13,7 @@ import torch
 from tensordict import NonTensorData, TensorDict
 
 from property_tests.data import jagged
+from rebatch.bench import BENCHMARKS
 from rebatch.cli import main
 
 
@@ -166,3 +167,50 @@ def test_fuzz_runs_a_state_machine(tmp_path, monkeypatch, capsys) -> None:
     assert fuzz.main(["--minutes", "0.001", "--machine", "provenance"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"ok   the provenance state machine: [1-9]\d* runs of up to 3 steps", out), out
+
+
+def test_bench_help_lists_every_benchmark(capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["bench", "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    for name, bench in BENCHMARKS.items():
+        assert re.search(rf"^  {re.escape(name)} +{re.escape(bench.help)}$", out, re.M), name
+
+
+def test_bench_unknown_name_exits_2(capsys) -> None:
+    assert main(["bench", "no-such-bench", "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown benchmark 'no-such-bench'" in err
+    assert "grid, versus" in err
+
+
+@pytest.mark.parametrize("name", list(BENCHMARKS))
+def test_bench_name_runs_its_module_with_its_arguments(name, capsys) -> None:
+    """``rebatch bench NAME ARGS...`` is ``python -m rebatch.bench.MODULE [fixed args] ARGS...``: each
+    module's own parser answers ``--help``."""
+    with pytest.raises(SystemExit) as info:
+        main(["bench", name, "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: ")
+    assert out == _module_help(BENCHMARKS[name].module, capsys)
+
+
+def _module_help(module: str, capsys) -> str:
+    import importlib
+
+    with pytest.raises(SystemExit):
+        importlib.import_module(f"rebatch.bench.{module}").main(["--help"])
+    return capsys.readouterr().out
+
+
+def test_bench_name_passes_its_arguments_through(monkeypatch) -> None:
+    """The rest of the command line goes to the module's ``main``, after the table's fixed arguments."""
+    from rebatch.bench import versus
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(versus, "main", lambda argv: seen.append(argv) or 0)
+    assert main(["bench", "checkcost", "--provenance", "--rounds", "3"]) == 0
+    assert main(["bench", "versus", "--commit", "verl"]) == 0
+    assert seen == [["--witness", "--provenance", "--rounds", "3"], ["--commit", "verl"]]

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from property_tests import sidebyside
 from rebatch.bench import cuda_check
 
 SECTIONS = {"properties", "device_calls", "launches", "timings", "machine"}
@@ -30,7 +31,7 @@ def test_dry_run_writes_every_section(tmp_path: Path, capsys: pytest.CaptureFixt
     assert set(results) >= SECTIONS
     assert all("error" not in results[s] for s in SECTIONS)
     timed = results["timings"]["rows"]
-    assert {r["trainer"] for r in timed} == {"verl", "areal", "skyrl"}
+    assert {r["trainer"] for r in timed} == set(sidebyside.TRAINERS)  # every trainer with a side-by-side call
     assert all(r["rebatch_s"] > 0 for r in timed)
     assert all(r["theirs_s"] is None or r["theirs_s"] > 0 for r in timed)
     printed = capsys.readouterr().out

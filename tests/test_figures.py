@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from rebatch import figures
+from rebatch_startup.trainers import names
 
 ROOT = Path(__file__).resolve().parent.parent
 VERSUS = [p for p in figures.PAGES if "docs/versus.json" in p.sources]
@@ -151,7 +152,7 @@ def test_peers_md_against_ci_reports(tmp_path: Path, capsys: pytest.CaptureFixtu
     """CI's trainers lane checks docs/peers.md's calls drawn, differences, properties, sizes and verdicts
     against its fresh reports (not the times: printed beside the stated ones)."""
     reports = _reports_like_the_page(tmp_path)
-    assert [r["name"] for r in reports] == ["verl", "areal", "skyrl"]
+    assert [r["name"] for r in reports] == list(names())  # every declared trainer, in the registry's order
     assert figures.peers_against_reports(ROOT, _saved(tmp_path, reports)) == []
     first = figures.speed_rows(ROOT)[0]["speedup"]
     assert f"stated {first:.1f}x, this run {first:.1f}x" in capsys.readouterr().out  # shown, not checked

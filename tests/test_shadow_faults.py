@@ -20,8 +20,6 @@ from ref import errors
 from torch_impl.integrations import TRAINERS
 from torch_impl.integrations._shadow import DEFECTS
 
-RELEASES = {"verl": "0.9.1", "areal": "1.0.4", "skyrl": "0.4.0"}
-
 
 class _Theirs:
     """The trainer's side: a function (or a method) returning a marker object."""
@@ -36,7 +34,7 @@ def _install_with_fault(monkeypatch: pytest.MonkeyPatch, trainer: str, fault: Ba
     """The trainer's table with ``fault`` raised by rebatch's function and check; stand-in modules of the
     trainer (its originals) at each row's place. Returns the patched callables, one per row."""
     integration = importlib.import_module(f"torch_impl.integrations.{trainer}").INTEGRATION
-    release = RELEASES[trainer]
+    release = integration.versions.fallback  # the newest release it supports
     monkeypatch.setattr(integration.versions, "installed", lambda: release)
     rows = integration.table(release)
 
@@ -45,6 +43,10 @@ def _install_with_fault(monkeypatch: pytest.MonkeyPatch, trainer: str, fault: Ba
 
     faulty = [r._replace(ours=boom, check=boom) for r in rows]
     monkeypatch.setattr(integration, "table", lambda row: faulty)
+    for module_name, name in integration.records:  # what an install wraps to record: stand-ins too
+        recorded = types.ModuleType(module_name)
+        setattr(recorded, name, lambda *a, **k: None)
+        monkeypatch.setitem(sys.modules, module_name, recorded)
     owners: list[tuple[Any, str]] = []
     for r in faulty:
         module = sys.modules.get(r.module)

@@ -243,7 +243,7 @@ def test_the_overhead_script_runs(capsys) -> None:
     from rebatch.bench.shadow import main
 
     theirs = _engine().postprocess_batch_func
-    assert main(["--rows", "8", "--micro-batches", "2", "--max-len", "4", "--repeats", "2"]) == 0
+    assert main(["--rows", "8", "--micro-batches", "2", "--max-len", "4", "--min-time", "0"]) == 0
     out = capsys.readouterr().out
     assert "verl alone" in out
     assert "shadow, unsampled calls (checks only)" in out

@@ -16,7 +16,16 @@ from tensordict import NonTensorData, NonTensorStack, TensorDictBase
 from ref._torch_private import cached_seqlen_bounds, raw_lengths
 from ref.dtypes import bits_dtype
 
-__all__ = ["bits", "same_tensor", "assert_same", "first_difference"]
+__all__ = ["bits", "cached_sizes", "same_tensor", "assert_same", "first_difference"]
+
+
+def cached_sizes(x: Any) -> tuple[int | None, int | None, bool]:
+    """What a jagged nested tensor caches that a consumer reads next (`same_tensor` compares it): its
+    shortest and longest row (None where not cached: ``to_padded_tensor()`` then pads to the number of
+    values) and whether it has holes (``lengths()``)."""
+    shortest, longest = cached_seqlen_bounds(x)
+    holes = raw_lengths(x) is not None
+    return shortest, longest, holes
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -47,8 +56,8 @@ def same_tensor(a: torch.Tensor, b: torch.Tensor, *, consumer: Any = None) -> st
         return f"requires_grad differs: {a.requires_grad} vs {b.requires_grad}"
     offsets = None
     if a.is_nested:
-        pair: tuple[Any, ...] = (a, b)  # a consumer's reads of the cache: shortest, longest row, and holes
-        sizes_a, sizes_b = ((*cached_seqlen_bounds(t), raw_lengths(t) is not None) for t in pair)
+        sizes_a = cached_sizes(a)
+        sizes_b = cached_sizes(b)
         if sizes_a != sizes_b:
             return f"cached (min_seqlen, max_seqlen, holes) differ: {sizes_a} vs {sizes_b}"
         why = consumer(a, b) if consumer is not None else None

@@ -129,16 +129,13 @@ def copy_rows(plan: KeyPlan) -> torch.Tensor:
     starts = host_offsets(lengths)[:-1]
     starts -= np.array(list(itertools.accumulate((p.values.shape[0] for p in parts[:-1]), initial=0)))[of_row]
     targets = offsets[:-1][perm] * width  # row k of the concatenation goes to output row perm[k]
-    part_of_row, src, dst, n = (
-        of_row.tolist(),
-        (starts * width).tolist(),
-        targets.tolist(),
-        (lengths * width).tolist(),
-    )
+    part_of_row = of_row.tolist()
+    src = (starts * width).tolist()
+    dst = targets.tolist()
+    n = (lengths * width).tolist()
     whole = [_bytes(p.values) for p in parts]
-    get: Any = (
-        operator.getitem
-    )  # typed Any: NumPy's overloads of ``ndarray[slice]`` defeat ``map``'s inference
+    # typed Any: NumPy's overloads of ``ndarray[slice]`` defeat ``map``'s inference
+    get: Any = operator.getitem
     put: Any = operator.setitem
     pieces = map(get, map(whole.__getitem__, part_of_row), map(slice, src, map(operator.add, src, n)))
     into = map(slice, dst, map(operator.add, dst, n))

@@ -36,13 +36,17 @@ __all__ = [
 Seqlens = tuple[int, int] | None
 
 
+#: Up to this many rows, Python's ``min`` and ``max`` over a list beat two NumPy reductions.
+_FEW = 64
+
+
 def seqlens_of(lengths: Any) -> Seqlens:
     """`Seqlens` of row ``lengths`` held on the host (a NumPy array, a CPU tensor or a sequence of
     ints); None off the CPU (never read there) or without rows."""
     if isinstance(lengths, torch.Tensor) and (lengths.device.type != "cpu" or not numpy_bridge()):
         return None if lengths.device.type != "cpu" else seqlens_of(lengths.tolist())
     host = np.asarray(lengths)
-    if host.size <= 64:  # a few rows: Python's min and max beat two NumPy reductions
+    if host.size <= _FEW:
         few = host.tolist()
         return (min(few), max(few)) if few else None
     return int(host.min()), int(host.max())

@@ -126,7 +126,7 @@ _HOST = torch.device("cpu")  # where a result's cached sizes live
 
 
 def assemble(
-    parts: Sequence[Part], perm: torch.Tensor | None, key: Any = None, sources: Any = ()
+    parts: Sequence[Part], perm: torch.Tensor | None, key: Any = None, sources: Sequence[Any] = ()
 ) -> torch.Tensor:
     """One key's checked ``parts`` planned and moved (no witness): the concatenation, with row ``k`` put
     at row ``perm[k]`` where ``perm`` (a checked permutation of ``range(B)``, CPU) is given; ``sources``:

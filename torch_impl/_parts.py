@@ -248,7 +248,11 @@ def _check_unpacked(parts: Sequence[Any], key: Any, allow_jagged: bool) -> list[
         v = p.values
         if first is None:
             first = p
-            part_type, dtype, device, ndim, trailing = type(p), v.dtype, v.device, v.dim(), v.shape[1:]
+            part_type = type(p)
+            dtype = v.dtype
+            device = v.device
+            ndim = v.dim()
+            trailing = v.shape[1:]
         elif (  # cheapest reads first: a 1-D values tensor has no trailing shape to compare
             type(p) is not part_type
             or v.dtype != dtype

@@ -32,7 +32,7 @@ from ref._torch_private import (
 )
 
 from . import _kernels, _postprocess
-from ._compare import assert_same, bits, first_difference, same_tensor
+from ._compare import assert_same, bits, cached_sizes, first_difference, same_tensor
 from ._jagged import njt, seqlens_of
 from ._postprocess import check_batch_func
 from ._provenance import record
@@ -50,6 +50,7 @@ __all__ = [
     "assert_same",
     "bits",
     "cached_seqlen_bounds",
+    "cached_sizes",
     "check_batch_func",
     "first_difference",
     "install_threaded_process_group",

@@ -19,6 +19,8 @@ import statistics
 import time
 from typing import Any
 
+from property_tests.markdown import table
+
 from .tables import ms
 from .workers import ROOT, Worker, describe
 
@@ -155,11 +157,7 @@ def checks_markdown(results: dict[str, Any]) -> list[str]:
     """The figures as a Markdown table, each target case's verdict in its last column."""
     verdicts = targets(results)
     bounds = TARGETS[results["check"]]
-    lines = [
-        "| case | without (ms) | with (ms) | with / without (paired) | cost (ms, paired) | null pair | "
-        "target |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    rows = []
     for r in results["rows"]:
         c, z, name = r["check"], r["null"], r["name"]
         target = (
@@ -167,11 +165,19 @@ def checks_markdown(results: dict[str, Any]) -> list[str]:
             if name in verdicts
             else ""
         )
-        lines.append(
-            f"| {name} | {ms(c['without'] / 1e3)} | {ms(c['with'] / 1e3)} | {c['ratio']:.3f}x | "
-            f"{c['cost_ms']:+.4f} | {z['ratio']:.3f}x, {z['cost_ms']:+.4f} ms | {target} |"
+        rows.append(
+            [
+                name,
+                ms(c["without"] / 1e3),
+                ms(c["with"] / 1e3),
+                f"{c['ratio']:.3f}x",
+                f"{c['cost_ms']:+.4f}",
+                f"{z['ratio']:.3f}x, {z['cost_ms']:+.4f} ms",
+                target,
+            ]
         )
-    return lines
+    head = ["case", "without (ms)", "with (ms)", "with / without (paired)", "cost (ms, paired)", "null pair"]
+    return table([*head, "target"], rows)
 
 
 def _markers(check: str) -> tuple[str, str]:

@@ -60,8 +60,13 @@ from torch_impl.testing import PHASES, phase_seconds
 
 from .cases import Case, make_inputs
 from .run import median_times
+from .timing import SLOW_CALL_SECONDS, median_seconds
 
 __all__ = ["check", "main"]
+
+#: torch's threads while a function is timed alone: torch.utils.benchmark's default, as the committed
+#: figures were measured.
+TIMER_THREADS = 1
 
 CASES = [
     Case(1024, 512, 16, 1, "float32", 2),
@@ -316,16 +321,10 @@ def _timings(device: str, sizes: tuple[int, ...], min_time: float) -> list[dict[
     """rebatch beside each trainer's own function (`property_tests.sidebyside`), timed with
     torch.utils.benchmark (which synchronises CUDA); a trainer that is not installed is a row saying so
     (verl's algorithm stands in for verl)."""
-    from torch.utils import benchmark
-
     from property_tests import sidebyside
 
-    def seconds(fn: Callable[[], Any]) -> float:
-        timer = benchmark.Timer(stmt="fn()", globals={"fn": fn})
-        once = timer.timeit(1).median
-        if once > 1.0 or min_time == 0:  # a slow call (a per-row loop at large B): once is enough
-            return float(once)
-        return float(timer.blocked_autorange(min_run_time=min_time).median)
+    def seconds(fn: Callable[[], Any]) -> float:  # a slow call (a per-row loop at large B): once is enough
+        return median_seconds(fn, min_run_time=min_time, once_over=SLOW_CALL_SECONDS, threads=TIMER_THREADS)
 
     rows = []
     for trainer in sidebyside.TRAINERS:
@@ -371,20 +370,13 @@ def _verl_calls(device: str, sizes: tuple[int, ...], min_time: float) -> list[di
     their number)."""
     import time
 
-    from torch.utils import benchmark
-
     rows = []
     for checked in (False, True):
         for b in sizes:
             for keys in (1, 5):
                 call = _verl_call(device, b, keys, checked)
                 call()
-                timer = benchmark.Timer(stmt="fn()", globals={"fn": call})
-                synced = (
-                    timer.blocked_autorange(min_run_time=min_time).median
-                    if min_time
-                    else timer.timeit(3).median
-                )
+                synced = median_seconds(call, min_run_time=min_time, threads=TIMER_THREADS)
                 issued = []
                 for _ in range(5 if min_time else 2):
                     _synchronize(device)
@@ -460,8 +452,6 @@ def _uploads(device: str) -> dict[str, Any]:
 def _machine(device: str, min_time: float) -> dict[str, Any]:
     """The cost model's parameters measured: a copy's bandwidth against ``clone()`` of the same bytes,
     and the time of one small operation in a chain (the per-launch cost)."""
-    from torch.utils import benchmark
-
     from .gpu_model import Model
 
     n = (256 if device.startswith("cuda") else 4) * 2**20 // 4
@@ -474,9 +464,7 @@ def _machine(device: str, min_time: float) -> dict[str, Any]:
             tiny.add_(1)
 
     def time(fn: Callable[[], Any]) -> float:
-        return float(
-            benchmark.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_time).median
-        )
+        return median_seconds(fn, min_run_time=min_time, threads=TIMER_THREADS)
 
     copy_s, clone_s, chain_s = time(lambda: dst.copy_(src)), time(src.clone), time(chain)
     model = Model()

@@ -70,6 +70,14 @@ class Model(NamedTuple):
     host_scale: float = 0.0
 
 
+
+def _ratio(theirs: float, ours: float) -> str:
+    """``theirs / ours`` as the page writes it; ``n/a`` where rebatch's prediction is nothing at all (a
+    call with no device work and no host time measured)."""
+    if ours == 0:
+        return "n/a"
+    return f"{theirs / ours:.2f}x"
+
 def predict(side: dict[str, Any], model: Model) -> float:
     """The model's seconds for one traced side of a case (its ``host_s``, where measured)."""
     device = (
@@ -381,7 +389,7 @@ def render(
                 f"| {c['b']} | {c['keys']} | {ours['launches']} / {theirs['launches']} | "
                 f"{ours['bytes'] / 1e6:.2f} / {theirs['bytes'] / 1e6:.2f} | {ours['syncs']} / "
                 f"{theirs['syncs']} | {_ms(ours.get('host_s'))} / {_ms(theirs.get('host_s'))} | "
-                f"{p_ours * 1e3:.3f} / {p_theirs * 1e3:.3f} | {p_theirs / p_ours:.2f}x |"
+                f"{p_ours * 1e3:.3f} / {p_theirs * 1e3:.3f} | {_ratio(p_theirs, p_ours)} |"
             )
         lines.append("")
     if calibration is not None:

@@ -20,6 +20,7 @@ import sys
 from typing import Any
 
 from property_tests.launches import count_call, meta_batch, output_bytes
+from property_tests.markdown import table as markdown_table
 
 __all__ = ["BANDWIDTH", "GRID", "LAUNCH_SECONDS", "SMOKE_GRID", "launch_rows", "markdown", "main"]
 
@@ -81,17 +82,23 @@ def markdown(table: list[dict[str, Any]], *, length: int = MEAN_LENGTH) -> list[
         "results in full). verl's own function is not in this table (it runs only where verl is "
         "installed). Regenerate with `python -m rebatch.bench.launches`.",
         "",
-        "| B | M | keys | operations | on values | output MiB | est. MiB moved | modelled µs (launches + "
-        "bytes) |",
-        "|---|---|---|---|---|---|---|---|",
     ]
-    for r in table:
-        lines.append(
-            f"| {r['rows']} | {r['micro_batches']} | {r['keys']} | {r['ops']} | {r['ops_on_values']} | "
-            f"{r['output_bytes'] / 2**20:.2f} | {r['bytes'] / 2**20:.2f} | {r['modelled_seconds'] * 1e6:.0f} "
-            f"({r['launch_seconds'] * 1e6:.0f} + {r['traffic_seconds'] * 1e6:.1f}) |"
-        )
-    return lines
+    head = ["B", "M", "keys", "operations", "on values", "output MiB", "est. MiB moved"]
+    rows = [
+        [
+            r["rows"],
+            r["micro_batches"],
+            r["keys"],
+            r["ops"],
+            r["ops_on_values"],
+            f"{r['output_bytes'] / 2**20:.2f}",
+            f"{r['bytes'] / 2**20:.2f}",
+            f"{r['modelled_seconds'] * 1e6:.0f} ({r['launch_seconds'] * 1e6:.0f} + "
+            f"{r['traffic_seconds'] * 1e6:.1f})",
+        ]
+        for r in table
+    ]
+    return [*lines, *markdown_table([*head, "modelled µs (launches + bytes)"], rows)]
 
 
 def main(argv: list[str] | None = None) -> int:

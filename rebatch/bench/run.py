@@ -28,34 +28,21 @@ import torch
 
 import torch_impl
 from property_tests.baseline import verl_postprocess_batch_func
+from property_tests.markdown import table
 
 from . import launches, versus
 from .cases import GRIDS, LARGE_ELEMENTS, TARGETS_VS_VERL, Case, grid, make_inputs, verl_target_lines
 from .contention import busy_processes, core_count
-from .memory import peak_rss_bytes, peak_tensor_bytes, release_free_memory
+from .memory import peak_rss_bytes, peak_tensor_bytes
+from .timing import median_seconds, timed_alone
 
-__all__ = ["main", "measure", "median_time", "median_times", "run_bench"]
+__all__ = ["main", "measure", "median_times", "run_bench"]
 
 JAX_MAX_ELEMENTS = (
     16 * 2**20
 )  # the JAX reference is timed up to this many output elements (its gather is slow on 2 cores)
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def _timed(fn: Callable[[], Any], device: str) -> float:
-    """Seconds for one call. Before it (untimed), the C heap's free pages go back to the kernel, so
-    every call's fresh buffers are mapped afresh, as a training step's are, instead of landing by
-    chance on pages that the previous call freed. Every implementation is timed this way."""
-    if device == "cpu":
-        release_free_memory()
-    start = time.perf_counter()
-    fn()
-    _sync(device)
-    return time.perf_counter() - start
+#: The JAX reference is timed alone (`timing.median_seconds`) for at least this many seconds.
+JAX_MIN_RUN_TIME = 0.3
 
 
 def median_times(
@@ -77,8 +64,7 @@ def median_times(
     ``max_rounds``.
     """
     for fn in fns.values():
-        fn()
-        _sync(device)
+        timed_alone(fn, device)  # the warm-up call
     times: dict[str, list[float]] = {name: [] for name in fns}
     order = list(fns)
     rng = random.Random(seed)
@@ -87,16 +73,11 @@ def median_times(
     while rounds < min_rounds or (spent < min_time and rounds < max_rounds):
         rng.shuffle(order)
         for name in order:
-            elapsed = _timed(fns[name], device)
+            elapsed = timed_alone(fns[name], device)
             times[name].append(elapsed)
             spent += elapsed
         rounds += 1
     return {name: statistics.median(t) for name, t in times.items()}
-
-
-def median_time(fn: Callable[[], Any], device: str, *, min_time: float = 0.3, max_runs: int = 15) -> float:
-    """Median seconds per call of one function: at least 3 runs, more until ``min_time`` is spent."""
-    return median_times({"fn": fn}, device, min_time=min_time, min_rounds=3, max_rounds=max_runs)["fn"]
 
 
 def _copy_limit(outs: list[dict[str, Any]]) -> Callable[[], Any]:
@@ -190,10 +171,17 @@ def restore_markdown(row: dict[str, Any]) -> list[str]:
         "permutation, values checked in the compiled program), timed warm; the two alternate in one run "
         "after a bit-equality check. Target: within 2x of torch_impl.",
         "",
-        "| torch_impl.restore ms | jit(ref.restore) ms | jit / torch | within 2x |",
-        "|---|---|---|---|",
-        f"| {_fmt_ms(s['torch_impl_restore'])} | {_fmt_ms(s['jax_ref_restore_jit'])} | "
-        f"{row['jit_over_torch']:.2f} | {verdict} |",
+        *table(
+            ["torch_impl.restore ms", "jit(ref.restore) ms", "jit / torch", "within 2x"],
+            [
+                [
+                    _fmt_ms(s["torch_impl_restore"]),
+                    _fmt_ms(s["jax_ref_restore_jit"]),
+                    f"{row['jit_over_torch']:.2f}",
+                    verdict,
+                ]
+            ],
+        ),
         "",
     ]
 
@@ -244,7 +232,7 @@ def measure(
     if with_jax and device == "cpu" and inputs.output_elements <= JAX_MAX_ELEMENTS:
         jax_fn = _jax_reference(outs, indices)
         if jax_fn is not None:
-            seconds["jax_reference_jit"] = median_time(jax_fn, device, max_runs=5)
+            seconds["jax_reference_jit"] = median_seconds(jax_fn, min_run_time=JAX_MIN_RUN_TIME)
     if contended:
         with busy_processes() as procs:
             row["contended"] = {"busy_processes": len(procs), **_timings(fns, device)}
@@ -402,6 +390,54 @@ def _pair(row: dict[str, Any], name: str, fmt: str) -> str:
     return " / ".join("" if v is None else fmt.format(v) for v in (quiet, busy))
 
 
+#: The grid table's columns (`markdown`), one a `_grid_cells` cell.
+GRID_COLUMNS = (
+    "B",
+    "mean len",
+    "M",
+    "keys",
+    "dtype",
+    "jagged",
+    "torch_impl ms",
+    "baseline ms",
+    "verl ms",
+    "copy ms",
+    "JAX ms",
+    "speed-up vs baseline (quiet / contended)",
+    "vs verl (quiet / contended)",
+    "x copy (quiet / contended)",
+    "torch_impl peak MiB",
+    "baseline peak MiB",
+    "output MiB",
+    "peak / output",
+    "torch_impl RSS MiB",
+    "baseline RSS MiB",
+)
+
+
+def _grid_cells(r: dict[str, Any]) -> list[str]:
+    """One case's row of the grid table (`GRID_COLUMNS`)."""
+    c, s, p = r["case"], r["seconds"], r["peak_extra_bytes"]
+    rss = r.get("peak_rss_bytes") or {}
+    return [
+        *(str(c[k]) for k in ("rows", "mean_length", "micro_batches", "keys", "dtype")),
+        f"{c['ndim']}-D",
+        *(
+            _fmt_ms(s.get(k))
+            for k in ("torch_impl", "per_row_baseline", "verl", "copy_limit", "jax_reference_jit")
+        ),
+        _pair(r, "speedup_vs_baseline", "{:.1f}x"),
+        _pair(r, "speedup_vs_verl", "{:.1f}x"),
+        _pair(r, "ratio_to_copy_limit", "{:.2f}"),
+        _fmt_mib(p["torch_impl"]),
+        _fmt_mib(p["per_row_baseline"]),
+        _fmt_mib(r["output_bytes"]),
+        f"{r.get('peak_extra_over_output', float('nan')):.2f}",
+        _fmt_mib(rss.get("torch_impl")),
+        _fmt_mib(rss.get("per_row_baseline")),
+    ]
+
+
 def markdown(results: dict[str, Any]) -> str:
     lines = [
         "# Benchmarks",
@@ -433,25 +469,8 @@ def markdown(results: dict[str, Any]) -> str:
         *(restore_markdown(results["restore_side_by_side"]) if results.get("restore_side_by_side") else []),
         "![time against B](benchmarks.png)",
         "",
-        "| B | mean len | M | keys | dtype | jagged | torch_impl ms | baseline ms | verl ms | copy ms | "
-        "JAX ms | speed-up vs baseline (quiet / contended) | vs verl (quiet / contended) | x copy (quiet / "
-        "contended) | torch_impl peak MiB | baseline peak MiB | output MiB | peak / output | torch_impl "
-        "RSS MiB | baseline RSS MiB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        *table(GRID_COLUMNS, [_grid_cells(r) for r in results["rows"]]),
     ]
-    for r in results["rows"]:
-        c, s, p = r["case"], r["seconds"], r["peak_extra_bytes"]
-        rss = r.get("peak_rss_bytes") or {}
-        lines.append(
-            f"| {c['rows']} | {c['mean_length']} | {c['micro_batches']} | {c['keys']} | {c['dtype']} | "
-            f"{c['ndim']}-D | {_fmt_ms(s['torch_impl'])} | {_fmt_ms(s['per_row_baseline'])} | "
-            f"{_fmt_ms(s.get('verl'))} | {_fmt_ms(s['copy_limit'])} | {_fmt_ms(s.get('jax_reference_jit'))} "
-            f"| {_pair(r, 'speedup_vs_baseline', '{:.1f}x')} | {_pair(r, 'speedup_vs_verl', '{:.1f}x')} | "
-            f"{_pair(r, 'ratio_to_copy_limit', '{:.2f}')} | {_fmt_mib(p['torch_impl'])} | "
-            f"{_fmt_mib(p['per_row_baseline'])} | {_fmt_mib(r['output_bytes'])} | "
-            f"{r.get('peak_extra_over_output', float('nan')):.2f} | {_fmt_mib(rss.get('torch_impl'))} | "
-            f"{_fmt_mib(rss.get('per_row_baseline'))} |"
-        )
     if results.get("launches"):
         lines += ["", *launches.markdown(results["launches"])]
     return "\n".join(lines) + "\n"

@@ -3,22 +3,25 @@
 function too, and the bit-exact comparison). Needs verl (the pins environment).
 
     python -m rebatch.bench.shadow [--rows 256] [--micro-batches 8] [--max-len 512] [--device cpu] [--threads
-    1]
+    1] [--min-time 0.5]
 
-Prints one line per variant: the median seconds per call and the ratio to verl alone.
+Prints one line per variant: the median seconds per call (`torch.utils.benchmark`) and the ratio to verl
+alone.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import statistics
-import time
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from .timing import median_seconds
+
+#: Each variant is timed (`timing.median_seconds`) for at least this many seconds.
+MIN_RUN_TIME = 0.5
 
 
 def _step(rows: int, micro_batches: int, max_len: int, device: str) -> tuple[list[dict[str, Any]], Any, Any]:
@@ -52,24 +55,15 @@ def _step(rows: int, micro_batches: int, max_len: int, device: str) -> tuple[lis
     return outs, parts, data
 
 
-def _median(fn: Callable[[], Any], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=256)
     parser.add_argument("--micro-batches", type=int, default=8)
     parser.add_argument("--max-len", type=int, default=512)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument(
+        "--min-time", type=float, default=MIN_RUN_TIME, help="seconds to time each variant for, at least"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch's CPU threads (1: steadier timings)")
     args = parser.parse_args(argv)
     threads = torch.get_num_threads()
@@ -89,7 +83,7 @@ def _measure(args: argparse.Namespace) -> int:
     outs, parts, data = _step(args.rows, args.micro_batches, args.max_len, args.device)
     call = lambda: engine.postprocess_batch_func(outs, parts, data)  # noqa: E731
     call()  # warm both paths
-    alone = _median(call, args.repeats)
+    alone = median_seconds(call, min_run_time=args.min_time)
     rows = [("verl alone", alone)]
     for label, sample in (
         ("shadow, unsampled calls (checks only)", 0.0),
@@ -98,7 +92,7 @@ def _measure(args: argparse.Namespace) -> int:
         integration.install(mode="shadow", sample=sample)
         try:
             call()  # the first call is always sampled
-            rows.append((label, _median(call, args.repeats)))
+            rows.append((label, median_seconds(call, min_run_time=args.min_time)))
         finally:
             integration.uninstall()
     where = f"{args.device}, {args.threads} thread(s), torch {torch.__version__}"

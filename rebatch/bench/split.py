@@ -20,9 +20,12 @@ from tensordict import TensorDict
 import torch_impl
 
 from .cases import Case, lengths_for
-from .run import median_time
+from .timing import SLOW_CALL_SECONDS, median_seconds
 
 __all__ = ["per_partition_baseline", "main"]
+
+#: Each side is timed (`timing.median_seconds`) for at least this many seconds.
+MIN_RUN_TIME = 0.3
 
 
 def per_partition_baseline(data: TensorDict, partitions: list[list[int]]) -> list[dict[str, torch.Tensor]]:
@@ -72,11 +75,14 @@ def main(argv: list[str] | None = None) -> int:
                 data, lengths = _data(case)
                 budget = max(max(lengths), 8 * length)
                 parts = torch_impl.balanced_partitions(lengths, budget)
-                t_impl = median_time(lambda: torch_impl.split(data, parts), "cpu")  # noqa: B023
-                t_base = median_time(
+                t_impl = median_seconds(
+                    lambda: torch_impl.split(data, parts),  # noqa: B023
+                    min_run_time=MIN_RUN_TIME,
+                )
+                t_base = median_seconds(
                     lambda: per_partition_baseline(data, parts),  # noqa: B023
-                    "cpu",
-                    max_runs=5,
+                    min_run_time=MIN_RUN_TIME,
+                    once_over=SLOW_CALL_SECONDS,
                 )
                 rows.append(
                     {

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from property_tests.markdown import table
+
 __all__ = ["markdown", "ms", "row_line", "targets", "verl_targets"]
 
 
@@ -30,22 +32,21 @@ def row_line(row: dict[str, Any]) -> str:
 
 def markdown(results: dict[str, Any]) -> list[str]:
     contended = any("contended" in r for r in results["rows"])
-    head = "| case | baseline ms | today ms | clone ms | baseline / today | today / clone |"
-    sep = "|---|---|---|---|---|---|"
-    if contended:
-        head += " contended: baseline ms | today ms | clone ms | baseline / today | today / clone |"
-        sep += "---|---|---|---|---|"
-    lines = [head, sep]
-    for r in results["rows"]:
-        q = r["quiet"]
-        sp, cl = _ratios(q)
-        line = f"| {r['name']} | {ms(q['baseline'])} | {ms(q['today'])} | {ms(q['clone'])} | {sp:.2f}x | {cl:.2f} |"
-        if "contended" in r:
-            c = r["contended"]
-            csp, ccl = _ratios(c)
-            line += f" {ms(c['baseline'])} | {ms(c['today'])} | {ms(c['clone'])} | {csp:.2f}x | {ccl:.2f} |"
-        lines.append(line)
-    return [*lines, "", *targets(results)]
+    head = ["case", *COLUMNS, *([f"contended: {COLUMNS[0]}", *COLUMNS[1:]] if contended else [])]
+    rows = [
+        [r["name"], *_cells(r["quiet"]), *(_cells(r["contended"]) if "contended" in r else [])]
+        for r in results["rows"]
+    ]
+    return [*table(head, rows), "", *targets(results)]
+
+
+#: A run's columns, quiet (and again contended).
+COLUMNS = ("baseline ms", "today ms", "clone ms", "baseline / today", "today / clone")
+
+
+def _cells(s: dict[str, float]) -> list[str]:
+    speedup, clone = _ratios(s)
+    return [ms(s["baseline"]), ms(s["today"]), ms(s["clone"]), f"{speedup:.2f}x", f"{clone:.2f}"]
 
 
 # Complex by design: one verdict for each of the targets.

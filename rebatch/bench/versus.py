@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from .tables import markdown, row_line
-from .workers import IMPL_ENV, ROOT, Worker, baseline_root, describe, serve, timed_alone
+from .timing import timed_alone
+from .workers import IMPL_ENV, ROOT, Worker, baseline_root, describe, serve
 
 __all__ = ["TARGETS", "kept_section", "main", "section", "targets_grid", "versus", "write_docs"]
 

@@ -12,25 +12,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["IMPL_ENV", "ROOT", "Worker", "baseline_root", "describe", "serve", "timed_alone"]
+__all__ = ["IMPL_ENV", "ROOT", "Worker", "baseline_root", "describe", "serve"]
 
 #: This checkout.
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def timed_alone(fn: Callable[[], Any]) -> float:
-    """Seconds of one call of ``fn``, after the C heap's free pages go back to the kernel."""
-    from .memory import release_free_memory
-
-    release_free_memory()
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 #: The worker's implementation: unset, ``torch_impl``'s drop-in; ``verl``, verl's own function.

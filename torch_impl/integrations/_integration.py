@@ -92,6 +92,8 @@ class Integration:
         carry: tuple[str, str] | None = None,
         describe: Callable[[str | None, str, str], str] | None = None,
         replay: Callable[[str, Mapping[str, Any]], Callable[[], Any]] | None = None,
+        carrier: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None,
+        records: Mapping[tuple[str, str], Callable[[Callable[..., Any]], Callable[..., Any]]] | None = None,
     ) -> None:
         self.trainer = trainer
         self.versions = versions
@@ -103,6 +105,12 @@ class Integration:
         #: `NotReplayable` where they are not a call of ``function``; None: the dump is verl's format, a
         #: ``postprocess_batch_func`` call ``rebatch check`` runs itself.
         self.replay = replay
+        #: how ``carry`` is wrapped (default `carrying`: its result, a dict of variables, gets rebatch's)
+        self.carrier = carrier or carrying
+        #: ``(module, name) -> wrapper``: the trainer's functions wrapped in every install, ``on`` and
+        #: ``shadow`` alike, to record what its split made (neither counted nor shadowed: the trainer's
+        #: own function runs once, unchanged)
+        self.records = dict(records or {})
         self.patcher = Patcher(trainer, self._patch_table)
         self.lock = (
             self.patcher.lock
@@ -163,8 +171,10 @@ class Integration:
             else:
                 ours = r.ours if save is None else _saving_first(r.ours, save, saved)
                 table[r.module, r.name] = kept.wrap(r.short, ours, r.rows)
+        for place, recorder in self.records.items():
+            table[place] = Wrap(recorder)
         if carry and self.carry is not None:
-            table[self.carry] = Wrap(carrying)
+            table[self.carry] = Wrap(self.carrier)
         return table
 
     def install(

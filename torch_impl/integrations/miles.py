@@ -27,7 +27,6 @@ from __future__ import annotations
 import functools
 import itertools
 import sys
-import threading
 import types
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -36,6 +35,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from rebatch_startup.forksafe import ForkSafeLock
 from ref.errors import (
     KeyMismatchError,
     MisalignmentError,
@@ -52,10 +52,8 @@ from .._entry import entry
 from .._permutation import check_permutation, invert
 from .._switch import witness_config
 from .._tally import skipped
-from ._counts import Counts
 from ._integration import Installed, Integration, NotReplayable, Replaced
-from ._patch import Versions, Wrap
-from ._shadow import Shadow
+from ._patch import Versions
 
 __all__ = [
     "ACTOR_GROUP",
@@ -106,7 +104,7 @@ class Split(NamedTuple):
 
 
 _splits: weakref.WeakKeyDictionary[Any, Split] = weakref.WeakKeyDictionary()
-_splits_lock = threading.Lock()
+_splits_lock = ForkSafeLock()  # a forked child finds it free
 
 
 def _record(result: Any) -> None:
@@ -427,7 +425,7 @@ def length_witness(data_iterator: Any, args: Any) -> list[int] | None:
     data = getattr(data_iterator, "rollout_data", None)
     data = data if isinstance(data, Mapping) else {}
     response = data.get("response_lengths")
-    if not isinstance(response, Sequence) or not all(_is_int(n) for n in response):
+    if not isinstance(response, Sequence) or not _all_ints(response):
         skipped("calls_without_witness")
         return None
     if _cp_size() == 1:
@@ -456,6 +454,14 @@ def _cp_lengths(data: Mapping[str, Any], response: Sequence[Any], qkv: str) -> l
     return out
 
 
+def _all_ints(values: Sequence[Any]) -> bool:
+    """Whether every one of ``values`` is an int (not a bool); plain Python ints, miles' usual lists,
+    checked by their types in one pass."""
+    if {type(n) for n in values} <= {int}:
+        return True
+    return all(_is_int(n) for n in values)
+
+
 def _is_int(n: Any) -> bool:
     return isinstance(n, int | np.integer) and not isinstance(n, bool)
 
@@ -477,6 +483,17 @@ def _length(value: Any) -> int | None:
     return None
 
 
+def _lengths(values: list[Any]) -> list[int | None]:
+    """`_length` of each value; for a list of plain tensors (miles' per-sample outputs) read as their first
+    dimension in one pass, the cheapest read torch has (a 0-d one among them: value by value)."""
+    if {type(v) for v in values} == {torch.Tensor}:
+        try:
+            return [v.shape[0] for v in values]
+        except IndexError:  # a 0-d tensor has no length
+            pass
+    return [_length(v) for v in values]
+
+
 def _witness(
     keys: Sequence[Any],
     values: Mapping[Any, list[Any]],
@@ -493,16 +510,15 @@ def _witness(
     witness = length_witness(data_iterator, args)
     if witness is None:
         return
-    rows = sorted(flat)
-    if rows and rows[-1] >= len(witness):
+    if flat and max(flat) >= len(witness):
         skipped("calls_without_witness")  # lengths of other rows than the iterator's: nothing to witness
         return
     want = [witness[i] for i in flat]  # in joined (micro-batch) order
     total = sum(want)
     unbound = witness_config()[1]
     for key in keys:
-        lengths = [_length(v) for v in values[key]]
-        jagged = all(n is not None for n in lengths)
+        lengths = _lengths(values[key])
+        jagged = None not in lengths
         got = [n if n is not None else -1 for n in lengths]
         if not witness_binds(key, jagged, sum(got), total, unbound) or got == want:
             continue
@@ -588,26 +604,10 @@ def _replay(function: str, inputs: Mapping[str, Any]) -> Callable[[], Any]:
     return lambda: aggregate_forward_results(store, iterator, args, prefix)
 
 
-class _MilesIntegration(Integration):
-    """miles' `Integration`: besides the table, every install wraps ``get_data_iterator`` to record its
-    splits (miles' own, in ``on`` and ``shadow`` mode alike: neither counted nor shadowed, its all-reduce
-    run once), and a lazy one wraps `CARRY` (`_carrying`: miles has no function returning its actors'
-    environment for `_integration.carrying` to wrap)."""
-
-    def _patch_table(
-        self, dump: str | None, kept: Shadow | Counts, row: str, carry: bool
-    ) -> dict[tuple[str, str], Any]:
-        table = super()._patch_table(dump, kept, row, carry)
-        table[DATA, "get_data_iterator"] = Wrap(_recording)
-        if carry:
-            table[CARRY] = Wrap(_carrying)
-        return table
-
-
 #: The miles releases `install` supports (checked against miles itself: tests/test_miles.py).
 VERSIONS = ("0.0.2",)
 #: miles' integration (`_integration.Integration`): its public functions are this object's.
-INTEGRATION = _MilesIntegration(
+INTEGRATION = Integration(
     "miles",
     Versions("miles-rl", dict.fromkeys(VERSIONS), fallback=VERSIONS[-1]),
     lambda row: [
@@ -622,7 +622,10 @@ INTEGRATION = _MilesIntegration(
         )
     ],
     label="miles",
+    carry=CARRY,
     replay=_replay,
+    carrier=_carrying,
+    records={(DATA, "get_data_iterator"): _recording},
 )
 install, uninstall, stats = INTEGRATION.install, INTEGRATION.uninstall, INTEGRATION.stats
 mode, installed, replacements = INTEGRATION.mode, INTEGRATION.installed, INTEGRATION.replacements
