@@ -70,13 +70,13 @@ class Model(NamedTuple):
     host_scale: float = 0.0
 
 
-
 def _ratio(theirs: float, ours: float) -> str:
     """``theirs / ours`` as the page writes it; ``n/a`` where rebatch's prediction is nothing at all (a
     call with no device work and no host time measured)."""
     if ours == 0:
         return "n/a"
     return f"{theirs / ours:.2f}x"
+
 
 def predict(side: dict[str, Any], model: Model) -> float:
     """The model's seconds for one traced side of a case (its ``host_s``, where measured)."""
