@@ -45,7 +45,9 @@ class BuildPy(build_py):
 
 
 class EditableWheel(editable_wheel):
-    def _run_build_commands(self, dist_name, unpacked_wheel, build_lib, tmp_dir):  # type: ignore[no-untyped-def]
+    def _run_build_commands(  # type: ignore[no-untyped-def]
+        self, dist_name, unpacked_wheel, build_lib, tmp_dir
+    ):
         files, mapping = super()._run_build_commands(dist_name, unpacked_wheel, build_lib, tmp_dir)
         _copy_to(str(unpacked_wheel))  # the unpacked wheel's root: written into the editable wheel
         return files, mapping

@@ -334,7 +334,8 @@ def render(reports: Sequence[dict[str, Any]]) -> str:
         "verl's",
         "drop-in gets it from `data`, the batch the split recorded. AReaL's and SkyRL's calls cannot carry "
         "it",
-        '(`docs/witness.md`, "Where provenance cannot reach"): there rebatch\'s drop-in is measured silent too,',
+        '(`docs/witness.md`, "Where provenance cannot reach"): there rebatch\'s drop-in is measured '
+        "silent too,",
         "marked `silent (known limit: ...)`, and not counted a conformance failure. (SkyRL's iterator "
         "holds the",
         "split's own partitions, so the rows of other indices reach it only through its adapter here.)",

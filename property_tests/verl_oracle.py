@@ -53,7 +53,10 @@ def verl_or_skip() -> Any:
             import verl.utils.seqlen_balancing as seqlen_balancing
             import verl.workers.engine.utils as engine_utils
     except ImportError as err:  # verl, or one of what it imports, is missing
-        why = f"verl is not installed here ({err}); CI runs these in its pins environment (verl 0.9.1, 0.8.0, 0.9.0)"
+        why = (
+            f"verl is not installed here ({err}); CI runs these in its pins environment "
+            "(verl 0.9.1, 0.8.0, 0.9.0)"
+        )
         if os.environ.get(REQUIRE_ENV) == "1":
             pytest.fail(why)
         pytest.skip(why, allow_module_level=True)

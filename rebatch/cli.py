@@ -16,7 +16,8 @@ To capture a real step in verl, add two lines at the top of postprocess_batch_fu
 (verl/workers/engine/utils.py):
     import torch
     torch.save((output_lst, indices, data), "/tmp/rebatch_dump.pt")
-then run: rebatch check --dump /tmp/rebatch_dump.pt [--candidate verl.workers.engine.utils:postprocess_batch_func]
+then run: rebatch check --dump /tmp/rebatch_dump.pt \
+[--candidate verl.workers.engine.utils:postprocess_batch_func]
 """
 
 
@@ -28,10 +29,10 @@ def _parser() -> argparse.ArgumentParser:
     check = sub.add_parser(
         "check",
         help="verify reassembly bit for bit on an embedded RL step or a dump",
-        description="With no arguments: build a realistic RL step (256 prompts x 8 responses, long-tailed lengths), "
-        "split it under a token budget, run a stand-in model, reassemble with torch_impl and verify it "
-        "against the original rows, the JAX reference and a per-row baseline. Exit 0 when all agree, 1 on "
-        "a mismatch, 2 for an unusable dump.",
+        description="With no arguments: build a realistic RL step (256 prompts x 8 responses, long-tailed "
+        "lengths), split it under a token budget, run a stand-in model, reassemble with torch_impl and "
+        "verify it against the original rows, the JAX reference and a per-row baseline. Exit 0 when all "
+        "agree, 1 on a mismatch, 2 for an unusable dump.",
         epilog=DUMP_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -44,11 +45,12 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="print the report as JSON")
     bench = sub.add_parser(
         "bench",
-        help="run a benchmark (rebatch bench NAME [ARGS...]); alone, the grid: JSON, a Markdown table and a plot",
-        usage="%(prog)s NAME [ARGS...]\n       %(prog)s [--quick] [--grid GRID] [--device DEVICE] [--out OUT] "
-        "[--json] [--contended]",
-        description="NAME: run that benchmark with its own ARGS (also python -m rebatch.bench.MODULE ARGS...).\n"
-        "No NAME: the benchmark grid (the options below).",
+        help="run a benchmark (rebatch bench NAME [ARGS...]); alone, the grid: JSON, a Markdown table and "
+        "a plot",
+        usage="%(prog)s NAME [ARGS...]\n"
+        "       %(prog)s [--quick] [--grid GRID] [--device DEVICE] [--out OUT] [--json] [--contended]",
+        description="NAME: run that benchmark with its own ARGS (also python -m rebatch.bench.MODULE "
+        "ARGS...).\nNo NAME: the benchmark grid (the options below).",
         epilog=_benchmarks_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -70,11 +72,12 @@ def _parser() -> argparse.ArgumentParser:
     fuzz.add_argument("--minutes", type=float, default=10.0, help="time budget (default 10)")
     report = sub.add_parser(
         "report",
-        help="the reports of many processes (shadow and on mode) in one table; exit 1 on a difference or a defect",
-        description="Read reports (REBATCH_REPORT_DIR: one JSON a process) and print, per trainer, function and "
-        "mode, the processes, calls, sampled calls, differences, defects, errors, both functions' seconds "
-        "and the rows. Exit 0 when clean, 1 on a difference or a defect, 2 for anything that is not a "
-        "report.",
+        help="the reports of many processes (shadow and on mode) in one table; exit 1 on a difference or a "
+        "defect",
+        description="Read reports (REBATCH_REPORT_DIR: one JSON a process) and print, per trainer, function "
+        "and mode, the processes, calls, sampled calls, differences, defects, errors, both functions' "
+        "seconds and the rows. Exit 0 when clean, 1 on a difference or a defect, 2 for anything that is "
+        "not a report.",
     )
     report.add_argument(
         "paths", nargs="+", metavar="PATH", help="report files, or directories of them (rebatch-*-*-*-*.json)"
@@ -90,7 +93,8 @@ def _benchmarks_help() -> str:
 
 
 def _bench(name: str, argv: list[str]) -> int:
-    """``rebatch bench NAME ARGS...``: the benchmark's ``main`` given ``ARGS`` (`rebatch.bench.BENCHMARKS`)."""
+    """``rebatch bench NAME ARGS...``: the benchmark's ``main`` given ``ARGS``
+    (`rebatch.bench.BENCHMARKS`)."""
     bench = BENCHMARKS.get(name)
     if bench is None:
         print(

@@ -63,7 +63,9 @@ def test_a_forked_child_starts_every_counter_at_zero(tmp_path: Path) -> None:
         if pid == 0:
             try:
                 stats = counts.stats()
-                os.write(w, json.dumps([torch_impl.witness_stats(), stats["calls"], stats.get("caught")]).encode())
+                os.write(
+                    w, json.dumps([torch_impl.witness_stats(), stats["calls"], stats.get("caught")]).encode()
+                )
             finally:
                 os._exit(0)
         os.close(w)

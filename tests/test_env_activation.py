@@ -166,7 +166,10 @@ def test_on_the_start_imports_the_hook_alone_and_no_torch() -> None:
 
 
 def test_verls_plugin_module_imports_no_torch_with_the_variables_unset() -> None:
-    code = "import sys, rebatch_startup.verl as v; assert not v.activate(); print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torch_impl', 'ref')))"
+    code = (
+        "import sys, rebatch_startup.verl as v; assert not v.activate(); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torch_impl', 'ref')))"
+    )
     done = _python(code)
     assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stderr
 
@@ -196,8 +199,9 @@ def fake_areal(tmp_path_factory: pytest.TempPathFactory) -> str:
         "areal/__init__.py": "",
         "areal/engine/__init__.py": "",
         "areal/engine/core/__init__.py": "from .train_engine import reorder_and_pad_outputs\n",
-        "areal/engine/core/train_engine.py": "def reorder_and_pad_outputs(outputs, output_seqlens, mb_list):\n"
-        "    return 'theirs'\n",
+        "areal/engine/core/train_engine.py": (
+            "def reorder_and_pad_outputs(outputs, output_seqlens, mb_list):\n    return 'theirs'\n"
+        ),
         "areal/infra/__init__.py": "",
         "areal/infra/utils/__init__.py": "",
         "areal/infra/utils/launcher.py": "def get_env_vars(extra=None):\n    return {'PYTHONPATH': 'x'}\n",
@@ -266,7 +270,9 @@ def test_under_on_a_failed_activation_raises_naming_the_variable(fake_areal: str
 #: Ways a program looks for a trainer before importing it (an optional dependency probed): none may make
 #: the hook forget the trainer; it activates when the trainer's code runs.
 PROBES = {
-    "importlib.util.find_spec": "import importlib.util\nassert importlib.util.find_spec('areal') is not None\n",
+    "importlib.util.find_spec": (
+        "import importlib.util\nassert importlib.util.find_spec('areal') is not None\n"
+    ),
     "find_spec twice, its loader asked": (
         "import importlib.util\n"
         "spec = importlib.util.find_spec('areal')\n"
@@ -286,7 +292,9 @@ PROBES = {
         "module = sys.modules['areal'] = importlib.util.module_from_spec(spec)\n"
         "spec.loader.exec_module(module)\n"
     ),
-    "a submodule's find_spec": "import importlib.util\nassert importlib.util.find_spec('areal.engine.core.train_engine')\n",
+    "a submodule's find_spec": (
+        "import importlib.util\nassert importlib.util.find_spec('areal.engine.core.train_engine')\n"
+    ),
 }
 
 
@@ -345,7 +353,11 @@ if pid == 0:  # the child: the thread holding the lock does not exist here
     signal.alarm(60)  # a child stuck at the lock is killed: a failure, not a hang
     import areal.engine.core as core
     from torch_impl.integrations import areal as ia
-    print("child:", core.reorder_and_pad_outputs.__wrapped__ is ia.reorder_and_pad_outputs, flush=True)  # counted
+    print(
+        "child:",
+        core.reorder_and_pad_outputs.__wrapped__ is ia.reorder_and_pad_outputs,  # counted
+        flush=True,
+    )
     os._exit(0)
 _, status = os.waitpid(pid, 0)
 go.set()

@@ -24,8 +24,13 @@ CHECKS = {
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'verl'); assert not loaded, loaded"
     ),
     "ref_without_torch": "import ref, sys; assert 'torch' not in sys.modules",
-    "ref_errors_without_jax_or_torch": "import ref.errors, sys; assert 'jax' not in sys.modules and 'torch' not in sys.modules",
-    "ref_functions_without_torch": "import ref, sys; ref.restore(ref.Jagged.from_rows([[1.0], [2.0, 3.0]]), [[1, 0]]); assert 'torch' not in sys.modules",
+    "ref_errors_without_jax_or_torch": (
+        "import ref.errors, sys; assert 'jax' not in sys.modules and 'torch' not in sys.modules"
+    ),
+    "ref_functions_without_torch": (
+        "import ref, sys; ref.restore(ref.Jagged.from_rows([[1.0], [2.0, 3.0]]), [[1, 0]]); "
+        "assert 'torch' not in sys.modules"
+    ),
     "interop_brings_torch": "import ref.interop, sys; assert 'torch' in sys.modules",
 }
 

@@ -242,16 +242,26 @@ def test_areal_drop_in_is_differentiable() -> None:
 
 AREAL_SILENT = [
     # (name, forward, backward, seqlens, outputs' lengths, error, message)
-    ("negative_alias_in_backward", FORWARD, [1, -4, 3, 2, 0], SEQLENS, None, errors.NotAPermutationError, r"backward_indices\[1\]: index -4 is negative"),
-    ("backward_not_the_inverse", FORWARD, [1, 4, 3, 0, 2], SEQLENS, None, errors.NotAPermutationError, r"backward_indices\[3\] = 0, but row 3 is at micro-batch 1, position 0"),
-    ("duplicate_in_backward", FORWARD, [1, 4, 3, 3, 0], SEQLENS, None, errors.NotAPermutationError, r"backward_indices\[3\]: index 3 duplicates backward_indices\[2\]"),
-    ("out_of_range_in_backward", FORWARD, [1, 4, 3, 2, 5], SEQLENS, None, errors.NotAPermutationError, r"backward_indices\[4\]: index 5 is out of range for 5 rows"),
-    ("negative_in_forward", [4, 0, 3, 2, -4], [1, 4, 3, 2, 0], SEQLENS, None, errors.NotAPermutationError, r"forward_indices\[4\]: index -4 is negative"),
-    ("duplicate_in_forward", [4, 0, 3, 3, 1], [1, 4, 3, 2, 0], SEQLENS, None, errors.NotAPermutationError, r"forward_indices\[3\]: index 3 duplicates forward_indices\[2\]"),
-    ("seqlens_not_matching_the_outputs", FORWARD, [1, 4, 3, 2, 0], SEQLENS, [4, 3], errors.PartitionMismatchError, r"the outputs hold 7 values, but output_seqlens add up to 8"),
-    ("more_values_than_seqlens", FORWARD, [1, 4, 3, 2, 0], SEQLENS, [4, 5], errors.PartitionMismatchError, r"micro-batch 1: the outputs hold 9 values up to here, but output_seqlens add up to 8"),
-    ("micro_batch_ending_inside_a_row", FORWARD, [1, 4, 3, 2, 0], SEQLENS, [3, 5], errors.PartitionMismatchError, r"micro-batch 0: its output ends at value 3, inside row 0"),
-    ("negative_seqlen", FORWARD, [1, 4, 3, 2, 0], [2, 1, 0, -3, 2], None, errors.InvalidJaggedError, r"output_seqlens\[3\] = -3 is negative"),
+    ("negative_alias_in_backward", FORWARD, [1, -4, 3, 2, 0], SEQLENS, None, errors.NotAPermutationError,
+     r"backward_indices\[1\]: index -4 is negative"),
+    ("backward_not_the_inverse", FORWARD, [1, 4, 3, 0, 2], SEQLENS, None, errors.NotAPermutationError,
+     r"backward_indices\[3\] = 0, but row 3 is at micro-batch 1, position 0"),
+    ("duplicate_in_backward", FORWARD, [1, 4, 3, 3, 0], SEQLENS, None, errors.NotAPermutationError,
+     r"backward_indices\[3\]: index 3 duplicates backward_indices\[2\]"),
+    ("out_of_range_in_backward", FORWARD, [1, 4, 3, 2, 5], SEQLENS, None, errors.NotAPermutationError,
+     r"backward_indices\[4\]: index 5 is out of range for 5 rows"),
+    ("negative_in_forward", [4, 0, 3, 2, -4], [1, 4, 3, 2, 0], SEQLENS, None, errors.NotAPermutationError,
+     r"forward_indices\[4\]: index -4 is negative"),
+    ("duplicate_in_forward", [4, 0, 3, 3, 1], [1, 4, 3, 2, 0], SEQLENS, None, errors.NotAPermutationError,
+     r"forward_indices\[3\]: index 3 duplicates forward_indices\[2\]"),
+    ("seqlens_not_matching_the_outputs", FORWARD, [1, 4, 3, 2, 0], SEQLENS, [4, 3],
+     errors.PartitionMismatchError, r"the outputs hold 7 values, but output_seqlens add up to 8"),
+    ("more_values_than_seqlens", FORWARD, [1, 4, 3, 2, 0], SEQLENS, [4, 5], errors.PartitionMismatchError,
+     r"micro-batch 1: the outputs hold 9 values up to here, but output_seqlens add up to 8"),
+    ("micro_batch_ending_inside_a_row", FORWARD, [1, 4, 3, 2, 0], SEQLENS, [3, 5],
+     errors.PartitionMismatchError, r"micro-batch 0: its output ends at value 3, inside row 0"),
+    ("negative_seqlen", FORWARD, [1, 4, 3, 2, 0], [2, 1, 0, -3, 2], None, errors.InvalidJaggedError,
+     r"output_seqlens\[3\] = -3 is negative"),
 ]  # fmt: skip
 
 
@@ -330,9 +340,12 @@ def test_skyrl_drop_in_restores_every_key_and_keeps_none_and_metadata() -> None:
 
 SKYRL_SILENT = [
     # SkyRL passes each silently (its rows all covered, or the stray row never read)
-    ("duplicate_still_covering", [[0, 1], [2, 1]], 3, errors.NotAPermutationError, r"micro-batch 1, position 1: index 1 duplicates micro-batch 0, position 1"),
-    ("extra_index", [[0, 1], [2, 5]], 3, errors.NotAPermutationError, r"micro-batch 1, position 1: index 5 is out of range for 3 rows"),
-    ("negative_index", [[0, 1], [2, -1]], 3, errors.NotAPermutationError, r"micro-batch 1, position 1: index -1 is negative"),
+    ("duplicate_still_covering", [[0, 1], [2, 1]], 3, errors.NotAPermutationError,
+     r"micro-batch 1, position 1: index 1 duplicates micro-batch 0, position 1"),
+    ("extra_index", [[0, 1], [2, 5]], 3, errors.NotAPermutationError,
+     r"micro-batch 1, position 1: index 5 is out of range for 3 rows"),
+    ("negative_index", [[0, 1], [2, -1]], 3, errors.NotAPermutationError,
+     r"micro-batch 1, position 1: index -1 is negative"),
 ]  # fmt: skip
 
 

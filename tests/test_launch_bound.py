@@ -54,7 +54,10 @@ def test_operations_per_key_and_per_call_are_bounded(layout: str, micro_batches:
         for dynamic in (True, False):
             for drop_in in (False, True):
                 one, two = (_ops(rows, micro_batches, layout, k, dynamic, drop_in) for k in (1, 2))
-                case = f"B={rows} M={micro_batches} {layout} dynamic={dynamic} drop_in={drop_in}: {one}, {two} ops"
+                case = (
+                    f"B={rows} M={micro_batches} {layout} dynamic={dynamic} drop_in={drop_in}: "
+                    f"{one}, {two} ops"
+                )
                 assert one <= allowed(1, key_bytes), case
                 assert two <= allowed(2, key_bytes), case
                 assert two - one <= PER_KEY, case

@@ -39,7 +39,10 @@ def _present(name: str) -> bool:
             warnings.simplefilter("ignore")
             PEERS[name].theirs()
     except ImportError as err:
-        why = f"{PEERS[name].label} is not installed here ({err}); CI runs these in its environment (.ci/peers.sh)"
+        why = (
+            f"{PEERS[name].label} is not installed here ({err}); CI runs these in its environment "
+            "(.ci/peers.sh)"
+        )
         if name in os.environ.get(REQUIRE_ENV, "").split(","):
             pytest.fail(why)
         return False

@@ -19,7 +19,11 @@ _PROBE = textwrap.dedent(
     pkg = importlib.import_module(sys.argv[1])
     names = [sys.argv[1]]
     if hasattr(pkg, "__path__"):
-        names += [f"{sys.argv[1]}.{i.name}" for i in pkgutil.iter_modules(pkg.__path__) if not i.name.startswith("_")]
+        names += [
+            f"{sys.argv[1]}.{i.name}"
+            for i in pkgutil.iter_modules(pkg.__path__)
+            if not i.name.startswith("_")
+        ]
     missing = []
     for name in names:
         if name.startswith("property_tests.test_") or name == "rebatch_startup.verl":

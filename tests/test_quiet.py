@@ -51,7 +51,10 @@ from torch_impl.integrations import areal
 from property_tests.kernels import KERNELS, forced
 
 def jag(lengths, width=None):
-    rows = [torch.arange(float(n * (width or 1))).reshape(n, width) if width else torch.arange(float(n)) for n in lengths]
+    rows = [
+        torch.arange(float(n * (width or 1))).reshape(n, width) if width else torch.arange(float(n))
+        for n in lengths
+    ]
     return torch.nested.nested_tensor(rows, layout=torch.jagged)
 
 parts = [[2, 0], [1]]
@@ -79,7 +82,8 @@ FIRST = {
     "prepare_micro_batches": lambda: torch_impl.prepare_micro_batches(td, max_token_len=4),
     "rearrange_micro_batches": lambda: torch_impl.rearrange_micro_batches(td, 4),
     "restore_dynamic_batch": lambda: torch_impl.restore_dynamic_batch(dense, parts),
-    "get_seqlen_balanced_partitions": lambda: torch_impl.get_seqlen_balanced_partitions([3, 1, 2, 2], 2, False),
+    "get_seqlen_balanced_partitions": lambda: torch_impl.get_seqlen_balanced_partitions(
+        [3, 1, 2, 2], 2, False),
     "append_to_dict": lambda: torch_impl.append_to_dict({}, {"a": 1}),
     "from_packed": lambda: torch_impl.from_packed(torch.arange(3.0), [2, 1]),
     "to_packed": lambda: torch_impl.to_packed(x),

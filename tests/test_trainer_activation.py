@@ -38,7 +38,10 @@ def _need(name: str) -> None:
     try:
         PEERS[name].theirs()
     except ImportError as err:
-        why = f"{PEERS[name].label} is not installed here ({err}); CI runs these in its environment (.ci/peers.sh)"
+        why = (
+            f"{PEERS[name].label} is not installed here ({err}); CI runs these in its environment "
+            "(.ci/peers.sh)"
+        )
         if name in os.environ.get(REQUIRE_ENV, "").split(","):
             pytest.fail(why)
         pytest.skip(why)
@@ -87,8 +90,15 @@ AREAL_PROBE = """
 import importlib, sys, warnings
 warnings.simplefilter("ignore")
 te = importlib.import_module("areal.engine.core.train_engine")
-places = {"areal.engine.core.train_engine": te, "areal.engine.core": importlib.import_module("areal.engine.core")}
-for name in ("areal.experimental.engine.archon_engine", "areal.engine.fsdp_engine", "areal.engine.megatron_engine"):
+places = {
+    "areal.engine.core.train_engine": te,
+    "areal.engine.core": importlib.import_module("areal.engine.core"),
+}
+for name in (
+    "areal.experimental.engine.archon_engine",
+    "areal.engine.fsdp_engine",
+    "areal.engine.megatron_engine",
+):
     try:
         places[name] = importlib.import_module(name)
     except ImportError as err:  # not importable on this CPU environment: said, not hidden
@@ -215,7 +225,9 @@ class Probe(TrainEngine):
 
         ours = getattr(sys.modules.get("torch_impl.integrations.areal"), "reorder_and_pad_outputs", None)
         with open(out, "w") as f:
-            mine = ours is not None and getattr(te.reorder_and_pad_outputs, "__wrapped__", None) is ours  # counted
+            mine = ours is not None and (
+                getattr(te.reorder_and_pad_outputs, "__wrapped__", None) is ours  # counted
+            )
             json.dump({"rebatch": mine and core.reorder_and_pad_outputs is te.reorder_and_pad_outputs}, f)
 
 
@@ -335,7 +347,9 @@ class Probe:
 
         mod = sys.modules.get("torch_impl.integrations.skyrl")
         names = ("reorder_and_combine_batches", "reorder_and_combine_items")
-        ours = [mod is not None and getattr(vars(T)[n], "__wrapped__", None) is getattr(mod, n) for n in names]
+        ours = [
+            mod is not None and getattr(vars(T)[n], "__wrapped__", None) is getattr(mod, n) for n in names
+        ]
         return os.environ.get("REBATCH"), all(ours)
 
 

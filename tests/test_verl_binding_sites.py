@@ -215,9 +215,15 @@ from torch_impl.integrations import verl as integration
 rows = {rows!r}
 integration.install()
 table = integration.replacements()
-out = {{"preloaded": sorted({{m for m, _, _ in rows if m in sys.modules}}), "after_install": [], "after_uninstall": []}}
+out = {{
+    "preloaded": sorted({{m for m, _, _ in rows if m in sys.modules}}),
+    "after_install": [],
+    "after_uninstall": [],
+}}
 for m, n, s in rows:
-    out["after_install"].append([m, n, getattr(getattr(importlib.import_module(m), n), "__wrapped__", None) is table[s, n]])
+    out["after_install"].append(
+        [m, n, getattr(getattr(importlib.import_module(m), n), "__wrapped__", None) is table[s, n]]
+    )
 integration.uninstall()
 for m, n, s in rows:
     out["after_uninstall"].append([m, n, getattr(sys.modules[m], n) is vars(sys.modules[s])[n]

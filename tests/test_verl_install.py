@@ -113,7 +113,8 @@ def test_ray_worker_setup_hook_installs_in_every_worker(ray_temp_dir: str) -> No
         "@ray.remote\n"
         "def probe():\n"
         "    import torch_impl, verl.workers.engine.fsdp.transformer_impl as m\n"
-        "    return getattr(m.postprocess_batch_func, '__wrapped__', None) is torch_impl.postprocess_batch_func\n"
+        "    return getattr(m.postprocess_batch_func, '__wrapped__', None) "
+        "is torch_impl.postprocess_batch_func\n"
         "print('worker sees rebatch:', ray.get(probe.remote()))\n"
         "ray.shutdown()\n"
     )

@@ -93,7 +93,10 @@ def test_the_installed_entry_point_imports_no_torch_impl_with_the_variables_unse
         ep.value for ep in importlib.metadata.entry_points(group="verl.plugins") if ep.name == "rebatch"
     ]
     assert "rebatch_startup.verl:activate" in values, values
-    code = "import sys, verl; print('loaded:', 'torch_impl' in sys.modules, 'rebatch_startup.verl' in sys.modules)"
+    code = (
+        "import sys, verl; "
+        "print('loaded:', 'torch_impl' in sys.modules, 'rebatch_startup.verl' in sys.modules)"
+    )
     done = _run(code, None)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"loaded: False {PLUGIN_GROUP[VERL.version]}" in done.stdout, done.stdout

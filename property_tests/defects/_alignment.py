@@ -137,7 +137,10 @@ def _fixed_size_swapped(call: Call, choose: Chooser) -> Call:
     return _witnessed(call, src, list(range(n_rows)), sizes, dynamic=False)
 
 
-_AT = r"key 'aligned', micro-batch {m}, position {j}: {got} values restored as original row {row}, whose length the alignment witness gives as {want}"
+_AT = (
+    r"key 'aligned', micro-batch {m}, position {j}: {got} values restored as original row {row}, "
+    r"whose length the alignment witness gives as {want}"
+)
 
 
 def _misaligned(

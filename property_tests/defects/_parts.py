@@ -279,7 +279,8 @@ PARTS: tuple[Defect, ...] = (
         "lengths_past_the_values",
         POSTPROCESS,
         E.InvalidJaggedError,
-        r"key 'lp', micro-batch 0: row 1 runs past the values: offsets\[1\] \+ lengths\[1\] = 4 \+ 7 > len\(values\) = 10",
+        # a regex, kept whole
+        r"key 'lp', micro-batch 0: row 1 runs past the values: offsets\[1\] \+ lengths\[1\] = 4 \+ 7 > len\(values\) = 10",  # noqa: E501
         "a jagged key with a row (added if none)",
         _holed_lengths(lambda n: [2] * (n - 1) + [7]),
     ),

@@ -114,7 +114,10 @@ def _on_a_split(breaker: Breaker) -> Breaker:
 _STRAY_OUTPUT = (
     "key 'log_probs', micro-batch {m}: this output holds micro-batch {q}'s rows, by the split's provenance"
 )
-_STRAY_INDEX = "micro-batch {m}, position {j}: index {got}, but the split put row {want} there (the indices are not the split's"
+_STRAY_INDEX = (
+    "micro-batch {m}, position {j}: index {got}, but the split put row {want} there "
+    "(the indices are not the split's"
+)
 
 
 def _row(name: str, breaker: Breaker, message: str, script: tuple[int, ...] = ()) -> Defect:

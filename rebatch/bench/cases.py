@@ -24,7 +24,10 @@ class Case(NamedTuple):
 
     @property
     def name(self) -> str:
-        return f"B={self.rows} L={self.mean_length} M={self.micro_batches} keys={self.keys} {self.dtype} {self.ndim}-D"
+        return (
+            f"B={self.rows} L={self.mean_length} M={self.micro_batches} keys={self.keys} "
+            f"{self.dtype} {self.ndim}-D"
+        )
 
     @property
     def elements(self) -> int:

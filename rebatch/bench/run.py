@@ -351,9 +351,9 @@ def targets(results: dict[str, Any]) -> list[str]:
 VERL_HARNESS_NOTE = (
     "- Against verl's own function in this table's harness: every function alternates in one process, so a "
     "call meets the caches and the spinning threads of the parallel kernels the function before it left "
-    "(measured: rebatch's checks of the B=8 call 63 µs alone, 475 µs just after another function's parallel "
-    "operations). The side-by-side run below, one worker process each, is the targets' measurement; these "
-    "lines are the harsher reading."
+    "(measured: rebatch's checks of the B=8 call 63 µs alone, 475 µs just after another function's "
+    "parallel operations). The side-by-side run below, one worker process each, is the targets' "
+    "measurement; these lines are the harsher reading."
 )
 
 

@@ -3,10 +3,10 @@
 - `median_seconds`: one function alone, by ``torch.utils.benchmark`` (its ``blocked_autorange``, which
   synchronises CUDA): the benchmarks' single-function timings (`rebatch.bench.run`'s JAX reference,
   `rebatch.bench.split`, `rebatch.bench.shadow`, `rebatch.bench.cuda_check`, ``rebatch check``).
-- `timed_alone`: one call, after the C heap's free pages go back to the kernel (imports no torch on the CPU): the calls that functions
-  or workers alternate call by call or turn by turn (`rebatch.bench.run.median_times`,
-  `rebatch.bench.versus`' and `rebatch.bench.checkcost`'s workers), where each call's own time is the
-  figure and a library's blocks of calls would hide the alternation.
+- `timed_alone`: one call, after the C heap's free pages go back to the kernel (imports no torch on the
+  CPU): the calls that functions or workers alternate call by call or turn by turn
+  (`rebatch.bench.run.median_times`, `rebatch.bench.versus`' and `rebatch.bench.checkcost`'s workers),
+  where each call's own time is the figure and a library's blocks of calls would hide the alternation.
 """
 
 from __future__ import annotations

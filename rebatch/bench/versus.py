@@ -381,7 +381,8 @@ def section(results: dict[str, Any]) -> str:
         f"the function of {results['commit']} itself, `postprocess_batch_func` (run in verl's pins "
         "environment, `bash .ci/pins_env.sh .venv-pins`, with `.venv-pins/bin/python`)"
         if verl
-        else "The commit's `postprocess_batch_func` (its `ref`, `torch_impl`, `property_tests` extracted with `git archive`)"
+        else "The commit's `postprocess_batch_func` (its `ref`, `torch_impl`, `property_tests` extracted "
+        "with `git archive`)"
     )
     lines = [
         BEGIN,
@@ -485,7 +486,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--grid",
         default=TARGETS,
-        help="targets (issue 25's cases), acceptance (the standard grid and the targets), or a grid of rebatch.bench.cases",
+        help="targets (issue 25's cases), acceptance (the standard grid and the targets), or a grid of "
+        "rebatch.bench.cases",
     )
     parser.add_argument(
         "--contended", action="store_true", help="also time every case with one busy process per core"
@@ -506,7 +508,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--provenance",
         action="store_true",
-        help="with --witness: exact provenance's cost instead (the witnessed call with data a split recorded, paired)",
+        help="with --witness: exact provenance's cost instead (the witnessed call with data a split "
+        "recorded, paired)",
     )
     args = parser.parse_args(argv)
     if args.worker:

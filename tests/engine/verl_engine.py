@@ -291,7 +291,10 @@ def _inject(kind: str, outputs: list[dict[str, Any]]) -> str | None:
                         rows = _rows(model[m][k])
                         rows[a], rows[b] = rows[b], rows[a]
                         model[m][k] = _njt(rows, model[m][k])
-                    return f"rows {a} and {b} of micro-batch {m} swapped (lengths {lens[a]}, {lens[b]}): keys {keys}"
+                    return (
+                        f"rows {a} and {b} of micro-batch {m} swapped (lengths {lens[a]}, {lens[b]}): "
+                        f"keys {keys}"
+                    )
         return None
     raise ValueError(f"unknown injection {kind!r}")
 

@@ -79,8 +79,11 @@ class Installed(NamedTuple):
 class Integration:
     """The declaration and install state of ``trainer`` (its distribution and top package): ``table(release)``
     its table for a release of ``versions``; ``label`` its name in log lines (``"AReaL"``); ``carry`` the
-    ``(module, name)`` of its workers' environment function; ``describe(version, row, how)`` the INFO line
-    `install` logs (``how``: ``"replaces"`` or ``"shadows"``; default: one naming the table)."""
+    ``(module, name)`` of its workers' environment function, wrapped by ``carrier`` in a lazy install
+    (default `carrying`); ``describe(version, row, how)`` the INFO line `install` logs (``how``:
+    ``"replaces"`` or ``"shadows"``; default: one naming the table); ``replay(function, inputs)`` a call
+    of the drop-in on a dump's inputs (``rebatch check``); ``records`` the trainer's functions wrapped in
+    every install to record what its split made (miles' ``get_data_iterator``)."""
 
     def __init__(
         self,
