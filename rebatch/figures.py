@@ -9,19 +9,23 @@ source is regenerated)::
 
 A `Figure` is a phrase of a page rendered from its sources: the page must hold that phrase exactly once,
 numbers included (its anchor is the phrase with every number a wildcard, so a figure edited by hand is
-found and reported, and ``--write`` replaces it). A `Page` is a generated page (or part of one) rendered
-whole by the code that wrote it. The sources: the trainers' speed table of ``docs/peers.md`` (rendered
-from the conformance reports by ``property_tests.conformance --report``, and checked here for its own
-arithmetic), ``docs/durations.json`` (the test command's time, measured; CI times it again and checks the
-stated range), ``.ci/verl_upstream/expected.txt`` (verl's own outcomes), ``docs/benchmarks.json``,
-``docs/versus.json``, ``docs/split.json``, and the checks' costs: ``docs/witness.json``,
-``docs/provenance.json``,
+found and reported, and ``--write`` replaces it). A `Region` is the text between a page's markers
+``<!-- name -->`` and ``<!-- /name -->``: a bench's table, its targets' verdicts, or a figure of its run
+within a sentence, rendered from the bench's JSON; the prose around it (how the bench measures, what its
+columns mean) is written in the page itself. The benches write their JSON only, and this fills their
+regions (``--write``). The sources: the trainers' speed table of ``docs/peers.md`` (rendered from the
+conformance reports by ``property_tests.conformance --report``, and checked here for its own arithmetic),
+``docs/durations.json`` (the test command's time, measured; CI times it again and checks the stated
+range), ``.ci/verl_upstream/expected.txt`` (verl's own outcomes), ``docs/benchmarks.json``,
+``docs/versus.json``, ``docs/benchmarks-copy.json``, ``docs/benchmarks-small-pins.json``,
+``docs/split.json``, and the checks' costs: ``docs/witness.json``, ``docs/provenance.json``,
 ``docs/versus-checked.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import re
@@ -34,14 +38,18 @@ __all__ = [
     "COVERED",
     "FIGURES",
     "MEASURED",
-    "PAGES",
     "PEERS_COLUMNS",
+    "REGIONS",
     "Figure",
-    "Page",
+    "Load",
+    "Region",
     "anchor",
     "check",
+    "fill",
+    "loader",
     "main",
     "peers_against_reports",
+    "spans",
     "speed_rows",
     "write",
 ]
@@ -58,13 +66,21 @@ class Figure(NamedTuple):
     render: Callable[[Path], str]
 
 
-class Page(NamedTuple):
-    """The part of ``page`` that ``region`` cuts out of it, equal to ``render`` of ``sources``."""
+#: The parsed JSON of a source, by its name (a path relative to the repository).
+Load = Callable[[str], Any]
+
+
+class Region(NamedTuple):
+    """The text of ``page`` between each ``<!-- name -->`` (or ``<!-- name: a note -->``) and the
+    ``<!-- /name -->`` after it, equal to ``render`` of the parsed JSON of ``sources``: a block of lines (its
+    markers each on a line of its own) or a phrase within a line. A bench's tables and figures are regions;
+    the prose around them is the page's own, written in the Markdown. (A source that is a module: an
+    assumption of a bench stated in the prose, a constant of its code.)"""
 
     page: str
+    name: str
     sources: tuple[str, ...]
-    region: Callable[[str], str]
-    render: Callable[[Path], str]
+    render: Callable[[Load], str]
 
 
 def anchor(phrase: str) -> re.Pattern[str]:
@@ -173,83 +189,267 @@ def _verl_own_tests(root: Path) -> str:
     return f"recorded in `.ci/verl_upstream/expected.txt` ({said}, as of verl 0.9.1)"
 
 
+def _versus_heading(root: Path) -> str:
+    """docs/benchmarks.md's heading of the side-by-side run against verl's own function."""
+    commit = json.loads((root / "docs/versus.json").read_text())["commit"]
+    return f"Against {commit}'s own function, side by side"
+
+
 FIGURES = (
     Figure("README.md", ("docs/peers.md",), _readme_cost),
     Figure("README.md", ("docs/durations.json",), _test_time),
     Figure("docs/development.md", ("docs/durations.json",), _test_time),
     Figure("docs/development.md", ("docs/durations.json",), _ci_time),
     Figure("docs/trainers/verl.md", (".ci/verl_upstream/expected.txt",), _verl_own_tests),
+    Figure("docs/benchmarks.md", ("docs/versus.json",), _versus_heading),
 )
 
 
-# --- the generated pages ------------------------------------------------------------------------------
+# --- the generated regions -----------------------------------------------------------------------------
 
 
-def _before_versus(text: str) -> str:
-    from .bench import versus
-
-    start = text.find(versus.BEGIN)
-    return text if start < 0 else text[: start - 1]
+def _lines(*lines: str) -> str:
+    """A block region's text: its lines, each marker on a line of its own."""
+    return "\n" + "\n".join(lines) + "\n"
 
 
-def _benchmarks(root: Path) -> str:
+def _benchmarks_run(load: Load) -> str:
+    b = load("docs/benchmarks.json")
+    return f"{b['machine']}; device {b['device']}; torch {b['torch']}; grid `{b['grid']}`; {b['date']}"
+
+
+def _benchmarks_targets(load: Load) -> str:
     from .bench import run
 
-    return run.markdown(json.loads((root / "docs/benchmarks.json").read_text()))
+    return _lines(*run.targets(load("docs/benchmarks.json")))
 
 
-def _versus_region(text: str) -> str:
-    from .bench import versus
-
-    return versus.kept_section(text)
-
-
-def _versus(root: Path) -> str:
-    from .bench import versus
-
-    return versus.section(json.loads((root / "docs/versus.json").read_text()))
+def _restore_size(load: Load) -> str:
+    row = load("docs/benchmarks.json").get("restore_side_by_side")
+    return "" if row is None else f"{row['rows']}, N = {row['elements']}, M = {row['micro_batches']}"
 
 
-def _copy_region(text: str) -> str:
-    from .bench import versus
+def _restore(load: Load) -> str:
+    from .bench import run
 
-    return versus.kept_copy_section(text)
+    row = load("docs/benchmarks.json").get("restore_side_by_side")
+    return _lines(*run.restore_table(row)) if row else "\n"
 
 
-def _copy(root: Path) -> str:
-    from .bench import versus
+def _grid(load: Load) -> str:
+    from .bench import run
 
-    runs = (
-        json.loads((root / f"docs/benchmarks-{name}.json").read_text()) for name in ("copy", "small-pins")
+    return _lines(*run.grid_table(load("docs/benchmarks.json")))
+
+
+def _launches(load: Load) -> str:
+    from .bench import launches
+
+    rows = load("docs/benchmarks.json").get("launches")
+    return _lines(*launches.markdown(rows)) if rows else "\n"
+
+
+def _stated(module: str, render: Callable[[Any], str]) -> Callable[[Load], str]:
+    """A region stating an assumption of the bench ``rebatch.bench.<module>`` (a constant of its code that
+    its JSON does not hold), ``render`` of the module."""
+    return lambda load: render(importlib.import_module(f"rebatch.bench.{module}"))
+
+
+def _run(run: dict[str, Any]) -> str:
+    """A side-by-side run as its page introduces it: its date, today's commit and its command."""
+    return f"{run['date']}, today {run['today']}:\n`{run['command']}`"
+
+
+def _versus_run(load: Load) -> str:
+    v = load("docs/versus.json")
+    return (
+        f"`{v.get('command', 'python -m rebatch.bench.versus')}` ({v['date']}, torch {v['torch']}, CPU; "
+        f"today is {v.get('today', 'this checkout')})"
     )
-    return versus.copy_section(*runs)
 
 
-def _check_cost(check: str, *against: str) -> Page:
-    """docs/witness.md's section of a check's cost (`rebatch.bench.checkcost.section`)."""
-    from .bench import checkcost
+def _versus(name: str) -> Callable[[Load], str]:
+    """The tables and the targets' verdicts of a side-by-side run (`rebatch.bench.tables.markdown`)."""
 
-    sources = (f"docs/{check}.json", *against)
-    return Page(
-        "docs/witness.md",
-        sources,
-        lambda text: checkcost.kept_section(check, text),
-        lambda root: checkcost.section(*(json.loads((root / name).read_text()) for name in sources)),
-    )
+    def render(load: Load) -> str:
+        from .bench import tables
+
+        return _lines(*tables.markdown(load(name)))
+
+    return render
 
 
-PAGES = (
-    Page("docs/benchmarks.md", ("docs/benchmarks.json",), _before_versus, _benchmarks),
-    _check_cost("witness"),
-    _check_cost("provenance", "docs/versus-checked.json"),
-    Page("docs/benchmarks.md", ("docs/versus.json",), _versus_region, _versus),
-    Page(
+def _copy(load: Load) -> str:
+    from .bench import tables
+
+    run = load("docs/benchmarks-copy.json")
+    return _lines(f"Torch {run['torch']}, {_run(run)}", "", *tables.markdown(run))
+
+
+def _check_cost(check: str) -> Callable[[Load], str]:
+    """A check's cost (a ``--witness`` or ``--witness --provenance`` run of `rebatch.bench.versus`): the
+    run and its table (`rebatch.bench.checkcost.checks_markdown`)."""
+
+    def render(load: Load) -> str:
+        from .bench import checkcost
+
+        results = load(f"docs/{check}.json")
+        pairs = [r["check"]["pairs"] for r in results["rows"]]
+        return _lines(
+            f"Torch {results['torch']}, {results['date']}, today {results['today']}, {results['rounds']} "
+            f"rounds ({min(pairs)} to {max(pairs)} pairs a case): `{results['command']}`",
+            "",
+            *checkcost.checks_markdown(results),
+        )
+
+    return render
+
+
+def _checked_run(load: Load) -> str:
+    v = load("docs/versus-checked.json")
+    return f"torch {v['torch']}, {v['date']}, today {v['today']}: `{v['command']}`"
+
+
+def _split(load: Load) -> str:
+    from property_tests.markdown import table
+
+    rows = load("docs/split.json")
+    head = ["B", "mean len", "jagged fields", "partitions", "torch_impl ms", "baseline ms", "speed-up"]
+    cells = [
+        [
+            r["rows"],
+            r["mean_length"],
+            r["jagged_fields"],
+            r["partitions"],
+            f"{r['torch_impl_s'] * 1e3:.3g}",
+            f"{r['baseline_s'] * 1e3:.3g}",
+            f"{r['speedup']:.1f}x",
+        ]
+        for r in rows
+    ]
+    return _lines(*table(head, cells))
+
+
+def _field(name: str, key: str) -> Callable[[Load], str]:
+    """A region holding one field of a source, as Python prints it."""
+    return lambda load: str(load(name)[key])
+
+
+_BENCH, _VERSUS, _CHECKED = "docs/benchmarks.json", "docs/versus.json", "docs/versus-checked.json"
+_COPY, _SMALL = "docs/benchmarks-copy.json", "docs/benchmarks-small-pins.json"
+_RUN, _LAUNCHES = "rebatch/bench/run.py", "rebatch/bench/launches.py"
+#: Every region of the pages, each with its sources: the benches' tables and figures.
+REGIONS = (
+    Region("docs/benchmarks.md", "benchmarks-run", (_BENCH,), _benchmarks_run),
+    Region("docs/benchmarks.md", "benchmarks-verl", (_BENCH,), _field(_BENCH, "verl")),
+    Region("docs/benchmarks.md", "benchmarks-busy", (_BENCH,), _field(_BENCH, "busy_processes")),
+    Region(
         "docs/benchmarks.md",
-        ("docs/benchmarks-copy.json", "docs/benchmarks-small-pins.json"),
-        _copy_region,
-        _copy,
+        "jax-elements",
+        (_RUN,),
+        _stated("run", lambda m: f"{m.JAX_MAX_ELEMENTS // 2**20}"),
     ),
+    Region("docs/benchmarks.md", "benchmarks-targets", (_BENCH,), _benchmarks_targets),
+    Region("docs/benchmarks.md", "restore-size", (_BENCH,), _restore_size),
+    Region("docs/benchmarks.md", "restore", (_BENCH,), _restore),
+    Region("docs/benchmarks.md", "benchmarks-grid", (_BENCH,), _grid),
+    Region(
+        "docs/benchmarks.md",
+        "launches-length",
+        (_LAUNCHES,),
+        _stated("launches", lambda m: str(m.MEAN_LENGTH)),
+    ),
+    Region(
+        "docs/benchmarks.md",
+        "launches-launch",
+        (_LAUNCHES,),
+        _stated("launches", lambda m: f"{m.LAUNCH_SECONDS * 1e6:g}"),
+    ),
+    Region(
+        "docs/benchmarks.md",
+        "launches-bandwidth",
+        (_LAUNCHES,),
+        _stated("launches", lambda m: f"{m.BANDWIDTH / 1e12:g}"),
+    ),
+    Region("docs/benchmarks.md", "launches", (_BENCH,), _launches),
+    Region("docs/benchmarks.md", "versus-run", (_VERSUS,), _versus_run),
+    Region("docs/benchmarks.md", "versus-commit", (_VERSUS,), _field(_VERSUS, "commit")),
+    Region("docs/benchmarks.md", "versus-pinned", (_VERSUS,), _field(_VERSUS, "pinned")),
+    Region("docs/benchmarks.md", "versus-busy", (_VERSUS,), _field(_VERSUS, "busy_processes")),
+    Region("docs/benchmarks.md", "versus", (_VERSUS,), _versus(_VERSUS)),
+    Region("docs/benchmarks.md", "copy-commit", (_COPY,), _field(_COPY, "commit")),
+    Region("docs/benchmarks.md", "copy-limit", (_COPY,), _copy),
+    Region("docs/benchmarks.md", "small-call-torch", (_SMALL,), _field(_SMALL, "torch")),
+    Region("docs/benchmarks.md", "small-call-run", (_SMALL,), lambda load: _run(load(_SMALL))),
+    Region("docs/benchmarks.md", "small-call", (_SMALL,), _versus(_SMALL)),
+    Region("docs/witness.md", "provenance-cost", ("docs/provenance.json",), _check_cost("provenance")),
+    Region("docs/witness.md", "checked-commit", (_CHECKED,), _field(_CHECKED, "commit")),
+    Region("docs/witness.md", "checked-run", (_CHECKED,), _checked_run),
+    Region("docs/witness.md", "checked", (_CHECKED,), _versus(_CHECKED)),
+    Region("docs/witness.md", "witness-cost", ("docs/witness.json",), _check_cost("witness")),
+    Region("docs/split.md", "split", ("docs/split.json",), _split),
 )
+
+
+def spans(text: str, name: str) -> list[tuple[int, int]]:
+    """Where each region ``name`` of a page's ``text`` lies: from the end of its opening marker
+    (``<!-- name -->``, or ``<!-- name: a note -->``) to the start of its closing one (``<!-- /name -->``);
+    ValueError where a marker has no partner."""
+    opening = re.compile(rf"<!-- {re.escape(name)}(?:: [^\n]*?)? -->")
+    closing = f"<!-- /{name} -->"
+    found = []
+    for m in opening.finditer(text):
+        end = text.find(closing, m.end())
+        if end < 0 or opening.search(text, m.end(), end):
+            raise ValueError(f"the region '{name}' opened at {m.start()} is not closed before the next")
+        found.append((m.end(), end))
+    if text.count(closing) != len(found):
+        raise ValueError(
+            f"{text.count(closing)} closing markers of the region '{name}', {len(found)} opening"
+        )
+    return found
+
+
+def loader(root: Path, given: dict[str, Any] | None = None) -> Load:
+    """Each source's parsed JSON (read once) from ``root``, but those ``given`` (a name -> its data)."""
+    given = dict(given or {})
+
+    def load(name: str) -> Any:
+        if name not in given:
+            given[name] = json.loads((root / name).read_text())
+        return given[name]
+
+    return load
+
+
+def fill(text: str, page: str, load: Load) -> str:
+    """``text`` (``page``'s) with each of its regions (`REGIONS`) as its sources render it; the prose
+    around them as it was."""
+    for region in REGIONS:
+        if region.page == page:
+            rendered = region.render(load)
+            for start, end in reversed(spans(text, region.name)):
+                text = text[:start] + rendered + text[end:]
+    return text
+
+
+def _regions_differ(root: Path) -> list[str]:
+    problems = []
+    load = loader(root)
+    for region in REGIONS:
+        text = (root / region.page).read_text()
+        try:
+            found = spans(text, region.name)
+        except ValueError as e:
+            problems.append(f"{region.page}: {e}")
+            continue
+        rendered = region.render(load)
+        if not found:
+            problems.append(f"{region.page}: no region '{region.name}' (its markers: <!-- {region.name} -->)")
+        elif any(text[a:b] != rendered for a, b in found):
+            sources = ", ".join(region.sources)
+            problems.append(f"{region.page}: the region '{region.name}' differs from what {sources} renders")
+    return problems
 
 
 # --- checks of a source's own figures -----------------------------------------------------------------
@@ -272,29 +472,6 @@ def _peers_arithmetic(root: Path) -> list[str]:
             )
         if r["same"] != "yes":
             problems.append(f"docs/peers.md: {r['trainer']} B={r['B']}: results not the same ({r['same']})")
-    return problems
-
-
-def _split_table(root: Path) -> list[str]:
-    """docs/split.md's table against docs/split.json, row by row (its times to the 3 digits printed)."""
-    rows = json.loads((root / "docs/split.json").read_text())
-    lines = [line for line in (root / "docs/split.md").read_text().splitlines() if re.match(r"\| \d", line)]
-    if len(lines) != len(rows):
-        return [f"docs/split.md: {len(lines)} rows, docs/split.json {len(rows)}"]
-    problems = []
-    for line, r in zip(lines, rows, strict=True):
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        want = [
-            str(r["rows"]),
-            str(r["mean_length"]),
-            str(r["jagged_fields"]),
-            str(r["partitions"]),
-            f"{r['torch_impl_s'] * 1e3:.3g}",
-            f"{r['baseline_s'] * 1e3:.3g}",
-            f"{r['speedup']:.1f}x",
-        ]
-        if cells != want:
-            problems.append(f"docs/split.md: row {line!r} is not docs/split.json's {want}")
     return problems
 
 
@@ -391,16 +568,17 @@ def check(root: Path = ROOT, *, tests_seconds: float | None = None) -> list[str]
                 f"{figure.page}: states [{_normal(found[0].group(0))}] where {', '.join(figure.sources)} "
                 f"gives [{rendered}]"
             )
-    for page in PAGES:
-        if page.region((root / page.page).read_text()) != page.render(root):
-            problems.append(f"{page.page}: differs from what {', '.join(page.sources)} renders")
-    return problems + _peers_arithmetic(root) + _split_table(root) + _durations_hold(root, tests_seconds)
+    problems += _regions_differ(root)
+    return problems + _peers_arithmetic(root) + _durations_hold(root, tests_seconds)
 
 
-def write(root: Path = ROOT) -> list[str]:
-    """Put each figure's and each generated page region's rendering in its place; the pages changed."""
+def write(root: Path = ROOT, pages: tuple[str, ...] | None = None) -> list[str]:
+    """Put each figure's and each region's rendering in its place (of ``pages`` only, when given); the
+    pages changed."""
     changed = []
     for figure in FIGURES:
+        if pages is not None and figure.page not in pages:
+            continue
         text, found, rendered = _located(figure, root)
         if len(found) != 1:
             raise SystemExit(
@@ -410,14 +588,13 @@ def write(root: Path = ROOT) -> list[str]:
             new = text[: found[0].start()] + rendered + text[found[0].end() :]
             (root / figure.page).write_text(new)
             changed.append(figure.page)
-    for (
-        page
-    ) in PAGES:  # each generated region in its place (a region not yet on its page is left to its tool)
-        text = (root / page.page).read_text()
-        old, new = page.region(text), page.render(root)
-        if old and old != new:
-            (root / page.page).write_text(text.replace(old, new, 1))
-            changed.append(page.page)
+    load = loader(root)
+    for page in dict.fromkeys(r.page for r in REGIONS if pages is None or r.page in pages):
+        text = (root / page).read_text()
+        new = fill(text, page, load)
+        if new != text:
+            (root / page).write_text(new)
+            changed.append(page)
     return changed
 
 

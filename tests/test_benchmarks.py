@@ -93,12 +93,12 @@ def test_large_grid_is_the_full_grid_at_64m_elements_and_more() -> None:
 def test_restore_side_by_side_row_on_a_tiny_size() -> None:
     """The harness's jit(ref.restore) against torch_impl.restore row runs and checks bit-equality (a
     tiny size: the ratio itself is measured only by the benchmark run)."""
-    from rebatch.bench.run import restore_markdown, restore_side_by_side
+    from rebatch.bench.run import restore_side_by_side, restore_table
 
     row = restore_side_by_side(64, 4096, 4)
     assert set(row["seconds"]) == {"torch_impl_restore", "jax_ref_restore_jit"}
     assert row["jit_over_torch"] > 0
-    assert "jit(ref.restore)" in "\n".join(restore_markdown(row))
+    assert "jit(ref.restore)" in "\n".join(restore_table(row))
 
 
 def test_busy_processes_are_started_and_stopped() -> None:
@@ -113,18 +113,26 @@ def test_busy_processes_are_started_and_stopped() -> None:
 def test_contended_run_writes_quiet_and_contended_ratios_side_by_side(tmp_path) -> None:
     import json
 
+    from rebatch import figures
     from rebatch.bench.run import run_bench
 
     assert run_bench(grid_name="smoke", out=str(tmp_path), with_jax=False, contended=True) == 0
     results = json.loads((tmp_path / "benchmarks.json").read_text())
     assert all("contended" in r and r["contended"]["busy_processes"] >= 1 for r in results["rows"])
-    text = (tmp_path / "benchmarks.md").read_text()
-    assert "speed-up vs baseline (quiet / contended)" in text
+    text = (tmp_path / "benchmarks.md").read_text()  # docs/benchmarks.md, its regions of this run filled
+
+    def region(name: str) -> str:
+        return "".join(text[a:b] for a, b in figures.spans(text, name))
+
+    assert "speed-up vs baseline (quiet / contended)" in region("benchmarks-grid")
+    assert f"`{results['grid']}`" in region("benchmarks-run")
+    assert region("benchmarks-busy") == str(results["busy_processes"])
     assert "with one busy process per core" in text
     assert "## Launches: operations per call on the device path" in text
     assert results["verl"] in ("importable", "absent")
     if results["verl"] == "absent":
-        assert "verl was not importable in this run" in text or "B=1024" not in text
+        targets = region("benchmarks-targets")
+        assert "verl was not importable in this run" in targets or "B=1024" not in targets
 
 
 def test_launch_table_script_runs_on_a_tiny_grid(capsys) -> None:
@@ -307,31 +315,36 @@ def test_baseline_extracts_are_whole_when_processes_extract_the_same_commit_at_o
     assert [p.name for p in (repo / ".cache").iterdir()] == [workers.baseline_root("HEAD").name]
 
 
-def test_versus_section_replaces_its_earlier_self(tmp_path) -> None:
-    from rebatch.bench.versus import BEGIN, END, kept_section, write_docs
+def test_a_versus_run_fills_its_regions_of_the_page() -> None:
+    """A side-by-side run's JSON fills docs/benchmarks.md's regions of it through `rebatch.figures` (the
+    page's prose, and the other runs' regions, as they were)."""
+    from rebatch import figures
 
     results = {
         "commit": "abc",
+        "today": "def",
         "torch": "2.13",
         "date": "today",
-        "busy_processes": 0,
+        "busy_processes": 3,
+        "pinned": [0, 1, 2],
         "rows": [],
         "command": "cmd",
     }
-    page = tmp_path / "benchmarks.md"
-    page.write_text("# Benchmarks\n\ntable\n")
-    write_docs(results, page)
-    write_docs({**results, "commit": "def"}, page)
-    text = page.read_text()
-    assert text.startswith("# Benchmarks\n\ntable\n")
-    assert text.count(BEGIN) == text.count(END) == 1
-    assert "Against commit def" in text
-    assert "Against commit abc" not in text
-    assert kept_section(text).startswith(BEGIN)
-    assert "`cmd`" in kept_section(text)
-    assert "runs on one core" not in text  # a run from before the rounds were pinned says nothing of it
-    write_docs({**results, "pinned": [0, 1]}, page)
-    assert "the rounds taking the cores [0, 1] in turn" in page.read_text()
+    page = (figures.ROOT / "docs/benchmarks.md").read_text()
+    text = figures.fill(
+        page, "docs/benchmarks.md", figures.loader(figures.ROOT, {"docs/versus.json": results})
+    )
+    assert (
+        "Command: <!-- versus-run -->`cmd` (today, torch 2.13, CPU; today is def)<!-- /versus-run -->."
+        in text
+    )
+    assert "the cores <!-- versus-pinned -->[0, 1, 2]<!-- /versus-pinned --> in turn" in text
+    assert "(<!-- versus-busy -->3<!-- /versus-busy --> here)" in text
+    assert "<!-- versus: rendered by python -m rebatch.figures from docs/versus.json -->\n|" in text
+    assert "B=16384 L=16 M=16 keys=1 float32 2-D | 444 |" not in text  # the run's table, empty here
+    assert text.split("<!-- versus-run -->")[0] == page.split("<!-- versus-run -->")[0]
+    after = "<!-- copy-limit: "
+    assert text[text.index(after) :] == page[page.index(after) :]
 
 
 def test_the_targets_against_verl_are_judged_by_their_least_figure() -> None:

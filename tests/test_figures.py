@@ -13,13 +13,13 @@ from rebatch import figures
 from rebatch_startup.trainers import names
 
 ROOT = Path(__file__).resolve().parent.parent
-VERSUS = [p for p in figures.PAGES if "docs/versus.json" in p.sources]
+VERSUS = [r for r in figures.REGIONS if "docs/versus.json" in r.sources]
 
 
 def _copy(tmp_path: Path) -> Path:
     """The pages and sources `rebatch.figures` reads, copied under ``tmp_path``."""
-    names = {"docs/split.md", "docs/split.json"}
-    for item in (*figures.FIGURES, *figures.PAGES):
+    names: set[str] = set()
+    for item in (*figures.FIGURES, *figures.REGIONS):
         names |= {item.page, *item.sources}
     for name in names:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -37,8 +37,12 @@ def test_every_figure_is_its_sources() -> None:
 
 
 def test_the_side_by_side_section_is_versus_json() -> None:
-    for page in VERSUS:
-        assert page.region((ROOT / page.page).read_text()) == page.render(ROOT)
+    load = figures.loader(ROOT)
+    for region in VERSUS:
+        text = (ROOT / region.page).read_text()
+        found = [text[a:b] for a, b in figures.spans(text, region.name)]
+        assert found, region.name
+        assert all(f == region.render(load) for f in found), region.name
 
 
 def test_a_figure_edited_by_hand_fails(tmp_path: Path) -> None:
@@ -91,10 +95,74 @@ def test_a_generated_page_edited_by_hand_fails(tmp_path: Path) -> None:
     page = root / "docs/benchmarks.md"
     text = page.read_text()
     page.write_text(text.replace("**met**", "**missed**", 1))
-    assert "docs/benchmarks.md: differs from what docs/benchmarks.json renders" in _check(root)
+    assert _check(root) == [
+        "docs/benchmarks.md: the region 'benchmarks-targets' differs from what docs/benchmarks.json renders"
+    ]
     split = root / "docs/split.md"
     split.write_text(split.read_text().replace("x |", "0x |", 1))
-    assert any(p.startswith("docs/split.md: row") for p in _check(root))
+    assert "docs/split.md: the region 'split' differs from what docs/split.json renders" in _check(root)
+
+
+def _prose(text: str, page: str) -> str:
+    """``text`` (``page``'s) with every region emptied: what the page says in its own words."""
+    for region in figures.REGIONS:
+        if region.page == page:
+            for start, end in reversed(figures.spans(text, region.name)):
+                text = text[:start] + text[end:]
+    return text
+
+
+def test_every_region_is_regenerated_from_its_json_alone(tmp_path: Path) -> None:
+    """Every region emptied, ``--write`` fills each page back byte for byte from the committed JSON."""
+    root = _copy(tmp_path)
+    pages = sorted({r.page for r in figures.REGIONS})
+    for page in pages:
+        (root / page).write_text(_prose((root / page).read_text(), page))
+    assert sorted(figures.write(root)) == pages
+    for page in pages:
+        assert (root / page).read_text() == (ROOT / page).read_text()
+    assert _check(root) == []
+
+
+def test_a_new_run_changes_its_tables_not_the_prose(tmp_path: Path) -> None:
+    """A bench's JSON regenerated (here a figure of the witness's cost, and of the benchmark grid, changed
+    in copies): ``--check`` fails until ``--write`` renders the tables anew; the prose stays as it was."""
+    root = _copy(tmp_path)
+    witness = json.loads((root / "docs/witness.json").read_text())
+    witness["rows"][0]["check"]["cost_ms"] = 0.5
+    witness["rounds"] = 7
+    (root / "docs/witness.json").write_text(json.dumps(witness))
+    bench = json.loads((root / "docs/benchmarks.json").read_text())
+    bench["rows"][0]["seconds"]["torch_impl"] = 0.123
+    (root / "docs/benchmarks.json").write_text(json.dumps(bench))
+    before = {page: (root / page).read_text() for page in ("docs/witness.md", "docs/benchmarks.md")}
+    assert _check(root) == [
+        "docs/benchmarks.md: the region 'benchmarks-grid' differs from what docs/benchmarks.json renders",
+        "docs/witness.md: the region 'witness-cost' differs from what docs/witness.json renders",
+    ]
+    assert figures.write(root) == ["docs/benchmarks.md", "docs/witness.md"]
+    assert _check(root) == []
+    after = {page: (root / page).read_text() for page in before}
+    assert "| +0.5000 | 1.000x, -0.0001 ms | within 0.02 ms: NOT met |" in after["docs/witness.md"]
+    assert "today a610a76, 7 rounds" in after["docs/witness.md"]
+    assert "| 8 | 16 | 1 | 1 | float32 | 2-D | 123 |" in after["docs/benchmarks.md"]
+    for page, text in before.items():
+        assert after[page] != text
+        assert _prose(after[page], page) == _prose(text, page)
+
+
+def test_a_region_needs_both_markers(tmp_path: Path) -> None:
+    root = _copy(tmp_path)
+    split = root / "docs/split.md"
+    split.write_text(split.read_text().replace("<!-- /split -->\n", ""))
+    assert _check(root) == [
+        "docs/split.md: the region 'split' opened at "
+        f"{split.read_text().index('<!-- split:')} is not closed before the next"
+    ]
+    split.write_text(
+        split.read_text().replace("<!-- split: rendered by python -m rebatch.figures", "<!-- gone")
+    )
+    assert _check(root) == ["docs/split.md: no region 'split' (its markers: <!-- split -->)"]
 
 
 def test_the_anchor_finds_a_figure_whatever_its_numbers() -> None:

@@ -11,6 +11,10 @@ The same rounds time a null pair, the call without against itself: its figures a
 harness's noise moves in.
 
     python -m rebatch.bench.versus --witness [--provenance] [--rounds 31] [--out docs/provenance.json]
+                                   [--docs docs/witness.md]
+
+The JSON's table (`checks_markdown`) and run are a region of ``docs/witness.md``, filled by
+`rebatch.figures`; what the figures mean is the page's prose.
 """
 
 from __future__ import annotations
@@ -28,9 +32,7 @@ __all__ = [
     "TARGETS",
     "checks_cost",
     "checks_markdown",
-    "kept_section",
     "paired",
-    "section",
     "targets",
     "witness_grid",
 ]
@@ -178,47 +180,3 @@ def checks_markdown(results: dict[str, Any]) -> list[str]:
         )
     head = ["case", "without (ms)", "with (ms)", "with / without (paired)", "cost (ms, paired)", "null pair"]
     return table([*head, "target"], rows)
-
-
-def _markers(check: str) -> tuple[str, str]:
-    """The lines around a check's generated section of docs/witness.md."""
-    sources = f"docs/{check}.json" + (" and docs/versus-checked.json" if check == "provenance" else "")
-    return (
-        f"<!-- {check}-cost: rendered by rebatch.bench.checkcost.section from {sources} -->",
-        f"<!-- /{check}-cost -->",
-    )
-
-
-def section(results: dict[str, Any], against_verl: dict[str, Any] | None = None) -> str:
-    """A check's cost (``results``: a ``--witness`` or ``--witness --provenance`` run) and, for
-    provenance, the drop-in with every check on against verl's own function (``against_verl``: a
-    ``--commit verl --checked`` run of `rebatch.bench.versus`), between its markers (`rebatch.figures`
-    checks docs/witness.md against the files)."""
-    from .tables import markdown
-
-    begin, end = _markers(results["check"])
-    pairs = [r["check"]["pairs"] for r in results["rows"]]
-    lines = [
-        begin,
-        f"Torch {results['torch']}, {results['date']}, today {results['today']}, {results['rounds']} rounds "
-        f"({min(pairs)} to {max(pairs)} pairs a case): `{results['command']}`",
-        "",
-        *checks_markdown(results),
-    ]
-    if against_verl is not None:
-        lines += [
-            "",
-            f"With both checks on (the witness and provenance, every output proven), against "
-            f"{against_verl['commit']}'s own function given the same `data`: torch {against_verl['torch']}, "
-            f"{against_verl['date']}, today {against_verl['today']}: `{against_verl['command']}`",
-            "",
-            *markdown(against_verl),
-        ]
-    return "\n".join([*lines, end]) + "\n"
-
-
-def kept_section(check: str, text: str) -> str:
-    """A check's generated section of a page ("" if none)."""
-    begin, end = _markers(check)
-    start, stop = text.find(begin), text.find(end)
-    return "" if start < 0 or stop < start else text[start : stop + len(end)] + "\n"

@@ -64,25 +64,9 @@ def launch_rows(
     return out
 
 
-def markdown(table: list[dict[str, Any]], *, length: int = MEAN_LENGTH) -> list[str]:
-    """The launch table as Markdown lines (a section of ``docs/benchmarks.md``)."""
-    lines = [
-        "## Launches: operations per call on the device path",
-        "",
-        "Torch operations dispatched by one call of `torch_impl.postprocess_batch_func` (dynamic batch "
-        f"size, float32 `[b, (j)]` keys, every row {length} values, the partitions a reversal), counted "
-        "with `property_tests.opcount.CountOps` on `meta` tensors: the device path and its element-index "
-        "kernel, without data, `data` holding the batch's `input_ids` on the host as verl's engines leave "
-        "it (the alignment witness's comparison included: 4 to 6 operations a call; its one read of the "
-        "verdict cannot happen on `meta`). *on values* are those whose first argument is floating-point "
-        "(the data moved; the rest is int64 bookkeeping of B or fewer elements). The modelled device time "
-        f"is operations x {LAUNCH_SECONDS * 1e6:g} µs (an assumed launch with its Python dispatch) plus the "
-        f"estimated bytes moved over {BANDWIDTH / 1e12:g} TB/s (assumed: an H200's HBM3e); bytes are "
-        "estimated by `CountOps` (each operation that is not a view reads its tensors and writes its "
-        "results in full). verl's own function is not in this table (it runs only where verl is "
-        "installed). Regenerate with `python -m rebatch.bench.launches`.",
-        "",
-    ]
+def markdown(table: list[dict[str, Any]]) -> list[str]:
+    """The launch table as Markdown lines (a region of ``docs/benchmarks.md``, filled by
+    `rebatch.figures`, which states the assumptions too: `MEAN_LENGTH`, `LAUNCH_SECONDS`, `BANDWIDTH`)."""
     head = ["B", "M", "keys", "operations", "on values", "output MiB", "est. MiB moved"]
     rows = [
         [
@@ -98,7 +82,7 @@ def markdown(table: list[dict[str, Any]], *, length: int = MEAN_LENGTH) -> list[
         ]
         for r in table
     ]
-    return [*lines, *markdown_table([*head, "modelled µs (launches + bytes)"], rows)]
+    return markdown_table([*head, "modelled µs (launches + bytes)"], rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,6 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--micro-batches", type=int, nargs="+", default=GRID[1])
     parser.add_argument("--keys", type=int, nargs="+", default=GRID[2])
     args = parser.parse_args(argv)
+    print(  # on the terminal; docs/benchmarks.md says it in its own prose
+        f"Operations of one call on `meta` tensors, every row {MEAN_LENGTH} values; modelled: operations x "
+        f"{LAUNCH_SECONDS * 1e6:g} µs plus estimated bytes over {BANDWIDTH / 1e12:g} TB/s (both assumed); "
+        "verl's own function is not in this table (it runs only where verl is installed).\n"
+    )
     print("\n".join(markdown(launch_rows(args.rows, args.micro_batches, args.keys))))
     return 0
 

@@ -2,8 +2,9 @@
 ``postprocess_batch_func`` (when verl is importable), the copy limit and the jit-compiled JAX
 reference, timed in one run on the same inputs; peak extra memory for torch_impl and the baseline.
 With ``--contended`` every case is timed twice, quiet and with one busy process per core (started and
-stopped by the harness), and the table shows both ratios side by side. Writes ``benchmarks.json``,
-``benchmarks.md`` and ``benchmarks.png`` (time against B).
+stopped by the harness), and the table shows both ratios side by side. Writes ``benchmarks.json`` and
+``benchmarks.png`` (time against B), and ``benchmarks.md``: the page's tables and figures of the run
+filled from the JSON by `rebatch.figures` (the prose is the page's own, in ``docs/benchmarks.md``).
 
     python -m rebatch.bench.run [--grid quick|standard|large|full] [--contended] [--device cuda] [--out docs]
     rebatch bench [--quick]                      # the same, standard grid (quick with --quick)
@@ -30,13 +31,13 @@ import torch_impl
 from property_tests.baseline import verl_postprocess_batch_func
 from property_tests.markdown import table
 
-from . import launches, versus
+from . import launches
 from .cases import GRIDS, LARGE_ELEMENTS, TARGETS_VS_VERL, Case, grid, make_inputs, verl_target_lines
 from .contention import busy_processes, core_count
 from .memory import peak_rss_bytes, peak_tensor_bytes
 from .timing import median_seconds, timed_alone
 
-__all__ = ["main", "measure", "median_times", "run_bench"]
+__all__ = ["grid_table", "main", "measure", "median_times", "restore_table", "run_bench", "write_page"]
 
 JAX_MAX_ELEMENTS = (
     16 * 2**20
@@ -160,30 +161,21 @@ def restore_side_by_side(rows: int, elements: int, micro_batches: int, *, seed: 
     }
 
 
-def restore_markdown(row: dict[str, Any]) -> list[str]:
+def restore_table(row: dict[str, Any]) -> list[str]:
+    """The side-by-side row of `restore_side_by_side` as a Markdown table, its target's verdict last."""
     s = row["seconds"]
     verdict = "met" if row["jit_over_torch"] <= 2.0 else "NOT met"
-    return [
-        "## jit(ref.restore) against torch_impl.restore",
-        "",
-        f"B = {row['rows']}, N = {row['elements']}, M = {row['micro_batches']}, float32 jagged, CPU. The JAX "
-        "reference takes the permutation as a traced argument (`ref.checked`, compiled once for every "
-        "permutation, values checked in the compiled program), timed warm; the two alternate in one run "
-        "after a bit-equality check. Target: within 2x of torch_impl.",
-        "",
-        *table(
-            ["torch_impl.restore ms", "jit(ref.restore) ms", "jit / torch", "within 2x"],
+    return table(
+        ["torch_impl.restore ms", "jit(ref.restore) ms", "jit / torch", "within 2x"],
+        [
             [
-                [
-                    _fmt_ms(s["torch_impl_restore"]),
-                    _fmt_ms(s["jax_ref_restore_jit"]),
-                    f"{row['jit_over_torch']:.2f}",
-                    verdict,
-                ]
-            ],
-        ),
-        "",
-    ]
+                _fmt_ms(s["torch_impl_restore"]),
+                _fmt_ms(s["jax_ref_restore_jit"]),
+                f"{row['jit_over_torch']:.2f}",
+                verdict,
+            ]
+        ],
+    )
 
 
 def verl_function() -> Callable[..., Any] | None:
@@ -348,15 +340,6 @@ def targets(results: dict[str, Any]) -> list[str]:
     return out
 
 
-VERL_HARNESS_NOTE = (
-    "- Against verl's own function in this table's harness: every function alternates in one process, so a "
-    "call meets the caches and the spinning threads of the parallel kernels the function before it left "
-    "(measured: rebatch's checks of the B=8 call 63 µs alone, 475 µs just after another function's "
-    "parallel operations). The side-by-side run below, one worker process each, is the targets' "
-    "measurement; these lines are the harsher reading."
-)
-
-
 def verl_targets(rows: list[dict[str, Any]]) -> list[str]:
     """The targets against verl's own function (`cases.TARGETS_VS_VERL`), the small call's time and
     peak memory against verl's, for the cases of ``rows`` that hold them."""
@@ -366,12 +349,9 @@ def verl_targets(rows: list[dict[str, Any]]) -> list[str]:
     if not found:
         return []
     small = next((r["seconds"]["torch_impl"] for c, r in found.items() if c.rows == 8), None)
-    out = [
-        VERL_HARNESS_NOTE,
-        *verl_target_lines(
-            "verl's own function", {c: f"{r['speedup_vs_verl']:.1f}x" for c, r in found.items()}, small
-        ),
-    ]
+    out = verl_target_lines(
+        "verl's own function", {c: f"{r['speedup_vs_verl']:.1f}x" for c, r in found.items()}, small
+    )
     for c, r in found.items():
         peak = r["peak_extra_bytes"]
         if "verl" in peak:
@@ -390,7 +370,7 @@ def _pair(row: dict[str, Any], name: str, fmt: str) -> str:
     return " / ".join("" if v is None else fmt.format(v) for v in (quiet, busy))
 
 
-#: The grid table's columns (`markdown`), one a `_grid_cells` cell.
+#: The grid table's columns (`grid_table`), one a `_grid_cells` cell.
 GRID_COLUMNS = (
     "B",
     "mean len",
@@ -438,42 +418,9 @@ def _grid_cells(r: dict[str, Any]) -> list[str]:
     ]
 
 
-def markdown(results: dict[str, Any]) -> str:
-    lines = [
-        "# Benchmarks",
-        "",
-        f"Machine: {results['machine']}; device {results['device']}; torch {results['torch']}; grid "
-        f"`{results['grid']}`; {results['date']}. Regenerate with `rebatch bench` (or `python -m "
-        f"rebatch.bench.run --grid {results['grid']}`).",
-        "",
-        "Times are medians in milliseconds, measured in one run on the same inputs; torch_impl, the "
-        "baseline and the copy limit are timed in alternation (one call of each per round, in an order "
-        "shuffled afresh each round with a fixed seed, at least 5 rounds), so their ratios compare like "
-        "with like. Before every timed call (of any implementation) the C heap's free pages are returned "
-        "to the kernel, so each call maps its fresh buffers as a training step does. *baseline* follows "
-        "verl's algorithm row by row (unbind, rebuild, unbind, rebuild in inverse order); *copy* is one "
-        "clone of the output's bytes; *verl* is verl's own `postprocess_batch_func` (blank when verl was "
-        f"not importable: {results.get('verl', 'absent')}); *contended* is the same timing with one busy "
-        f"process per core ({results.get('busy_processes', 0)} here, started and stopped by the harness; "
-        "blank when not run); *JAX* is the reference under `jax.jit`, timed after compilation (up to "
-        f"{JAX_MAX_ELEMENTS // 2**20}M output elements). *peak* is the most bytes of tensors the call had "
-        "allocated at once (its output included), from the allocator's records (the profiler's memory "
-        "events on the CPU); *RSS* is the resident-set high-water mark over the call minus the resident "
-        "set before it, after returning the C heap's free pages to the kernel (what the operating system "
-        "sees: Python objects and allocator slack included).",
-        "",
-        "## Targets",
-        "",
-        *targets(results),
-        "",
-        *(restore_markdown(results["restore_side_by_side"]) if results.get("restore_side_by_side") else []),
-        "![time against B](benchmarks.png)",
-        "",
-        *table(GRID_COLUMNS, [_grid_cells(r) for r in results["rows"]]),
-    ]
-    if results.get("launches"):
-        lines += ["", *launches.markdown(results["launches"])]
-    return "\n".join(lines) + "\n"
+def grid_table(results: dict[str, Any]) -> list[str]:
+    """The run's cases as a Markdown table (`GRID_COLUMNS`)."""
+    return table(GRID_COLUMNS, [_grid_cells(r) for r in results["rows"]])
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
@@ -567,15 +514,24 @@ def run_bench(
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "benchmarks.json").write_text(json.dumps(results, indent=1))
-    page = folder / "benchmarks.md"
-    kept = versus.kept_section(page.read_text()) if page.exists() else ""  # the side-by-side run stays
-    page.write_text(markdown(results) + ("\n" + kept if kept else ""))
+    write_page(results, folder / "benchmarks.md")
     plot(results, folder / "benchmarks.png")
     if as_json:
         print(json.dumps(results, indent=1))
     else:
         print(f"wrote {folder / 'benchmarks.json'}, {folder / 'benchmarks.md'}, {folder / 'benchmarks.png'}")
     return 0
+
+
+def write_page(results: dict[str, Any], page: Path) -> None:
+    """``page`` (the repository's ``docs/benchmarks.md``, or a copy of it where ``page`` is not yet) with
+    its regions of ``results`` filled by `rebatch.figures` (the prose is the page's own, the regions of the
+    other runs rendered from the repository's JSON)."""
+    from .. import figures
+
+    template = page if page.exists() else figures.ROOT / "docs/benchmarks.md"
+    load = figures.loader(figures.ROOT, {"docs/benchmarks.json": results})
+    page.write_text(figures.fill(template.read_text(), "docs/benchmarks.md", load))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -600,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.restore_only:
         row = restore_side_by_side(*RESTORE_SIZE)
-        print("\n".join(restore_markdown(row)))
+        print("\n".join(restore_table(row)))
         return 0
     return run_bench(
         device=args.device,

@@ -2,7 +2,10 @@
 a per-partition ``index_select`` baseline (one gather per field per partition, rows unbound per
 partition as verl does for jagged fields), timed in one run on the same inputs.
 
-    python -m rebatch.bench.split [--out docs]      # writes split.json and split.md
+    python -m rebatch.bench.split [--out docs]      # writes split.json (and fills docs/split.md's table)
+
+The table of ``docs/split.md`` is a region of the page filled from ``split.json`` by `rebatch.figures`;
+the prose around it is the page's own.
 """
 
 from __future__ import annotations
@@ -103,24 +106,15 @@ def main(argv: list[str] | None = None) -> int:
     folder = Path(args.out)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "split.json").write_text(json.dumps(rows, indent=1))
-    lines = [
-        "# Split benchmark",
-        "",
-        f"{time.strftime('%Y-%m-%d')}, torch {torch.__version__}, {torch.get_num_threads()} threads. "
-        "`torch_impl.split` of a TensorDict (jagged float32 fields plus a dense one) into token-budget "
-        "partitions, against a per-partition baseline (unbind and rebuild per partition for jagged fields, "
-        "`index_select` for dense). Medians in milliseconds. Regenerate: `python -m rebatch.bench.split`.",
-        "",
-        "| B | mean len | jagged fields | partitions | torch_impl ms | baseline ms | speed-up |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['rows']} | {r['mean_length']} | {r['jagged_fields']} | {r['partitions']} | "
-            f"{r['torch_impl_s'] * 1e3:.3g} | {r['baseline_s'] * 1e3:.3g} | {r['speedup']:.1f}x |"
+    print(f"wrote {folder / 'split.json'}")
+    from .. import figures
+
+    if folder.resolve() == (figures.ROOT / "docs").resolve():  # its table is a region of docs/split.md
+        figures.write(figures.ROOT, pages=("docs/split.md",))
+        print(
+            "filled docs/split.md's table; its run line (not in the JSON) is the page's, by hand: "
+            f"{time.strftime('%Y-%m-%d')}, torch {torch.__version__}, {torch.get_num_threads()} threads."
         )
-    (folder / "split.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {folder / 'split.json'}, {folder / 'split.md'}")
     return 0
 
 

@@ -12,12 +12,13 @@ core (the rounds take the cores in turn, `_medians`). Each worker builds identic
 every output's bytes and offsets) before any timing.
 
     python -m rebatch.bench.versus [--commit 3c468db6] [--grid targets|acceptance|smoke|quick|standard]
-                                   [--contended] [--out versus.json] [--docs docs/benchmarks.md]
+                                   [--contended] [--out docs/versus.json] [--docs docs/benchmarks.md]
 
 Prints a table: case, baseline ms, today ms, baseline / today (quiet and contended), today / clone
 (the ms columns medians of all calls, the ratios medians of each round's paired ratio); then the issue's
 targets (item 2: fixed cost and speed-ups against the commit; item 3: large outputs
-against a same-bytes clone).
+against a same-bytes clone). ``--out`` writes the run's JSON; ``--docs`` then fills that page's regions
+from it (`rebatch.figures`: the tables and figures; the prose around them is the page's own).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from .tables import markdown, row_line
 from .timing import timed_alone
 from .workers import IMPL_ENV, ROOT, Worker, baseline_root, describe, serve
 
-__all__ = ["TARGETS", "kept_section", "main", "section", "targets_grid", "versus", "write_docs"]
+__all__ = ["TARGETS", "main", "refresh_docs", "targets_grid", "versus"]
 
 DEFAULT_COMMIT = "3c468db6"
 
@@ -371,106 +372,14 @@ def versus(
     }
 
 
-BEGIN, END = "<!-- versus: written by python -m rebatch.bench.versus -->", "<!-- /versus -->"
+def refresh_docs(page: str) -> list[str]:
+    """Fill the regions of ``page`` (``docs/benchmarks.md``, ``docs/witness.md``) from the JSON files they
+    name, the one ``--out`` just wrote among them, with `rebatch.figures` (as its ``--write``); the pages
+    changed. The page's prose is its own: this writes none of it."""
+    from .. import figures
 
-
-def section(results: dict[str, Any]) -> str:
-    """The side-by-side run as a section of ``docs/benchmarks.md`` (between `BEGIN` and `END`)."""
-    verl = results["commit"].startswith("verl")
-    whose = (
-        f"the function of {results['commit']} itself, `postprocess_batch_func` (run in verl's pins "
-        "environment, `bash .ci/pins_env.sh .venv-pins`, with `.venv-pins/bin/python`)"
-        if verl
-        else "The commit's `postprocess_batch_func` (its `ref`, `torch_impl`, `property_tests` extracted "
-        "with `git archive`)"
-    )
-    lines = [
-        BEGIN,
-        f"## Against {results['commit']}'s own function, side by side"
-        if verl
-        else f"## Against commit {results['commit']}, side by side",
-        "",
-        f"Command: `{results.get('command', 'python -m rebatch.bench.versus')}` ({results['date']}, torch "
-        f"{results['torch']}, CPU; today is {results.get('today', 'this checkout')}). "
-        f"{whose[0].upper()}{whose[1:]} and today's drop-in run in one worker process each, on identical "
-        "inputs built from the same seed, results checked bit-equal first; the harness alternates them turn "
-        "by turn in a shuffled order (a turn: one call, or as many as last about 20 ms, at most 50, counted "
-        "for each function from its own warm cost), each call timed "
-        "alone after the C heap's free pages go back to the kernel; the ms columns are medians of all calls, "
-        "the ratios medians of each round's ratio of the turns' medians (paired: a slower or faster phase of "
-        "the machine, longer than a round, cancels out)"
-        + (
-            "; within a round every turn's calling thread runs on one core, the rounds taking the cores "
-            f"{results['pinned']} in turn (torch's own threads free), so a core slower than another for a "
-            "while weighs on both alike"
-            if results.get("pinned")
-            else ""
-        )
-        + ". *clone* is one clone of a "
-        "buffer of the output's bytes, in today's worker. *contended*: the same with one busy process per "
-        f"core ({results['busy_processes']} here); there a clone of 32768 elements or more splits its copy "
-        "among torch's threads and waits for whichever one the machine has descheduled (its contended ms "
-        "column), so a contended *today / clone* below 1 is that stall, not a call faster than a copy. "
-        "Ratios above 1 mean today is faster.",
-        "",
-        *markdown(results),
-        END,
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def kept_section(text: str) -> str:
-    """The side-by-side section of an existing ``benchmarks.md`` ("" if none), to keep when the rest is
-    regenerated."""
-    start, end = text.find(BEGIN), text.find(END)
-    return "" if start < 0 or end < start else text[start : end + len(END)] + "\n"
-
-
-#: The copy limit and the small call's section of ``docs/benchmarks.md`` (issue 48), from two runs' JSON.
-COPY_BEGIN = (
-    "<!-- copy-limit: tables rendered by rebatch.bench.versus.copy_section from docs/benchmarks-copy.json "
-    "and docs/benchmarks-small-pins.json -->"
-)
-COPY_END = "<!-- /copy-limit -->"
-
-
-def copy_section(copy: dict[str, Any], small: dict[str, Any]) -> str:
-    """The copy limit (``copy``: a ``--grid copy`` run on torch 2.13) and the small call on verl's pins
-    (``small``: a ``--grid small`` run on torch 2.9.1), each against its commit, between `COPY_BEGIN` and
-    `COPY_END` (`rebatch.figures` checks the page against both files)."""
-    lines = [
-        COPY_BEGIN,
-        "## The copy limit and the small call, side by side (issue 48)",
-        "",
-        f"Both runs alternate the code at {copy['commit']} (*baseline*), today's drop-in and a same-bytes "
-        "`clone()` turn by turn in one run, as the section above describes; *today / clone* is the copy "
-        "limit (target: at most 1.5 at 16M, 64M and 256M elements), the B=8 row the small call (target: "
-        "under 0.2 ms, set where the small call took 0.146 ms on torch 2.13; this machine's speed varies, "
-        "so compare the paired ratios, which cancel it).",
-    ]
-    for run, python in ((copy, ""), (small, " (verl's pins, `.venv-pins/bin/python`)")):
-        lines += [
-            "",
-            f"Torch {run['torch']}{python}, {run['date']}, today {run['today']}:",
-            f"`{run['command']}`",
-        ]
-        lines += ["", *markdown(run)]
-    return "\n".join([*lines, COPY_END]) + "\n"
-
-
-def kept_copy_section(text: str) -> str:
-    """The copy-limit section of an existing ``benchmarks.md`` ("" if none)."""
-    start, end = text.find(COPY_BEGIN), text.find(COPY_END)
-    return "" if start < 0 or end < start else text[start : end + len(COPY_END)] + "\n"
-
-
-def write_docs(results: dict[str, Any], path: Path) -> None:
-    """Put `section` into ``path`` (``docs/benchmarks.md``), replacing an earlier one, else appended."""
-    text = path.read_text() if path.exists() else ""
-    old = kept_section(text)
-    new = section(results)
-    text = text.replace(old, new) if old else text.rstrip("\n") + "\n\n" + new
-    path.write_text(text)
+    name = Path(page).resolve().relative_to(figures.ROOT).as_posix()
+    return figures.write(figures.ROOT, pages=(name,))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -499,7 +408,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--out", help="write the results as JSON here")
-    parser.add_argument("--docs", help="put the results into this markdown file's side-by-side section")
+    parser.add_argument(
+        "--docs",
+        help="with --out: fill this page's regions from their JSON (rebatch.figures --write, this page only)",
+    )
     parser.add_argument(
         "--witness",
         action="store_true",
@@ -512,6 +424,8 @@ def main(argv: list[str] | None = None) -> int:
         "recorded, paired)",
     )
     args = parser.parse_args(argv)
+    if args.docs and not args.out:
+        parser.error("--docs fills the page from the JSON files it names: give --out too")
     if args.worker:
         return _worker()
     if args.witness:
@@ -524,6 +438,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(checks_markdown(results)))
         if args.out:
             Path(args.out).write_text(json.dumps(results, indent=1))
+        if args.docs:
+            refresh_docs(args.docs)
         return 0
     from .cases import grid
 
@@ -548,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))
     if args.docs:
-        write_docs(results, Path(args.docs))
+        refresh_docs(args.docs)
     return 0
 
 
