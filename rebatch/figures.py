@@ -25,7 +25,6 @@ range), ``.ci/verl_upstream/expected.txt`` (verl's own outcomes), ``docs/benchma
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 import re
@@ -75,7 +74,7 @@ class Region(NamedTuple):
     ``<!-- /name -->`` after it, equal to ``render`` of the parsed JSON of ``sources``: a block of lines (its
     markers each on a line of its own) or a phrase within a line. A bench's tables and figures are regions;
     the prose around them is the page's own, written in the Markdown. (A source that is a module: an
-    assumption of a bench stated in the prose, a constant of its code.)"""
+    assumption of a bench that its JSON does not hold, a constant of its code.)"""
 
     page: str
     name: str
@@ -219,9 +218,9 @@ def _benchmarks_run(load: Load) -> str:
 
 
 def _benchmarks_targets(load: Load) -> str:
-    from .bench import run
+    from .bench import tables
 
-    return _lines(*run.targets(load("docs/benchmarks.json")))
+    return _lines(*tables.grid_targets(load("docs/benchmarks.json")))
 
 
 def _restore_size(load: Load) -> str:
@@ -230,16 +229,16 @@ def _restore_size(load: Load) -> str:
 
 
 def _restore(load: Load) -> str:
-    from .bench import run
+    from .bench import tables
 
     row = load("docs/benchmarks.json").get("restore_side_by_side")
-    return _lines(*run.restore_table(row)) if row else "\n"
+    return _lines(*tables.restore_table(row)) if row else "\n"
 
 
 def _grid(load: Load) -> str:
-    from .bench import run
+    from .bench import tables
 
-    return _lines(*run.grid_table(load("docs/benchmarks.json")))
+    return _lines(*tables.grid_table(load("docs/benchmarks.json")))
 
 
 def _launches(load: Load) -> str:
@@ -249,10 +248,28 @@ def _launches(load: Load) -> str:
     return _lines(*launches.markdown(rows)) if rows else "\n"
 
 
-def _stated(module: str, render: Callable[[Any], str]) -> Callable[[Load], str]:
-    """A region stating an assumption of the bench ``rebatch.bench.<module>`` (a constant of its code that
-    its JSON does not hold), ``render`` of the module."""
-    return lambda load: render(importlib.import_module(f"rebatch.bench.{module}"))
+def _jax_elements(load: Load) -> str:
+    """The output size up to which the benchmark grid times the JAX reference, in M elements (a constant
+    of the harness, not in its JSON)."""
+    from .bench.cases import JAX_MAX_ELEMENTS
+
+    return f"{JAX_MAX_ELEMENTS // 2**20}"
+
+
+def _launches_assumption(which: str) -> Callable[[Load], str]:
+    """An assumption of the launch table's model (a constant of `rebatch.bench.launches`, not in the JSON):
+    each row's values, one operation's launch in µs, the bandwidth in TB/s."""
+
+    def render(load: Load) -> str:
+        from .bench import launches
+
+        return {
+            "length": str(launches.MEAN_LENGTH),
+            "launch": f"{launches.LAUNCH_SECONDS * 1e6:g}",
+            "bandwidth": f"{launches.BANDWIDTH / 1e12:g}",
+        }[which]
+
+    return render
 
 
 def _run(run: dict[str, Any]) -> str:
@@ -337,39 +354,20 @@ def _field(name: str, key: str) -> Callable[[Load], str]:
 
 _BENCH, _VERSUS, _CHECKED = "docs/benchmarks.json", "docs/versus.json", "docs/versus-checked.json"
 _COPY, _SMALL = "docs/benchmarks-copy.json", "docs/benchmarks-small-pins.json"
-_RUN, _LAUNCHES = "rebatch/bench/run.py", "rebatch/bench/launches.py"
+_LAUNCHES = "rebatch/bench/launches.py"
 #: Every region of the pages, each with its sources: the benches' tables and figures.
 REGIONS = (
     Region("docs/benchmarks.md", "benchmarks-run", (_BENCH,), _benchmarks_run),
     Region("docs/benchmarks.md", "benchmarks-verl", (_BENCH,), _field(_BENCH, "verl")),
     Region("docs/benchmarks.md", "benchmarks-busy", (_BENCH,), _field(_BENCH, "busy_processes")),
-    Region(
-        "docs/benchmarks.md",
-        "jax-elements",
-        (_RUN,),
-        _stated("run", lambda m: f"{m.JAX_MAX_ELEMENTS // 2**20}"),
-    ),
+    Region("docs/benchmarks.md", "jax-elements", ("rebatch/bench/cases.py",), _jax_elements),
     Region("docs/benchmarks.md", "benchmarks-targets", (_BENCH,), _benchmarks_targets),
     Region("docs/benchmarks.md", "restore-size", (_BENCH,), _restore_size),
     Region("docs/benchmarks.md", "restore", (_BENCH,), _restore),
     Region("docs/benchmarks.md", "benchmarks-grid", (_BENCH,), _grid),
-    Region(
-        "docs/benchmarks.md",
-        "launches-length",
-        (_LAUNCHES,),
-        _stated("launches", lambda m: str(m.MEAN_LENGTH)),
-    ),
-    Region(
-        "docs/benchmarks.md",
-        "launches-launch",
-        (_LAUNCHES,),
-        _stated("launches", lambda m: f"{m.LAUNCH_SECONDS * 1e6:g}"),
-    ),
-    Region(
-        "docs/benchmarks.md",
-        "launches-bandwidth",
-        (_LAUNCHES,),
-        _stated("launches", lambda m: f"{m.BANDWIDTH / 1e12:g}"),
+    *(
+        Region("docs/benchmarks.md", f"launches-{which}", (_LAUNCHES,), _launches_assumption(which))
+        for which in ("length", "launch", "bandwidth")
     ),
     Region("docs/benchmarks.md", "launches", (_BENCH,), _launches),
     Region("docs/benchmarks.md", "versus-run", (_VERSUS,), _versus_run),

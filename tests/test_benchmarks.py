@@ -10,7 +10,8 @@ import torch
 
 from rebatch.bench.cases import LARGE_ELEMENTS, grid
 from rebatch.bench.memory import peak_tensor_bytes
-from rebatch.bench.run import median_times, memory_allowance, targets
+from rebatch.bench.run import median_times
+from rebatch.bench.tables import grid_targets as targets, memory_allowance
 
 
 def test_peak_tensor_bytes_counts_what_was_alive_at_once() -> None:
@@ -93,7 +94,8 @@ def test_large_grid_is_the_full_grid_at_64m_elements_and_more() -> None:
 def test_restore_side_by_side_row_on_a_tiny_size() -> None:
     """The harness's jit(ref.restore) against torch_impl.restore row runs and checks bit-equality (a
     tiny size: the ratio itself is measured only by the benchmark run)."""
-    from rebatch.bench.run import restore_side_by_side, restore_table
+    from rebatch.bench.run import restore_side_by_side
+    from rebatch.bench.tables import restore_table
 
     row = restore_side_by_side(64, 4096, 4)
     assert set(row["seconds"]) == {"torch_impl_restore", "jax_ref_restore_jit"}

@@ -90,6 +90,8 @@ def _product(rows, lengths, mbs, keys=(1,), dtypes=("float32",), ndims=(2,)) -> 
 
 
 LARGE_ELEMENTS = 64_000_000  # the copy-limit target's size: "at least 64M output elements"
+#: The JAX reference is timed up to this many output elements (its gather is slow on 2 cores).
+JAX_MAX_ELEMENTS = 16 * 2**20
 MAX_BYTES = (
     3 * 2**30
 )  # output bytes per case on a 24 GiB machine: inputs, output and the baseline's copies fit

@@ -7,7 +7,7 @@ tensors (the device path, the element-index kernel, without data) for each B and
 
     operations x LAUNCH_SECONDS + estimated bytes moved / BANDWIDTH
 
-with both constants assumptions (stated in the table). verl's own function is not counted here (it
+with both constants assumptions (stated in docs/benchmarks.md). verl's own function is not counted here (it
 runs only where verl is installed, and reads row lengths on the host, which ``meta`` cannot).
 
     python -m rebatch.bench.launches [--rows 64 1024 16384] [--micro-batches 1 16 64 256] [--keys 1 5]

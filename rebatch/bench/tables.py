@@ -1,5 +1,6 @@
-"""The side-by-side harness's tables (`rebatch.bench.versus`): a run's rows as Markdown, and the issue's
-targets each met or missed."""
+"""The benches' tables, rendered from their JSON into docs/ by `rebatch.figures`: the side-by-side
+harness's (`rebatch.bench.versus`) and the benchmark grid's (`rebatch.bench.run`), a run's rows as
+Markdown and the issues' targets each met or missed."""
 
 from __future__ import annotations
 
@@ -8,7 +9,19 @@ from typing import Any
 
 from property_tests.markdown import table
 
-__all__ = ["markdown", "ms", "row_line", "targets", "verl_targets"]
+__all__ = [
+    "GRID_COLUMNS",
+    "grid_table",
+    "grid_targets",
+    "grid_verl_targets",
+    "markdown",
+    "memory_allowance",
+    "ms",
+    "restore_table",
+    "row_line",
+    "targets",
+    "verl_targets",
+]
 
 
 def ms(s: float) -> str:
@@ -142,3 +155,207 @@ def verl_targets(results: dict[str, Any], pick: Callable[..., Any]) -> list[str]
     }
     small = next((r["quiet"]["today"] for c, r in found.items() if c.rows == 8), None)
     return verl_target_lines(f"{results['commit']}'s own function", speedups, small)
+
+
+# --- the benchmark grid's (`rebatch.bench.run`) ---------------------------------------------------------
+
+
+def _fmt_ms(s: float | None) -> str:
+    return "" if s is None else f"{s * 1e3:.3g}"
+
+
+def _fmt_mib(b: int | None) -> str:
+    return "" if b is None else f"{b / 2**20:.1f}"
+
+
+PER_ROW_BYTES = 128  # the O(B) of the memory target: a dozen int64 arrays of one entry per row
+CONSTANT_BYTES = 2**20  # the index path's floor of 2**16 destinations (512 KiB), and slack
+
+
+def memory_allowance(row: dict[str, Any]) -> float:
+    """The memory target for one case: 1.2x the output's bytes plus O(B)."""
+    return 1.2 * row["output_bytes"] + PER_ROW_BYTES * row["case"]["rows"] + CONSTANT_BYTES
+
+
+def grid_targets(results: dict[str, Any]) -> list[str]:
+    """The issue's targets, each with the measured figure from ``results`` and met / missed / not in grid."""
+    from .cases import LARGE_ELEMENTS
+
+    rows = results["rows"]
+
+    def verdict(ok: bool) -> str:
+        return "**met**" if ok else "**missed**"
+
+    def pick(**case: Any) -> list[dict[str, Any]]:
+        return [r for r in rows if all(r["case"][k] == v for k, v in case.items())]
+
+    out = grid_verl_targets(rows)
+    mid = pick(rows=1024, mean_length=512, micro_batches=16, keys=1, dtype="float32", ndim=2)
+    if mid:
+        x = mid[0]["speedup_vs_baseline"]
+        out.append(
+            "- At least 5x faster than the per-row baseline at B=1024, L=512, M=16, float32, 1 key: "
+            f"{x:.1f}x, {verdict(x >= 5)}."
+        )
+        verl_q = mid[0].get("speedup_vs_verl")
+        verl_c = mid[0].get("contended", {}).get("speedup_vs_verl")
+        if verl_q is None:
+            out.append(
+                "- Against verl's own `postprocess_batch_func`: verl was not importable in this run (absent)."
+            )
+        else:
+            out.append(
+                f"- At least 5x faster than verl's own function there, quiet: {verl_q:.1f}x, "
+                f"{verdict(verl_q >= 5)}."
+            )
+        if verl_c is not None:
+            out.append(
+                "- At least 3x faster than verl's own function there, one busy process per core: "
+                f"{verl_c:.1f}x, {verdict(verl_c >= 3)}."
+            )
+    short = pick(rows=16384, mean_length=16)
+    if short:
+        x = min(r["speedup_vs_baseline"] for r in short)
+        out.append(
+            f"- At least 20x faster at B=16384, L=16 ({len(short)} cases): slowest {x:.1f}x, "
+            f"{verdict(x >= 20)}."
+        )
+    worst = min(rows, key=lambda r: r["speedup_vs_baseline"])
+    x = worst["speedup_vs_baseline"]
+    out.append(
+        f"- Never slower than the baseline ({len(rows)} cases): slowest {x:.2f}x ({worst['name']}), "
+        f"{verdict(x > 1)}."
+    )
+    contended = [r for r in rows if "contended" in r]
+    if contended:
+        worst = min(contended, key=lambda r: r["contended"]["speedup_vs_baseline"])
+        x = worst["contended"]["speedup_vs_baseline"]
+        out.append(
+            f"- Never slower than the baseline with one busy process per core ({len(contended)} cases): "
+            f"slowest {x:.2f}x ({worst['name']}), {verdict(x > 1)}."
+        )
+    large = [r for r in rows if r["output_elements"] >= LARGE_ELEMENTS]
+    if large:
+        far = [r for r in large if r["ratio_to_copy_limit"] > 1.5]
+        x = max(r["ratio_to_copy_limit"] for r in large)
+        detail = "; ".join(f"{r['name']}: {r['ratio_to_copy_limit']:.2f}x" for r in far)
+        out.append(
+            f"- Within 1.5x of the copy limit at >= 64M output elements ({len(large)} cases): worst "
+            f"{x:.2f}x, "
+            f"{verdict(not far)}" + (f" (over 1.5x: {detail})." if far else ".")
+        )
+    over = [r for r in rows if r["peak_extra_bytes"]["torch_impl"] > memory_allowance(r)]
+    x = max((r["peak_extra_over_output"] for r in rows if r["output_bytes"] >= 2**20), default=float("nan"))
+    detail = "; ".join(
+        f"{r['name']}: {_fmt_mib(r['peak_extra_bytes']['torch_impl'])} MiB for {_fmt_mib(r['output_bytes'])} "
+        "MiB"
+        for r in over
+    )
+    out.append(
+        f"- Peak extra memory at most 1.2x the output's bytes plus O(B) (here {PER_ROW_BYTES} bytes per row "
+        f"plus {CONSTANT_BYTES // 2**20} MiB) in all {len(rows)} cases: largest ratio {x:.2f}x the output "
+        f"(outputs of at least 1 MiB), {verdict(not over)}" + (f" (over: {detail})." if over else ".")
+    )
+    return out
+
+
+def grid_verl_targets(rows: list[dict[str, Any]]) -> list[str]:
+    """The targets against verl's own function (`cases.TARGETS_VS_VERL`), the small call's time and
+    peak memory against verl's, for the cases of ``rows`` that hold them."""
+    from .cases import TARGETS_VS_VERL, verl_target_lines
+
+    found = {
+        c: r for c in TARGETS_VS_VERL for r in rows if r["case"] == c._asdict() and "speedup_vs_verl" in r
+    }
+    if not found:
+        return []
+    small = next((r["seconds"]["torch_impl"] for c, r in found.items() if c.rows == 8), None)
+    out = verl_target_lines(
+        "verl's own function", {c: f"{r['speedup_vs_verl']:.1f}x" for c, r in found.items()}, small
+    )
+    for c, r in found.items():
+        peak = r["peak_extra_bytes"]
+        if "verl" in peak:
+            ok = "**met**" if peak["torch_impl"] <= peak["verl"] else "**missed**"
+            out.append(
+                f"- Peak memory at most verl's at {c.name}: {_fmt_mib(peak['torch_impl'])} MiB against "
+                f"{_fmt_mib(peak['verl'])} MiB, {ok}."
+            )
+    return out
+
+
+def _pair(row: dict[str, Any], name: str, fmt: str) -> str:
+    """``quiet / contended`` for one ratio of a row (a side left blank where it was not measured)."""
+    quiet = row.get(name)
+    busy = row.get("contended", {}).get(name)
+    return " / ".join("" if v is None else fmt.format(v) for v in (quiet, busy))
+
+
+#: The benchmark grid's columns (`grid_table`), one a `_grid_cells` cell.
+GRID_COLUMNS = (
+    "B",
+    "mean len",
+    "M",
+    "keys",
+    "dtype",
+    "jagged",
+    "torch_impl ms",
+    "baseline ms",
+    "verl ms",
+    "copy ms",
+    "JAX ms",
+    "speed-up vs baseline (quiet / contended)",
+    "vs verl (quiet / contended)",
+    "x copy (quiet / contended)",
+    "torch_impl peak MiB",
+    "baseline peak MiB",
+    "output MiB",
+    "peak / output",
+    "torch_impl RSS MiB",
+    "baseline RSS MiB",
+)
+
+
+def _grid_cells(r: dict[str, Any]) -> list[str]:
+    """One case's row of the grid table (`GRID_COLUMNS`)."""
+    c, s, p = r["case"], r["seconds"], r["peak_extra_bytes"]
+    rss = r.get("peak_rss_bytes") or {}
+    return [
+        *(str(c[k]) for k in ("rows", "mean_length", "micro_batches", "keys", "dtype")),
+        f"{c['ndim']}-D",
+        *(
+            _fmt_ms(s.get(k))
+            for k in ("torch_impl", "per_row_baseline", "verl", "copy_limit", "jax_reference_jit")
+        ),
+        _pair(r, "speedup_vs_baseline", "{:.1f}x"),
+        _pair(r, "speedup_vs_verl", "{:.1f}x"),
+        _pair(r, "ratio_to_copy_limit", "{:.2f}"),
+        _fmt_mib(p["torch_impl"]),
+        _fmt_mib(p["per_row_baseline"]),
+        _fmt_mib(r["output_bytes"]),
+        f"{r.get('peak_extra_over_output', float('nan')):.2f}",
+        _fmt_mib(rss.get("torch_impl")),
+        _fmt_mib(rss.get("per_row_baseline")),
+    ]
+
+
+def grid_table(results: dict[str, Any]) -> list[str]:
+    """The run's cases as a Markdown table (`GRID_COLUMNS`)."""
+    return table(GRID_COLUMNS, [_grid_cells(r) for r in results["rows"]])
+
+
+def restore_table(row: dict[str, Any]) -> list[str]:
+    """The side-by-side row of `restore_side_by_side` as a Markdown table, its target's verdict last."""
+    s = row["seconds"]
+    verdict = "met" if row["jit_over_torch"] <= 2.0 else "NOT met"
+    return table(
+        ["torch_impl.restore ms", "jit(ref.restore) ms", "jit / torch", "within 2x"],
+        [
+            [
+                _fmt_ms(s["torch_impl_restore"]),
+                _fmt_ms(s["jax_ref_restore_jit"]),
+                f"{row['jit_over_torch']:.2f}",
+                verdict,
+            ]
+        ],
+    )
