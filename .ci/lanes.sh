@@ -5,12 +5,12 @@
 #  main:     the command given (.ci/run gives the README's test command: torch 2.13, tensordict today's), from the start
 #  pins:     the tests on verl's pins, verl 0.9.1's own functions as oracle (a skip fails here), from when
 #            the pins environment is built; among them the engine lane, tests/test_verl_engine.py (verl's
-#            own FSDP engine over a tiny model with rebatch off, on and in shadow: docs/engine.md)
-#  trainers: the verl tests on verl 0.8.0 and 0.9.0 too (each --no-deps beside the pins' torch); verl's own
-#            tests on verl, then with rebatch's install() applied (same outcomes); AReaL 1.0.4 and SkyRL
-#            0.4.0 in environments of their own (and verl in the pins one): the drop-ins against the
-#            trainers' own functions (a skip fails), each trainer's conformance report, docs/peers.md checked;
-#            from when the main lane has ended and every environment is built
+#            own FSDP engine over a tiny model with rebatch off, on and in shadow: docs/engine.md); then the
+#            verl tests on verl 0.8.0 and 0.9.0 too (each --no-deps beside the pins' torch)
+#  trainers: verl's own tests on verl, then with rebatch's install() applied (same outcomes); each trainer
+#            declared in rebatch_startup/trainers.py in its own environment (and verl in the pins one): the
+#            drop-ins against the trainers' own functions (a skip fails), each trainer's conformance report,
+#            docs/peers.md checked; from when the main lane has ended and every environment is built
 # Each lane's output goes to .cache/lane-NAME.log, printed when all have ended; fails if any failed (a lane
 # whose environment failed to build fails with the build's log).
 # Usage: bash .ci/lanes.sh COMMAND...   (from .ci/run, after it has started .ci/envs.sh; COMMAND: the main lane's)
@@ -40,16 +40,16 @@ built() {  # built pins|all: wait until .ci/envs.sh has built verl's pins (or ev
     sleep 2
   done
 }
-pins() {
+pins() {  # then verl 0.8.0 and 0.9.0 (they need only the pins environment): the lanes end together
   built pins && env REBATCH_REQUIRE_VERL=1 REBATCH_REQUIRE_PEER=verl REBATCH_REQUIRE_ENGINE=1 \
-    .venv-pins/bin/python -m pytest tests
+    .venv-pins/bin/python -m pytest tests && bash .ci/verl_versions.sh "$PWD/.venv-pins"
 }
 trainers() {
   local names; names="$(python3 -m rebatch_startup names | tr ' ' '|')"
   built all && grep -E "^== envs|^(pins|$names):" .cache/envs.log \
-    && bash .ci/verl_versions.sh "$PWD/.venv-pins" && bash .ci/verl_upstream/run.sh "$PWD/.venv-pins" && bash .ci/peers.sh
+    && bash .ci/verl_upstream/run.sh "$PWD/.venv-pins" && bash .ci/peers.sh
 }
-step "three lanes: the main tests now | the tests on verl's pins once built | then verl 0.8.0 and 0.9.0, verl's own tests, the trainers"
+step "three lanes: the main tests now | the tests on verl's pins once built, then verl 0.8.0 and 0.9.0 | then verl's own tests, the trainers"
 rc=0
 lane pins pins &
 PINS=$!

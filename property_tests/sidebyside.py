@@ -20,6 +20,7 @@ installed, verl's has a stand-in (`property_tests.baseline`, verl 0.9.1's algori
 from __future__ import annotations
 
 import importlib
+import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -68,7 +69,10 @@ def theirs(trainer: str, *, stand_in: bool = False) -> tuple[Any, str]:
     kit = _kit(trainer)
     module, name = kit.THEIRS
     try:
-        found = getattr(importlib.import_module(module), name)
+        # the trainer's own import-time warnings (verl's engines) are not ours
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            found = getattr(importlib.import_module(module), name)
     except ImportError:
         if not stand_in or not hasattr(kit, "stand_in"):
             raise

@@ -176,6 +176,13 @@ def _ci_time(root: Path) -> str:
     )
 
 
+def _ci_lanes(root: Path) -> str:
+    """docs/development.md's time of each of CI's lanes, from the last recorded run."""
+    lanes = _durations(root)["ci"]["lanes"]
+    said = ", ".join(f"{name} {seconds} s" for name, seconds in lanes.items())
+    return f"each lane's time in the last run: {said}"
+
+
 def _verl_own_tests(root: Path) -> str:
     """How many of verl's own tests run, from the outcomes recorded for .ci/verl_upstream/run.sh."""
     counts: dict[str, int] = {}
@@ -199,6 +206,7 @@ FIGURES = (
     Figure("README.md", ("docs/durations.json",), _test_time),
     Figure("docs/development.md", ("docs/durations.json",), _test_time),
     Figure("docs/development.md", ("docs/durations.json",), _ci_time),
+    Figure("docs/development.md", ("docs/durations.json",), _ci_lanes),
     Figure("docs/trainers/verl.md", (".ci/verl_upstream/expected.txt",), _verl_own_tests),
     Figure("docs/benchmarks.md", ("docs/versus.json",), _versus_heading),
 )
