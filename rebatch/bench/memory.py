@@ -21,8 +21,6 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from torch_impl.testing import kineto_events
-
 __all__ = ["peak_tensor_bytes", "peak_rss_bytes", "release_free_memory"]
 
 _STATUS = Path("/proc/self/status")
@@ -41,6 +39,10 @@ def peak_tensor_bytes(fn: Callable[[], Any], device: str = "cpu") -> int:
         peak = torch.cuda.max_memory_allocated()
         del result
         return peak - before
+    # imported here, not with the module: an older commit's worker (`rebatch.bench.versus`) imports this
+    # module for `release_free_memory` beside that commit's torch_impl, which may not have it
+    from torch_impl.testing import kineto_events
+
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         result = fn()
     del result
