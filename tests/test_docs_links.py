@@ -8,6 +8,10 @@ from pathlib import Path
 
 import pytest
 
+#: Independent of torch's release and of the trainers: run once, in CI's main lane (the pins lane deselects
+#: it, .ci/lanes.sh)
+pytestmark = pytest.mark.main_lane_only
+
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = sorted([ROOT / "README.md", ROOT / "CHANGELOG.md", *(ROOT / "docs").rglob("*.md")])
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")

@@ -12,6 +12,10 @@ import pytest
 from rebatch import figures
 from rebatch_startup.trainers import names
 
+#: Independent of torch's release and of the trainers: run once, in CI's main lane (the pins lane deselects
+#: it, .ci/lanes.sh)
+pytestmark = pytest.mark.main_lane_only
+
 ROOT = Path(__file__).resolve().parent.parent
 VERSUS = [r for r in figures.REGIONS if "docs/versus.json" in r.sources]
 

@@ -11,6 +11,12 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
+#: Independent of torch's release and of the trainers: run once, in CI's main lane (the pins lane deselects
+#: it, .ci/lanes.sh)
+pytestmark = pytest.mark.main_lane_only
+
 KIT = Path(__file__).resolve().parent.parent / "property_tests"
 
 

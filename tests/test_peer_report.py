@@ -20,6 +20,10 @@ from property_tests.peer_report import (
 from property_tests.peers import PEERS, NotExpressible, differential, outcome
 from property_tests.strategies import microbatch_outputs
 
+#: Independent of torch's release and of the trainers: run once, in CI's main lane (the pins lane deselects
+#: it, .ci/lanes.sh)
+pytestmark = pytest.mark.main_lane_only
+
 
 def _self_peer(name: str):
     peer = PEERS[name]

@@ -30,6 +30,10 @@ from ref.errors import TokenBudgetError
 from ref.metrics import append_to_dict, fold_metrics, merge_metrics
 from ref.partition import karmarkar_karp, pipeline_order, workload
 
+#: Independent of torch's release and of the trainers: run once, in CI's main lane (the pins lane deselects
+#: it, .ci/lanes.sh)
+pytestmark = pytest.mark.main_lane_only
+
 # -- metric folding ----------------------------------------------------------------------------------
 
 _values = st.one_of(
