@@ -40,6 +40,7 @@ from .data import from_rows, jagged, offsets_of, random_tensor, rows_of
 
 __all__ = [
     "PEERS",
+    "declared",
     "check_partition_sizes",
     "cut",
     "flat",
@@ -94,6 +95,33 @@ class Peer(NamedTuple):
     #: ``torch_impl.recorded(batch)``): verl's, whose ``data`` is the batch the split recorded; AReaL's and
     #: SkyRL's cannot (``docs/witness.md``, "Where provenance cannot reach")
     provenance: bool = False
+
+
+def declared(
+    name: str,
+    theirs: Callable[[], dict[str, Callable[..., Any]]],
+    ours: Callable[[], dict[str, Callable[..., Any]]],
+    run: Callable[..., dict[str, Any]],
+    bounds: dict[str, Any],
+    native_defects: Callable[[], tuple[NativeDefect, ...]],
+    native: Callable[[Any, Any], tuple[str, tuple[Any, ...]]],
+    **options: bool,
+) -> Peer:
+    """Trainer ``name``'s `Peer`, its name, label and package those of its declaration
+    (`rebatch_startup.trainers`: the label its ``release``)."""
+    trainer = by_name(name)
+    return Peer(
+        trainer.name,
+        trainer.release,
+        trainer.package,
+        theirs,
+        ours,
+        run,
+        bounds,
+        native_defects,
+        native,
+        **options,
+    )
 
 
 # -- shared helpers ----------------------------------------------------------------------------------

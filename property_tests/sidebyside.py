@@ -24,7 +24,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from rebatch_startup.trainers import TRAINERS as REGISTRY
+from rebatch_startup.trainers import TRAINERS as REGISTRY, by_name
 
 from .peers import sized_call
 
@@ -46,7 +46,7 @@ def _kit(trainer: str) -> Any:
     """Trainer ``trainer``'s kit module."""
     if trainer not in TRAINERS:
         raise ValueError(f"unknown trainer {trainer!r} (known: {TRAINERS})")
-    return importlib.import_module(f"property_tests.trainers.{trainer}")
+    return importlib.import_module(str(by_name(trainer).kit_module))
 
 
 def micro_batches(b: int) -> int:
@@ -78,7 +78,7 @@ def theirs(trainer: str, *, stand_in: bool = False) -> tuple[Any, str]:
             raise
         stand: tuple[Any, str] = kit.stand_in()
         return stand
-    versions = importlib.import_module(f"torch_impl.integrations.{trainer}").INTEGRATION.versions
+    versions = importlib.import_module(by_name(trainer).integration).INTEGRATION.versions
     return found, f"{trainer} {versions.installed() or '?'}"
 
 

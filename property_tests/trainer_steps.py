@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from rebatch_startup.trainers import TRAINERS
+from rebatch_startup.trainers import TRAINERS, by_name
 
 __all__ = ["ROWS", "attempt", "batch", "build_model", "main", "mode", "stepped"]
 
@@ -85,7 +85,7 @@ def mode() -> dict[str, Any]:
     """Which restore functions are bound, and shadow mode's counters (rebatch's, where it is installed)."""
     out: dict[str, Any] = {}
     for name in stepped():
-        integration = importlib.import_module(f"torch_impl.integrations.{name}")
+        integration = importlib.import_module(by_name(name).integration)
         out[name] = integration.mode()
         if integration.mode() == "shadow":
             stats = integration.stats()
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
         os.environ.setdefault(k, v)
     torch.use_deterministic_algorithms(True)
-    kit = importlib.import_module(f"property_tests.trainers.{args.trainer}")
+    kit = importlib.import_module(str(by_name(args.trainer).kit_module))
     result = kit.step(args.model, args.swap, args.dtype)
     out = args.out if os.environ["WORLD_SIZE"] == "1" else f"{args.out}.rank{os.environ['RANK']}"
     tmp = f"{out}.{os.getpid()}.tmp"

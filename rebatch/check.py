@@ -20,7 +20,7 @@ import torch
 
 from property_tests.compare import same_tensor
 from property_tests.data import rows_of
-from rebatch_startup.trainers import names as trainer_names
+from rebatch_startup.trainers import by_name, names as trainer_names
 from ref.errors import MisalignmentError, RebatchError
 from torch_impl import postprocess_batch_func, read_setting, witness_stats
 from torch_impl.testing import DUMP_FORMAT, PICKLE_NAMES_TO_ALLOW, PICKLE_NAMES_TORCH_ADMITS, check_batch_func
@@ -326,7 +326,7 @@ def _dump_call(path: str, obj: Any) -> tuple[str, Callable[[], Any]] | None:
     if trainer not in trainer_names():
         known = ", ".join(trainer_names())
         raise DumpError(f"{path}: a dump of trainer {trainer!r}: rebatch checks dumps of {known}")
-    integration = importlib.import_module(f"torch_impl.integrations.{trainer}").INTEGRATION
+    integration = importlib.import_module(by_name(trainer).integration).INTEGRATION
     if integration.replay is None:
         return None
     try:

@@ -378,9 +378,16 @@ def test_skyrl_a_ray_actor_on_a_cluster_started_without_the_variable_binds_rebat
 
 # -- shadow mode, in this process ---------------------------------------------------------------------
 
-#: What each trainer's own function is silent on among its native defects (its kit module's ``SILENT``;
+#: What each trainer's own function is silent on among its native defects (from its kit module's ``OUTCOMES``;
 #: tests/test_peers.py: TRAINER_OUTCOMES).
-SILENT = {name: importlib.import_module(f"property_tests.trainers.{name}").SILENT for name in OWN_LANES}
+SILENT = {
+    name: tuple(
+        defect
+        for defect, what in importlib.import_module(f"property_tests.trainers.{name}").OUTCOMES.items()
+        if what == "silent"
+    )
+    for name in OWN_LANES
+}
 
 
 @pytest.fixture

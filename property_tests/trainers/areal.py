@@ -276,13 +276,9 @@ OUTCOMES = {
     "outputs_ending_inside_a_row": "silent",
     "seqlens_short_of_the_outputs": "crashes: RuntimeError",
 }
-#: Those it returns a result on (silently misaligned), in order.
-SILENT = tuple(name for name, what in OUTCOMES.items() if what == "silent")
 
 #: AReaL 1.0.4 beside rebatch's drop-in (`property_tests.peers.Peer`).
-PEER = peers.Peer(
-    "areal",
-    "AReaL 1.0.4",
+PEER = peers.declared(
     "areal",
     _theirs,
     _ours,

@@ -177,8 +177,6 @@ OUTCOMES = {
     "output_one_row_short": "silent",
     "duplicate_index": "silent",
 }
-#: Those it returns a result on (silently misaligned), in order.
-SILENT = tuple(name for name, what in OUTCOMES.items() if what == "silent")
 
 #: The trainer's own function of the side-by-side (`property_tests.sidebyside`): module and name.
 THEIRS = (MODULE, FUNCTION)
@@ -211,9 +209,7 @@ def side_by_side(
 
 
 #: miles 0.0.2 beside rebatch's drop-in (`property_tests.peers.Peer`).
-PEER = peers.Peer(
-    "miles",
-    "miles 0.0.2",
+PEER = peers.declared(
     "miles",
     _theirs,
     _ours,

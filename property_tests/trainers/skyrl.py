@@ -341,13 +341,9 @@ OUTCOMES = {
     "items_duplicate_still_covering": "silent",
     "items_extra_item": "silent",
 }
-#: Those it returns a result on (silently misaligned), in order.
-SILENT = tuple(name for name, what in OUTCOMES.items() if what == "silent")
 
 #: SkyRL 0.4.0 beside rebatch's drop-in (`property_tests.peers.Peer`).
-PEER = peers.Peer(
-    "skyrl",
-    "SkyRL 0.4.0",
+PEER = peers.declared(
     "skyrl",
     _theirs,
     _ours,

@@ -173,9 +173,7 @@ DEVICE_CALLS: dict[str, Builder] = {
 }
 
 #: verl 0.9.1 beside rebatch's drop-in (`property_tests.peers.Peer`).
-PEER = peers.Peer(
-    "verl",
-    "verl 0.9.1",
+PEER = peers.declared(
     "verl",
     _theirs,
     _ours,
