@@ -187,6 +187,7 @@ def measure(name: str, *, cases: int = 500, max_examples: int = 100, repeats: in
     return {
         "name": peer.name,
         "label": peer.label,
+        "timed": peer.timed,
         "torch": torch.__version__,
         "python": platform.python_version(),
         "differential": {"cases": len(calls), "differences": differential(peer, calls)},
@@ -368,9 +369,9 @@ def render(reports: Sequence[dict[str, Any]]) -> str:
         "",
         "Median of alternating calls on the CPU (2 cores), float32 log-probs, lengths uniform around the "
         "mean,",
-        "shuffled into M micro-batches; the same inputs for both (AReaL: packed outputs; SkyRL: padded "
-        "`[b, S]`;",
-        "verl: jagged nested tensors).",
+        "shuffled into M micro-batches; the same inputs for both, as each trainer's call takes them:",
+        "",
+        *(f"- {r['label']}: {r['timed']}." for r in reports if r.get("timed")),
         "",
         *table(
             ["trainer", "B", "mean length", "M", "trainer's ms", "rebatch's ms", "speed-up", "same result"],

@@ -88,6 +88,8 @@ class Peer(NamedTuple):
     native_defects: Callable[[], tuple[NativeDefect, ...]]
     #: (output_lst, partitions) of one jagged key -> (function name, its arguments): for timing the call alone
     native: Callable[[Any, Any], tuple[str, tuple[Any, ...]]]
+    #: what `native`'s call hands both functions, in a phrase (docs/peers.md's speed table names it)
+    timed: str = ""
     # : whether the trainer's call can carry an alignment witness (the batch's row lengths, `run`'s
     # ``witness``)
     witnessed: bool = True
@@ -105,6 +107,7 @@ def declared(
     bounds: dict[str, Any],
     native_defects: Callable[[], tuple[NativeDefect, ...]],
     native: Callable[[Any, Any], tuple[str, tuple[Any, ...]]],
+    timed: str,
     **options: bool,
 ) -> Peer:
     """Trainer ``name``'s `Peer`, its name, label and package those of its declaration
@@ -120,6 +123,7 @@ def declared(
         bounds,
         native_defects,
         native,
+        timed,
         **options,
     )
 

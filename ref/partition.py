@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import operator
 from collections.abc import Hashable, Sequence
 from typing import Any, Protocol
 
@@ -45,16 +46,24 @@ def workload(length: int) -> int:
 
 class _Set:
     """One partition in the making: its items ``(index, value)`` in insertion order, and their sum.
-    Sets compare by ``(sum, number of items, items)``, as verl's."""
+    Sets compare by ``key``, ``(sum, number of items, items)``, as verl's. A set is never changed once
+    made (`joined` makes a new one), so states share them."""
 
-    __slots__ = ("items", "total")
+    __slots__ = ("items", "key", "total")
 
     def __init__(self, items: list[tuple[int, int]] | None = None) -> None:
         self.items = items or []
         self.total = sum(v for _, v in self.items)
+        self.key = (self.total, len(self.items), self.items)
 
-    def key(self) -> tuple[Any, ...]:
-        return (self.total, len(self.items), self.items)
+    def joined(self, other: _Set) -> _Set:
+        """This set's items, then ``other``'s: ``_Set(self.items + other.items)`` (a side with no items
+        gives the other set itself)."""
+        if not other.items:
+            return self
+        if not self.items:
+            return other
+        return _Set(self.items + other.items)
 
 
 class _State:
@@ -63,7 +72,7 @@ class _State:
     __slots__ = ("sets",)
 
     def __init__(self, sets: list[_Set]) -> None:
-        self.sets = sorted(sets, key=_Set.key, reverse=True)
+        self.sets = sorted(sets, key=_KEY, reverse=True)
 
     @property
     def spread(self) -> int:
@@ -72,12 +81,15 @@ class _State:
     def __lt__(self, other: _State) -> bool:  # heapq pops the "smallest": here, the largest spread
         if self.spread != other.spread:
             return self.spread > other.spread
-        return self.sets[0].key() > other.sets[0].key()
+        return self.sets[0].key > other.sets[0].key
 
     def merge(self, other: _State) -> _State:
         """Set ``i`` of this state joins set ``k - 1 - i`` of the other: large with small."""
         k = len(self.sets)
-        return _State([_Set(self.sets[i].items + other.sets[k - 1 - i].items) for i in range(k)])
+        return _State([self.sets[i].joined(other.sets[k - 1 - i]) for i in range(k)])
+
+
+_KEY = operator.attrgetter("key")
 
 
 def karmarkar_karp(
@@ -98,13 +110,14 @@ def karmarkar_karp(
         groups = [ordered[a : a + k] for a in range(0, len(ordered), k)]
     else:
         groups = [[vi] for vi in ordered]
-    heap = [_State([_Set([(i, v)]) for v, i in g] + [_Set() for _ in range(k - len(g))]) for g in groups]
+    empty = _Set()  # every empty set of the starting states (a set is never changed)
+    heap = [_State([_Set([(i, v)]) for v, i in g] + [empty] * (k - len(g))) for g in groups]
     heapq.heapify(heap)  # distinct states never compare equal, so the pop order is the same as verl's pushes
     while len(heap) > 1:
         a = heapq.heappop(heap)
         b = heapq.heappop(heap)
         heapq.heappush(heap, a.merge(b))
-    final = heap[0] if heap else _State([_Set() for _ in range(k)])
+    final = heap[0] if heap else _State([empty] * k)
     return [[i for i, _ in s.items] for s in final.sets]
 
 

@@ -12,6 +12,9 @@ import pytest
 
 import ref
 
+#: The reference alone (JAX; no torch, no trainer): CI runs it once, in its main lane.
+pytestmark = pytest.mark.main_lane_only
+
 MODULES = [
     "ref._jagged",
     "ref._permutation",

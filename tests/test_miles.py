@@ -187,6 +187,47 @@ def test_malformed_outputs_are_typed_errors() -> None:
         miles.aggregate_forward_results(store, it, _args())
 
 
+def _split(it: _Iterator, micro_batches: int) -> _Iterator:
+    """``it`` recorded as ``install()`` records a split miles' ``get_data_iterator`` made, every micro-batch
+    handed out."""
+    miles.INTEGRATION.records[(miles.DATA, "get_data_iterator")](lambda: ([it], [micro_batches]))()
+    it.offset = micro_batches
+    return it
+
+
+def test_a_recorded_split_vouches_for_its_rows_and_nothing_else() -> None:
+    """A split checked when recorded restores by its own order while the iterator's indices and rows are
+    the split's (the same result, the witness and counts still checked); a split that was no permutation
+    when made vouches for nothing, and indices or rows changed since are checked in full."""
+    it = _split(_Iterator(_data(RESPONSE), None, [list(p) for p in PARTS]), 2)
+    split = miles.recorded_split(it)
+    assert split is not None
+    assert split.order is not None
+    assert split.order.positions == [2, 1, 0, 3]  # original row r sits at position order[r] of [2, 1, 0, 3]
+    store = _outputs(PARTS, RESPONSE)
+    _same(miles.aggregate_forward_results(store, it, _args()), _theirs(store, it, _args()))
+    with pytest.raises(MisalignmentError, match=r"key 'log_probs', micro-batch 0, position 0"):
+        miles.aggregate_forward_results(list(reversed(store)), it, _args())  # swapped: still witnessed
+    short = [store[0], {k: v[:1] for k, v in store[1].items()}]
+    with pytest.raises(PartitionMismatchError, match=r"key 'log_probs', micro-batch 1: 1 values"):
+        miles.aggregate_forward_results(short, it, _args())
+    dup = _split(_Iterator(_data(RESPONSE), None, [[2, 1], [0, 1]]), 2)
+    dup_split = miles.recorded_split(dup)
+    assert dup_split is not None
+    assert dup_split.order is None
+    with pytest.raises(NotAPermutationError, match=r"micro-batch 1, position 1: index 1 duplicates"):
+        miles.aggregate_forward_results(_outputs([[2, 1], [0, 1]], RESPONSE), dup, _args())
+    it.micro_batch_indices = [[1, 2], [0, 3]]  # changed since the split: checked in full, and named
+    with pytest.raises(
+        MisalignmentError, match="micro-batch 0, position 0: index 1, but the split put row 2"
+    ):
+        miles.aggregate_forward_results(_outputs([[1, 2], [0, 3]], RESPONSE), it, _args())
+    it.micro_batch_indices = [list(p) for p in PARTS]
+    it.rollout_data = _data([*RESPONSE, 5])  # a row more than the split held: checked in full
+    with pytest.raises(NotAPermutationError, match="index 4 is missing"):
+        miles.aggregate_forward_results(store, it, _args())
+
+
 def test_per_sample_scalars_are_not_witnessed() -> None:
     """A key of one scalar a sample (not per-token) is restored, never held to the lengths."""
     it = _Iterator(_data(RESPONSE), None, PARTS)

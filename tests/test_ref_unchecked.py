@@ -18,6 +18,9 @@ from jax.experimental import checkify
 import ref
 from ref.errors import NotAPermutationError, RowIndexError, UnsupportedSettingError
 
+#: The reference alone (JAX; no torch, no trainer): CI runs it once, in its main lane.
+pytestmark = pytest.mark.main_lane_only
+
 X = jnp.arange(8.0).reshape(4, 2)
 PERM = jnp.asarray([2, 0, 3, 1])
 BAD = jnp.asarray([2, 0, 2, 1])

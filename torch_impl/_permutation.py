@@ -94,6 +94,9 @@ def _from_lists(lists: dict[int, Any], num_rows: int, at: Locator) -> torch.Tens
     entries end to end, in the order of ``lists``."""
     ms = list(lists)
     flat = list(itertools.chain.from_iterable(lists[m] for m in ms))
+    fast = _plain_ints(flat)
+    if fast is not None:
+        return fast
     local_sizes = [len(lists[m]) for m in ms]
     kinds = set(map(type, flat))
     if not kinds <= {int}:
@@ -126,6 +129,33 @@ def _from_lists(lists: dict[int, Any], num_rows: int, at: Locator) -> torch.Tens
         )
         raise NotAPermutationError(f"{at(ms[m], pos)}: index {i} {what}") from None
     return whole
+
+
+#: Indices at or below this value are where a bool can hide in an int64 array (``True`` reads as 1).
+_BOOL_MAX = 1
+
+
+def _plain_ints(flat: list[Any]) -> torch.Tensor | None:
+    """``flat`` as a CPU int64 tensor where it is a list of plain Python ints (verl's, miles'), else None
+    (`_from_lists`' entry-by-entry path decides, and names a defect).
+
+    One NumPy conversion reads the values and their kinds at once: NumPy makes an int64 array only of
+    integers (a float, a string, an int past int64 or any other object gives another dtype). A bool
+    reads as 0 or 1, so the entries at most 1 (two in a permutation) are checked to be ints by type.
+    """
+    if not flat or not numpy_bridge():
+        return None
+    try:
+        host = np.array(flat)
+    # ragged or unconvertible entries (a device tensor among them): the entry-by-entry path decides
+    except (ValueError, TypeError, OverflowError, RuntimeError):
+        return None
+    if host.dtype != np.int64 or host.ndim != 1:
+        return None
+    low = np.flatnonzero(host <= _BOOL_MAX)
+    if any(type(flat[j]) is not int for j in low.tolist()):
+        return None
+    return torch.from_numpy(host)
 
 
 def _locate(j: int, sizes: list[int]) -> tuple[int, int]:

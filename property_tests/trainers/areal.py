@@ -286,4 +286,5 @@ PEER = peers.declared(
     {"min_rows": 1, "losses": False, "metrics": False},
     _defects,
     _native,
+    "packed outputs",
 )

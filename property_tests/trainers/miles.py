@@ -37,6 +37,17 @@ def _ours() -> dict[str, Callable[..., Any]]:
     return {FUNCTION: miles.aggregate_forward_results}
 
 
+class Iterator:
+    """A stand-in of miles' ``DataIterator``: its attributes as given; like miles' own, an object of its
+    own identity (rebatch's record of a split refers to its iterator weakly, by identity)."""
+
+    def __init__(self, **attributes: Any) -> None:
+        vars(self).update(attributes)
+
+    def __repr__(self) -> str:
+        return f"Iterator({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
+
+
 def iterator(partitions: Sequence[Sequence[int]] | None, lengths: Sequence[int] | None, rows: int) -> Any:
     """What miles' ``DataIterator`` holds that ``aggregate_forward_results`` (and rebatch's) reads: its
     ``micro_batch_indices`` (None: fixed-size micro-batches), and its rows' ``response_lengths`` and
@@ -45,9 +56,20 @@ def iterator(partitions: Sequence[Sequence[int]] | None, lengths: Sequence[int] 
         data: dict[str, list[int]] = {"total_lengths": [1] * rows}
     else:
         data = {"response_lengths": list(lengths), "total_lengths": list(lengths)}
-    it = types.SimpleNamespace(micro_batch_size=None, offset=0, rollout_data=data)
+    it: Any = Iterator(micro_batch_size=None, offset=0, rollout_data=data)
     if partitions is not None:
         it.micro_batch_indices = [list(p) for p in partitions]
+    return it
+
+
+def split_by_miles(it: Any, micro_batches: int) -> Any:
+    """``it`` as miles' ``get_data_iterator`` hands it out under ``install()``: its split recorded by the
+    integration's own record of that function, and every micro-batch handed out (a pass's end)."""
+    from torch_impl.integrations import miles
+
+    recording = miles.INTEGRATION.records[(miles.DATA, "get_data_iterator")]
+    recording(lambda: ([it], [micro_batches]))()
+    it.offset = micro_batches
     return it
 
 
@@ -116,11 +138,15 @@ def _run(
 
 
 def _native(output_lst: Any, partitions: Any) -> tuple[str, tuple[Any, ...]]:
+    """The timed call as a miles user runs it with rebatch installed (`split_by_miles`): miles' own
+    function reads the same iterator; rebatch's takes the rows its record checked when the split was
+    made."""
     parts = [o["model_output"]["log_probs"] for o in output_lst]
     store = [{"log_probs": rows_of(p)} for p in parts]
     rows = sum(len(p) for p in partitions)
     args = types.SimpleNamespace(use_dynamic_batch_size=True, qkv_format="thd")
-    return FUNCTION, (store, iterator(partitions, None, rows), args)
+    it = split_by_miles(iterator(partitions, None, rows), len(partitions))
+    return FUNCTION, (store, it, args)
 
 
 #: The issue's batch: 4 rows in two micro-batches, ``[[2, 1], [0, 3]]``, response lengths 3, 2, 4, 1.
@@ -217,4 +243,5 @@ PEER = peers.declared(
     {"min_rows": 1, "losses": False, "metrics": False},
     _defects,
     _native,
+    "per-sample lists; the iterator's split recorded, as under `install()`",
 )

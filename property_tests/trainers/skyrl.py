@@ -351,4 +351,5 @@ PEER = peers.declared(
     {"min_rows": 1, "losses": False, "metrics": False},
     _defects,
     _native,
+    "padded `[b, S]`",
 )

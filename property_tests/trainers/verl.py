@@ -181,5 +181,6 @@ PEER = peers.declared(
     {"min_rows": 1, "metrics": False},
     _defects,
     _native,
+    "jagged nested tensors",
     provenance=True,
 )

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import operator
 import sys
 import types
 import weakref
@@ -41,6 +42,7 @@ from ref.errors import (
     MisalignmentError,
     NotAPermutationError,
     PartitionMismatchError,
+    RebatchError,
     ShapeMismatchError,
     UnsupportedSettingError,
     where,
@@ -95,12 +97,18 @@ _PARALLEL = "miles.backends.training_utils.parallel"
 
 class Split(NamedTuple):
     """What ``get_data_iterator`` made an iterator hand out: ``rows`` (each micro-batch's rows, in the
-    order ``DataIterator.get_next`` hands them, over every step), ``size`` (fixed micro-batch size, else
-    None) and ``micro_batches`` (the rollout's micro-batches: ``sum(num_microbatches)``)."""
+    order ``DataIterator.get_next`` hands them, over every step; a copy of the iterator's lists), ``size``
+    (fixed micro-batch size, else None) and ``micro_batches`` (the rollout's micro-batches:
+    ``sum(num_microbatches)``); ``order``: where ``rows`` were checked, when recorded, to be a permutation
+    of the ``held`` rows the iterator holds, the `Gather` restoring them, else None. A restore whose
+    indices still equal ``rows`` and whose iterator still holds ``held`` rows takes ``order`` as checked
+    (`_vouched`)."""
 
-    rows: tuple[tuple[int, ...], ...] | None
+    rows: list[list[int]] | None
     size: int | None
     micro_batches: int
+    order: Gather | None = None
+    held: int = 0
 
 
 _splits: weakref.WeakKeyDictionary[Any, Split] = weakref.WeakKeyDictionary()
@@ -115,13 +123,42 @@ def _record(result: Any) -> None:
         total = sum(int(n) for n in counts)
         for it in iterators:
             indices = it.micro_batch_indices
-            rows = None if indices is None else tuple(tuple(int(i) for i in p) for p in indices)
+            rows = None if indices is None else _parts(indices)
             size = it.micro_batch_size
-            split = Split(rows, None if size is None else int(size), total)
+            held = 0 if rows is None else _rows_held(it, sum(map(len, rows)))
+            order = None if rows is None else _checked_order(rows, held)
+            split = Split(rows, None if size is None else int(size), total, order, held)
             with _splits_lock:
                 _splits[it] = split
     except (TypeError, AttributeError, ValueError):  # not miles' shape, or not weakly held: unproven
         return
+
+
+def _checked_order(rows: list[list[Any]], held: int) -> Gather | None:
+    """The `Gather` restoring ``held`` original rows from ``rows`` laid end to end, where they are a
+    permutation of ``range(held)``; None otherwise (the restore then checks them, and raises)."""
+    try:
+        perm = check_permutation(rows, held)
+    except RebatchError:
+        return None
+    return Gather(invert(perm).tolist())
+
+
+class Gather:
+    """``[values[k] for k in positions]`` in one C-level call (`operator.itemgetter` of the positions),
+    made once for a call's keys, or for every restore a recorded split vouches for: ``positions[i]`` the
+    position among the joined values of result row ``i``."""
+
+    __slots__ = ("_get", "positions")
+
+    def __init__(self, positions: list[int]) -> None:
+        self.positions = positions
+        self._get = operator.itemgetter(*positions) if len(positions) > 1 else None
+
+    def __call__(self, values: list[Any]) -> list[Any]:
+        if self._get is None:  # one row or none: itemgetter would not give a tuple
+            return [values[k] for k in self.positions]
+        return list(self._get(values))
 
 
 def recorded_split(data_iterator: Any) -> Split | None:
@@ -175,11 +212,11 @@ def _carrying(allocate: Callable[..., Any]) -> Callable[..., Any]:
 
 class _Plan(NamedTuple):
     """A checked call: ``keys``; ``values[key]`` the joined per-sample values (micro-batch order);
-    ``order`` the position in ``values`` of each result row (None: as joined)."""
+    ``order`` the `Gather` putting each key's values in the result's row order (None: as joined)."""
 
     keys: list[Any]
     values: dict[Any, list[Any]]
-    order: list[int] | None
+    order: Gather | None
 
 
 @entry
@@ -200,7 +237,7 @@ def aggregate_forward_results(
     plan = _checked(forward_data_store, data_iterator, args)
     if plan.order is None:
         return {key: plan.values[key] for key in plan.keys}
-    return {key: [plan.values[key][k] for k in plan.order] for key in plan.keys}
+    return {key: plan.order(plan.values[key]) for key in plan.keys}
 
 
 def check_aggregate_forward_results(
@@ -246,20 +283,37 @@ def _restored(
             "args.use_dynamic_batch_size is set, but data_iterator.micro_batch_indices is None (an "
             "iterator of fixed-size micro-batches): miles cannot restore its order"
         )
-    parts = _parts(indices)
-    rows = _rows_held(data_iterator, sum(len(p) for p in parts))
-    try:
-        perm = check_permutation(parts, rows)
-    except NotAPermutationError as err:  # the indices every key is restored by: named by the first
-        raise NotAPermutationError(
-            f"{where(keys[0])}data_iterator.micro_batch_indices, {err} (the iterator holds {rows} rows; "
-            "miles would overwrite a row and leave a None, or drop one)"
-        ) from err
+    split = _vouched(data_iterator, indices)
+    if split is not None:  # the split's rows, checked when it was made: no second check
+        parts: list[list[Any]] = split.rows or []
+        perm: torch.Tensor | Split = split
+    else:
+        parts = _parts(indices)
+        rows = _rows_held(data_iterator, sum(len(p) for p in parts))
+        try:
+            perm = check_permutation(parts, rows)
+        except NotAPermutationError as err:  # the indices every key is restored by: named by the first
+            raise NotAPermutationError(
+                f"{where(keys[0])}data_iterator.micro_batch_indices, {err} (the iterator holds {rows} "
+                "rows; miles would overwrite a row and leave a None, or drop one)"
+            ) from err
     sizes = [len(p) for p in parts]
     _check_counts(keys, counts, sizes)
     check_provenance(data_iterator, parts, len(sizes))
-    _witness(keys, values, perm.tolist(), sizes, data_iterator, args)
-    return _Plan(keys, values, invert(perm).tolist())
+    _witness(keys, values, perm, sizes, data_iterator, args)
+    if isinstance(perm, Split):
+        return _Plan(keys, values, perm.order)
+    return _Plan(keys, values, Gather(invert(perm).tolist()))
+
+
+def _vouched(data_iterator: Any, indices: Any) -> Split | None:
+    """The split recorded for ``data_iterator`` where it vouches for this restore: its rows checked to be a
+    permutation when it was made, the iterator's indices still equal to them (one comparison of the
+    lists) and the iterator holding as many rows; else None (checked as any other call)."""
+    split = recorded_split(data_iterator)
+    if split is None or split.order is None or type(indices) is not list or indices != split.rows:
+        return None
+    return split if _rows_held(data_iterator, split.held) == split.held else None
 
 
 def _in_order(
@@ -301,41 +355,57 @@ def _in_order(
         sizes = list(counts[first])
     _check_counts(keys, counts, sizes)
     check_provenance(data_iterator, None, outputs)
-    _witness(keys, values, list(range(sum(sizes))), sizes, data_iterator, args)
+    _witness(keys, values, None, sizes, data_iterator, args)
     return _Plan(keys, values, None)
 
 
 def _joined(store: Sequence[Any]) -> tuple[list[Any], dict[Any, list[Any]], dict[Any, list[int]]]:
     """``(keys of micro-batch 0, each key's values joined, each key's count per micro-batch)``: every
-    micro-batch's output a mapping with every key of the first, each a list (miles asserts it)."""
-    for m, out in enumerate(store):
-        if not isinstance(out, Mapping):
-            raise UnsupportedSettingError(
-                f"micro-batch {m}: its output must be a dict of per-sample lists, got {type(out).__name__}"
-            )
+    micro-batch's output a mapping with every key of the first, each a list (miles asserts it). Outputs
+    that are dicts of lists, miles' own, are read key by key in C-level loops; anything else goes
+    micro-batch by micro-batch (`_key_lists`), which names the first defect."""
+    if set(map(type, store)) != {dict}:
+        for m, out in enumerate(store):
+            if not isinstance(out, Mapping):
+                raise UnsupportedSettingError(
+                    f"micro-batch {m}: its output must be a dict of per-sample lists, got "
+                    f"{type(out).__name__}"
+                )
     keys = list(store[0].keys())
     values: dict[Any, list[Any]] = {}
     counts: dict[Any, list[int]] = {}
     for key in keys:
-        joined: list[Any] = []
-        sizes: list[int] = []
-        for m, out in enumerate(store):
-            if key not in out:
-                raise KeyMismatchError(f"key {key!r}, micro-batch {m}: missing (micro-batch 0 has it)")
-            value = out[key]
-            if not isinstance(value, list):
-                raise UnsupportedSettingError(
-                    f"key {key!r}, micro-batch {m}: miles' outputs are lists of per-sample values, got "
-                    f"{type(value).__name__}"
-                )
-            joined += value
-            sizes.append(len(value))
-        values[key], counts[key] = joined, sizes
+        lists = _key_lists(store, key)
+        values[key] = list(itertools.chain.from_iterable(lists))
+        counts[key] = list(map(len, lists))
     return keys, values, counts
+
+
+def _key_lists(store: Sequence[Any], key: Any) -> list[list[Any]]:
+    """Each micro-batch's list of ``key``'s per-sample values (`KeyMismatchError` where one lacks the key,
+    `UnsupportedSettingError` where one is not a list)."""
+    lists = [out.get(key, _MISSING) for out in store]
+    if set(map(type, lists)) == {list}:
+        return lists
+    for m, value in enumerate(lists):
+        if value is _MISSING:
+            raise KeyMismatchError(f"key {key!r}, micro-batch {m}: missing (micro-batch 0 has it)")
+        if not isinstance(value, list):
+            raise UnsupportedSettingError(
+                f"key {key!r}, micro-batch {m}: miles' outputs are lists of per-sample values, got "
+                f"{type(value).__name__}"
+            )
+    return lists
+
+
+#: What `_key_lists` reads for a key a micro-batch's output lacks.
+_MISSING = object()
 
 
 def _parts(indices: Any) -> list[list[Any]]:
     """The iterator's ``micro_batch_indices`` as lists (each entry checked by `check_permutation`)."""
+    if type(indices) is list and all(type(p) is list for p in indices):  # miles' own, without the ABC
+        return [list(p) for p in indices]
     if not isinstance(indices, Sequence) or not all(isinstance(p, Sequence) for p in indices):
         raise UnsupportedSettingError(
             f"data_iterator.micro_batch_indices must be a list of index lists, got {type(indices).__name__}"
@@ -350,7 +420,7 @@ def _rows_held(data_iterator: Any, default: int) -> int:
     if isinstance(data, Mapping):
         for name in ("total_lengths", "response_lengths"):
             lengths = data.get(name)
-            if isinstance(lengths, Sequence | torch.Tensor | np.ndarray):
+            if type(lengths) is list or isinstance(lengths, Sequence | torch.Tensor | np.ndarray):
                 return len(lengths)
     return default
 
@@ -368,6 +438,8 @@ def _check_counts(keys: Sequence[Any], counts: Mapping[Any, list[int]], sizes: S
     """One output per micro-batch, each key with one value per row of its micro-batch."""
     for key in keys:
         got = counts[key]
+        if got == sizes:
+            continue
         if len(got) != len(sizes):
             raise PartitionMismatchError(
                 f"key {key!r}, micro-batch {min(len(got), len(sizes))}: {len(got)} micro-batch outputs, but "
@@ -390,8 +462,8 @@ def check_provenance(data_iterator: Any, parts: Sequence[Sequence[Any]] | None, 
     split = recorded_split(data_iterator)
     if split is None or not witness_config()[0]:
         return
-    if split.rows is not None and parts is not None:
-        check_indices(parts, split.rows)
+    if split.rows is not None and parts is not None and parts != split.rows:
+        check_indices(parts, split.rows)  # names the first index that differs
     if outputs != split.micro_batches:
         raise MisalignmentError(
             f"micro-batch {min(outputs, split.micro_batches)}: {outputs} micro-batch outputs, but the split "
@@ -497,7 +569,7 @@ def _lengths(values: list[Any]) -> list[int | None]:
 def _witness(
     keys: Sequence[Any],
     values: Mapping[Any, list[Any]],
-    flat: Sequence[int],
+    perm: torch.Tensor | Split | None,
     sizes: Sequence[int],
     data_iterator: Any,
     args: Any,
@@ -506,10 +578,17 @@ def _witness(
     `ref.structure.witness_binds` (each value per-token, their lengths adding up to the witness's total
     over the rows restored, not declared unbound) must give restored row ``i`` the witness's length; the
     first key, at its first row in micro-batch order, with another raises `MisalignmentError`.
-    ``flat[j]``: the row joined value ``j`` is; ``sizes``: the micro-batches' row counts."""
+    ``perm[j]``: the row joined value ``j`` is (None: row ``j``; a `Split`: its rows laid end to end);
+    ``sizes``: the micro-batches' row counts."""
     witness = length_witness(data_iterator, args)
     if witness is None:
         return
+    if perm is None:
+        flat = list(range(sum(sizes)))
+    elif isinstance(perm, Split):
+        flat = list(itertools.chain.from_iterable(perm.rows or ()))  # integers, checked when recorded
+    else:
+        flat = perm.tolist()
     if flat and max(flat) >= len(witness):
         skipped("calls_without_witness")  # lengths of other rows than the iterator's: nothing to witness
         return
