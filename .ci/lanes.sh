@@ -6,13 +6,15 @@
 #  pins:     the tests on verl's pins, verl 0.9.1's own functions as oracle (a skip fails here), from when
 #            the pins environment is built; among them the engine lane, tests/test_verl_engine.py (verl's
 #            own FSDP engine over a tiny model with rebatch off, on and in shadow: docs/engine.md); then the
-#            verl tests on verl 0.8.0 and 0.9.0 too (each --no-deps beside the pins' torch)
-#  trainers: verl's own tests on verl, then with rebatch's install() applied (same outcomes); each trainer
-#            declared in rebatch_startup/trainers.py in its own environment (and verl in the pins one): the
-#            drop-ins against the trainers' own functions (a skip fails), each trainer's conformance report,
-#            docs/peers.md checked; from when the main lane has ended and every environment is built
+#            verl tests on verl 0.8.0 and 0.9.0 too (each --no-deps beside the pins' torch); then verl's
+#            own tests on verl, and with rebatch's install() applied (same outcomes), and verl's
+#            conformance report (everything that needs only the pins environment)
+#  trainers: each trainer declared in rebatch_startup/trainers.py with an environment of its own: the
+#            drop-ins against the trainers' own functions (a skip fails), each trainer's conformance
+#            report; from when the main lane has ended and every environment is built
 # Each lane's output goes to .cache/lane-NAME.log, printed when all have ended; fails if any failed (a lane
-# whose environment failed to build fails with the build's log).
+# whose environment failed to build fails with the build's log). Then docs/peers.md is checked against
+# every trainer's report (.ci/peers.sh report).
 # Usage: bash .ci/lanes.sh COMMAND...   (from .ci/run, after it has started .ci/envs.sh; COMMAND: the main lane's)
 set -euo pipefail
 [ $# -gt 0 ] || { echo "usage: bash .ci/lanes.sh COMMAND... (the main lane's)"; exit 2; }
@@ -40,16 +42,17 @@ built() {  # built pins|all: wait until .ci/envs.sh has built verl's pins (or ev
     sleep 2
   done
 }
-pins() {  # then verl 0.8.0 and 0.9.0 (they need only the pins environment): the lanes end together
+pins() {  # then what needs only the pins environment (verl 0.8.0, 0.9.0, verl's own tests, its report)
   built pins && env REBATCH_REQUIRE_VERL=1 REBATCH_REQUIRE_PEER=verl REBATCH_REQUIRE_ENGINE=1 \
-    .venv-pins/bin/python -m pytest tests -m "not main_lane_only" && bash .ci/verl_versions.sh "$PWD/.venv-pins"
+    .venv-pins/bin/python -m pytest tests -m "not main_lane_only" && bash .ci/verl_versions.sh "$PWD/.venv-pins" \
+    && bash .ci/verl_upstream/run.sh "$PWD/.venv-pins" && bash .ci/peers.sh verl
 }
-trainers() {
+trainers() {  # the trainers with a lane of their own (rebatch_startup/trainers.py), in their environments
   local names; names="$(python3 -m rebatch_startup names | tr ' ' '|')"
   built all && grep -E "^== envs|^(pins|$names):" .cache/envs.log \
-    && bash .ci/verl_upstream/run.sh "$PWD/.venv-pins" && bash .ci/peers.sh
+    && bash .ci/peers.sh $(python3 -m rebatch_startup lanes | cut -d' ' -f1)
 }
-step "three lanes: the main tests now | the tests on verl's pins once built, then verl 0.8.0 and 0.9.0 | then verl's own tests, the trainers"
+step "three lanes: the main tests now | the tests on verl's pins once built, then verl 0.8.0 and 0.9.0, verl's own tests and report | then the trainers"
 rc=0
 lane pins pins &
 PINS=$!
@@ -61,3 +64,5 @@ for name in main pins trainers; do
   grep -v "is ignored" ".cache/lane-$name.log" || true
 done
 [ "$rc" -eq 0 ] || { echo "a lane failed (its output above)"; exit 1; }
+step "docs/peers.md against every trainer's report"
+bash .ci/peers.sh report
