@@ -31,7 +31,7 @@ import sys
 import types
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import torch
@@ -501,7 +501,7 @@ def length_witness(data_iterator: Any, args: Any) -> list[int] | None:
         skipped("calls_without_witness")
         return None
     if _cp_size() == 1:
-        return [int(n) for n in response]
+        return list(response) if set(map(type, response)) <= {int} else [int(n) for n in response]
     return _cp_lengths(data, response, getattr(args, "qkv_format", "thd"))
 
 
@@ -529,7 +529,7 @@ def _cp_lengths(data: Mapping[str, Any], response: Sequence[Any], qkv: str) -> l
 def _all_ints(values: Sequence[Any]) -> bool:
     """Whether every one of ``values`` is an int (not a bool); plain Python ints, miles' usual lists,
     checked by their types in one pass."""
-    if {type(n) for n in values} <= {int}:
+    if set(map(type, values)) <= {int}:
         return True
     return all(_is_int(n) for n in values)
 
@@ -556,9 +556,12 @@ def _length(value: Any) -> int | None:
 
 
 def _lengths(values: list[Any]) -> list[int | None]:
-    """`_length` of each value; for a list of plain tensors (miles' per-sample outputs) read as their first
-    dimension in one pass, the cheapest read torch has (a 0-d one among them: value by value)."""
-    if {type(v) for v in values} == {torch.Tensor}:
+    """`_length` of each value; for a list of plain tensors (miles' per-sample outputs) in C-level passes:
+    where every one is 1-D (miles' per-token values), its element count, the cheapest read torch has;
+    else each first dimension (a 0-d one among them: value by value)."""
+    if set(map(type, values)) == {torch.Tensor}:
+        if set(map(torch.Tensor.dim, values)) == {1}:  # 1-D: the length is the element count
+            return list(map(torch.Tensor.numel, values))
         try:
             return [v.shape[0] for v in values]
         except IndexError:  # a 0-d tensor has no length
@@ -598,7 +601,7 @@ def _witness(
     for key in keys:
         lengths = _lengths(values[key])
         jagged = None not in lengths
-        got = [n if n is not None else -1 for n in lengths]
+        got = cast("list[int]", lengths) if jagged else [n if n is not None else -1 for n in lengths]
         if not witness_binds(key, jagged, sum(got), total, unbound) or got == want:
             continue
         if len(set(got)) == 1 and len(set(want)) > 1:
