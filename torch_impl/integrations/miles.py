@@ -286,7 +286,8 @@ def _restored(
     split = _vouched(data_iterator, indices)
     if split is not None:  # the split's rows, checked when it was made: no second check
         parts: list[list[Any]] = split.rows or []
-        perm: torch.Tensor | Split = split
+        order = split.order
+        flat: Callable[[], list[int]] = functools.partial(_laid_end_to_end, parts)
     else:
         parts = _parts(indices)
         rows = _rows_held(data_iterator, sum(len(p) for p in parts))
@@ -297,13 +298,18 @@ def _restored(
                 f"{where(keys[0])}data_iterator.micro_batch_indices, {err} (the iterator holds {rows} "
                 "rows; miles would overwrite a row and leave a None, or drop one)"
             ) from err
+        order = Gather(invert(perm).tolist())
+        flat = perm.tolist
     sizes = [len(p) for p in parts]
     _check_counts(keys, counts, sizes)
     check_provenance(data_iterator, parts, len(sizes))
-    _witness(keys, values, perm, sizes, data_iterator, args)
-    if isinstance(perm, Split):
-        return _Plan(keys, values, perm.order)
-    return _Plan(keys, values, Gather(invert(perm).tolist()))
+    _witness(keys, values, flat, sizes, data_iterator, args)
+    return _Plan(keys, values, order)
+
+
+def _laid_end_to_end(parts: list[list[Any]]) -> list[int]:
+    """A split's rows laid end to end (integers, checked when it was recorded)."""
+    return list(itertools.chain.from_iterable(parts))
 
 
 def _vouched(data_iterator: Any, indices: Any) -> Split | None:
@@ -355,7 +361,7 @@ def _in_order(
         sizes = list(counts[first])
     _check_counts(keys, counts, sizes)
     check_provenance(data_iterator, None, outputs)
-    _witness(keys, values, None, sizes, data_iterator, args)
+    _witness(keys, values, functools.partial(list, range(sum(sizes))), sizes, data_iterator, args)
     return _Plan(keys, values, None)
 
 
@@ -497,15 +503,16 @@ def length_witness(data_iterator: Any, args: Any) -> list[int] | None:
     data = getattr(data_iterator, "rollout_data", None)
     data = data if isinstance(data, Mapping) else {}
     response = data.get("response_lengths")
-    if not isinstance(response, Sequence) or not _all_ints(response):
+    lengths = _as_ints(response) if isinstance(response, Sequence) else None
+    if lengths is None:
         skipped("calls_without_witness")
         return None
     if _cp_size() == 1:
-        return list(response) if set(map(type, response)) <= {int} else [int(n) for n in response]
-    return _cp_lengths(data, response, getattr(args, "qkv_format", "thd"))
+        return lengths
+    return _cp_lengths(data, lengths, getattr(args, "qkv_format", "thd"))
 
 
-def _cp_lengths(data: Mapping[str, Any], response: Sequence[Any], qkv: str) -> list[int] | None:
+def _cp_lengths(data: Mapping[str, Any], response: list[int], qkv: str) -> list[int] | None:
     """`length_witness` under context parallelism: this rank's share of each row's response."""
     total = data.get("total_lengths")
     if not isinstance(total, Sequence) or len(total) != len(response) or not all(_is_int(n) for n in total):
@@ -520,18 +527,18 @@ def _cp_lengths(data: Mapping[str, Any], response: Sequence[Any], qkv: str) -> l
     out = []
     for i, (t, r) in enumerate(zip(total, response, strict=True)):
         _, _, logits, _ = get_logits_and_tokens_offset_with_cp(
-            int(t), int(r), qkv, None if max_lens is None else int(max_lens[i])
+            int(t), r, qkv, None if max_lens is None else int(max_lens[i])
         )
         out.append(sum(b - a for a, b in logits))
     return out
 
 
-def _all_ints(values: Sequence[Any]) -> bool:
-    """Whether every one of ``values`` is an int (not a bool); plain Python ints, miles' usual lists,
-    checked by their types in one pass."""
+def _as_ints(values: Sequence[Any]) -> list[int] | None:
+    """``values`` as a list of ints where every one is an integer (not a bool), else None; plain Python
+    ints, miles' usual lists, checked by their types in one pass and copied as they are."""
     if set(map(type, values)) <= {int}:
-        return True
-    return all(_is_int(n) for n in values)
+        return list(values)
+    return [int(n) for n in values] if all(_is_int(n) for n in values) else None
 
 
 def _is_int(n: Any) -> bool:
@@ -572,7 +579,7 @@ def _lengths(values: list[Any]) -> list[int | None]:
 def _witness(
     keys: Sequence[Any],
     values: Mapping[Any, list[Any]],
-    perm: torch.Tensor | Split | None,
+    flat_rows: Callable[[], list[int]],
     sizes: Sequence[int],
     data_iterator: Any,
     args: Any,
@@ -581,17 +588,12 @@ def _witness(
     `ref.structure.witness_binds` (each value per-token, their lengths adding up to the witness's total
     over the rows restored, not declared unbound) must give restored row ``i`` the witness's length; the
     first key, at its first row in micro-batch order, with another raises `MisalignmentError`.
-    ``perm[j]``: the row joined value ``j`` is (None: row ``j``; a `Split`: its rows laid end to end);
-    ``sizes``: the micro-batches' row counts."""
+    ``flat_rows()[j]``: the row joined value ``j`` is (read only where a witness is found); ``sizes``: the
+    micro-batches' row counts."""
     witness = length_witness(data_iterator, args)
     if witness is None:
         return
-    if perm is None:
-        flat = list(range(sum(sizes)))
-    elif isinstance(perm, Split):
-        flat = list(itertools.chain.from_iterable(perm.rows or ()))  # integers, checked when recorded
-    else:
-        flat = perm.tolist()
+    flat = flat_rows()
     if flat and max(flat) >= len(witness):
         skipped("calls_without_witness")  # lengths of other rows than the iterator's: nothing to witness
         return
