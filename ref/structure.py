@@ -244,8 +244,7 @@ def _is_integer_dtype(dtype: Any) -> bool:
     return name.startswith(("int", "uint"))
 
 
-# Complex by design: each rule of a lengths argument, in the spec's order.
-def check_lengths(  # noqa: C901
+def check_lengths(
     lengths: Any,
     *,
     rows: int | None = None,
@@ -274,6 +273,8 @@ def check_lengths(  # noqa: C901
         if len(shape) != 1 or not (_is_integer_dtype(dtype) or empty) or str(dtype).endswith("bool"):
             raise InvalidJaggedError(f"{at}{name} must be 1-D integers, got {dtype}{shape}")
         values = [int(v) for v in lengths.tolist()]
+    elif type(lengths) is list and set(map(type, lengths)) <= {int}:  # plain ints (a trainer's list)
+        values = list(lengths)
     else:
         if isinstance(lengths, (str, bytes, Mapping)) or not isinstance(lengths, Sequence):
             raise InvalidJaggedError(f"{at}{name} must be 1-D integers, got {type(lengths).__name__}")
@@ -286,13 +287,12 @@ def check_lengths(  # noqa: C901
             values.append(int(v))
     if rows is not None and len(values) != rows:
         raise InvalidJaggedError(f"{at}{len(values)} {name} for {rows} rows")
-    for i, v in enumerate(values):
-        if v < 0:
-            raise InvalidJaggedError(f"{at}{name}[{i}] = {v} is negative")
-    if limit is not None:
-        for i, v in enumerate(values):
-            if v > limit:
-                raise InvalidJaggedError(f"{at}{name}[{i}] = {v} exceeds the padded length {limit}")
+    if values and min(values) < 0:
+        i = next(i for i, v in enumerate(values) if v < 0)
+        raise InvalidJaggedError(f"{at}{name}[{i}] = {values[i]} is negative")
+    if limit is not None and values and max(values) > limit:
+        i = next(i for i, v in enumerate(values) if v > limit)
+        raise InvalidJaggedError(f"{at}{name}[{i}] = {values[i]} exceeds the padded length {limit}")
     if total is not None and sum(values) != total:
         raise InvalidJaggedError(f"{at}the {name} add up to {sum(values)}, but the values have {total} rows")
     return values

@@ -74,6 +74,26 @@ def test_the_device_path_run_covers_the_issues_cases() -> None:
                 assert devicepath._trace(case)["launches"] == row["launches_today"], case.name
 
 
+def test_the_device_path_harness_runs_the_older_commit(tmp_path) -> None:
+    """`rebatch.bench.devicepath --smoke`: its workers run today's code and `devicepath.BEFORE`'s (an
+    older kit and ``torch_impl``, without today's helpers) on each trainer's call, their results checked
+    equal by the harness, which raises otherwise (its older worker once failed on a helper it lacked)."""
+    import subprocess
+
+    from rebatch.bench import devicepath
+
+    root = Path(__file__).resolve().parent.parent
+    found = subprocess.run(["git", "-C", str(root), "cat-file", "-e", f"{devicepath.BEFORE}^{{commit}}"])
+    if found.returncode:
+        pytest.skip(f"the commit {devicepath.BEFORE} is not in this clone's history (a shallow clone)")
+    out = tmp_path / "smoke.json"
+    assert devicepath.main(["--smoke", "--out", str(out)]) == 0
+    run = json.loads(out.read_text())
+    assert [r["case"] for r in run["rows"]] == [c.name for c in devicepath.SMOKE]
+    assert {c.trainer for c in devicepath.SMOKE} == {"verl", "areal", "skyrl"}
+    assert all(r["today_ms"] > 0 and r["before_ms"] > 0 for r in run["rows"])
+
+
 def test_every_trainer_and_case_is_traced() -> None:
     stored = traces()
     assert set(stored) == set(sidebyside.TRAINERS)

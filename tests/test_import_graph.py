@@ -131,8 +131,11 @@ def test_the_families_of_defects_do_not_import_the_table() -> None:
 def test_the_kit_and_the_tool_import_torch_impl_public_names_only() -> None:
     """`property_tests` and `rebatch` import ``torch_impl``'s public modules and names only (its testing
     namespace, `torch_impl.testing`, where they need helpers); the mutation kit, which mutates private
-    modules, is the one exception (issue 58)."""
+    modules, is the one exception (issue 58), and the device path's side-by-side harness, whose workers
+    run an older commit's code too, takes that commit's own record of a split where it had no
+    `torch_impl.testing` (its one private import)."""
     exempt = {"property_tests.mutants"}
+    older_code = {("rebatch.bench.devicepath", "torch_impl._provenance")}
     found = []
     for name, (path, _) in _modules(("property_tests", "rebatch")).items():
         if name in exempt:
@@ -151,6 +154,6 @@ def test_the_kit_and_the_tool_import_torch_impl_public_names_only() -> None:
                     continue
                 private = [p for p in module.split(".") if p.startswith("_")]
                 private += [n for n in names if n.startswith("_")]
-                if private:
+                if private and (name, module) not in older_code:
                     found.append(f"{name}: {module} {names}")
     assert not found, found

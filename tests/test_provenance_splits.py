@@ -468,3 +468,45 @@ def test_verls_own_split_after_a_split_of_rebatchs_is_unproven_and_verls_result(
     ours = torch_impl.postprocess_batch_func(outs, indices, data)
     assert torch_impl.provenance_stats()["calls_unproven"] == before + 1
     assert first_difference(ours, verl.engine_utils.postprocess_batch_func(outs, indices, data)) is None
+
+
+def test_a_splits_own_lists_vouch_for_its_permutation_and_nothing_else(monkeypatch) -> None:
+    """A restore given the split's own lists of ints takes the split's flattened indices, checked when
+    recorded, without checking them again; a list that differs, holds a float or a bool equal to the
+    split's int, or is a tuple, is checked in full and raises as it does without a record."""
+    from torch_impl import _postprocess
+
+    data = _batch()
+    outs, indices = _split(data, 4)
+    want = _theirs(outs, indices, data)
+    checked: list[int] = []
+    full_check = _postprocess.check_permutation
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        checked.append(1)
+        return full_check(*args, **kwargs)
+
+    monkeypatch.setattr(_postprocess, "check_permutation", counting)
+    assert first_difference(torch_impl.postprocess_batch_func(outs, indices, data), want) is None
+    assert checked == []  # vouched: the split's own lists
+    rebuilt = [[int(str(i)) for i in p] for p in indices]  # equal ints, other objects
+    assert first_difference(torch_impl.postprocess_batch_func(outs, rebuilt, data), want) is None
+    assert checked == []
+    for value, bad in ((indices[0][0], float(indices[0][0])), (1, True)):
+        p = [list(q) for q in indices]
+        m = next(m for m, q in enumerate(p) if value in q)
+        p[m][p[m].index(value)] = bad  # equal to the split's int
+        with pytest.raises(NotAPermutationError, match="is not an integer") as recorded:
+            torch_impl.postprocess_batch_func(outs, p, data)
+        with pytest.raises(NotAPermutationError) as unrecorded:
+            torch_impl.postprocess_batch_func(outs, p, None)
+        assert str(recorded.value) == str(unrecorded.value)
+    swapped = [list(q) for q in indices]
+    swapped[0][0], swapped[0][1] = swapped[0][1], swapped[0][0]
+    before = len(checked)
+    with pytest.raises(MisalignmentError):
+        torch_impl.postprocess_batch_func(outs, swapped, data)
+    assert len(checked) == before + 1  # checked in full, then the split's record proves it wrong
+    as_tuples = [tuple(q) for q in indices]
+    assert first_difference(torch_impl.postprocess_batch_func(outs, as_tuples, data), want) is None
+    assert len(checked) == before + 2

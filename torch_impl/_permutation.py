@@ -166,20 +166,17 @@ def _locate(j: int, sizes: list[int]) -> tuple[int, int]:
 
 
 def check_permutation(
-    partitions: Sequence[Any], num_rows: int, *, at: Locator = _in_micro_batch, known: Sequence[bytes] = ()
+    partitions: Sequence[Any], num_rows: int, *, at: Locator = _in_micro_batch
 ) -> torch.Tensor:
     """The partitions flattened (CPU int64 ``[B]``), checked to be a permutation of ``range(num_rows)``.
 
     A constant number of torch operations whatever ``B``; raises `NotAPermutationError` for an index
     that is not an integer, negative, ``>= num_rows``, duplicated, or missing. ``at`` names a position
-    in the messages (``"micro-batch m, position p"`` by default). ``known``: the bytes of permutations
-    of ``range(num_rows)`` (the live splits', checked when recorded: `torch_impl._provenance`); partitions
-    flattened to one of them are a permutation without another check.
+    in the messages (``"micro-batch m, position p"`` by default).
     """
     perm, sizes = _flat_indices(partitions, num_rows, at)
     n = perm.numel()
-    vouched = bool(known) and n == num_rows and as_bytes(perm) in known  # a split's: a permutation
-    if n and not vouched and not _valid(perm, num_rows):  # then find the first defect, for its message
+    if n and not _valid(perm, num_rows):  # then find the first defect, for its message
         lo, hi = torch.aminmax(perm)
         if int(lo) < 0 or int(hi) >= num_rows:
             bad = (perm < 0) | (perm >= num_rows)

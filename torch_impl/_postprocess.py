@@ -92,9 +92,10 @@ def _checked_plans(
     perm = None
     if dynamic:
         check_partition_count(indices, len(outs))
-        # the live splits' indices vouch for themselves (each a permutation, checked when recorded)
-        known = provenance.known if isinstance(provenance, Provenance) else ()
-        perm = check_permutation(indices, sum(map(len, indices)), known=known)
+        # a live split's own indices vouch for themselves (a permutation, checked when recorded)
+        perm = provenance.permutation(indices) if isinstance(provenance, Provenance) else None
+        if perm is None:
+            perm = check_permutation(indices, sum(map(len, indices)))
     keys = list(outs[0]) if outs else []
     sizes = [len(p) for p in indices] if perm is not None and indices is not None else None
     checked = _check_keys(outs, keys, sizes, pad_mode)
@@ -149,18 +150,16 @@ def _check_keys(
     first_rows: list[int] = []
     for key in keys:
         parts = check_parts([mo[key] for mo in outs], key, allow_jagged=pad_mode == "no_padding")
+        rows = [p.rows for p in parts]
         if key == keys[0]:
-            first_rows = [p.rows for p in parts]
-        for m, part in enumerate(parts):
+            first_rows = rows
+        want = sizes if sizes is not None else first_rows
+        if rows != want:  # one comparison of the lists, then the first micro-batch that differs
+            m = next(m for m, (got, n) in enumerate(zip(rows, want, strict=True)) if got != n)
+            at, got, n = where(key, m), rows[m], want[m]
             if sizes is not None:
-                if part.rows != sizes[m]:
-                    raise PartitionMismatchError(
-                        f"{where(key, m)}{part.rows} rows, but its partition has {sizes[m]} indices"
-                    )
-            elif part.rows != first_rows[m]:
-                raise ShapeMismatchError(
-                    f"{where(key, m)}{part.rows} rows, but key {keys[0]!r} has {first_rows[m]} there"
-                )
+                raise PartitionMismatchError(f"{at}{got} rows, but its partition has {n} indices")
+            raise ShapeMismatchError(f"{at}{got} rows, but key {keys[0]!r} has {n} there")
         checked[key] = parts
     return checked
 

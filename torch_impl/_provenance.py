@@ -79,12 +79,14 @@ def _ragged(x: Any) -> Any:
 class Split:
     """One split's record: ``name``; ``slots`` (each micro-batch's slot among the real ones, or
     `PADDING`); ``sizes`` (each real micro-batch's rows); ``flat`` (its indices flattened, padding
-    left out; for fixed-size chunks, the rows in order) and ``flat_bytes``; ``kept``, each
+    left out; for fixed-size chunks, the rows in order) and ``flat_bytes``; ``lists``, its indices as it
+    handed them out where they are lists of plain ints (a copy of each list, padding left out; else None);
+    ``kept``, each
     micro-batch's nested ints with their tags (held, so their ids stay theirs while the record lives);
     ``expected``, each real slot's own tag. Read-only once made; shared by threads. Raises ValueError
     for indices that are not a permutation (left unrecorded)."""
 
-    __slots__ = ("expected", "flat", "flat_bytes", "kept", "name", "sizes", "slots")
+    __slots__ = ("expected", "flat", "flat_bytes", "kept", "lists", "name", "sizes", "slots")
 
     def __init__(self, name: int, micro_batches: Sequence[Any], indices: Sequence[Any] | None) -> None:
         self.name = name
@@ -107,6 +109,8 @@ class Split:
         # fixed-size chunks (no indices): the rows in order
         self.flat = np.arange(sum(sizes), dtype=np.int64) if indices is None else _flat(indices, sum(sizes))
         self.flat_bytes = self.flat.tobytes()
+        real = [p for p in indices if p is not PADDING] if indices is not None else []
+        self.lists = [list(p) for p in real] if indices is not None and _plain_lists(real) else None
 
     def rows(self) -> list[list[int]]:
         """The split's indices, padding left out (for the error path)."""
@@ -124,6 +128,14 @@ def _flat(indices: Sequence[Any], count: int) -> np.ndarray:
     return flat
 
 
+def _plain_lists(partitions: list[Any]) -> bool:
+    """Whether ``partitions`` is a list of lists of plain Python ints (verl's indices, as rebatch's split
+    hands them out)."""
+    if not all(type(p) is list for p in partitions):
+        return False
+    return set(map(type, itertools.chain.from_iterable(partitions))) <= {int}
+
+
 def _cut(flat: Sequence[int], sizes: Sequence[int]) -> list[list[int]]:
     """``flat`` cut into consecutive pieces of ``sizes``."""
     bounds = itertools.pairwise(itertools.accumulate(sizes, initial=0))
@@ -133,17 +145,30 @@ def _cut(flat: Sequence[int], sizes: Sequence[int]) -> list[list[int]]:
 class Provenance:
     """The live splits of one batch (``splits``, oldest first, at most `MAX_SPLITS`), as the restore
     reads them: ``tags`` (each recorded nested int's id -> its tag; a newer split's wins), ``by_name``
-    and ``known`` (each split's flattened indices, newest first, each a permutation: `check_permutation`'s
-    ``known``). Read-only: a new split makes a new one."""
+    and ``vouchers`` (each split's indices as lists of plain ints, with their flattening, newest first:
+    `permutation`). Read-only: a new split makes a new one."""
 
-    __slots__ = ("batch", "by_name", "known", "splits", "tags")
+    __slots__ = ("batch", "by_name", "splits", "tags", "vouchers")
 
     def __init__(self, batch: weakref.ref[Any], splits: Sequence[Split]) -> None:
         self.batch = batch
         self.splits = tuple(splits)
         self.by_name = {split.name: split for split in self.splits}
         self.tags = {id(size): tag for split in self.splits for size, tag in split.kept}
-        self.known = tuple(split.flat_bytes for split in reversed(self.splits))
+        self.vouchers = tuple(
+            (split.lists, split.flat) for split in reversed(self.splits) if split.lists is not None
+        )
+
+    def permutation(self, indices: Any) -> torch.Tensor | None:
+        """``indices`` flattened (CPU int64 ``[B]``, a tensor of its own) where they are a live split's own
+        lists of plain ints: that split checked them as a permutation when it recorded them, so the restore
+        checks them again by comparing lists (C-level: each entry of an unchanged list is the same int
+        object), not by reading and counting every index. None otherwise (the restore's own check runs)."""
+        # ints only, before any comparison (``3.0 == 3``, ``True == 1``; an array's ``==`` is elementwise)
+        if not self.vouchers or type(indices) is not list or not _plain_lists(indices):
+            return None
+        flat = next((flat for lists, flat in self.vouchers if indices == lists), None)
+        return None if flat is None else torch.from_numpy(flat.copy())
 
     def judge(
         self,

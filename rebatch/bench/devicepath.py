@@ -81,6 +81,15 @@ CASES: tuple[Case, ...] = (
 )
 
 
+#: `main`'s ``--smoke`` cases: each trainer's call, plain and checked, at B = 8.
+SMOKE: tuple[Case, ...] = (
+    Case("verl", 8, 1),
+    Case("verl", 8, 5, True),
+    Case("areal", 8, 1),
+    Case("skyrl", 8, 2),
+)
+
+
 def _batch(case: Case, seed: int = 0) -> tuple[list[int], list[list[int]], list[list[Any]]]:
     """The case's row lengths, its micro-batches' rows, and each micro-batch's keys ``[b_m, (j)]``, all on
     the micro-batch's one offsets tensor (plain torch)."""
@@ -103,6 +112,13 @@ def _batch(case: Case, seed: int = 0) -> tuple[list[int], list[list[int]], list[
     return lengths.tolist(), partitions, keys
 
 
+def _has(package: Any, *path: str) -> bool:
+    """Whether the worker's own ``package`` (this checkout's, or an older commit's extract) has the module
+    ``path``: its file is there. (An import would not tell: the project's editable install finds a module
+    the extract lacks in this checkout instead.)"""
+    return Path(package.__file__).parent.joinpath(*path).with_suffix(".py").is_file()
+
+
 def _verl_data(
     case: Case, lengths: list[int], outs: list[dict[str, Any]], partitions: list[list[int]]
 ) -> Any:
@@ -119,7 +135,10 @@ def _verl_data(
     ids = torch.zeros(sum(lengths), dtype=torch.int64, device="cpu")
     entries["input_ids"] = torch_impl.from_packed(ids, lengths)
     data = TensorDict(entries, batch_size=[])
-    from torch_impl.testing import record
+    if _has(torch_impl, "testing"):
+        from torch_impl.testing import record
+    else:  # an older commit's code (before issue 58's public testing namespace): its own
+        from torch_impl._provenance import record
 
     fields = [dict(o["model_output"]) for o in outs]
     micro_batches = [TensorDict(f, batch_size=[len(p)]) for f, p in zip(fields, partitions, strict=True)]
@@ -148,7 +167,12 @@ def _call(case: Case, move: Callable[[Any], Any]) -> Callable[[], Any]:
         packed = move([[ks[k].values() for ks in keys] for k in range(case.keys)])
         return lambda: [areal.reorder_and_pad_outputs(p, lengths, mb_list) for p in packed]
     if case.trainer == "skyrl":
-        from property_tests.trainers.skyrl import Batch
+        import property_tests
+
+        if _has(property_tests, "trainers", "skyrl"):
+            from property_tests.trainers.skyrl import Batch
+        else:  # an older commit's kit (before issue 58's one module a trainer)
+            from property_tests.sidebyside import Batch  # type: ignore[no-redef,attr-defined]
         from torch_impl.integrations import skyrl
 
         width = max(lengths)
@@ -188,18 +212,27 @@ def _digest(result: Any) -> str:
 
     import torch
 
-    from torch_impl.testing import tree_leaves
-
     h = hashlib.sha256()
-    leaves = tree_leaves(dict(result) if isinstance(result, dict) else result)
-    for t in leaves:
-        if not isinstance(t, torch.Tensor):
-            continue
-        for p in (t.values(), t.offsets()) if t.is_nested else (t,):  # type: ignore[attr-defined]
+    for t in _tensors(result):
+        for p in (t.values(), t.offsets()) if t.is_nested else (t,):
             p = p.detach().contiguous()
             h.update(repr((tuple(p.shape), str(p.dtype))).encode())
             h.update(p.reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
+
+
+def _tensors(tree: Any) -> list[Any]:
+    """Every tensor of a result (mappings, lists and tuples walked in order), by plain Python: the workers
+    run older commits' code too, which may lack today's helpers."""
+    import torch
+
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    if isinstance(tree, dict):
+        return [t for v in tree.values() for t in _tensors(v)]
+    if isinstance(tree, list | tuple):
+        return [t for v in tree for t in _tensors(v)]
+    return []
 
 
 def _trace(case: Case) -> dict[str, int]:
@@ -327,7 +360,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--commit", default=BEFORE, help=f"the older commit (default {BEFORE})")
     parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--smoke", action="store_true", help="two small cases, two rounds (the tests' run)")
+    parser.add_argument(
+        "--smoke", action="store_true", help="one small case a trainer, two rounds (the tests' run)"
+    )
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     args = parser.parse_args(argv)
     if args.worker:
@@ -335,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = CASES
     rounds = args.rounds
     if args.smoke:
-        cases = (Case("verl", 8, 1), Case("verl", 8, 5, True))
+        cases = SMOKE
         rounds = 2
     results = measure(cases, args.commit, rounds=rounds, log=sys.stderr)
     if args.out is not None:
