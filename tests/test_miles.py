@@ -198,7 +198,8 @@ def _split(it: _Iterator, micro_batches: int) -> _Iterator:
 def test_a_recorded_split_vouches_for_its_rows_and_nothing_else() -> None:
     """A split checked when recorded restores by its own order while the iterator's indices and rows are
     the split's (the same result, the witness and counts still checked); a split that was no permutation
-    when made vouches for nothing, and indices or rows changed since are checked in full."""
+    when made vouches for nothing, and indices or rows changed since (a float or a bool equal to the
+    split's int included) are checked in full."""
     it = _split(_Iterator(_data(RESPONSE), None, [list(p) for p in PARTS]), 2)
     split = miles.recorded_split(it)
     assert split is not None
@@ -222,6 +223,10 @@ def test_a_recorded_split_vouches_for_its_rows_and_nothing_else() -> None:
         MisalignmentError, match="micro-batch 0, position 0: index 1, but the split put row 2"
     ):
         miles.aggregate_forward_results(_outputs([[1, 2], [0, 3]], RESPONSE), it, _args())
+    for value, bad in ((2, 2.0), (1, True)):  # equal to the split's int, not an int: checked in full
+        it.micro_batch_indices = [[bad if i == value else i for i in p] for p in PARTS]
+        with pytest.raises(NotAPermutationError, match="is not an integer"):
+            miles.aggregate_forward_results(store, it, _args())
     it.micro_batch_indices = [list(p) for p in PARTS]
     it.rollout_data = _data([*RESPONSE, 5])  # a row more than the split held: checked in full
     with pytest.raises(NotAPermutationError, match="index 4 is missing"):

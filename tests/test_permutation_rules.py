@@ -240,3 +240,47 @@ def test_the_earliest_repeat_is_named_among_many_equal_indices() -> None:
         match=re.escape("micro-batch 1, position 0: index 3 duplicates micro-batch 0, position 3"),
     ):
         flatten_partitions([list(range(40)), [3] * 60], 100)
+
+
+def test_plain_int_lists_are_the_same_bytes_only_for_the_same_lists_of_ints() -> None:
+    """`plain_int_lists`: the bytes a recorded split's indices are compared by. Equal lists of plain ints
+    give equal bytes, however their ints are shared or made (marshal's format 2 writes no back
+    references); a float, a bool, a NumPy integer or array, an ``IntEnum``, a tuple or a list subclass in
+    their place never gives the split's bytes, though ``==`` holds for most of them."""
+    import enum
+
+    import numpy as np
+
+    from torch_impl._permutation import plain_int_lists, plain_int_lists_of
+
+    class Row(enum.IntEnum):
+        TWO = 2
+
+    class Lists(list):  # type: ignore[type-arg]
+        pass
+
+    big = 2**40
+    split = [[2, 0, big], [1]]
+    recorded = plain_int_lists_of(split)
+    assert recorded is not None
+    shared = [[2, 0, big], [1]]
+    rebuilt = [[int("2"), int("0"), int(str(big))], [int("1")]]  # other objects, other counts of references
+    kept = [rebuilt[0][2]] * 100  # noqa: F841  # one of them referenced a hundred times more
+    assert plain_int_lists(shared) == plain_int_lists(rebuilt) == recorded
+    for other in (
+        [[2.0, 0, big], [1]],
+        [[2, 0, big], [True]],
+        [[2, False, big], [1]],
+        [[np.int64(2), 0, big], [1]],
+        [[Row.TWO, 0, big], [1]],
+        [(2, 0, big), [1]],
+        [Lists([2, 0, big]), [1]],
+        [[2, 0, big], [1], []],
+        [[2, 0], [big, 1]],
+    ):
+        assert plain_int_lists(other) != recorded, other
+    assert plain_int_lists([np.array([2, 0, big]), [1]]) != recorded  # written as its buffer
+    assert plain_int_lists([[2, 0, big], [torch.tensor(1)]]) is None  # nothing marshal writes
+    assert plain_int_lists(((2, 0, big), (1,))) is None
+    assert plain_int_lists_of([[2.0], [1]]) is None
+    assert plain_int_lists_of([[True], [0]]) is None

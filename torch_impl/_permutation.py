@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import marshal
 import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -17,7 +18,15 @@ from ref.structure import check_partition, check_partitions
 from ._entry import entry
 from ._parts import numpy_bridge
 
-__all__ = ["flatten_partitions", "inverse_permutation", "check_permutation", "is_identity", "Locator"]
+__all__ = [
+    "flatten_partitions",
+    "inverse_permutation",
+    "check_permutation",
+    "is_identity",
+    "plain_int_lists",
+    "plain_int_lists_of",
+    "Locator",
+]
 
 #: The NumPy dtypes besides the integers that ``torch.as_tensor`` takes (refused below by dtype); an
 #: array of any other dtype (object, string, date, long double) is taken entry by entry, as a list is.
@@ -156,6 +165,41 @@ def _plain_ints(flat: list[Any]) -> torch.Tensor | None:
     if any(type(flat[j]) is not int for j in low.tolist()):
         return None
     return torch.from_numpy(host)
+
+
+def plain_int_lists(partitions: Any) -> bytes | None:
+    """``partitions`` as bytes that only the very same lists of plain Python ints give, where it is a list
+    of lists of ints (``int`` itself); else None.
+
+    A split that checked its indices when it was recorded vouches for a restore whose indices give its
+    bytes (`torch_impl._provenance.Provenance.permutation`, miles' recorded iterators): the same
+    permutation, with no conversion or count. Not ``==``, which takes ``3.0`` and ``True`` for ints, where
+    the restore's own check refuses them: the bytes are ``marshal``'s (format 2, one C-level pass), which
+    writes an int, a bool and a float each with its own code, a NumPy integer or array as its buffer,
+    and refuses subclasses (an ``IntEnum``, a list subclass) and every other object. Lists as a split
+    records them (`plain_int_lists_of`) give the same bytes again on a restore given them unchanged.
+    """
+    if type(partitions) is not list:
+        return None
+    try:
+        return marshal.dumps(partitions, _NO_REFERENCES)
+    except ValueError:  # an object marshal cannot write (an array, a tensor): not plain ints
+        return None
+
+
+#: marshal's format 2: each object written whole (format 3 adds back references, which depend on how
+#: many references each object has, so equal lists could give other bytes).
+_NO_REFERENCES = 2
+
+
+def plain_int_lists_of(partitions: Any) -> bytes | None:
+    """`plain_int_lists` of a split's indices as it records them: None unless every entry is an ``int``
+    (by type; a list of floats has bytes too, which no restore of plain ints gives)."""
+    if type(partitions) is not list or not all(type(p) is list for p in partitions):
+        return None
+    if not set(map(type, itertools.chain.from_iterable(partitions))) <= {int}:
+        return None
+    return plain_int_lists(partitions)
 
 
 def _locate(j: int, sizes: list[int]) -> tuple[int, int]:

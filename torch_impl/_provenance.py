@@ -33,7 +33,7 @@ from ref.provenance import check_indices, mixed_splits, stray_output
 from ref.structure import PADDING
 
 from ._parts import JaggedPart, NestedTensor, Part
-from ._permutation import as_bytes
+from ._permutation import as_bytes, plain_int_lists, plain_int_lists_of
 from ._switch import witness_config
 from ._tally import Tally
 
@@ -80,7 +80,7 @@ class Split:
     """One split's record: ``name``; ``slots`` (each micro-batch's slot among the real ones, or
     `PADDING`); ``sizes`` (each real micro-batch's rows); ``flat`` (its indices flattened, padding
     left out; for fixed-size chunks, the rows in order) and ``flat_bytes``; ``lists``, its indices as it
-    handed them out where they are lists of plain ints (a copy of each list, padding left out; else None);
+    handed them out, padding left out, as `plain_int_lists`' bytes (None unless lists of plain ints);
     ``kept``, each
     micro-batch's nested ints with their tags (held, so their ids stay theirs while the record lives);
     ``expected``, each real slot's own tag. Read-only once made; shared by threads. Raises ValueError
@@ -109,8 +109,8 @@ class Split:
         # fixed-size chunks (no indices): the rows in order
         self.flat = np.arange(sum(sizes), dtype=np.int64) if indices is None else _flat(indices, sum(sizes))
         self.flat_bytes = self.flat.tobytes()
-        real = [p for p in indices if p is not PADDING] if indices is not None else []
-        self.lists = [list(p) for p in real] if indices is not None and _plain_lists(real) else None
+        real = [p for p in indices if p is not PADDING] if indices is not None else None
+        self.lists = plain_int_lists_of(real)
 
     def rows(self) -> list[list[int]]:
         """The split's indices, padding left out (for the error path)."""
@@ -128,14 +128,6 @@ def _flat(indices: Sequence[Any], count: int) -> np.ndarray:
     return flat
 
 
-def _plain_lists(partitions: list[Any]) -> bool:
-    """Whether ``partitions`` is a list of lists of plain Python ints (verl's indices, as rebatch's split
-    hands them out)."""
-    if not all(type(p) is list for p in partitions):
-        return False
-    return set(map(type, itertools.chain.from_iterable(partitions))) <= {int}
-
-
 def _cut(flat: Sequence[int], sizes: Sequence[int]) -> list[list[int]]:
     """``flat`` cut into consecutive pieces of ``sizes``."""
     bounds = itertools.pairwise(itertools.accumulate(sizes, initial=0))
@@ -145,8 +137,8 @@ def _cut(flat: Sequence[int], sizes: Sequence[int]) -> list[list[int]]:
 class Provenance:
     """The live splits of one batch (``splits``, oldest first, at most `MAX_SPLITS`), as the restore
     reads them: ``tags`` (each recorded nested int's id -> its tag; a newer split's wins), ``by_name``
-    and ``vouchers`` (each split's indices as lists of plain ints, with their flattening, newest first:
-    `permutation`). Read-only: a new split makes a new one."""
+    and ``vouchers`` (each split's indices as `plain_int_lists`' bytes, with their flattening, newest
+    first: `permutation`). Read-only: a new split makes a new one."""
 
     __slots__ = ("batch", "by_name", "splits", "tags", "vouchers")
 
@@ -161,13 +153,11 @@ class Provenance:
 
     def permutation(self, indices: Any) -> torch.Tensor | None:
         """``indices`` flattened (CPU int64 ``[B]``, a tensor of its own) where they are a live split's own
-        lists of plain ints: that split checked them as a permutation when it recorded them, so the restore
-        checks them again by comparing lists (C-level: each entry of an unchanged list is the same int
-        object), not by reading and counting every index. None otherwise (the restore's own check runs)."""
-        # ints only, before any comparison (``3.0 == 3``, ``True == 1``; an array's ``==`` is elementwise)
-        if not self.vouchers or type(indices) is not list or not _plain_lists(indices):
-            return None
-        flat = next((flat for lists, flat in self.vouchers if indices == lists), None)
+        lists of plain ints (`plain_int_lists`: the same bytes): that split checked them as a permutation
+        when it recorded them, so the restore takes them with one C-level pass, not by reading and counting
+        every index. None otherwise (the restore's own check runs)."""
+        given = plain_int_lists(indices) if self.vouchers else None
+        flat = next((flat for lists, flat in self.vouchers if given == lists), None) if given else None
         return None if flat is None else torch.from_numpy(flat.copy())
 
     def judge(

@@ -51,7 +51,7 @@ from ref.provenance import check_indices
 from ref.structure import misalignment, witness_binds
 
 from .._entry import entry
-from .._permutation import check_permutation, invert
+from .._permutation import check_permutation, invert, plain_int_lists, plain_int_lists_of
 from .._switch import witness_config
 from .._tally import skipped
 from ._integration import Installed, Integration, NotReplayable, Replaced
@@ -100,15 +100,16 @@ class Split(NamedTuple):
     order ``DataIterator.get_next`` hands them, over every step; a copy of the iterator's lists), ``size``
     (fixed micro-batch size, else None) and ``micro_batches`` (the rollout's micro-batches:
     ``sum(num_microbatches)``); ``order``: where ``rows`` were checked, when recorded, to be a permutation
-    of the ``held`` rows the iterator holds, the `Gather` restoring them, else None. A restore whose
-    indices still equal ``rows`` and whose iterator still holds ``held`` rows takes ``order`` as checked
-    (`_vouched`)."""
+    of the ``held`` rows the iterator holds, the `Gather` restoring them, else None; ``exact``: ``rows``
+    as `plain_int_lists`' bytes (None unless lists of plain ints). A restore whose indices still give
+    those bytes and whose iterator still holds ``held`` rows takes ``order`` as checked (`_vouched`)."""
 
     rows: list[list[int]] | None
     size: int | None
     micro_batches: int
     order: Gather | None = None
     held: int = 0
+    exact: bytes | None = None
 
 
 _splits: weakref.WeakKeyDictionary[Any, Split] = weakref.WeakKeyDictionary()
@@ -127,7 +128,8 @@ def _record(result: Any) -> None:
             size = it.micro_batch_size
             held = 0 if rows is None else _rows_held(it, sum(map(len, rows)))
             order = None if rows is None else _checked_order(rows, held)
-            split = Split(rows, None if size is None else int(size), total, order, held)
+            exact = plain_int_lists_of(rows)
+            split = Split(rows, None if size is None else int(size), total, order, held, exact)
             with _splits_lock:
                 _splits[it] = split
     except (TypeError, AttributeError, ValueError):  # not miles' shape, or not weakly held: unproven
@@ -314,10 +316,13 @@ def _laid_end_to_end(parts: list[list[Any]]) -> list[int]:
 
 def _vouched(data_iterator: Any, indices: Any) -> Split | None:
     """The split recorded for ``data_iterator`` where it vouches for this restore: its rows checked to be a
-    permutation when it was made, the iterator's indices still equal to them (one comparison of the
-    lists) and the iterator holding as many rows; else None (checked as any other call)."""
+    permutation when it was made, the iterator's indices still the same lists of plain ints (the same
+    `plain_int_lists` bytes: one C-level pass; ``==`` would take ``3.0`` for ``3``), and the iterator
+    holding as many rows; else None (checked as any other call)."""
     split = recorded_split(data_iterator)
-    if split is None or split.order is None or type(indices) is not list or indices != split.rows:
+    if split is None or split.order is None or split.exact is None:
+        return None
+    if plain_int_lists(indices) != split.exact:
         return None
     return split if _rows_held(data_iterator, split.held) == split.held else None
 
