@@ -510,3 +510,35 @@ def test_a_splits_own_lists_vouch_for_its_permutation_and_nothing_else(monkeypat
     as_tuples = [tuple(q) for q in indices]
     assert first_difference(torch_impl.postprocess_batch_func(outs, as_tuples, data), want) is None
     assert len(checked) == before + 2
+
+
+@pytest.mark.parametrize(
+    ("micro_batch_rows", "indices"),
+    [
+        ([2, 1], [[2, 0, 1], [1]]),  # index 1 twice, 3 missing: the first 3 entries are a permutation
+        ([0, 0], [[0, 0], [1, 1]]),  # micro-batches without rows
+        ([1, 1], [[1, 0], [3, 2]]),  # a permutation of more rows than the micro-batches hold
+        ([2, 1], [[2], [0, 1]]),  # the same rows, cut otherwise
+    ],
+)
+def test_a_split_whose_micro_batches_disagree_with_its_indices_vouches_for_nothing_more(
+    micro_batch_rows: list[int], indices: list[list[int]]
+) -> None:
+    """A split (here a trainer's own, observed as shadow mode observes it) whose micro-batches hold other
+    row counts than its indices list: every entry counts, so what its record vouches for is what the
+    restore's own check accepts; the call raises or returns as it does without a record (a split once
+    checked only the entries its micro-batches held, and vouched for the rest)."""
+    data = TensorDict({"use_dynamic_bsz": NonTensorData(True)}, batch_size=[])
+    _provenance.observe_split(([TensorDict({}, batch_size=[n]) for n in micro_batch_rows], indices), data)
+    outs = [{"model_output": {"x": torch.tensor([[float(i)] for i in p])}} for p in indices]
+    outcomes = []
+    for given in (None, data):
+        try:
+            outcomes.append(torch_impl.postprocess_batch_func(outs, indices, given))
+        except RebatchError as err:
+            outcomes.append(err)
+    unrecorded, recorded = outcomes
+    if isinstance(unrecorded, RebatchError):
+        assert (type(recorded), str(recorded)) == (type(unrecorded), str(unrecorded))
+    else:
+        assert first_difference(recorded, unrecorded) is None

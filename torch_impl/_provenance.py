@@ -122,9 +122,9 @@ def _flat(indices: Sequence[Any], count: int) -> np.ndarray:
     (ValueError otherwise: the split vouches for nothing)."""
     real = (p for p in indices if p is not PADDING)
     values = map(index, itertools.chain.from_iterable(real))  # integers only
-    flat = np.fromiter(values, np.int64, count)
+    flat = np.fromiter(values, np.int64)  # every entry: a split whose micro-batches hold fewer rows is none
     if not np.array_equal(np.sort(flat), np.arange(count)):
-        raise ValueError("the split's indices are not a permutation")
+        raise ValueError("the split's indices are not a permutation of its micro-batches' rows")
     return flat
 
 
