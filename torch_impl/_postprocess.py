@@ -20,7 +20,7 @@ from ._kernels import move
 from ._parts import NestedTensor, check_parts
 from ._permutation import check_permutation
 from ._plan import KeyPlan, plan_key
-from ._provenance import Provenance, recorded
+from ._provenance import recorded
 from ._rows import CallRows
 from ._switch import witness_config
 from ._witness import Witness, read_witness
@@ -93,7 +93,7 @@ def _checked_plans(
     if dynamic:
         check_partition_count(indices, len(outs))
         # a live split's own indices vouch for themselves (a permutation, checked when recorded)
-        perm = provenance.permutation(indices) if isinstance(provenance, Provenance) else None
+        perm = provenance.permutation(indices) if provenance is not None else None
         if perm is None:
             perm = check_permutation(indices, sum(map(len, indices)))
     keys = list(outs[0]) if outs else []
@@ -155,7 +155,7 @@ def _check_keys(
             first_rows = rows
         want = sizes if sizes is not None else first_rows
         if rows != want:  # one comparison of the lists, then the first micro-batch that differs
-            m = next(m for m, (got, n) in enumerate(zip(rows, want, strict=True)) if got != n)
+            m = next(m for m, (a, b) in enumerate(zip(rows, want, strict=True)) if a != b)
             at, got, n = where(key, m), rows[m], want[m]
             if sizes is not None:
                 raise PartitionMismatchError(f"{at}{got} rows, but its partition has {n} indices")

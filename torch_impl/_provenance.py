@@ -79,14 +79,14 @@ def _ragged(x: Any) -> Any:
 class Split:
     """One split's record: ``name``; ``slots`` (each micro-batch's slot among the real ones, or
     `PADDING`); ``sizes`` (each real micro-batch's rows); ``flat`` (its indices flattened, padding
-    left out; for fixed-size chunks, the rows in order) and ``flat_bytes``; ``lists``, its indices as it
+    left out; for fixed-size chunks, the rows in order) and ``flat_bytes``; ``exact``, its indices as it
     handed them out, padding left out, as `plain_int_lists`' bytes (None unless lists of plain ints);
     ``kept``, each
     micro-batch's nested ints with their tags (held, so their ids stay theirs while the record lives);
     ``expected``, each real slot's own tag. Read-only once made; shared by threads. Raises ValueError
     for indices that are not a permutation (left unrecorded)."""
 
-    __slots__ = ("expected", "flat", "flat_bytes", "kept", "lists", "name", "sizes", "slots")
+    __slots__ = ("exact", "expected", "flat", "flat_bytes", "kept", "name", "sizes", "slots")
 
     def __init__(self, name: int, micro_batches: Sequence[Any], indices: Sequence[Any] | None) -> None:
         self.name = name
@@ -110,7 +110,7 @@ class Split:
         self.flat = np.arange(sum(sizes), dtype=np.int64) if indices is None else _flat(indices, sum(sizes))
         self.flat_bytes = self.flat.tobytes()
         real = [p for p in indices if p is not PADDING] if indices is not None else None
-        self.lists = plain_int_lists_of(real)
+        self.exact = plain_int_lists_of(real)
 
     def rows(self) -> list[list[int]]:
         """The split's indices, padding left out (for the error path)."""
@@ -148,7 +148,7 @@ class Provenance:
         self.by_name = {split.name: split for split in self.splits}
         self.tags = {id(size): tag for split in self.splits for size, tag in split.kept}
         self.vouchers = tuple(
-            (split.lists, split.flat) for split in reversed(self.splits) if split.lists is not None
+            (split.exact, split.flat) for split in reversed(self.splits) if split.exact is not None
         )
 
     def permutation(self, indices: Any) -> torch.Tensor | None:
@@ -157,7 +157,7 @@ class Provenance:
         when it recorded them, so the restore takes them with one C-level pass, not by reading and counting
         every index. None otherwise (the restore's own check runs)."""
         given = plain_int_lists(indices) if self.vouchers else None
-        flat = next((flat for lists, flat in self.vouchers if given == lists), None) if given else None
+        flat = next((flat for exact, flat in self.vouchers if given == exact), None) if given else None
         return None if flat is None else torch.from_numpy(flat.copy())
 
     def judge(
@@ -365,7 +365,9 @@ def _count(proven: int, outputs: int, keys_proven: int, keys_unproven: int) -> N
 class _Unrecorded:
     """The record of a drop-in call whose ``data`` no split of rebatch's recorded: unproven, counted."""
 
-    known = ()
+    def permutation(self, indices: Any) -> None:
+        """No split vouches for the indices: the restore's own check runs."""
+        return None
 
     def judge(self, checked: Mapping[Any, Sequence[Any]], *_: Any) -> tuple[bool, None]:
         outputs = len(next(iter(checked.values()), ()))
