@@ -13,7 +13,8 @@ ints), AReaL's ``output_seqlens`` and ``forward_indices``, SkyRL's partitions.
 - AReaL: ``reorder_and_pad_outputs`` (each micro-batch's packed outputs on the device, their own
   ``cu_seqlens`` in ``mb_list.mbs`` on the device: the witness);
 - SkyRL: ``reorder_and_combine_batches`` (each micro-batch's ``[b, S]`` tensors on the device);
-- ``torch_impl``: ``postprocess_batch``, ``concat``, ``restore``, ``take``, ``split``, ``to_padded``,
+- ``torch_impl``: ``postprocess_batch``, ``concat``, ``restore``, ``take``, ``split`` (of a tensor, and of
+  a TensorDict whose jagged fields share one offsets tensor, one an equal copy), ``to_padded``,
   ``from_padded``, ``to_packed``, ``from_packed``.
 """
 
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from tensordict import TensorDict
 
 import torch_impl
 from rebatch_startup.trainers import TRAINERS
@@ -51,6 +53,7 @@ def _public(op: str) -> Builder:
         padded = move(torch_impl.to_padded(torch_impl.concat(outs)))
         packed = move(randn(sum(lengths)))
         perm = [i for p in indices for i in p]
+        fields = move(_fields(torch_impl.concat(outs)))
         calls: dict[str, Callable[[], Any]] = {
             "postprocess_batch": lambda: torch_impl.postprocess_batch(
                 [{"model_output": {"x": x}} for x in parts], indices
@@ -59,6 +62,12 @@ def _public(op: str) -> Builder:
             "restore": lambda: torch_impl.restore(whole, indices),
             "take": lambda: torch_impl.take(whole, perm),
             "split": lambda: torch_impl.split(whole, indices),
+            "take+TensorDict": lambda: dict(
+                torch_impl.take(TensorDict(fields, batch_size=[b]), perm).items()
+            ),
+            "split+TensorDict": lambda: [
+                dict(mb.items()) for mb in torch_impl.split(TensorDict(fields, batch_size=[b]), indices)
+            ],
             "to_padded": lambda: torch_impl.to_padded(whole),
             "from_padded": lambda: torch_impl.from_padded(padded, lengths),
             "to_packed": lambda: torch_impl.to_packed(whole),
@@ -67,6 +76,17 @@ def _public(op: str) -> Builder:
         return calls[op], "in"
 
     return build
+
+
+def _fields(x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A TensorDict's fields around the jagged ``x``: three jagged fields on its one offsets tensor (as
+    verl's ``input_ids`` and the fields built on its ``cu_seqlens``), one on an equal copy of it, and a
+    dense one."""
+    values, offsets = x.values(), offsets_of(x)
+    fields = {f"j{k}": torch.nested.nested_tensor_from_jagged(values * (k + 1), offsets) for k in range(3)}
+    fields["copy"] = torch.nested.nested_tensor_from_jagged(-values, offsets.clone())
+    fields["dense"] = randn(int(offsets.shape[0]) - 1)
+    return fields
 
 
 #: name -> builder (see the module's docstring)
@@ -85,6 +105,8 @@ CALLS: dict[str, Builder] = {
             "restore",
             "take",
             "split",
+            "take+TensorDict",
+            "split+TensorDict",
             "to_padded",
             "from_padded",
             "to_packed",

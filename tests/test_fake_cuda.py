@@ -26,6 +26,7 @@ DOCUMENTED_SYNCS = {
     "areal.reorder_and_pad_outputs": 1,  # the witness: each micro-batch's cu_seqlens against the lengths
     "torch_impl.to_padded": 1,  # the longest row sizes the result (its docstring)
     "torch_impl.split": 1,  # each micro-batch's number of values sizes its piece
+    "torch_impl.split+TensorDict": 2,  # the same, once an offsets tensor (an equal copy is read apart)
 }
 #: The registry's kernels that apply off the CPU.
 DEVICE_KERNELS = {"concat", "element_indices", "index_rows"}

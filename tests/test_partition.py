@@ -8,6 +8,7 @@ from tensordict import NonTensorStack, TensorDict
 
 import ref
 import torch_impl
+from property_tests.compare import assert_same
 from property_tests.data import jagged
 from property_tests.opcount import CountOps
 from ref.errors import TokenBudgetError, UnsupportedSettingError
@@ -128,3 +129,98 @@ def test_split_gathers_once_per_field_whatever_the_partitions() -> None:
     of row lengths and offsets is not counted)."""
     assert _gathers(3, 2) == _gathers(3, 16) == 3
     assert _gathers(1, 8) == 1
+
+
+def _fields_on_shared_offsets() -> tuple[TensorDict, dict[str, torch.Tensor]]:
+    """A TensorDict whose jagged fields ``a`` and ``b`` share one offsets tensor, ``c`` holds an equal
+    copy of it, ``d`` has offsets of its own, ``e`` is dense; and each field alone."""
+    lengths, others = [3, 0, 2, 4, 1], [1, 2, 0, 1, 5]
+    offsets = torch.tensor([0, 3, 3, 5, 9, 10])
+    n = int(offsets[-1])
+    fields = {
+        "a": torch_impl.from_packed(torch.arange(float(n)), lengths),
+        "d": jagged(torch.arange(100.0, 100.0 + sum(others)), others),
+        "e": torch.arange(10.0).reshape(5, 2),
+    }
+    shared = fields["a"].offsets()
+    fields["b"] = torch.nested.nested_tensor_from_jagged(-torch.arange(float(n)), shared)
+    fields["c"] = torch.nested.nested_tensor_from_jagged(torch.arange(float(n)) * 2, offsets.clone())
+    return TensorDict(dict(fields), batch_size=[5]), fields
+
+
+def _plans(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the gather plans made (`torch_impl._jagged.plan_gather` as `torch_impl._ops` calls it)."""
+    made: list[int] = []
+    plan = torch_impl._ops.plan_gather
+
+    def counted(*args: object, **kwargs: object) -> object:
+        made.append(1)
+        return plan(*args, **kwargs)
+
+    monkeypatch.setattr(torch_impl._ops, "plan_gather", counted)
+    return made
+
+
+def test_fields_on_one_offsets_tensor_or_equal_ones_are_planned_once_and_each_keeps_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """take and split of a TensorDict plan once a call for each offsets tensor (``a`` and ``b``), and once for
+    offsets equal on the CPU (``c``): two plans (``d`` has its own), where each field alone makes one.
+    Every field's result is the one it has taken alone: values, offsets, cached sizes, and offsets of
+    its own (a tensor no other field's result holds, as each trainer's own functions make them)."""
+    from ref._torch_private import metadata_cache
+
+    td, fields = _fields_on_shared_offsets()
+    made = _plans(monkeypatch)
+    rows, parts = [4, 0, 0, 2], [[3, 0], [4, 1, 2]]
+    taken = torch_impl.take(td, rows)
+    pieces = torch_impl.split(td, parts)
+    assert len(made) == 2 + 2
+    made.clear()
+    for key, x in fields.items():
+        alone = torch_impl.take(x, rows)
+        assert_same(taken[key], alone)
+        for got, want in zip((mb[key] for mb in pieces), torch_impl.split(x, parts), strict=True):
+            assert_same(got, want)
+            if got.is_nested:
+                assert {k: v.shape for k, v in metadata_cache(got).items()} == {
+                    k: v.shape for k, v in metadata_cache(want).items()
+                }
+        if x.is_nested:
+            assert {k: v.shape for k, v in metadata_cache(taken[key]).items()} == {
+                k: v.shape for k, v in metadata_cache(alone).items()
+            }
+    assert len(made) == 2 * 4  # alone: each jagged field's own plan, for take and for split
+    jagged_keys = ["a", "b", "c", "d"]
+    held = [taken[k].offsets() for k in jagged_keys] + [mb[k].offsets() for mb in pieces for k in jagged_keys]
+    assert len({t.untyped_storage().data_ptr() for t in held}) == len(held)
+
+
+def test_a_field_whose_values_do_not_fill_a_shared_offsets_tensor_still_raises_naming_it() -> None:
+    """A field on another's offsets tensor but with fewer values is planned, and checked, on its own."""
+    from ref.errors import InvalidJaggedError
+    from torch_impl._jagged import njt
+
+    td, fields = _fields_on_shared_offsets()
+    short = njt(torch.zeros(int(fields["a"].offsets()[-1]) - 1), fields["a"].offsets())
+    td = TensorDict({**fields, "short": short}, batch_size=[5])
+    with pytest.raises(InvalidJaggedError, match="'short'"):
+        torch_impl.split(td, [[0, 1], [2, 3, 4]])
+    with pytest.raises(InvalidJaggedError, match="'short'"):
+        torch_impl.take(td, [1, 0])
+
+
+def test_split_and_take_carry_the_gradient_of_every_value() -> None:
+    """Pieces built over gathered values keep autograd: each value receives exactly its gradient."""
+    leaf = torch.randn(10, requires_grad=True)
+    x = torch_impl.from_packed(leaf, [3, 0, 2, 4, 1])
+    weights = torch.randn(10)
+    pieces = torch_impl.split(x, [[3, 0], [4, 1, 2]])
+    taken = torch_impl.take(x, [4, 0, 2])
+    flat = torch.cat([p.values() for p in pieces])
+    order = torch.tensor([5, 6, 7, 8, 0, 1, 2, 9, 3, 4])  # the split's values in micro-batch order
+    (flat * weights).sum().backward()
+    assert torch.equal(leaf.grad, torch.empty(10).index_copy_(0, order, weights))
+    leaf.grad = None
+    taken.values().sum().backward()
+    assert torch.equal(leaf.grad, torch.tensor([1.0, 1, 1, 1, 1, 0, 0, 0, 0, 1]))

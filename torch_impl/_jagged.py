@@ -21,11 +21,14 @@ from ._bits import as_bits, from_bits
 from ._parts import JaggedPart, check_offsets, numpy_bridge
 
 __all__ = [
+    "Gather",
     "Runs",
     "cached_seqlens",
     "gather_jagged",
+    "gather_values",
     "host_offsets",
     "njt",
+    "plan_gather",
     "result_njt",
     "seqlens_of",
     "size_cache",
@@ -177,25 +180,56 @@ class Runs(NamedTuple):
         return steps[:-1].cumsum_(0)
 
 
-def gather_jagged(
-    x: JaggedPart, rows: torch.Tensor, total: int | None = None, seqlens: Seqlens = None
-) -> torch.Tensor:
-    """``[rows_of(x)[i] for i in rows]`` as one jagged tensor: a single gather of the values.
+class Gather(NamedTuple):
+    """Rows of a jagged tensor planned for a gather (`plan_gather`): the result's ``offsets`` ``[R + 1]``
+    (int64, the tensor's device), each result value's source ``indices`` ``[total]``, ``total`` (its
+    number of values), ``seqlens`` (its cached sizes), and ``host``: ``offsets`` as a NumPy array where
+    they are on the CPU (None elsewhere, never read there for this)."""
 
-    ``x``: a jagged part; ``rows``: int64 ``[R]`` in ``range(B)`` on ``x``'s device. ``total``: the
-    number of values of the result when known (a permutation keeps ``N``, and ``seqlens``, `x`'s
-    cached sizes, where it has them); otherwise it is read from the device (a synchronisation on an
-    accelerator), with the result's shortest and longest row in the same read.
+    offsets: torch.Tensor
+    indices: torch.Tensor
+    total: int
+    seqlens: Seqlens
+    host: np.ndarray | None
+
+
+def plan_gather(
+    x: JaggedPart, rows: torch.Tensor, total: int | None = None, seqlens: Seqlens = None, key: Any = None
+) -> Gather:
+    """The plan of ``[rows_of(x)[i] for i in rows]``, ``x``'s offsets checked (`check_offsets`); tensors
+    on the same offsets share it (`gather_values` moves each one's values).
+
+    ``rows``: int64 ``[R]`` in ``range(B)`` on ``x``'s device. ``total``: the number of values of the
+    result when known (a permutation keeps ``N``, and ``seqlens``, `x`'s cached sizes, where it has them);
+    otherwise it is read from the device (a synchronisation on an accelerator), with the result's
+    shortest and longest row in the same read. ``key``: the field's name, which an error names.
     """
-    lengths = check_offsets([x])
+    lengths = check_offsets([x], key)
     new_lengths = lengths.index_select(0, rows)
     new_offsets = zero_prefixed_cumsum(new_lengths)
+    host = None
     if new_lengths.device.type == "cpu":
         seqlens = seqlens_of(new_lengths)
+        host = new_offsets.numpy() if numpy_bridge() else None
     elif total is None and new_lengths.numel():  # one read for the total and the cached sizes
         total, lo, hi = torch.stack([new_offsets[-1], *torch.aminmax(new_lengths)]).tolist()
         seqlens = lo, hi
     if total is None:
         total = int(new_offsets[-1])
     src = Runs.of(x.offsets[:-1].index_select(0, rows), new_offsets[:-1], total).indices()
-    return njt(from_bits(as_bits(x.values).index_select(0, src), x.values.dtype), new_offsets, None, seqlens)
+    return Gather(new_offsets, src, total, seqlens, host)
+
+
+def gather_values(values: torch.Tensor, plan: Gather) -> torch.Tensor:
+    """``values`` ``[N, *F]`` gathered by ``plan`` into fresh ``[plan.total, *F]``: one ``index_select``
+    (of the bits, for a dtype torch cannot index: `torch_impl._bits`)."""
+    return from_bits(as_bits(values).index_select(0, plan.indices), values.dtype)
+
+
+def gather_jagged(
+    x: JaggedPart, rows: torch.Tensor, total: int | None = None, seqlens: Seqlens = None
+) -> torch.Tensor:
+    """``[rows_of(x)[i] for i in rows]`` as one jagged tensor: `plan_gather`, then a single gather of the
+    values (`gather_values`), the result built over its fresh values (`result_njt`)."""
+    plan = plan_gather(x, rows, total, seqlens)
+    return result_njt(gather_values(x.values, plan), plan.offsets, plan.seqlens)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import Any, TypeVar, overload
+from typing import Any, NamedTuple, TypeVar, overload
 
 import numpy as np
 import torch
@@ -17,9 +17,18 @@ from ref.errors import RowIndexError, UnsupportedSettingError
 
 from ._bits import as_bits, from_bits
 from ._entry import entry
-from ._jagged import cached_seqlens, gather_jagged, njt, seqlens_of
+from ._jagged import (
+    Gather,
+    Seqlens,
+    cached_seqlens,
+    gather_values,
+    plan_gather,
+    result_njt,
+    seqlens_of,
+    size_cache,
+)
 from ._kernels import assemble
-from ._parts import DensePart, Part, check_parts, numpy_bridge, unpack
+from ._parts import DensePart, JaggedPart, Part, check_parts, numpy_bridge, unpack
 from ._permutation import check_permutation
 
 __all__ = ["concat", "take", "restore", "split"]
@@ -71,30 +80,121 @@ def _checked_rows(rows: Any, n: int, device: torch.device) -> torch.Tensor:
     return r.to(device, non_blocking=r.is_cpu)  # an upload waits for nothing; a download blocks
 
 
-def _is_permutation(rows: torch.Tensor, n: int) -> bool:
-    """``rows`` (checked, in ``range(n)``) hold each of ``range(n)`` once; False off the CPU (unread)."""
+class _Gathers:
+    """One call's checked ``rows`` (int64, on the host or where given) of a tensor of ``n`` rows, and what
+    derives from them alone, made once a call, never once a field: their copy on each device, whether
+    they are a permutation (off the CPU, where that keeps a field's values and cached sizes), and one
+    gather plan (`plan_gather`) for each jagged field's offsets tensor, which the fields on it share,
+    with the cut of its result into micro-batches (`_Cut`)."""
+
+    def __init__(self, rows: torch.Tensor, n: int) -> None:
+        self.rows = rows
+        self.n = n
+        self._on: dict[torch.device, torch.Tensor] = {rows.device: rows}
+        self._permutation: bool | None = None
+        # by offsets tensor: the part planned first (held, so that its offsets' id stays theirs) and its plan
+        self._plans: dict[tuple[Any, ...], tuple[JaggedPart, Gather]] = {}
+        self._handed: set[int] = set()  # the plans whose offsets a result already holds
+        self._cuts: dict[int, _Cut] = {}
+
+    def on(self, device: torch.device) -> torch.Tensor:
+        """The rows on ``device`` (an upload from the host, once a call; a download blocks)."""
+        if device not in self._on:
+            self._on[device] = self.rows.to(device, non_blocking=self.rows.is_cpu)
+        return self._on[device]
+
+    def is_permutation(self) -> bool:
+        """Whether the rows hold each of ``range(n)`` once; False off the CPU (unread)."""
+        if self._permutation is None:
+            rows = self.rows
+            self._permutation = (
+                rows.device.type == "cpu"
+                and rows.numel() == self.n
+                and bool((torch.bincount(rows, minlength=self.n) == 1).all())
+            )
+        return self._permutation
+
+    def plan(self, x: JaggedPart, source: Any, key: Any = None, total: int | None = None) -> Gather:
+        """The gather plan of field ``x`` (``source``: the field as given, whose cached sizes a permutation
+        keeps off the CPU): its offsets tensor's, made and checked by its first field of as many values;
+        on the CPU, that of offsets equal to its own (the same checks' result)."""
+        on_host = x.values.device.type == "cpu"
+        if total is None and not on_host and self.is_permutation():
+            total = int(x.values.shape[0])  # a permutation keeps the values: no read of the device
+        if total is None and x.values.device.type == "meta":
+            raise UnsupportedSettingError(
+                f"take of rows that are not a permutation of range({x.rows}) on the meta device: the "
+                "result's number of values depends on the row lengths, which a meta tensor does not hold"
+            )
+        kept = not on_host and total == x.values.shape[0] and self.is_permutation()
+        seqlens = cached_seqlens([source]) if kept else None
+        group = (id(x.offsets), int(x.values.shape[0]), total, seqlens)
+        found = self._plans.get(group)
+        if found is None and on_host:  # another offsets tensor with the same values: its plan, no read
+            found = next((f for g, f in self._plans.items() if g[1:] == group[1:] and _equal(f[0], x)), None)
+        if found is None:
+            found = x, plan_gather(x, self.on(x.values.device), total, seqlens, key)
+        self._plans.setdefault(group, (x, found[1]))
+        return found[1]
+
+    def offsets(self, plan: Gather) -> torch.Tensor:
+        """``plan``'s result offsets for one more field: the plan's own for its first, a copy for each
+        further one (each field's offsets its own, as each trainer's own functions make them)."""
+        if id(plan) in self._handed:
+            return plan.offsets.clone()
+        self._handed.add(id(plan))
+        return plan.offsets
+
+    def cut(self, plan: Gather, sizes: list[int]) -> _Cut:
+        """``plan``'s result cut into pieces of ``sizes`` rows (`_Cut`), once a plan."""
+        if id(plan) not in self._cuts:
+            self._cuts[id(plan)] = _Cut.of(plan, sizes)
+        return self._cuts[id(plan)]
+
+
+def _equal(a: JaggedPart, b: JaggedPart) -> bool:
+    """Whether two jagged fields' offsets, both on the CPU, hold the same values."""
     return (
-        rows.device.type == "cpu"
-        and rows.numel() == n
-        and bool((torch.bincount(rows, minlength=n) == 1).all())
+        a.offsets.device.type == "cpu"
+        and a.offsets.shape == b.offsets.shape
+        and torch.equal(a.offsets, b.offsets)
     )
 
 
-def _take_part(x: Part, rows: Any, *, total: int | None = None, source: Any = None) -> torch.Tensor:
-    host = _checked_rows(rows, x.rows, rows.device if isinstance(rows, torch.Tensor) else torch.device("cpu"))
-    idx = host.to(x.values.device, non_blocking=True) if host.device != x.values.device else host
+class _Cut(NamedTuple):
+    """A gather plan's result cut into consecutive pieces (`_Gathers.cut`): for each piece its first and
+    end value, its first and end row in the result, and its cached sizes (`Seqlens`, and their
+    `size_cache`, which the pieces of the plan's fields share)."""
+
+    pieces: list[tuple[int, int, int, int, Seqlens, dict[str, torch.Tensor]]]
+
+    @classmethod
+    def of(cls, plan: Gather, sizes: list[int]) -> _Cut:
+        """The pieces of ``sizes`` rows from the plan's offsets on the host (read once, where they are on
+        a device: one synchronisation a plan)."""
+        host = plan.host
+        if host is None:
+            host = (
+                plan.offsets.cpu().numpy()
+                if numpy_bridge()
+                else np.array(plan.offsets.tolist(), dtype=np.int64)
+            )
+        lengths = np.diff(host)
+        row_bounds = list(itertools.accumulate(sizes, initial=0))
+        at = host[row_bounds].tolist()  # each piece's first value, and the end
+        pieces = list(zip(at, at[1:], row_bounds, row_bounds[1:], strict=False))  # consecutive bounds
+        seqlens = [seqlens_of(lengths[r:e]) for _, _, r, e in pieces]
+        return cls([(*bounds, s, size_cache(s)) for bounds, s in zip(pieces, seqlens, strict=True)])
+
+
+def _take_part(x: Part, call: _Gathers, source: Any = None, key: Any = None) -> torch.Tensor:
+    """Field ``x`` at the call's rows: a dense one by one ``index_select``, a jagged one by its offsets'
+    plan and one gather of its values."""
     if isinstance(x, DensePart):
-        return from_bits(as_bits(x.values).index_select(0, idx), x.values.dtype)
-    if total is None and x.values.device.type != "cpu" and _is_permutation(host, x.rows):
-        total = int(x.values.shape[0])  # a permutation keeps the values: no read of the device
-    if total is None and x.values.device.type == "meta":
-        raise UnsupportedSettingError(
-            f"take of rows that are not a permutation of range({x.rows}) on the meta device: the result's "
-            "number of values depends on the row lengths, which a meta tensor does not hold"
-        )
-    # off the CPU a permutation keeps the rows, so the sizes ``source`` (as given) caches
-    kept = x.values.device.type != "cpu" and total == x.values.shape[0] and _is_permutation(host, x.rows)
-    return gather_jagged(x, idx, total, cached_seqlens([source]) if kept else None)
+        return from_bits(as_bits(x.values).index_select(0, call.on(x.values.device)), x.values.dtype)
+    plan = call.plan(x, source, key)
+    cache = size_cache(plan.seqlens)
+    return result_njt(gather_values(x.values, plan), call.offsets(plan), plan.seqlens, cache)
 
 
 def _tensor_keys(td: TensorDictBase) -> list[Any]:
@@ -103,8 +203,9 @@ def _tensor_keys(td: TensorDictBase) -> list[Any]:
 
 def _take_tensordict(td: TensorDictBase, rows: Any) -> TensorDictBase:
     idx = _checked_rows(rows, int(td.batch_size[0]), torch.device("cpu"))
+    call = _Gathers(idx, int(td.batch_size[0]))
     keys = _tensor_keys(td)
-    fields = {k: _take_part(unpack(td.get(k), k), idx, source=td.get(k)) for k in keys}
+    fields = {k: _take_part(unpack(td.get(k), k), call, td.get(k), k) for k in keys}
     if len(keys) == len(list(td.keys())):
         return type(td)(fields, batch_size=[idx.numel(), *td.batch_size[1:]], device=td.device)
     out = td.exclude(*keys)[idx]
@@ -118,11 +219,15 @@ def take(x: T, rows: Any) -> T:
     """``out = [x.unbind()[i] for i in rows]`` (jagged), ``x[rows]`` (dense), or each field so (TensorDict).
 
     ``rows``: ``[R]`` integers in ``range(B)`` (`RowIndexError` for a negative or out-of-range one:
-    no wrap-around). Jagged fields are gathered with one ``index_select`` each.
+    no wrap-around). Jagged fields are gathered with one ``index_select`` each, a TensorDict's fields on
+    one offsets tensor (or, on the CPU, equal ones) planned once (`plan_gather`); each field's result
+    holds offsets of its own.
     """
     if isinstance(x, TensorDictBase):
         return _take_tensordict(x, rows)
-    return _take_part(unpack(x), rows, source=x)
+    part = unpack(x)
+    device = rows.device if isinstance(rows, torch.Tensor) else torch.device("cpu")
+    return _take_part(part, _Gathers(_checked_rows(rows, part.rows, device), part.rows), x)
 
 
 @entry
@@ -157,54 +262,48 @@ def split(
     """``out = [take(x, p) for p in partitions]``: the micro-batches of ``x``, the inverse of `restore`.
 
     One gather per field for all partitions together (the rows in micro-batch order), then cheap
-    views per partition. ``partitions`` must flatten to a permutation of ``range(B)``.
+    views per partition; a TensorDict's jagged fields on one offsets tensor (or, on the CPU, equal
+    ones) share one plan of that gather and of the cut. ``partitions`` must flatten to a permutation of
+    ``range(B)``.
     """
     if isinstance(x, TensorDictBase):
         perm = check_permutation(partitions, int(x.batch_size[0]))
         return _split_tensordict(x, perm, partitions)
     part = unpack(x)
     perm = check_permutation(partitions, part.rows)
-    return _cut(_whole_in_order(part, perm, x), [len(p) for p in partitions])
+    return _split_part(part, _Gathers(perm, part.rows), [len(p) for p in partitions], x)
 
 
-def _whole_in_order(part: Part, perm: torch.Tensor, source: Any) -> torch.Tensor:
-    """All rows in micro-batch order, one gather (a permutation keeps the number of values)."""
-    return _take_part(
-        part, perm, total=None if isinstance(part, DensePart) else part.values.shape[0], source=source
-    )
-
-
-def _cut(x: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
-    """``x`` cut into consecutive pieces of ``sizes`` rows (views of its data)."""
-    part = unpack(x)
+def _split_part(
+    part: Part, call: _Gathers, sizes: list[int], source: Any, key: Any = None
+) -> list[torch.Tensor]:
+    """One field's micro-batches: its rows in micro-batch order (the call's permutation), gathered once,
+    then cut into pieces of ``sizes`` rows (views of the gathered values; a jagged field's pieces cut
+    where its offsets' plan cuts them, `_Gathers.cut`)."""
     if isinstance(part, DensePart):
-        return list(torch.split(x, sizes))
-    row_bounds = list(itertools.accumulate(sizes, initial=0))
+        return list(torch.split(_take_part(part, call), sizes))
     if part.offsets.device.type == "meta":
         raise UnsupportedSettingError(
             "split on the meta device: each micro-batch's number of values depends on the row lengths, "
             "which a meta tensor does not hold"
         )
-    # one read of the offsets: each piece's bounds and cached sizes
-    offsets = (
-        part.offsets.cpu().numpy() if numpy_bridge() else np.array(part.offsets.tolist(), dtype=np.int64)
-    )
-    lengths = np.diff(offsets)
-    at = offsets[row_bounds].tolist()  # each piece's first value, and the end
-    pieces = zip(at, at[1:], row_bounds, row_bounds[1:], strict=False)  # consecutive bounds
+    plan = call.plan(part, source, key, int(part.values.shape[0]))  # a permutation keeps the values
+    values = gather_values(part.values, plan)
     return [
-        njt(part.values[a:b], part.offsets[r : e + 1] - a, None, seqlens_of(lengths[r:e]))
-        for a, b, r, e in pieces
+        result_njt(values[a:b], plan.offsets[r : e + 1] - a, seqlens, cache)
+        for a, b, r, e, seqlens, cache in call.cut(plan, sizes).pieces
     ]
 
 
 def _split_tensordict(
     td: TensorDictBase, perm: torch.Tensor, partitions: Sequence[Sequence[int]]
 ) -> list[TensorDictBase]:
-    """Each tensor field gathered once for all partitions and cut; other fields indexed per partition."""
+    """Each tensor field gathered once for all partitions and cut, fields on one offsets tensor planned
+    once; other fields indexed per partition."""
     sizes = [len(p) for p in partitions]
     keys = _tensor_keys(td)
-    cut = {k: _cut(_whole_in_order(unpack(td.get(k), k), perm, td.get(k)), sizes) for k in keys}
+    call = _Gathers(perm, int(td.batch_size[0]))
+    cut = {k: _split_part(unpack(td.get(k), k), call, sizes, td.get(k), k) for k in keys}
     rest = td.exclude(*keys) if len(keys) < len(list(td.keys())) else None
     out = []
     for i, part in enumerate(partitions):
