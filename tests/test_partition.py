@@ -224,3 +224,21 @@ def test_split_and_take_carry_the_gradient_of_every_value() -> None:
     leaf.grad = None
     taken.values().sum().backward()
     assert torch.equal(leaf.grad, torch.tensor([1.0, 1, 1, 1, 1, 0, 0, 0, 0, 1]))
+
+
+@pytest.mark.parametrize("op", ["take", "split"])
+def test_off_the_cpu_each_field_on_a_shared_plan_is_counted_as_trusted(op: str) -> None:
+    """Offsets off the CPU are trusted, and each field's counted (``skipped_device_offsets``), whether its
+    plan is its own or its offsets tensor's."""
+    offsets = torch.tensor([0, 2, 2, 6], device="meta")
+    fields = {
+        k: torch.nested.nested_tensor_from_jagged(torch.zeros(6, device="meta"), offsets) for k in "abc"
+    }
+    td = TensorDict(fields, batch_size=[3])
+    torch_impl.witness_stats(reset=True)
+    if op == "take":
+        torch_impl.take(td, [2, 0, 1])
+    else:
+        with pytest.raises(UnsupportedSettingError, match="meta"):  # a piece's size needs the lengths
+            torch_impl.split(td, [[2], [0, 1]])
+    assert torch_impl.witness_stats()["skipped_device_offsets"] == (3 if op == "take" else 0)

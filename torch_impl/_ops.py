@@ -30,6 +30,7 @@ from ._jagged import (
 from ._kernels import assemble
 from ._parts import DensePart, JaggedPart, Part, check_parts, numpy_bridge, unpack
 from ._permutation import check_permutation
+from ._tally import skipped
 
 __all__ = ["concat", "take", "restore", "split"]
 
@@ -134,6 +135,8 @@ class _Gathers:
             found = next((f for g, f in self._plans.items() if g[1:] == group[1:] and _equal(f[0], x)), None)
         if found is None:
             found = x, plan_gather(x, self.on(x.values.device), total, seqlens, key)
+        elif not on_host:  # this field's offsets trusted too, and counted (`check_offsets`)
+            skipped("skipped_device_offsets")
         self._plans.setdefault(group, (x, found[1]))
         return found[1]
 
