@@ -24,7 +24,6 @@ __all__ = [
     "Gather",
     "Runs",
     "cached_seqlens",
-    "gather_jagged",
     "gather_values",
     "host_offsets",
     "njt",
@@ -183,13 +182,15 @@ class Runs(NamedTuple):
 class Gather(NamedTuple):
     """Rows of a jagged tensor planned for a gather (`plan_gather`): the result's ``offsets`` ``[R + 1]``
     (int64, the tensor's device), each result value's source ``indices`` ``[total]``, ``total`` (its
-    number of values), ``seqlens`` (its cached sizes), and ``host``: ``offsets`` as a NumPy array where
-    they are on the CPU (None elsewhere, never read there for this)."""
+    number of values), ``seqlens`` (its cached sizes) and ``sizes`` (their `size_cache`, which the results
+    on the plan share), and ``host``: ``offsets`` as a NumPy array where they are on the CPU (None
+    elsewhere, never read there for this)."""
 
     offsets: torch.Tensor
     indices: torch.Tensor
     total: int
     seqlens: Seqlens
+    sizes: dict[str, torch.Tensor]
     host: np.ndarray | None
 
 
@@ -217,19 +218,10 @@ def plan_gather(
     if total is None:
         total = int(new_offsets[-1])
     src = Runs.of(x.offsets[:-1].index_select(0, rows), new_offsets[:-1], total).indices()
-    return Gather(new_offsets, src, total, seqlens, host)
+    return Gather(new_offsets, src, total, seqlens, size_cache(seqlens), host)
 
 
 def gather_values(values: torch.Tensor, plan: Gather) -> torch.Tensor:
     """``values`` ``[N, *F]`` gathered by ``plan`` into fresh ``[plan.total, *F]``: one ``index_select``
     (of the bits, for a dtype torch cannot index: `torch_impl._bits`)."""
     return from_bits(as_bits(values).index_select(0, plan.indices), values.dtype)
-
-
-def gather_jagged(
-    x: JaggedPart, rows: torch.Tensor, total: int | None = None, seqlens: Seqlens = None
-) -> torch.Tensor:
-    """``[rows_of(x)[i] for i in rows]`` as one jagged tensor: `plan_gather`, then a single gather of the
-    values (`gather_values`), the result built over its fresh values (`result_njt`)."""
-    plan = plan_gather(x, rows, total, seqlens)
-    return result_njt(gather_values(x.values, plan), plan.offsets, plan.seqlens)

@@ -88,11 +88,11 @@ class _Gathers:
     gather plan (`plan_gather`) for each jagged field's offsets tensor, which the fields on it share,
     with the cut of its result into micro-batches (`_Cut`)."""
 
-    def __init__(self, rows: torch.Tensor, n: int) -> None:
+    def __init__(self, rows: torch.Tensor, n: int, permutation: bool | None = None) -> None:
         self.rows = rows
         self.n = n
         self._on: dict[torch.device, torch.Tensor] = {rows.device: rows}
-        self._permutation: bool | None = None
+        self._permutation = permutation  # where the caller checked it (split's partitions), else found once
         # by offsets tensor: the part planned first (held, so that its offsets' id stays theirs) and its plan
         self._plans: dict[tuple[Any, ...], tuple[JaggedPart, Gather]] = {}
         self._handed: set[int] = set()  # the plans whose offsets a result already holds
@@ -196,8 +196,7 @@ def _take_part(x: Part, call: _Gathers, source: Any = None, key: Any = None) -> 
     if isinstance(x, DensePart):
         return from_bits(as_bits(x.values).index_select(0, call.on(x.values.device)), x.values.dtype)
     plan = call.plan(x, source, key)
-    cache = size_cache(plan.seqlens)
-    return result_njt(gather_values(x.values, plan), call.offsets(plan), plan.seqlens, cache)
+    return result_njt(gather_values(x.values, plan), call.offsets(plan), plan.seqlens, plan.sizes)
 
 
 def _tensor_keys(td: TensorDictBase) -> list[Any]:
@@ -274,7 +273,7 @@ def split(
         return _split_tensordict(x, perm, partitions)
     part = unpack(x)
     perm = check_permutation(partitions, part.rows)
-    return _split_part(part, _Gathers(perm, part.rows), [len(p) for p in partitions], x)
+    return _split_part(part, _Gathers(perm, part.rows, permutation=True), [len(p) for p in partitions], x)
 
 
 def _split_part(
@@ -305,7 +304,7 @@ def _split_tensordict(
     once; other fields indexed per partition."""
     sizes = [len(p) for p in partitions]
     keys = _tensor_keys(td)
-    call = _Gathers(perm, int(td.batch_size[0]))
+    call = _Gathers(perm, int(td.batch_size[0]), permutation=True)
     cut = {k: _split_part(unpack(td.get(k), k), call, sizes, td.get(k), k) for k in keys}
     rest = td.exclude(*keys) if len(keys) < len(list(td.keys())) else None
     out = []
