@@ -305,7 +305,12 @@ class Drawing:
         self.draw = draw
 
     def choice(self, options: Sequence[Any]) -> Any:
-        return self.draw(st.sampled_from(list(options)))
+        """One of ``options``; where there are none, the drawn valid call does not fit the breaker (a
+        defect wanting a row after micro-batch 0 where micro-batch 0 holds every row) and the example is
+        rejected, not failed."""
+        candidates = list(options)
+        assume(len(candidates) > 0)
+        return self.draw(st.sampled_from(candidates))
 
     def integer(self, lo: int, hi: int) -> int:
         return self.draw(st.integers(lo, hi))
@@ -333,8 +338,10 @@ def malformed_inputs(
     (names of `DEFECTS`), its breaker drawing every choice it makes.
 
     Each defect needs at least two rows and two micro-batches (the defaults' minimums) so that every
-    defect is reachable; ``min_rows`` must be >= 2 and ``min_micro_batches`` >= 2. Batches of thousands
-    of rows are fine (``max_rows=5000``): rows past the first 64 take their sizes from a drawn seed."""
+    defect is reachable; ``min_rows`` must be >= 2 and ``min_micro_batches`` >= 2. A drawn call the defect
+    does not fit (a row after micro-batch 0, where micro-batch 0 holds every row) is rejected
+    (`Drawing`). Batches of thousands of rows are fine (``max_rows=5000``): rows past the first 64 take
+    their sizes from a drawn seed."""
     _check_bounds("rows", min_rows, max_rows, floor=2)
     _check_bounds("micro_batches", min_micro_batches, max_micro_batches, floor=2)
     names = _defect_names(defects)

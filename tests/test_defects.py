@@ -79,6 +79,17 @@ def test_each_defect_is_rejected_alike(name: str, data: st.DataObject) -> None:
 
 
 @pytest.mark.parametrize("name", list(DEFECTS))
+@settings(max_examples=20, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_each_defect_breaks_the_smallest_calls_or_passes_them_by(name: str, data: st.DataObject) -> None:
+    """At the fewest rows and micro-batches `malformed_inputs` allows (2 and 2; a third of those calls
+    hold every row in one micro-batch), every defect either breaks the drawn call or the example is
+    rejected (a breaker with nothing to choose from): drawing never fails."""
+    case = data.draw(malformed_inputs(defects=(name,), max_rows=2, max_micro_batches=2))
+    assert case.name == name
+
+
+@pytest.mark.parametrize("name", list(DEFECTS))
 @settings(max_examples=2, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
 def test_each_defect_is_rejected_alike_at_thousands_of_rows(name: str, data: st.DataObject) -> None:
