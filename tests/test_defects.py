@@ -82,9 +82,10 @@ def test_each_defect_is_rejected_alike(name: str, data: st.DataObject) -> None:
 @settings(max_examples=20, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
 def test_each_defect_breaks_the_smallest_calls_or_passes_them_by(name: str, data: st.DataObject) -> None:
-    """At the fewest rows and micro-batches `malformed_inputs` allows (2 and 2; a third of those calls
-    hold every row in one micro-batch), every defect either breaks the drawn call or the example is
-    rejected (a breaker with nothing to choose from): drawing never fails."""
+    """At the fewest rows and micro-batches `malformed_inputs` allows (2 and 2: the cut between the two
+    micro-batches falls at 0, 1 or 2 rows, so some calls hold every row in micro-batch 0), every defect
+    either breaks the drawn call or the example is rejected (a breaker with nothing to choose from):
+    drawing never fails."""
     case = data.draw(malformed_inputs(defects=(name,), max_rows=2, max_micro_batches=2))
     assert case.name == name
 
