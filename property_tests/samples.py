@@ -37,6 +37,7 @@ OPERATIONS = (
     "merge_metrics",
     "postprocess_batch",
     "balanced_partitions",
+    "fixed_partitions",
     "from_packed",
     "to_packed",
     "to_padded",
@@ -267,6 +268,9 @@ def op_samples() -> Iterator[OpSample]:
     yield OpSample("balanced_partitions", "long_tail", ([5, 1, 9, 3, 3, 12, 0, 7, 2], 16))
     yield OpSample("balanced_partitions", "all_in_one", ([1, 2, 3], 100), [[0, 1, 2]])
     yield OpSample("balanced_partitions", "empty", ([], 8), [])
+    yield OpSample("fixed_partitions", "uneven", (5, 2), [[0, 1], [2, 3], [4]])
+    yield OpSample("fixed_partitions", "one_chunk", (3, 8), [[0, 1, 2]])
+    yield OpSample("fixed_partitions", "empty", (0, 4), [])
     yield OpSample(
         "merge_metrics",
         "lists_scalars_metrics",

@@ -41,6 +41,7 @@ from .metrics import (
 )
 from .partition import (
     balanced_partitions as balanced_partitions,
+    fixed_partitions as fixed_partitions,
     get_group_balanced_partitions as get_group_balanced_partitions,
     get_seqlen_balanced_partitions as get_seqlen_balanced_partitions,
 )
@@ -96,6 +97,7 @@ __all__ = sorted(
         "Provenance",
         "PADDING",
         "balanced_partitions",
+        "fixed_partitions",
         "get_group_balanced_partitions",
         "get_seqlen_balanced_partitions",
         "append_to_dict",

@@ -24,12 +24,14 @@ from collections.abc import Hashable, Sequence
 from typing import Any, Protocol
 
 from .errors import TokenBudgetError, UnsupportedSettingError
-from .structure import PADDING
+from .structure import PADDING, as_integer
 
 __all__ = [
     "CountSync",
     "balanced_partitions",
+    "check_counts",
     "check_rows",
+    "fixed_partitions",
     "get_group_balanced_partitions",
     "get_seqlen_balanced_partitions",
     "karmarkar_karp",
@@ -192,7 +194,10 @@ def check_rows(
 ) -> None:
     """What `plan_micro_batches` refuses before any planning (`TokenBudgetError`): a budget or group size
     below 1, a negative length, a row longer than the budget (or, given ``max_seq_len``, a dense batch
-    wider than it, as verl checks), a batch not divisible into groups of ``force_group_size`` rows."""
+    wider than it, as verl checks), a batch not divisible into groups of ``force_group_size`` rows; a
+    budget or group size that is not an integer (`UnsupportedSettingError`, `ref.structure.as_integer`)."""
+    max_token_len = as_integer(max_token_len, "max_token_len")
+    force_group_size = as_integer(force_group_size, "force_group_size")
     if max_token_len <= 0:
         raise TokenBudgetError(f"max_token_len must be positive, got {max_token_len}")
     if force_group_size < 1:
@@ -211,6 +216,26 @@ def check_rows(
         raise TokenBudgetError(
             f"batch size {len(lengths)} must be divisible by force_group_size {force_group_size}"
         )
+
+
+def check_counts(
+    max_token_len: Any,
+    *,
+    force_group_size: Any = 1,
+    min_num_micro_batch: Any = None,
+    num_batches_divided_by: Any = None,
+) -> tuple[int, int, int | None, int | None]:
+    """The integer settings of `plan_micro_batches` as ints, None kept (`ref.structure.as_integer`:
+    `UnsupportedSettingError` naming the first that is not an integer)."""
+    budget = as_integer(max_token_len, "max_token_len")
+    group = as_integer(force_group_size, "force_group_size")
+    least = None if min_num_micro_batch is None else as_integer(min_num_micro_batch, "min_num_micro_batch")
+    multiple = (
+        None
+        if num_batches_divided_by is None
+        else as_integer(num_batches_divided_by, "num_batches_divided_by")
+    )
+    return budget, group, least, multiple
 
 
 # Complex by design: verl's split, step by step, read as one function.
@@ -251,7 +276,13 @@ def plan_micro_batches(  # noqa: C901
     micro-batch may hold more than ``max_token_len`` tokens, and 3 checks only ``count <= groups`` (a
     forced group longer than the budget is not refused; a row longer than it is, by 1).
     """
-    fgs = force_group_size
+    max_token_len, fgs, min_num_micro_batch, num_batches_divided_by = check_counts(
+        max_token_len,
+        force_group_size=force_group_size,
+        min_num_micro_batch=min_num_micro_batch,
+        num_batches_divided_by=num_batches_divided_by,
+    )
+    force_group_size = fgs
     if num_batches_divided_by is not None and num_batches_divided_by < 1:
         raise UnsupportedSettingError(
             f"num_batches_divided_by must be at least 1, got {num_batches_divided_by}"
@@ -337,8 +368,15 @@ def balanced_partitions(
     ``count`` sets by `karmarkar_karp` on `workload`; while a set exceeds the budget, ``count`` grows by
     ``multiple_of`` (or 1). Indices ascend inside each micro-batch. With ``balance``, `pipeline_order`.
     Deterministic. Raises `TokenBudgetError` for a row (or forced group) longer than ``max_tokens``,
-    or more micro-batches than groups.
+    or more micro-batches than groups; `UnsupportedSettingError` for a budget, count or group size that
+    is not an integer.
     """
+    max_tokens = as_integer(max_tokens, "max_tokens")
+    force_group_size = as_integer(force_group_size, "force_group_size")
+    if min_num_micro_batches is not None:
+        min_num_micro_batches = as_integer(min_num_micro_batches, "min_num_micro_batches")
+    if multiple_of is not None:
+        multiple_of = as_integer(multiple_of, "multiple_of")
     parts: list[list[int]] = plan_micro_batches(
         lengths,
         max_tokens,
@@ -348,3 +386,25 @@ def balanced_partitions(
         force_group_size=force_group_size,
     )
     return parts
+
+
+def fixed_partitions(rows: int, micro_batch_size: int) -> list[list[int]]:
+    """The micro-batches of a fixed-size split: consecutive chunks of ``micro_batch_size`` rows.
+
+    The last chunk is shorter where the size does not divide the batch. Raises `UnsupportedSettingError`
+    for a size below 1, or a row count or size that is not an integer (`ref.structure.as_integer`).
+
+    >>> rows, size = 5, 2
+    >>> fixed_partitions(rows, size) == [list(range(i, min(i + size, rows))) for i in range(0, rows, size)]
+    True
+    >>> fixed_partitions(rows, size)
+    [[0, 1], [2, 3], [4]]
+    """
+    rows = as_integer(rows, "rows")
+    micro_batch_size = as_integer(micro_batch_size, "micro_batch_size")
+    if micro_batch_size <= 0:
+        raise UnsupportedSettingError(f"micro_batch_size must be positive, got {micro_batch_size}")
+    if rows < 0:
+        raise UnsupportedSettingError(f"rows must not be negative, got {rows}")
+    starts = range(0, rows, micro_batch_size)
+    return [list(range(start, min(start + micro_batch_size, rows))) for start in starts]

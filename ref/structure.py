@@ -8,6 +8,7 @@ are one piece of code and raise the same classes by construction. The data check
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -26,6 +27,7 @@ __all__ = [
     "PADDING",
     "WITNESS",
     "as_flag",
+    "as_integer",
     "check_lengths",
     "check_max_len",
     "check_metrics",
@@ -92,6 +94,30 @@ def as_flag(value: Any, name: str) -> bool:
         except (TypeError, ValueError, RuntimeError):  # not comparable with an int, or not one value
             pass
     raise UnsupportedSettingError(f"{name} must be a bool (or 0 or 1), got {value!r}")
+
+
+def as_integer(value: Any, name: str) -> int:
+    """A whole-number setting (a token budget, a micro-batch size or count) as an int.
+
+    An int, an integer scalar (NumPy's, a 0-d integer tensor: anything ``operator.index`` takes) or a
+    float without a fraction is that int. A bool (``True`` is an int to Python, never a count here), a
+    string, a float with a fraction, None or anything else raises `UnsupportedSettingError` naming the
+    setting and its value.
+
+    >>> [as_integer(v, "max_token_len") for v in (8, 8.0)]
+    [8, 8]
+    """
+    dtype = str(getattr(value, "dtype", ""))
+    if isinstance(value, bool) or dtype in ("bool", "torch.bool"):
+        raise UnsupportedSettingError(f"{name} must be an integer, got {value!r}")
+    if isinstance(value, float):
+        if value.is_integer():
+            return int(value)
+        raise UnsupportedSettingError(f"{name} must be an integer, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise UnsupportedSettingError(f"{name} must be an integer, got {value!r}") from None
 
 
 def check_settings(use_dynamic_bsz: Any, pad_mode: Any, indices: Any) -> bool:

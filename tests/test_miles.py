@@ -524,6 +524,27 @@ def test_miles_context_parallel_witness(cp_rank: int) -> None:
                 miles.aggregate_forward_results(swapped, it, _args())
 
 
+def test_miles_context_parallel_bshd_without_max_seq_lens_is_unproven() -> None:
+    """``qkv_format="bshd"`` with ``max_seq_lens`` entries of None: miles' own join never reads them, so its
+    result stands, counted unproven (it was a ``TypeError`` from ``int(None)``)."""
+    log_utils = _need_miles()
+    from miles.backends.training_utils.data import DataIterator
+
+    import torch_impl
+
+    rollout = {"response_lengths": [5, 3, 7, 3], "total_lengths": [9, 4, 12, 6], "max_seq_lens": [None] * 4}
+    args = argparse.Namespace(use_dynamic_batch_size=True, qkv_format="bshd")
+    with _miles_process(cp=2):
+        it = DataIterator(rollout, None, PARTS)
+        store = [{"log_probs": [torch.zeros(2) + i for i in p]} for p in PARTS]
+        before = torch_impl.witness_stats()["skipped_unreadable_witness"]
+        _same(
+            miles.aggregate_forward_results(store, it, args),
+            log_utils.aggregate_forward_results(store, it, args),
+        )
+        assert torch_impl.witness_stats()["skipped_unreadable_witness"] == before + 1
+
+
 def test_miles_fixed_split_recorded_catches_a_missing_micro_batch() -> None:
     """Fixed micro-batch size: miles joins whatever comes back, so a pass missing its last micro-batch
     returns fewer rows silently; the recorded split says how many micro-batches it made."""

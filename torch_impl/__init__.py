@@ -18,6 +18,7 @@ from ref.metrics import (
     merge_metrics as merge_metrics,
 )
 from ref.partition import (
+    fixed_partitions as fixed_partitions,
     get_group_balanced_partitions as get_group_balanced_partitions,
     get_seqlen_balanced_partitions as get_seqlen_balanced_partitions,
 )
@@ -65,6 +66,7 @@ __all__ = [
     "broadcast_from_last_stage",
     "concat",
     "errors",
+    "fixed_partitions",
     "flatten_partitions",
     "fold_metrics",
     "from_packed",

@@ -19,8 +19,14 @@ import torch.distributed as dist
 from tensordict import TensorDictBase
 
 from ref.errors import UnsupportedSettingError
-from ref.partition import balanced_partitions as _balanced_partitions, check_rows, plan_micro_batches
-from ref.structure import PADDING, as_flag
+from ref.partition import (
+    balanced_partitions as _balanced_partitions,
+    check_counts,
+    check_rows,
+    fixed_partitions,
+    plan_micro_batches,
+)
+from ref.structure import PADDING, as_flag, as_integer
 
 from ._agree import agree
 from ._ops import restore, split, take
@@ -147,35 +153,31 @@ def prepare_micro_batches(
     )
     if max_token_len is not None:
         use_dynamic = True
-    force_group_size = int(read_setting(data, "force_group_size", 1))
+    force_group_size = as_integer(read_setting(data, "force_group_size", 1), "force_group_size")
     b = int(data.batch_size[0]) if data.batch_size else 0
     if not use_dynamic:
         if micro_batch_size is not None:
-            if micro_batch_size <= 0:
-                raise UnsupportedSettingError(f"micro_batch_size must be positive, got {micro_batch_size}")
-            chunks = [list(range(i, min(i + micro_batch_size, b))) for i in range(0, b, micro_batch_size)]
-            return _recorded(data, split(data, chunks), None)
+            return _recorded(data, split(data, fixed_partitions(b, micro_batch_size)), None)
         mbs = read_setting(data, "micro_batch_size_per_gpu", None)
         if mbs is None:
             raise UnsupportedSettingError("micro_batch_size_per_gpu must be set when use_dynamic_bsz is off")
-        size = int(mbs) * force_group_size
+        size = as_integer(mbs, "micro_batch_size_per_gpu") * force_group_size
         if size <= 0 or b % size:
             raise UnsupportedSettingError(
                 f"the batch size {b} must be divisible by force_group_size * micro_batch_size_per_gpu = "
                 f"{size}"
             )
         # verl chunks the TensorDict (a tuple of micro-batches)
-        return _recorded(
-            data, tuple(split(data, [list(range(i, i + size)) for i in range(0, b, size)])), None
-        )
+        return _recorded(data, tuple(split(data, fixed_partitions(b, size))), None)
     if max_token_len is None:
         per_gpu = read_setting(data, "max_token_len_per_gpu", None)
         if per_gpu is None:
             raise UnsupportedSettingError("max_token_len_per_gpu must be set when use_dynamic_bsz is on")
-        max_token_len = int(per_gpu) * int(read_setting(data, "sp_size", 1))
+        sp_size = as_integer(read_setting(data, "sp_size", 1), "sp_size")
+        max_token_len = as_integer(per_gpu, "max_token_len_per_gpu") * sp_size
     return rearrange_micro_batches(
         data,
-        int(max_token_len),
+        as_integer(max_token_len, "max_token_len"),
         dp_group,
         num_batches_divided_by,
         same_micro_num_in_dp,
@@ -216,6 +218,12 @@ def rearrange_micro_batches(
     synced = same_micro_num_in_dp and dp_group is not None and dist.is_available() and dist.is_initialized()
     lengths_t, failure = torch.zeros(0, dtype=torch.int64, device="cpu"), None
     try:  # this rank's own checks, then (with a group) every rank's verdict before any collective of the plan
+        max_token_len, force_group_size, min_num_micro_batch, num_batches_divided_by = check_counts(
+            max_token_len,
+            force_group_size=force_group_size,
+            min_num_micro_batch=min_num_micro_batch,
+            num_batches_divided_by=num_batches_divided_by,
+        )
         lengths_t = row_lengths(batch, length_key)
         longest = _longest(batch, lengths_t, length_key)
         check_rows(lengths_t.tolist(), max_token_len, force_group_size=force_group_size, max_seq_len=longest)

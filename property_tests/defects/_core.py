@@ -187,6 +187,7 @@ VALID: dict[str, Callable[[], Call]] = {
     "split": lambda: Call("split", (_lp(1, 2), [[1], [0]]), {}),
     "concat": lambda: Call("concat", ([_lp(1), _lp(2)],), {}),
     "balanced_partitions": lambda: Call("balanced_partitions", ([3, 2], 8), {}),
+    "fixed_partitions": lambda: Call("fixed_partitions", (3, 2), {}),
     "take": lambda: Call("take", (_lp(1, 2), [0, 1]), {}),
     "take_dense": lambda: Call("take", (torch.zeros(3), [0, 1, 2]), {}),
     "from_packed": lambda: Call("from_packed", (torch.arange(5.0), [2, 0, 3]), {}),

@@ -1,5 +1,5 @@
 """The defects of the other operations: ``flatten_partitions``, ``inverse_permutation``, ``restore``,
-``split``, ``concat``, ``balanced_partitions`` and ``take``."""
+``split``, ``concat``, ``balanced_partitions``, ``fixed_partitions`` and ``take``."""
 
 from __future__ import annotations
 
@@ -65,6 +65,23 @@ def _row_over_budget(call: Call, choose: Chooser) -> Call:
 
 def _too_few_rows(call: Call, choose: Chooser) -> Call:
     call.kwargs["min_num_micro_batches"] = len(call.args[0]) + choose.integer(1, 3)
+    return call
+
+
+def _not_an_integer(position: int, options: list[object]) -> Breaker:
+    """The breaker that puts a value that is not an integer (one of ``options``) in argument
+    ``position``."""
+
+    def breaker(call: Call, choose: Chooser) -> Call:
+        args = list(call.args)
+        args[position] = choose.choice(options)
+        return call._replace(args=tuple(args))
+
+    return breaker
+
+
+def _count_not_an_integer(call: Call, choose: Chooser) -> Call:
+    call.kwargs["min_num_micro_batches"] = choose.choice([1.5, "2", True])
     return call
 
 
@@ -152,6 +169,30 @@ OPERATIONS: tuple[Defect, ...] = (
         r"3 micro-batches are needed .* only 2 rows",
         "nothing",
         _too_few_rows,
+    ),
+    Defect(
+        "budget_not_an_integer",
+        "balanced_partitions",
+        E.UnsupportedSettingError,
+        r"max_tokens must be an integer, got 8\.5",
+        "nothing",
+        _not_an_integer(1, [8.5, "8", True, None]),
+    ),
+    Defect(
+        "micro_batch_count_not_an_integer",
+        "balanced_partitions",
+        E.UnsupportedSettingError,
+        r"min_num_micro_batches must be an integer, got 1\.5",
+        "nothing",
+        _count_not_an_integer,
+    ),
+    Defect(
+        "micro_batch_size_not_an_integer",
+        "fixed_partitions",
+        E.UnsupportedSettingError,
+        r"micro_batch_size must be an integer, got '2'",
+        "nothing",
+        _not_an_integer(1, ["2", 1.5, True, None]),
     ),
     Defect(
         "take_negative_row",

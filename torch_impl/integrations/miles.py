@@ -431,7 +431,9 @@ def _rows_held(data_iterator: Any, default: int) -> int:
     if isinstance(data, Mapping):
         for name in ("total_lengths", "response_lengths"):
             lengths = data.get(name)
-            if type(lengths) is list or isinstance(lengths, Sequence | torch.Tensor | np.ndarray):
+            rows = isinstance(lengths, Sequence | torch.Tensor | np.ndarray)
+            # a string is no list of rows
+            if type(lengths) is list or (rows and not isinstance(lengths, str | bytes)):
                 return len(lengths)
     return default
 
@@ -517,25 +519,39 @@ def length_witness(data_iterator: Any, args: Any) -> list[int] | None:
     return _cp_lengths(data, lengths, getattr(args, "qkv_format", "thd"))
 
 
-def _cp_lengths(data: Mapping[str, Any], response: list[int], qkv: str) -> list[int] | None:
-    """`length_witness` under context parallelism: this rank's share of each row's response."""
-    total = data.get("total_lengths")
-    if not isinstance(total, Sequence) or len(total) != len(response) or not all(_is_int(n) for n in total):
-        skipped("calls_without_witness")
-        return None
-    max_lens = data.get("max_seq_lens") if qkv == "bshd" else None
-    if qkv == "bshd" and (not isinstance(max_lens, Sequence) or len(max_lens) != len(response)):
-        skipped("calls_without_witness")
+def _cp_lengths(data: Mapping[str, Any], response: list[int], qkv: Any) -> list[int] | None:
+    """`length_witness` under context parallelism: this rank's share of each row's response. None
+    (counted) where a field it needs is absent (``calls_without_witness``) or unreadable: not a list of
+    the rows' ints, or one miles' own offsets function refuses (``skipped_unreadable_witness``)."""
+    total = _row_ints(data, "total_lengths", len(response))
+    max_lens = _row_ints(data, "max_seq_lens", len(response)) if qkv == "bshd" else [None] * len(response)
+    if total is None or max_lens is None:
         return None
     from miles.backends.training_utils.cp_utils import get_logits_and_tokens_offset_with_cp
 
     out = []
-    for i, (t, r) in enumerate(zip(total, response, strict=True)):
-        _, _, logits, _ = get_logits_and_tokens_offset_with_cp(
-            int(t), r, qkv, None if max_lens is None else int(max_lens[i])
-        )
-        out.append(sum(b - a for a, b in logits))
+    try:
+        for t, r, m in zip(total, response, max_lens, strict=True):
+            _, _, logits, _ = get_logits_and_tokens_offset_with_cp(t, r, qkv, m)
+            out.append(sum(b - a for a, b in logits))
+    except (AssertionError, ArithmeticError, LookupError, TypeError, ValueError):
+        # miles' own function refuses these lengths: this call's witness is unreadable
+        skipped("skipped_unreadable_witness")
+        return None
     return out
+
+
+def _row_ints(data: Mapping[str, Any], field: str, rows: int) -> list[int] | None:
+    """``data[field]`` as a list of ``rows`` ints; None (counted) where it is absent
+    (``calls_without_witness``) or is not that (``skipped_unreadable_witness``)."""
+    values = data.get(field)
+    if values is None:
+        skipped("calls_without_witness")
+        return None
+    ints = _as_ints(values) if isinstance(values, Sequence) and len(values) == rows else None
+    if ints is None:
+        skipped("skipped_unreadable_witness")
+    return ints
 
 
 def _as_ints(values: Sequence[Any]) -> list[int] | None:
