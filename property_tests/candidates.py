@@ -10,7 +10,6 @@ this module imports neither of them.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import inspect
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -18,6 +17,7 @@ from unittest import mock
 
 from . import properties as properties_mod
 from .properties import PROPERTIES, pass_or_fail
+from .trainer_import import import_trainer_module
 
 __all__ = ["CONFORMANCE", "load_candidate", "use_candidate", "run_conformance"]
 
@@ -35,7 +35,7 @@ def load_candidate(spec: str | Callable[..., Any]) -> Callable[..., Any]:
         module_name, sep, attr = spec.partition(":")
         if not sep or not module_name or not attr:
             raise ValueError(f"a candidate is given as module:function, got {spec!r}")
-        fn = importlib.import_module(module_name)
+        fn = import_trainer_module(module_name)  # a trainer's own function among them (verl's)
         for part in attr.split("."):
             fn = getattr(fn, part)
     try:

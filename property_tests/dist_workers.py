@@ -20,6 +20,7 @@ from tensordict import TensorDict
 from .compare import assert_same
 from .data import jagged, random_tensor
 from .models import stand_in_model
+from .trainer_import import import_trainer_module
 
 __all__ = [
     "check_budget_and_rank_order",
@@ -168,9 +169,9 @@ def compare_with_verl(rank: int, world: int, port: int) -> None:
     groups locally; the other ranks would wait in the next collective), rebatch raises on every rank
     (docs/spec.md). verl builds its all-reduce tensors on ``get_device_name()`` ("cuda" even without a
     GPU): pointed at the CPU here, as verl's own CPU test does."""
-    import verl.utils.seqlen_balancing as verl_sb
-
     from torch_impl.integrations import verl as integration
+
+    verl_sb: Any = import_trainer_module("verl.utils.seqlen_balancing")
 
     ours_fn = integration.replacements()[
         integration.SEQLEN_BALANCING, "rearrange_micro_batches"
@@ -433,8 +434,8 @@ def ranks_agree_on_errors(rank: int, world: int, port: int) -> None:
                 lambda: torch_impl.postprocess_batch_func(outs, indices, shard),
                 errors.MisalignmentError,
                 # the split's provenance sees the indices first; the witness where nothing was recorded
-                r"micro-batch \d+, position \d+: (index \d+, but the split put row \d+ there"
-                r"|\d+ values restored as original row)",
+                r"micro-batch \d+(: this output holds micro-batch \d+'s rows of split \d+"
+                r"|, position \d+: \d+ values restored as original row)",
                 rank,
             )
         mine = torch_impl.postprocess_batch_func(outs, micro.indices, shard)  # aligned: every rank passes

@@ -20,13 +20,13 @@ installed, verl's has a stand-in (`property_tests.baseline`, verl 0.9.1's algori
 from __future__ import annotations
 
 import importlib
-import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from rebatch_startup.trainers import TRAINERS as REGISTRY, by_name
 
 from .peers import sized_call
+from .trainer_import import import_trainer_module
 
 __all__ = ["KEYS", "MEAN_LENGTH", "SIZES", "TRAINERS", "Pair", "micro_batches", "pair", "theirs"]
 
@@ -69,10 +69,7 @@ def theirs(trainer: str, *, stand_in: bool = False) -> tuple[Any, str]:
     kit = _kit(trainer)
     module, name = kit.THEIRS
     try:
-        # the trainer's own import-time warnings (verl's engines) are not ours
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            found = getattr(importlib.import_module(module), name)
+        found = getattr(import_trainer_module(module), name)
     except ImportError:
         if not stand_in or not hasattr(kit, "stand_in"):
             raise

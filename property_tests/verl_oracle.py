@@ -9,7 +9,6 @@ instead when ``REBATCH_REQUIRE_VERL=1`` (set by CI's pins environment, where ver
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -20,6 +19,7 @@ from hypothesis import strategies as st
 from .compare import first_difference
 from .data import jagged, random_tensor, rows_of
 from .strategies import partitions
+from .trainer_import import import_trainer_module
 
 __all__ = [
     "REQUIRE_ENV",
@@ -46,12 +46,10 @@ def verl_or_skip() -> Any:
     import pytest
 
     try:
-        with warnings.catch_warnings():  # verl warns of every optional engine it cannot import
-            warnings.simplefilter("ignore")
-            import verl.utils.metric as metric
-            import verl.utils.py_functional as py_functional
-            import verl.utils.seqlen_balancing as seqlen_balancing
-            import verl.workers.engine.utils as engine_utils
+        metric = import_trainer_module("verl.utils.metric")
+        py_functional = import_trainer_module("verl.utils.py_functional")
+        seqlen_balancing = import_trainer_module("verl.utils.seqlen_balancing")
+        engine_utils = import_trainer_module("verl.workers.engine.utils")
     except ImportError as err:  # verl, or one of what it imports, is missing
         why = (
             f"verl is not installed here ({err}); CI runs these in its pins environment "
@@ -61,8 +59,7 @@ def verl_or_skip() -> Any:
             pytest.fail(why)
         pytest.skip(why, allow_module_level=True)
 
-    import verl
-
+    verl = import_trainer_module("verl")
     version = importlib.metadata.version("verl")  # what rebatch's install reads
     imported = getattr(verl, "__version__", version)
     assert imported == version, (

@@ -20,6 +20,7 @@ import torch
 
 from property_tests.compare import same_tensor
 from property_tests.data import rows_of
+from property_tests.trainer_import import import_trainer_module
 from rebatch_startup.trainers import by_name, names as trainer_names
 from ref.errors import MisalignmentError, RebatchError
 from torch_impl import postprocess_batch_func, read_setting, witness_stats
@@ -371,7 +372,7 @@ def _load_candidate(spec: str) -> Callable[..., Any]:
     if not module_name or not attr:
         raise DumpError(f"--candidate must look like module:function, got {spec!r}")
     try:
-        fn = getattr(importlib.import_module(module_name), attr)
+        fn = getattr(import_trainer_module(module_name), attr)  # a trainer's own function among them
     except (ImportError, AttributeError) as err:
         raise DumpError(f"cannot load candidate {spec}: {err}") from None
     if not callable(fn):

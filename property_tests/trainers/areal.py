@@ -6,7 +6,6 @@ back into rows. Its native defects: ``backward_indices`` that disagree with ``fo
 
 from __future__ import annotations
 
-import importlib
 import os
 import types
 from collections.abc import Callable, Sequence
@@ -20,12 +19,13 @@ from ref import errors
 from .. import peers, trainer_steps
 from ..data import offsets_of
 from ..device_inputs import Builder, Move, host_batch
+from ..trainer_import import import_trainer_module
 
 MODULE = "areal.engine.core.train_engine"
 
 
 def _theirs() -> dict[str, Callable[..., Any]]:
-    module = importlib.import_module(MODULE)
+    module = import_trainer_module(MODULE)
     return {"reorder_and_pad_outputs": vars(module)["reorder_and_pad_outputs"]}
 
 
@@ -198,25 +198,25 @@ DEVICE_CALLS: dict[str, Builder] = {"areal.reorder_and_pad_outputs": _device_cal
 
 
 def step(model: str, swap: tuple[int, int] | None, dtype: str = "float32") -> dict[str, Any]:
-    from areal.api.cli_args import MicroBatchSpec, OptimizerConfig, TrainEngineConfig
-    from areal.api.io_struct import FinetuneSpec
-    from areal.engine import fsdp_engine
+    cli_args = import_trainer_module("areal.api.cli_args")
+    io_struct = import_trainer_module("areal.api.io_struct")
+    fsdp_engine = import_trainer_module("areal.engine.fsdp_engine")
 
-    config = TrainEngineConfig(
+    config = cli_args.TrainEngineConfig(
         experiment_name="rebatch",
         trial_name="engine",
         path=model,
         dtype=dtype,
         attn_impl="sdpa",
-        optimizer=OptimizerConfig(lr=1e-2),
+        optimizer=cli_args.OptimizerConfig(lr=1e-2),
         backend=f"fsdp:d{int(os.environ['WORLD_SIZE'])}",
-        mb_spec=MicroBatchSpec(max_tokens_per_mb=64),
+        mb_spec=cli_args.MicroBatchSpec(max_tokens_per_mb=64),
     )
     engine = fsdp_engine.FSDPEngine(config)
     engine.create_process_group()
     engine.initialize(
         None,
-        FinetuneSpec(
+        io_struct.FinetuneSpec(
             total_train_epochs=1, dataset_size=trainer_steps.ROWS, train_batch_size=trainer_steps.ROWS
         ),
     )

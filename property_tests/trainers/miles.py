@@ -8,7 +8,6 @@ native defects: miles' indices and outputs that its own function restores silent
 
 from __future__ import annotations
 
-import importlib
 import types
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -19,6 +18,7 @@ from ref import errors
 
 from .. import peers
 from ..data import from_rows, rows_of
+from ..trainer_import import import_trainer_module
 
 #: miles' module holding the function the kit calls.
 MODULE = "miles.backends.training_utils.log_utils"
@@ -27,7 +27,7 @@ FUNCTION = "aggregate_forward_results"
 
 
 def _theirs() -> dict[str, Callable[..., Any]]:
-    module = importlib.import_module(MODULE)
+    module = import_trainer_module(MODULE)
     return {FUNCTION: vars(module)[FUNCTION]}
 
 

@@ -6,7 +6,6 @@ cut back into rows; with an alignment witness, the jagged keys as per-sample ite
 
 from __future__ import annotations
 
-import importlib
 import itertools
 import types
 from collections.abc import Callable, Sequence
@@ -20,13 +19,16 @@ from ref import errors
 from .. import peers, trainer_steps
 from ..data import from_rows, rows_of
 from ..device_inputs import Builder, Move, host_batch, randn
+from ..trainer_import import import_trainer_module
 
 MODULE = "skyrl.backends.skyrl_train.workers.worker_utils"
+#: SkyRL's module holding its batches (``TensorBatch``, ``TrainingInputBatch``, ``TrainingOutputBatch``).
+TRAINING_BATCH = "skyrl.backends.skyrl_train.training_batch"
 METHODS = ("reorder_and_combine_batches", "reorder_and_combine_items")
 
 
 def _theirs() -> dict[str, Callable[..., Any]]:
-    cls = importlib.import_module(MODULE).TokenBasedBatchIterator
+    cls = import_trainer_module(MODULE).TokenBasedBatchIterator
     return {name: vars(cls)[name] for name in METHODS}
 
 
@@ -43,7 +45,7 @@ def skyrl_iterator(
     and may all-reduce, skipped): the attributes its two methods read. With ``valid_lengths``, its batch
     is a ``TrainingInputBatch`` whose ``response_mask`` (left-padded, as SkyRL builds it) gives each row
     that many response tokens: the lengths SkyRL's workers keep in each per-sample item."""
-    cls = importlib.import_module(MODULE).TokenBasedBatchIterator
+    cls = import_trainer_module(MODULE).TokenBasedBatchIterator
     it = object.__new__(cls)
     it._microbatches = partitions
     it._token_counts = [1] * rows
@@ -54,14 +56,14 @@ def skyrl_iterator(
         mask = torch.zeros(len(valid_lengths), width, dtype=torch.int64)
         for i, n in enumerate(valid_lengths):
             mask[i, width - n :] = 1
-        batch_cls = importlib.import_module("skyrl.backends.skyrl_train.training_batch").TrainingInputBatch
+        batch_cls = import_trainer_module(TRAINING_BATCH).TrainingInputBatch
         it.data = batch_cls({"response_mask": mask})
     return it
 
 
 def tensor_batch(fields: dict[str, Any], metadata: dict[str, Any] | None = None) -> Any:
     """SkyRL's ``TensorBatch`` of ``fields``."""
-    cls = importlib.import_module("skyrl.backends.skyrl_train.training_batch").TensorBatch
+    cls = import_trainer_module(TRAINING_BATCH).TensorBatch
     batch = cls(fields)
     batch.metadata = metadata
     return batch
@@ -263,9 +265,11 @@ DEVICE_CALLS: dict[str, Builder] = {"skyrl.reorder_and_combine_batches": _device
 
 
 def step(model: str, swap: tuple[int, int] | None, dtype: str = "float32") -> dict[str, Any]:
-    from skyrl.backends.skyrl_train.training_batch import TrainingInputBatch, TrainingOutputBatch
-    from skyrl.backends.skyrl_train.utils.torch_utils import logprobs_from_logits
-    from skyrl.backends.skyrl_train.workers import worker_utils
+    training_batch = import_trainer_module(TRAINING_BATCH)
+    logprobs_from_logits = import_trainer_module(
+        "skyrl.backends.skyrl_train.utils.torch_utils"
+    ).logprobs_from_logits
+    worker_utils = import_trainer_module(MODULE)
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
@@ -282,7 +286,9 @@ def step(model: str, swap: tuple[int, int] | None, dtype: str = "float32") -> di
         left[i, s - n :] = ids[i, :n]
         attention[i, s - n :] = 1
         response[i, a - (n - 4) :] = 1
-    data = TrainingInputBatch({"sequences": left, "attention_mask": attention, "response_mask": response})
+    data = training_batch.TrainingInputBatch(
+        {"sequences": left, "attention_mask": attention, "response_mask": response}
+    )
     data.metadata = {"response_length": a}
     it = worker_utils.TokenBasedBatchIterator(data, max_tokens_per_microbatch=64)
     out: dict[str, Any] = {
@@ -308,7 +314,7 @@ def step(model: str, swap: tuple[int, int] | None, dtype: str = "float32") -> di
     batches, item_lists, losses = [], [], []
     for mb in it:
         action, items = micro(mb)
-        batches.append(TrainingOutputBatch({"output": action.detach()}))
+        batches.append(training_batch.TrainingOutputBatch({"output": action.detach()}))
         item_lists.append(items)
         losses.append(-(action * mb["response_mask"]).sum())
     if swap is not None:

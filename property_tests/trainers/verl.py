@@ -4,7 +4,6 @@ indices, data)`` called from the kit's cases (`PEER`); a witness travels as the 
 
 from __future__ import annotations
 
-import importlib
 import itertools
 from collections.abc import Callable
 from typing import Any
@@ -16,10 +15,11 @@ import torch_impl
 
 from .. import peers
 from ..device_inputs import Builder, Move, host_batch, randn
+from ..trainer_import import import_trainer_module
 
 
 def _theirs() -> dict[str, Callable[..., Any]]:
-    module = importlib.import_module("verl.workers.engine.utils")
+    module = import_trainer_module("verl.workers.engine.utils")
     return {"postprocess_batch_func": vars(module)["postprocess_batch_func"]}
 
 

@@ -29,6 +29,7 @@ import torch
 
 import torch_impl
 from property_tests.baseline import verl_postprocess_batch_func
+from property_tests.trainer_import import import_trainer_module
 
 from . import launches
 from .cases import GRIDS, JAX_MAX_ELEMENTS, Case, grid, make_inputs
@@ -161,10 +162,10 @@ def restore_side_by_side(rows: int, elements: int, micro_batches: int, *, seed: 
 def verl_function() -> Callable[..., Any] | None:
     """verl's own ``postprocess_batch_func`` when verl is importable, else None (reported as absent)."""
     try:
-        from verl.workers.engine.utils import postprocess_batch_func
+        fn: Callable[..., Any] = import_trainer_module("verl.workers.engine.utils").postprocess_batch_func
     except Exception:  # not installed, or its imports fail: absent either way
         return None
-    return postprocess_batch_func
+    return fn
 
 
 def _timings(fns: dict[str, Callable[[], Any]], device: str) -> dict[str, Any]:

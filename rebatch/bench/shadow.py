@@ -12,11 +12,11 @@ alone.
 from __future__ import annotations
 
 import argparse
-import importlib
-import warnings
 from typing import Any
 
 import torch
+
+from property_tests.trainer_import import import_trainer_module
 
 from .timing import median_seconds
 
@@ -77,9 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 def _measure(args: argparse.Namespace) -> int:
     from torch_impl.integrations import verl as integration
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        engine = importlib.import_module("verl.workers.engine.fsdp.transformer_impl")
+    engine = import_trainer_module("verl.workers.engine.fsdp.transformer_impl")
     outs, parts, data = _step(args.rows, args.micro_batches, args.max_len, args.device)
     call = lambda: engine.postprocess_batch_func(outs, parts, data)  # noqa: E731
     call()  # warm both paths

@@ -162,15 +162,11 @@ def _worker() -> int:  # noqa: C901
     call: Callable[..., Any] = torch_impl.postprocess_batch_func
     data_of: Callable[[Any], Any] = lambda case: None  # noqa: E731
     if os.environ.get(IMPL_ENV) == "verl":  # verl's own function (importable in verl's pins environment)
-        import warnings
-
         from tensordict import TensorDict
 
-        with warnings.catch_warnings():  # verl warns of every optional engine it cannot import
-            warnings.simplefilter("ignore")
-            from verl.workers.engine.utils import postprocess_batch_func
+        from property_tests.trainer_import import import_trainer_module
 
-        call = postprocess_batch_func
+        call = import_trainer_module("verl.workers.engine.utils").postprocess_batch_func
         data_of = lambda case: TensorDict({}, batch_size=[])  # noqa: E731  (verl's defaults, as ours)
 
     fns: dict[str, Callable[[], Any]] = {}
