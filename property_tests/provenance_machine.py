@@ -1,13 +1,20 @@
 """The provenance state machine (``docs/spec.md``, "Exact provenance"): several batches, each split any
 number of times with any budget (token budgets, fixed-size chunks, padding micro-batches, and splits
-rebatch did not make), restored in any order, from several threads, with correct outputs or with each
-named misalignment.
+rebatch did not make), restored in any order, from several threads, through ``data`` or a shallow clone of
+it, with correct outputs (in the split's order, in another order with their indices, from another split of
+identical partition, copied into static buffers that persist across steps) or with each named
+misalignment (two micro-batches swapped, rows transposed, another step's indices, the inverse given for the
+forward, an output of another split or of another batch, a padding micro-batch's output in a real slot, a
+dynamic split restored as fixed); and router replay's routes, merged and restored by
+``restore_dynamic_batch``, correct or with two micro-batches' routes swapped before the merge.
 
 Every restore goes through verl's drop-in (``torch_impl.postprocess_batch_func`` and shadow mode's
 ``check_batch_func``) and through ``ref.postprocess_batch`` given the batch's live splits as torch
-recorded them (`property_tests.convert.ref_splits`), each output carrying what its nested int says
-(`ref.provenance.Carried`: the split that made its micro-batch and that micro-batch's rows). The machine
-keeps its own model of which splits are live (the newest ``MAX_SPLITS`` of each batch) and asserts:
+recorded them (`property_tests.splits.ref_splits`), each output carrying what its nested int names
+(`ref.provenance.Carried`: the split and batch that made its micro-batch, and that micro-batch's rows).
+Whether a restore is correct is the machine's own truth: each output's rows against its slot's. The
+machine keeps its own model of which splits are live (the newest ``MAX_SPLITS`` of each batch) and
+asserts:
 
 - **0 false positives**: a correct restore raises nowhere and is the oracle's result (verl's own
   function where it is installed, `property_tests.baseline`'s reading of it always);
@@ -17,6 +24,7 @@ keeps its own model of which splits are live (the newest ``MAX_SPLITS`` of each 
 
 from __future__ import annotations
 
+import gc
 import itertools
 import threading
 from typing import Any, NamedTuple
@@ -31,28 +39,35 @@ import torch_impl
 from ref import PADDING
 from ref.errors import MisalignmentError, RebatchError
 from ref.provenance import Carried
-from torch_impl.testing import check_batch_func
+from torch_impl.testing import check_batch_func, named_by
 
 from .baseline import verl_postprocess_batch_func
 from .compare import first_difference
 from .convert import outputs_to_ref
 from .splits import ref_splits
+from .trainer_import import trainer_module_or_none
 
 __all__ = ["MISALIGNMENTS", "ProvenanceMachine", "engine_outputs"]
 
 #: The live splits kept for a batch (torch_impl's bound, read once: the machine's model follows it).
 MAX_SPLITS = 8
 
-#: The ways a restore is misaligned (``"none"``: the correct restore).
+#: The ways a restore is made: correct (``"none"``, and the right restores schedulers and engines make),
+#: or misaligned (every other).
 MISALIGNMENTS = (
     "none",
+    "micro_batches_reordered_with_their_indices",
+    "output_of_an_identical_partition",
+    "static_buffers",
     "swapped_micro_batches",
     "rows_transposed_across_micro_batches",
     "rows_transposed_in_a_micro_batch",
     "another_steps_indices",
     "inverse_for_forward",
     "output_of_another_split",
+    "output_of_another_batch",
     "padding_swapped_into_a_real_slot",
+    "dynamic_restored_as_fixed",
 )
 
 #: How a split is made: rebatch's token budget, its fixed-size chunks, its token budget with padding
@@ -100,11 +115,8 @@ def engine_outputs(micro_batches: Any) -> list[dict[str, Any]]:
 
 def _verl() -> Any:
     """verl's own ``postprocess_batch_func`` where verl is installed, else None."""
-    try:
-        import verl.workers.engine.utils as engine_utils
-    except ImportError:
-        return None
-    return engine_utils.postprocess_batch_func
+    engine_utils = trainer_module_or_none("verl.workers.engine.utils")
+    return None if engine_utils is None else engine_utils.postprocess_batch_func
 
 
 class ProvenanceMachine(RuleBasedStateMachine):
@@ -112,9 +124,12 @@ class ProvenanceMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
+        gc.collect()  # an earlier run's batches (and their records) gone: the model starts from none
         self.batches: list[Batch | None] = []
         self.splits: list[Split] = []
         self.live: dict[int, list[int]] = {}  # batch -> its recorded splits' names, oldest first
+        self.threads = False  # whether threads made splits the model does not know
+        self.buffers: dict[tuple[int, int], Any] = {}  # an engine's static buffers, by shape
         self.verl = _verl()
 
     # -- making batches and splits ------------------------------------------------------------------
@@ -169,6 +184,9 @@ class ProvenanceMachine(RuleBasedStateMachine):
         rows_of = (
             [list(p) if p is not PADDING else PADDING for p in indices] if indices is not None else in_order
         )
+        if kind == "chunks":  # restored as verl's fixed mode: no indices (the override's chunks unused)
+            indices = None
+            rows_of = in_order
         given = [list(p) if p is not PADDING else PADDING for p in indices] if indices is not None else None
         self.splits.append(Split(b, kind, name, engine_outputs(mbs), given, rows_of))
 
@@ -177,45 +195,58 @@ class ProvenanceMachine(RuleBasedStateMachine):
     def drop_batch(self, data: st.DataObject) -> None:
         """A batch's step ends: the batch goes, and its records with it."""
         b = data.draw(st.sampled_from([i for i, x in enumerate(self.batches) if x is not None]))
-        self.batches[b] = None  # its records go when the collector frees it (no restore can name it now)
+        self.batches[b] = None  # its records go with it (no restore can name it now)
         self.live[b] = []
+        gc.collect()  # at once, so that the model's live splits are torch's
 
     # -- restoring ----------------------------------------------------------------------------------
 
     @precondition(lambda self: any(self.batches[s.batch] is not None for s in self.splits))
     @rule(data=st.data())
     def restore(self, data: st.DataObject) -> None:
-        """One split restored correctly, then misaligned by each named misalignment it has room for."""
+        """One split restored correctly, then by each named way it has room for (through ``data`` or a
+        shallow clone of it)."""
         choices = [i for i, s in enumerate(self.splits) if self.batches[s.batch] is not None]
         split = self.splits[data.draw(st.sampled_from(choices))]
-        for misalignment in MISALIGNMENTS:
+        clone = data.draw(st.booleans())
+        for way in MISALIGNMENTS:
             outputs = list(split.outputs)
             indices = (
                 None if split.indices is None else [p if p is PADDING else list(p) for p in split.indices]
             )
-            carried = [(split.name, r) for r in split.rows]
-            made = _misaligned(misalignment, split, self.splits, outputs, indices, carried, data)
-            if made or misalignment == "none":
-                self._check(split, outputs, indices, carried, misalignment)
+            carried = [Held(split.batch, split.name, r) for r in split.rows]
+            made = _misaligned(way, split, self, outputs, indices, carried, data)
+            if made is not False:
+                self._check(
+                    split,
+                    outputs,
+                    made if way == "dynamic_restored_as_fixed" else indices,
+                    carried,
+                    way,
+                    clone,
+                )
 
     def _check(
-        self, split: Split, outputs: list[Any], indices: Any, carried: list[Any], misalignment: str
+        self, split: Split, outputs: list[Any], indices: Any, carried: list[Held], way: str, clone: bool
     ) -> None:
-        correct = misalignment == "none"
         batch = self.batches[split.batch]
         assert batch is not None
-        batch.data["use_dynamic_bsz"] = NonTensorData(split.indices is not None)
-        ours, err = _outcome(lambda: torch_impl.postprocess_batch_func(outputs, indices, batch.data))
-        shadow = _outcome(lambda: check_batch_func(outputs, indices, batch.data))[1]
-        theirs = _outcome(lambda: self._ref(batch, split, outputs, indices, carried))[1]
+        batch.data["use_dynamic_bsz"] = NonTensorData(indices is not None)
+        data = batch.data.clone(False) if clone else batch.data
+        ours, err = _outcome(lambda: torch_impl.postprocess_batch_func(outputs, indices, data))
+        shadow = _outcome(lambda: check_batch_func(outputs, indices, data))[1]
+        theirs = _outcome(lambda: self._ref(batch, data, outputs, indices, carried))[1]
         assert _words(shadow) == _words(err), (shadow, err)
         assert _words(theirs) == _words(err), f"ref: {theirs!r}, torch_impl: {err!r}"
-        proven_wrong = not correct and self._proven_wrong(split, carried, indices)
+        real = [m for m, p in enumerate(indices or [None] * len(outputs)) if p is not PADDING]
+        slots = _slot_rows(outputs, indices, real)
+        correct = all(carried[m].batch == split.batch and carried[m].rows == slots[m] for m in real)
+        proven_wrong = not correct and self._proven_wrong(split.batch, carried, slots, real)
         verdict = type(err).__name__ if err is not None else "silent"
-        event(f"{split.kind}, {misalignment}: {verdict}{' (proven wrong)' if proven_wrong else ''}")
+        right = "right" if correct else "wrong"
+        event(f"{split.kind}, {way}, {right}: {verdict}{' (proven wrong)' if proven_wrong else ''}")
         if correct:
-            assert err is None, f"a false positive on a correct restore: {err!r}"
-            real = [i for i, p in enumerate(indices or [None] * len(outputs)) if p is not PADDING]
+            assert err is None, f"a false positive on a correct restore ({way}): {err!r}"
             kept = [outputs[i] for i in real]
             kept_indices = None if indices is None else [indices[i] for i in real]
             oracle = verl_postprocess_batch_func(kept, kept_indices, batch.data)
@@ -224,40 +255,83 @@ class ProvenanceMachine(RuleBasedStateMachine):
                 assert first_difference(ours, self.verl(kept, kept_indices, batch.data)) is None
         elif proven_wrong:
             assert isinstance(err, MisalignmentError), (
-                f"a misalignment a recorded split proves wrong: {err!r}"
+                f"a misalignment a recorded split proves wrong ({way}): {err!r}"
             )
 
-    def _ref(self, batch: Batch, split: Split, outputs: list[Any], indices: Any, carried: list[Any]) -> Any:
+    def _ref(self, batch: Batch, data: Any, outputs: list[Any], indices: Any, carried: list[Held]) -> Any:
+        """``ref``'s verdict, each output carrying what its nested int names in torch's records (nothing
+        where it names no live record's micro-batch)."""
         outs = outputs_to_ref(outputs)
-        for o, (name, rows) in zip(outs, carried, strict=True):
-            if name is not None:
-                o["provenance"] = Carried(name, tuple(rows) if rows is not PADDING else PADDING)
+        for o, out, held in zip(outs, outputs, carried, strict=True):
+            named = named_by(out["model_output"]["log_probs"])
+            if named is not None:
+                rows = tuple(held.rows) if held.rows is not PADDING else PADDING
+                o["provenance"] = Carried(named[1], rows, named[0])
         return ref.postprocess_batch(
             outs,
             indices,
             use_dynamic_bsz=indices is not None,
             witness=batch.lengths,
-            provenance=ref_splits(batch.data),
+            provenance=ref_splits(data),
         )
 
-    def _proven_wrong(self, split: Split, carried: list[Any], indices: Any) -> bool:
-        """Whether a live recorded split proves this misaligned restore wrong, by the machine's own model:
-        the first output whose split is live decides it; then another live split's output, indices not
-        its own, or an output of another of its slots."""
-        live = self.live[split.batch]
-        by_name = {s.name: s for s in self.splits if s.name in live}
-        real = [m for m, p in enumerate(indices or [None] * len(carried)) if p is not PADDING]
-        tags = [carried[m] for m in real]
-        known = [(m, tag) for m, tag in enumerate(tags) if tag[0] in by_name]
-        if not known:
-            return False
-        decided = by_name[known[0][1][0]]
-        if any(tag[0] != decided.name for _m, tag in known):
-            return True
-        own = [r for r in decided.rows if r is not PADDING]
-        if indices is not None and [indices[m] for m in real] != own:  # chunks: their rows in order
-            return True
-        return any(tag[1] is PADDING or tag[1] != own[m] for m, tag in known if m < len(own))
+    def _proven_wrong(self, b: int, carried: list[Held], slots: dict[int, Any], real: list[int]) -> bool:
+        """Whether a live recorded split proves this restore of batch ``b`` wrong, by the machine's model:
+        an output naming a live split of ``b`` whose rows are not its slot's (or a padding micro-batch's),
+        or, ``b`` recorded, an output naming a live split of another batch."""
+        for m in real:
+            held = carried[m]
+            if held.batch == b and held.name in self.live[b]:
+                if held.rows is PADDING or held.rows != slots[m]:
+                    return True
+            elif held.batch != b and self.live[b] and held.name in self.live.get(held.batch, []):
+                return True
+        return False
+
+    @precondition(
+        lambda self: any(self.batches[s.batch] is not None and s.kind == "budget" for s in self.splits)
+    )
+    @rule(data=st.data())
+    def restore_routes(self, data: st.DataObject) -> None:
+        """Router replay: each micro-batch's routes (int16, a value a token naming its row) joined into one
+        jagged tensor, as verl's Megatron engine merges them (no identity survives), then restored by
+        ``restore_dynamic_batch``; correct, then with two micro-batches' routes swapped before the join."""
+        choices = [s for s in self.splits if self.batches[s.batch] is not None and s.kind == "budget"]
+        split = data.draw(st.sampled_from(choices))
+        batch = self.batches[split.batch]
+        assert batch is not None
+        assert split.indices is not None
+        parts = [list(p) for p in split.indices]
+        merged = _routes(batch.lengths, parts)
+        ours = torch_impl.restore_dynamic_batch(merged, parts)
+        want = [r for _, r in sorted(zip([i for p in parts for i in p], merged.unbind(), strict=True))]
+        assert all(torch.equal(a, b) for a, b in zip(ours.unbind(), want, strict=True))
+        pairs = [
+            (m, n)
+            for m, n in itertools.combinations(range(len(parts)), 2)
+            if len(parts[m]) == len(parts[n])
+            and [batch.lengths[i] for i in parts[m]] != [batch.lengths[i] for i in parts[n]]
+        ]
+        if not pairs:
+            return
+        m, n = data.draw(st.sampled_from(pairs))
+        swapped = list(parts)
+        swapped[m], swapped[n] = swapped[n], swapped[m]
+        shuffled = _routes(batch.lengths, swapped)  # the routes of micro-batch n where m's should be
+        err = _outcome(lambda: torch_impl.restore_dynamic_batch(shuffled, parts))[1]
+        # every live recorded split of the same indices (fixed-size chunks: the rows in order) recorded the
+        # same lengths: then the restore compares them
+        same_rows = [
+            s
+            for s in self.splits
+            if s.name in self.live.get(s.batch, []) and _flat_rows(s.rows) == _flat_rows(split.rows)
+        ]
+        alike = all(self.batches[s.batch].lengths == batch.lengths for s in same_rows)  # type: ignore[union-attr]
+        expected = split.name in self.live[split.batch] and alike and not self.threads
+        verdict = type(err).__name__ if err else "silent"
+        event(f"routes swapped: {verdict}{' (proven wrong)' if expected else ''}")
+        if expected:
+            assert isinstance(err, MisalignmentError), f"routes swapped before the merge: {err!r}"
 
     # -- threads --------------------------------------------------------------------------------------
 
@@ -292,6 +366,7 @@ class ProvenanceMachine(RuleBasedStateMachine):
             t.join()
         assert errors == [], errors
         self.live[b] = []  # which splits the threads left newest is theirs to race: unknown, so none
+        self.threads = True
 
     @invariant()
     def records_bounded(self) -> None:
@@ -316,26 +391,91 @@ def _words(err: BaseException | None) -> tuple[str, str] | None:
     return None if err is None else (type(err).__name__, str(err))
 
 
+class Held(NamedTuple):
+    """What an output truly holds: the batch and split (None: no split rebatch recorded) that made its
+    micro-batch, and that micro-batch's rows (`PADDING` for a padding micro-batch's)."""
+
+    batch: int
+    name: int | None
+    rows: Any
+
+
+def _slot_rows(outputs: list[Any], indices: Any, real: list[int]) -> dict[int, Any]:
+    """Each real slot's rows: its indices, or without them the positions after the slots before it."""
+    if indices is not None:
+        return {m: list(indices[m]) for m in real}
+    sizes = [int(o["model_output"]["log_probs"].size(0)) for o in outputs]
+    starts = list(itertools.accumulate(sizes, initial=0))
+    return {m: list(range(starts[m], starts[m + 1])) for m in real}
+
+
+def _flat_rows(rows: list[Any]) -> tuple[tuple[int, ...], ...]:
+    """A split's real micro-batches' rows, as a restore's indices give them."""
+    return tuple(tuple(r) for r in rows if r is not PADDING)
+
+
+def _routes(lengths: list[int], parts: list[list[int]]) -> torch.Tensor:
+    """Router replay's routes of micro-batches ``parts`` joined as verl's Megatron engine merges them: each
+    row ``[len, 2, 3]`` int16 naming its original row, every row unbound and joined anew."""
+    rows = [torch.full((lengths[i], 2, 3), i, dtype=torch.int16, device="cpu") for p in parts for i in p]
+    return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+
+
 def _swap(outputs: list[Any], carried: list[Any], m: int, n: int) -> None:
-    """Outputs ``m`` and ``n`` swapped, with what each carries."""
+    """Outputs ``m`` and ``n`` swapped, with what each holds."""
     outputs[m], outputs[n] = outputs[n], outputs[m]
     carried[m], carried[n] = carried[n], carried[m]
 
 
-# Complex by design: one branch for each misalignment the machine draws.
+def _buffered(machine: ProvenanceMachine, outputs: list[Any]) -> list[Any]:
+    """Each output's ``log_probs`` copied into the engine's static buffer of its shape, made once on
+    offsets of its own (it names no micro-batch) and kept across steps."""
+    out = []
+    for o in outputs:
+        lp = o["model_output"]["log_probs"]
+        lengths = lp.offsets().diff()
+        key = (int(lp.size(0)), int(lengths.sum()))
+        buffer = machine.buffers.get(key)
+        if buffer is None or not torch.equal(buffer.offsets(), lp.offsets()):
+            buffer = torch.nested.nested_tensor_from_jagged(
+                torch.zeros_like(lp.values()), lp.offsets().clone()
+            )
+            machine.buffers[key] = buffer
+        buffer.values().copy_(lp.values())
+        out.append({**o, "model_output": {**o["model_output"], "log_probs": buffer}})
+    return out
+
+
+# Complex by design: one branch for each way the machine restores.
 def _misaligned(  # noqa: C901
     name: str,
     split: Split,
-    splits: list[Split],
+    machine: ProvenanceMachine,
     outputs: list[Any],
     indices: list[Any] | None,
-    carried: list[Any],
+    carried: list[Held],
     data: st.DataObject,
-) -> bool:
-    """``outputs``, ``indices`` and ``carried`` misaligned in place by the named misalignment; False where
-    this split has no room for it (nothing changed)."""
+) -> Any:
+    """``outputs``, ``indices`` and ``carried`` changed in place by the named way; False where this split
+    has no room for it (nothing changed); for ``dynamic_restored_as_fixed``, the indices to give (None)."""
     real = [m for m in range(len(outputs)) if indices is None or indices[m] is not PADDING]
     sizes = {m: int(outputs[m]["model_output"]["log_probs"].size(0)) for m in real}
+    if name == "none":
+        return True
+    if name == "static_buffers":
+        outputs[:] = _buffered(machine, outputs)
+        carried[:] = [Held(h.batch, None, h.rows) for h in carried]
+        return True
+    if name == "micro_batches_reordered_with_their_indices":
+        if indices is None or len(real) < 2:
+            return False
+        order = data.draw(st.permutations(real))
+        if order == real:
+            return False
+        moved = [(outputs[k], indices[k], carried[k]) for k in order]
+        for m, (o, p, h) in zip(real, moved, strict=True):
+            outputs[m], indices[m], carried[m] = o, p, h
+        return True
     if name == "swapped_micro_batches":
         pairs = [(m, n) for m, n in itertools.combinations(real, 2) if sizes[m] == sizes[n] > 0]
         if not pairs:
@@ -349,22 +489,30 @@ def _misaligned(  # noqa: C901
             return False
         _swap(outputs, carried, *data.draw(st.sampled_from(fits)))
         return True
-    if name == "output_of_another_split":
+    if name in ("output_of_another_split", "output_of_an_identical_partition", "output_of_another_batch"):
+        same = name != "output_of_another_batch"
         others = [
-            (s, q)
-            for s in splits
-            if s.batch == split.batch and s is not split
+            (s, q, m)
+            for s in machine.splits
+            if (s.batch == split.batch) == same and s is not split and machine.batches[s.batch] is not None
             for q, r in enumerate(s.rows)
-            if r is not PADDING and any(len(r) == sizes[m] for m in real)
+            if r is not PADDING
+            for m in real
+            if len(r) == sizes[m]
+            and (not same or (name == "output_of_another_split") == (r != carried[m].rows))
         ]
         if not others:
             return False
-        s, q = data.draw(st.sampled_from(others))
-        m = data.draw(st.sampled_from([m for m in real if sizes[m] == len(s.rows[q])]))
+        s, q, m = data.draw(st.sampled_from(others))
         outputs[m] = s.outputs[q]
-        carried[m] = (s.name, s.rows[q])
+        carried[m] = Held(s.batch, s.name, s.rows[q])
         return True
-    if indices is None or name == "none":
+    if name == "dynamic_restored_as_fixed":
+        if indices is None or len(real) != len(indices):
+            return False
+        in_order = [i for m in real for i in indices[m]] == list(range(sum(sizes.values())))
+        return False if in_order else None
+    if indices is None:
         return False
     flat = [i for m in real for i in indices[m]]
     if name == "rows_transposed_across_micro_batches":

@@ -10,7 +10,8 @@ __all__ = ["ref_splits"]
 
 def ref_splits(data: Any) -> tuple[Any, ...]:
     """Every live split torch recorded for ``data`` (``torch_impl.recorded(data)``), oldest first, as
-    ``ref.Provenance`` values of the same names (padding micro-batches as ``ref.PADDING``)."""
+    ``ref.Provenance`` values of the same names, the batch's too (padding micro-batches as
+    ``ref.PADDING``)."""
     import torch_impl
     from ref import PADDING, Provenance
 
@@ -19,5 +20,5 @@ def ref_splits(data: Any) -> tuple[Any, ...]:
     for split in getattr(kept, "splits", ()):
         real = iter(split.rows())
         rows = tuple(PADDING if slot is PADDING else tuple(next(real)) for slot in split.slots)
-        out.append(Provenance(rows, split.name))
+        out.append(Provenance(rows, split.name, getattr(kept, "name", 0)))
     return tuple(out)

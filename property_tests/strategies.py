@@ -439,8 +439,9 @@ def verl_step(
     data["use_dynamic_bsz"] = NonTensorData(budget is not None)
     if budget is not None:
         micro, indices = torch_impl.prepare_micro_batches(data, max_token_len=budget)
-    else:
-        micro, indices = torch_impl.prepare_micro_batches(data, micro_batch_size=micro_batch_size)
+    else:  # verl's fixed-size mode hands the restore no indices (the override's chunks are not used)
+        micro, _chunks = torch_impl.prepare_micro_batches(data, micro_batch_size=micro_batch_size)
+        indices = None
     output_lst = []
     for mb in micro:
         x = mb["input_ids"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -52,11 +53,12 @@ def postprocess_batch(
     original order, `ref.structure.witness_binds` deciding which keys it binds, ``unbound`` keys left
     out), every bound key's restored row lengths against it (`MisalignmentError`; ``docs/spec.md``,
     "The alignment witness"). With the split's ``provenance`` (`ref.provenance.Provenance`, or every
-    live split of the batch), before the witness: the outputs' provenance (``output_lst[m]["provenance"]``:
-    the rows it was computed on, bare or as a `ref.provenance.Carried` naming its split) decides the split
-    (an output of another split raises), the indices must be that split's and every output carrying its
-    rows must hold micro-batch ``m``'s (`MisalignmentError`); where every output carries one, every key of
-    the call is proven, dense keys included, whatever the lengths (``docs/spec.md``, "Exact provenance").
+    live split of the batch restored), before the witness: each output's provenance
+    (``output_lst[m]["provenance"]``: the rows it was computed on, bare or as a `ref.provenance.Carried`
+    naming its split and batch) must be its slot's rows (``indices[m]``, or without dynamic batching the
+    positions after the slots before it) and a micro-batch of that split, of the batch restored
+    (`MisalignmentError`); where every output carries one, every key of the call is proven, dense keys
+    included, whatever the lengths (``docs/spec.md``, "Exact provenance").
     Jagged results have int64 offsets.
 
     >>> lp = [Jagged.from_rows([[1.0], [2.0, 3.0]]), Jagged.from_rows([[4.0, 5.0, 6.0]])]
@@ -79,7 +81,7 @@ def postprocess_batch(
     >>> postprocess_batch(outs[::-1], [[1], [0]], provenance=prov)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ref.errors.MisalignmentError: key 'lp', micro-batch 0: this output holds micro-batch 1's rows, ...
+    ref.errors.MisalignmentError: key 'lp', micro-batch 0: this output holds micro-batch 1's rows of ...
     """
     use_dynamic_bsz = check_settings(use_dynamic_bsz, pad_mode, indices)
     output_lst, indices = drop_padding(output_lst, indices)
@@ -112,16 +114,18 @@ def postprocess_batch(
         joined = concat(parts, key=key)
         model_output[key] = restore(joined, indices) if use_dynamic_bsz else joined
 
+    if use_dynamic_bsz:
+        sizes = [len(list(p)) for p in indices]
+        slots = list(indices)
+    else:
+        sizes = [num_rows(mo[next(iter(outs[0]))]) for mo in outs] if outs else []
+        starts = itertools.accumulate(sizes, initial=0)
+        slots = [list(range(start, start + n)) for start, n in zip(starts, sizes, strict=False)]
     if provenance is not None and model_output:
         named = next((k for k, v in model_output.items() if isinstance(v, Jagged)), next(iter(outs[0])))
-        check_provenance(output_lst, indices if use_dynamic_bsz else None, provenance, named)
+        check_provenance(output_lst, slots, provenance, named)
     if witness is not None and model_output:
-        if use_dynamic_bsz:
-            sizes = [len(list(p)) for p in indices]
-            perm = [int(i) for p in indices for i in p]
-        else:
-            sizes = [num_rows(mo[next(iter(outs[0]))]) for mo in outs]
-            perm = list(range(sum(sizes)))
+        perm = [int(i) for p in indices for i in p] if use_dynamic_bsz else list(range(sum(sizes)))
         check_alignment(model_output, witness, perm, sizes, unbound)
 
     losses = [o["loss"] for o in output_lst if "loss" in o]

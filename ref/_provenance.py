@@ -1,5 +1,5 @@
-"""Exact provenance in ``ref``: the split's `ref.provenance.Provenance` checked against the restore's
-indices and each output's own provenance (``output_lst[m]["provenance"]``), before any data moves.
+"""Exact provenance in ``ref``: each output's own provenance (``output_lst[m]["provenance"]``) checked
+against its slot's rows by the live splits of the batch restored, before any data moves.
 
 Step 6p of ``postprocess_batch``'s order of checks (``docs/spec.md``, "Exact provenance"); the value and
 the error's words are `ref.provenance`'s, shared with ``torch_impl``. Concrete values are checked in
@@ -14,16 +14,15 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from ._checked import _check, _first, _shown
+from ._checked import _check, _shown
 from ._jagged import is_concrete
 from .provenance import (
     PROVENANCE,
     Carried,
     Provenance,
-    check_indices,
-    mixed_splits,
+    other_batch,
     real_rows,
-    stray_indices,
+    slot_difference,
     stray_output,
 )
 from .structure import PADDING
@@ -69,63 +68,57 @@ def _same(a: Any, b: Any) -> Any:
 
 def check_provenance(
     output_lst: Sequence[Mapping[str, Any]],
-    indices: Sequence[Sequence[int]] | None,
+    slots: Sequence[Any],
     provenance: Provenance | Sequence[Provenance],
     key: Any,
 ) -> bool:
-    """Step 6p: the split the outputs answer to, then the indices against that split's (with dynamic
-    batch size), then every output carrying its provenance against its slot; returns whether every
-    output carried one (then every key of the call is proven, dense keys included). ``provenance``: the
-    split's `Provenance`, or every live split of the batch; ``output_lst`` and ``indices`` without
-    padding micro-batches; ``key``: the first jagged model-output key (else the first key), named by an
-    output's error.
+    """Step 6p: each slot's output against its rows; returns whether every slot is proven (then every key
+    of the call is, dense keys included). ``slots[m]``: slot ``m``'s rows (``indices[m]`` with dynamic
+    batch size, else the positions after the slots before it); ``provenance``: the split's `Provenance`,
+    or every live split of the batch restored (one batch); ``output_lst`` and ``slots`` without padding
+    micro-batches; ``key``: the first jagged model-output key (else the first key), named by an error.
 
-    The split is the one whose rows the first output carrying any holds; an output carrying another
-    given split's rows raises (two splits mixed); an output carrying none, or a split not given, is
-    unproven; no output carrying any: nothing is checked (``docs/spec.md``, "Exact provenance").
+    An output naming another batch raises; an output naming micro-batch ``q`` of a split given must hold
+    its slot's rows (``split.rows[q] == slots[m]``); an output naming nothing, or a split not given, leaves
+    its slot unproven (``docs/spec.md``, "Exact provenance").
 
     >>> prov = Provenance(((2, 0), (1,)))
     >>> check_provenance([{"provenance": [2, 0]}, {"provenance": [1]}], [[2, 0], [1]], prov, "lp")
+    True
+    >>> check_provenance([{"provenance": [1]}, {"provenance": [2, 0]}], [[1], [2, 0]], prov, "lp")  # moved
     True
     >>> swapped = [{"provenance": [1]}, {"provenance": [2, 0]}]
     >>> check_provenance(swapped, [[2, 0], [1]], prov, "lp")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ref.errors.MisalignmentError: key 'lp', micro-batch 0: this output holds micro-batch 1's rows, ...
+    ref.errors.MisalignmentError: key 'lp', micro-batch 0: this output holds micro-batch 1's rows of ...
     >>> check_provenance([{}, {}], [[1], [0, 2]], prov, "lp")  # nothing carried: unproven, never an error
     False
-    >>> a, b = Provenance(((0,), (1,)), "a"), Provenance(((1,), (0,)), "b")  # one batch split twice
-    >>> outs = [{"provenance": Carried("a", [0])}, {"provenance": Carried("b", [0])}]
-    >>> check_provenance(outs, [[0], [1]], (a, b), "lp")  # doctest: +ELLIPSIS
+    >>> a, b = Provenance(((0,), (1,)), "a"), Provenance(((0,), (1,)), "b")  # one batch split twice alike
+    >>> outs = [{"provenance": Carried("a", [0])}, {"provenance": Carried("b", [1])}]
+    >>> check_provenance(outs, [[0], [1]], (a, b), "lp")  # interchangeable
+    True
+    >>> stale = [{"provenance": Carried("a", [0], batch=7)}, {"provenance": [1]}]
+    >>> check_provenance(stale, [[0], [1]], (a, b), "lp")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ref.errors.MisalignmentError: key 'lp', micro-batch 1: this output holds rows of split 'b', ...
+    ref.errors.MisalignmentError: key 'lp', micro-batch 0: this output holds rows of split 'a' of batch 7, ...
     """
     splits = _by_name(provenance)
-    tags = [_carried(o, splits) for o in output_lst]
-    first = next((m for m, tag in enumerate(tags) if tag is not None), None)
-    if first is None:
+    if not splits:
         return False
-    split = tags[first][0]  # type: ignore[index]
-    for m, tag in enumerate(tags):
-        if tag is not None and tag[0] is not split:
-            raise mixed_splits(key, m, tag[0].name, first, split.name)
-    rows = real_rows(split)
-    if indices is not None:
-        _check_indices(indices, rows)
-    for m, tag in enumerate(tags):
-        if tag is None:
+    restored = next(iter(splits.values())).batch
+    proven = 0
+    for m, output in enumerate(output_lst):
+        carried = _carried(output, splits, restored, key, m)
+        if carried is None:
             continue
-        mine = tag[1]
+        split, mine = carried
         if mine is PADDING:
-            raise stray_output(key, m, PADDING)
-        same = _same(mine, rows[m]) if m < len(rows) else False
-        if same is True:
-            continue
-        if same is False:
-            raise stray_output(key, m, _holder(mine, rows, m))
-        _check_slot(same, mine, rows, key, m)
-    return all(tag is not None for tag in tags) and len(tags) > 0
+            raise stray_output(key, m, PADDING, split.name)
+        _check_slot(key, m, split, mine, slots[m] if m < len(slots) else ())
+        proven += 1
+    return proven == len(output_lst) and proven > 0
 
 
 def _by_name(provenance: Provenance | Sequence[Provenance]) -> dict[Hashable, Provenance]:
@@ -138,76 +131,68 @@ def _by_name(provenance: Provenance | Sequence[Provenance]) -> dict[Hashable, Pr
 
 
 def _carried(
-    output: Mapping[str, Any],
-    splits: Mapping[Hashable, Provenance],
+    output: Mapping[str, Any], splits: Mapping[Hashable, Provenance], restored: Hashable, key: Any, m: int
 ) -> tuple[Provenance, Any] | None:
-    """``(split, rows)`` an output carries (bare rows: the first split's), or None where it carries none
-    of a split given."""
-    if PROVENANCE not in output or not splits:
+    """``(split, rows)`` an output names (bare rows: the first split's), or None where it names none of
+    the splits given; `other_batch` where it names another batch."""
+    if PROVENANCE not in output:
         return None
     carried = output[PROVENANCE]
-    if isinstance(carried, Carried):
-        split = splits.get(carried.split)
-        return None if split is None else (split, carried.rows)
-    return next(iter(splits.values())), carried
+    if not isinstance(carried, Carried):
+        return next(iter(splits.values())), carried
+    if carried.batch != restored:
+        raise other_batch(key, m, carried.split, carried.batch, restored)
+    split = splits.get(carried.split)
+    return None if split is None else (split, carried.rows)
 
 
-def _holder(mine: Any, rows: Sequence[Any], m: int) -> int | None:
-    """The micro-batch other than ``m`` whose rows ``mine`` are (concrete), or None."""
-    return next((q for q, r in enumerate(rows) if q != m and _same(mine, r) is True), None)
-
-
-def _check_slot(same: Any, mine: Any, rows: Sequence[Any], key: Any, m: int) -> None:
-    """A traced output's provenance against its slot, in the compiled program: the micro-batch whose
-    rows it holds computed there (-1 in the message where none of this split's does)."""
+def _check_slot(key: Any, m: int, split: Provenance, mine: Any, given: Any) -> None:
+    """An output naming micro-batch ``q`` of ``split`` (the one whose rows it carries) holds slot ``m``'s
+    rows ``given``: concrete values checked here, traced ones in the compiled program."""
+    rows = real_rows(split)
+    if _held(mine) and all(_held(r) for r in rows) and _held(given):
+        holder = next((q for q, r in enumerate(rows) if _same(mine, r) is True), None)
+        if holder is None:
+            raise stray_output(key, m, None, split.name)
+        difference = slot_difference(_ints(given), _ints(rows[holder]))
+        if difference is not None:
+            raise stray_output(key, m, holder, split.name, difference)
+        return
     flags = [_same(mine, r) for r in rows]
-    holder = jnp.asarray(-1, dtype=jnp.int64)
+    holder_at = jnp.asarray(-1, dtype=jnp.int64)
     for q in reversed(range(len(rows))):
-        if q != m:
-            holder = jnp.where(jnp.asarray(flags[q]), q, holder)
-    text = _escaped(str(stray_output(key, m, "\x00h\x00"))).replace("\x00h\x00", "{h}")
-    _check(jnp.asarray(same), "MisalignmentError: " + text, h=_shown(holder))
+        holder_at = jnp.where(jnp.asarray(flags[q]), q, holder_at)
+    right = jnp.logical_and(
+        jnp.asarray(_same(mine, given)), jnp.any(jnp.asarray([jnp.asarray(f) for f in flags]))
+    )
+    text = _escaped(str(stray_output(key, m, "\x00h\x00", split.name, "its rows differ")))
+    text = text.replace("micro-batch \x00h\x00's", "micro-batch {h}'s")
+    _check(right, "MisalignmentError: " + text, h=_shown(holder_at))
+
+
+def _ints(rows: Any) -> list[int]:
+    """Concrete rows as a list of ints."""
+    return [int(i) for i in np.asarray(rows).reshape(-1)]
 
 
 def _escaped(text: str) -> str:
     return text.replace("{", "{{").replace("}", "}}")
 
 
-def _check_indices(indices: Sequence[Sequence[int]], rows: Sequence[Any]) -> None:
-    """`ref.provenance.check_indices`, or, where either side is traced, the same rule in the compiled
-    program (sizes at trace time, values by ``checkify``)."""
-    if all(_held(p) for p in indices) and all(_held(r) for r in rows):
-        check_indices(indices, rows)
-        return
-    if len(indices) != len(rows):
-        check_indices([[0] * len(p) for p in indices], [[0] * len(r) for r in rows])  # raises the size error
-    for m, (p, r) in enumerate(zip(indices, rows, strict=True)):
-        a, b = jnp.asarray(p).reshape(-1).astype(jnp.int64), jnp.asarray(r).reshape(-1).astype(jnp.int64)
-        if a.shape != b.shape:
-            raise stray_indices(m, None, a.shape[0], b.shape[0])
-        if not a.shape[0]:
-            continue
-        bad = a != b
-        j = jnp.minimum(_first(bad), a.shape[0] - 1)
-        text = _escaped(str(stray_indices(m, 0, "\x00got\x00", "\x00want\x00")))
-        text = (
-            text.replace("position 0", "position {j}")
-            .replace("\x00got\x00", "{got}")
-            .replace("\x00want\x00", "{want}")
-        )
-        _check(~jnp.any(bad), "MisalignmentError: " + text, j=_shown(j), got=_shown(a[j]), want=_shown(b[j]))
-
-
 def _register_pytrees() -> None:
-    """`Provenance` and `Carried` as pytrees whose names are static (aux data): a split's name is a
-    Python value that decides which split a restore answers to at trace time; the rows are leaves."""
+    """`Provenance` and `Carried` as pytrees whose names are static (aux data): a split's and a batch's
+    names are Python values that decide what a restore answers to at trace time; the rows are leaves."""
     from jax import tree_util
 
     tree_util.register_pytree_node(
-        Provenance, lambda p: ((p.rows,), p.name), lambda name, children: Provenance(children[0], name)
+        Provenance,
+        lambda p: ((p.rows,), (p.name, p.batch)),
+        lambda names, children: Provenance(children[0], *names),
     )
     tree_util.register_pytree_node(
-        Carried, lambda c: ((c.rows,), c.split), lambda split, children: Carried(split, children[0])
+        Carried,
+        lambda c: ((c.rows,), (c.split, c.batch)),
+        lambda names, children: Carried(names[0], children[0], names[1]),
     )
 
 

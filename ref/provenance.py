@@ -3,9 +3,9 @@
 A split knows which original rows each micro-batch holds, in which order. Handed to the restore with
 the outputs, that is a proof the restore can check whatever the row lengths (where the alignment
 witness is blind: rows of equal length). ``docs/spec.md``, "Exact provenance", states the rule; this
-module holds its value (`Provenance`), its concrete check of the indices (`check_indices`) and the
-words of its errors (`stray_output`, `stray_indices`), so that ``ref`` and ``torch_impl`` raise the same
-`MisalignmentError` with the same message. JAX-free and torch-free.
+module holds its values (`Provenance`, `Carried`), its concrete check of the indices (`check_indices`)
+and the words of its errors (`stray_output`, `other_batch`, `stray_indices`), so that ``ref`` and
+``torch_impl`` raise the same `MisalignmentError` with the same message. JAX-free and torch-free.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ __all__ = [
     "Carried",
     "Provenance",
     "check_indices",
-    "mixed_splits",
+    "other_batch",
     "provenance_of",
+    "slot_difference",
     "stray_indices",
     "stray_output",
 ]
@@ -38,30 +39,34 @@ _OFF = "switch the check off: provenance=None, torch_impl.set_witness(False) or 
 
 class Provenance(NamedTuple):
     """A split's provenance: ``rows[m]``, the original rows of micro-batch ``m`` in the order it holds
-    them (a 1-D integer array or sequence; `PADDING` for a padding micro-batch), and ``name``, the split's
-    name (a static hashable, distinct among the splits of one batch given together; ``torch_impl`` numbers
-    its records). A NamedTuple, so a JAX pytree: a value ``jax.jit`` takes and returns."""
+    them (a 1-D integer array or sequence; `PADDING` for a padding micro-batch); ``name``, the split's
+    name (a static hashable, distinct among the splits of one batch; ``torch_impl`` numbers its records);
+    ``batch``, the name of the batch it split (``torch_impl`` numbers its recorded batches). A NamedTuple,
+    so a JAX pytree: a value ``jax.jit`` takes and returns."""
 
     rows: tuple[Any, ...]
     name: Hashable = 0
+    batch: Hashable = 0
 
 
 class Carried(NamedTuple):
-    """What an output carries (``output_lst[m]["provenance"]``): the name of the split that made its
-    micro-batch and the rows it was computed on (`PADDING` for a padding micro-batch's). Bare rows, not
-    a `Carried`, are carried from the first split given."""
+    """What an output carries (``output_lst[m]["provenance"]``), its identity: the name of the split that
+    made its micro-batch, the rows it was computed on (`PADDING` for a padding micro-batch's) and the name
+    of the batch that split split. Bare rows, not a `Carried`, are carried from the first split given."""
 
     split: Hashable
     rows: Any
+    batch: Hashable = 0
 
 
-def provenance_of(partitions: Sequence[Any], name: Hashable = 0) -> Provenance:
+def provenance_of(partitions: Sequence[Any], name: Hashable = 0, batch: Hashable = 0) -> Provenance:
     """The provenance of a split by ``partitions`` (each micro-batch's rows, as the split took them).
 
     >>> provenance_of([[2, 0], [1]]).rows
     ((2, 0), (1,))
     """
-    return Provenance(tuple(p if p is PADDING else tuple(int(i) for i in p) for p in partitions), name)
+    rows = tuple(p if p is PADDING else tuple(int(i) for i in p) for p in partitions)
+    return Provenance(rows, name, batch)
 
 
 def real_rows(provenance: Provenance) -> list[Any]:
@@ -69,41 +74,54 @@ def real_rows(provenance: Provenance) -> list[Any]:
     return [r for r in provenance.rows if r is not PADDING]
 
 
-def _whose(holder: Any) -> str:
-    """Whose rows an output holds, in an error's words: micro-batch ``holder``'s, a padding micro-batch's
-    (`PADDING`) or none of the split's (None)."""
-    if holder is None:
-        return "rows no micro-batch of this split holds"
+def slot_difference(given: Sequence[int], held: Sequence[int]) -> str | None:
+    """Where a slot's rows ``given`` differ from the rows ``held`` by the micro-batch its output names, in
+    an error's words; None where they are the same.
+
+    >>> slot_difference([0, 1], [0, 1]) is None
+    True
+    >>> slot_difference([0, 1], [3, 1])
+    'the rows differ at position 0: row 0 in the slot, row 3 in the micro-batch'
+    """
+    given, held = [int(i) for i in given], [int(i) for i in held]
+    if len(given) != len(held):
+        return f"the slot has {len(given)} rows, the micro-batch {len(held)}"
+    j = next((j for j, (a, b) in enumerate(zip(given, held, strict=True)) if a != b), None)
+    if j is None:
+        return None
+    return f"the rows differ at position {j}: row {given[j]} in the slot, row {held[j]} in the micro-batch"
+
+
+def stray_output(
+    key: Any, slot: int, holder: Any, split: Hashable = None, difference: str = ""
+) -> MisalignmentError:
+    """Output ``slot`` names micro-batch ``holder`` of split ``split``, whose rows are not the slot's
+    (``difference``: `slot_difference`'s words); `PADDING`: a padding micro-batch's; None: rows no
+    micro-batch of the split holds. ``key``: the key that says so (``ref``: the output's first jagged key,
+    else its first key; ``torch_impl``: the jagged key whose nested int does)."""
     if holder is PADDING:
-        return "a padding micro-batch's rows"
-    return f"micro-batch {holder}'s rows"
-
-
-def stray_output(key: Any, slot: int, holder: Any) -> MisalignmentError:
-    """Output ``slot``'s rows are not its micro-batch's: they are micro-batch ``holder``'s (`PADDING`: a
-    padding micro-batch's; None: no micro-batch of this split holds them). ``key``: the key that says so
-    (``ref``: the output's first jagged key, else its first key; ``torch_impl``: the jagged key whose
-    nested int does: the first where all of an output's carry one)."""
-    whose = _whose(holder)
+        whose = "a padding micro-batch's rows"
+    elif holder is None:
+        whose = f"rows no micro-batch of split {split!r} holds"
+    else:
+        whose = f"micro-batch {holder}'s rows of split {split!r}"
+    why = f": {difference}" if difference else ""
     return MisalignmentError(
-        f"{where(key, slot)}this output holds {whose}, by the split's provenance, not micro-batch {slot}'s "
-        f"(outputs in the wrong order, or computed on another micro-batch; {_OFF})"
+        f"{where(key, slot)}this output holds {whose}, by the split's provenance, not its slot's{why} (an "
+        f"output in another slot than its indices', duplicated or stale, or the indices another step's or "
+        f"partition's; {_OFF})"
     )
 
 
-def mixed_splits(
-    key: Any,
-    slot: int,
-    split: Hashable,
-    first: int,
-    first_split: Hashable,
+def other_batch(
+    key: Any, slot: int, split: Hashable, batch: Hashable, restored: Hashable
 ) -> MisalignmentError:
-    """Output ``slot`` holds rows of split ``split``, while output ``first`` (the first output carrying
-    a split's rows) holds split ``first_split``'s: outputs of two splits restored as one batch."""
+    """Output ``slot`` names a micro-batch of split ``split`` of batch ``batch``, while the batch restored
+    is ``restored``: another step's (or another batch's) output."""
     return MisalignmentError(
-        f"{where(key, slot)}this output holds rows of split {split!r}, by the splits' provenance, while "
-        f"micro-batch {first}'s holds rows of split {first_split!r} (outputs of two splits of the batch "
-        f"restored together; {_OFF})"
+        f"{where(key, slot)}this output holds rows of split {split!r} of batch {batch!r}, by the splits' "
+        f"provenance, while the batch restored is batch {restored!r} (another step's output, or another "
+        f"batch's; {_OFF})"
     )
 
 

@@ -24,6 +24,7 @@ MODULES = [
     "ref._postprocess",
     "ref._layouts",
     "ref.structure",
+    "ref.partition",
     "ref.provenance",
     "ref._provenance",
 ]

@@ -23,6 +23,7 @@ import ref
 import torch_impl
 from property_tests.baseline import verl_postprocess_batch_func
 from property_tests.compare import first_difference
+from property_tests.splits import ref_splits
 from property_tests.strategies import (
     Misaligned,
     VerlStep,
@@ -171,7 +172,7 @@ def test_indices_that_are_not_the_splits_raise(wrong: Any) -> None:
     outs = _engine(mbs)
     bad = wrong(indices)
     assert bad != [list(p) for p in indices]
-    with pytest.raises(MisalignmentError, match="the indices are not the split's"):
+    with pytest.raises(MisalignmentError, match="by the split's provenance, not its slot's"):
         torch_impl.postprocess_batch_func(outs, bad, data)
 
 
@@ -185,7 +186,7 @@ def test_another_steps_indices_raise() -> None:
     assert other_indices is not None
     assert indices is not None
     assert [list(p) for p in other_indices] != [list(p) for p in indices]
-    with pytest.raises(MisalignmentError, match="the indices are not the split's"):
+    with pytest.raises(MisalignmentError, match="by the split's provenance, not its slot's"):
         torch_impl.postprocess_batch_func(_engine(mbs), other_indices, data)
 
 
@@ -202,7 +203,7 @@ def test_the_splits_indices_vouch_for_the_permutation_and_a_defect_still_comes_f
     monkeypatch.setattr(_permutation, "_valid", lambda perm, n: checked.append(n) or valid(perm, n))
     torch_impl.postprocess_batch_func(outs, indices, data)
     assert checked == []
-    with pytest.raises(MisalignmentError, match="the indices are not the split's"):
+    with pytest.raises(MisalignmentError, match="by the split's provenance, not its slot's"):
         torch_impl.postprocess_batch_func(outs, _transposed(indices), data)
     assert checked == [16]
     dup = [list(p) for p in indices]
@@ -313,11 +314,13 @@ def test_the_record_keeps_no_batch_alive() -> None:
     data, mbs, _indices = _split()
     alive = weakref.ref(data)
     key = id(data)
-    assert key in _provenance._batches
+    name = _provenance._by_batch[key]
+    assert name in _provenance._records
     del data, mbs
     gc.collect()
     assert alive() is None
-    assert key not in _provenance._batches
+    assert key not in _provenance._by_batch
+    assert name not in _provenance._records
 
 
 def test_several_threads_each_proven_with_their_own_split() -> None:
@@ -341,20 +344,24 @@ def test_several_threads_each_proven_with_their_own_split() -> None:
 
 
 def test_ref_and_torch_agree_on_the_words() -> None:
-    x = ref.Jagged.from_rows([[1.0] * 3] * 4)
-    parts, indices, prov = ref.split_with_provenance(x, [[1, 0], [3, 2]])
-    outs = [
-        {"model_output": {"log_probs": p}, "provenance": r} for p, r in zip(parts, prov.rows, strict=True)
-    ]
-    with pytest.raises(MisalignmentError) as ref_error:
-        ref.postprocess_batch(outs[::-1], indices, provenance=prov)
+    """Outputs swapped, given the split's names (torch's records in ref's form): the same words."""
     data = _batch(4, 3)
     data["max_token_len_per_gpu"] = NonTensorData(6)
     mbs, torch_indices = torch_impl.prepare_micro_batches(data)
     torch_outs = _engine(mbs)
     with pytest.raises(MisalignmentError) as torch_error:
         torch_impl.postprocess_batch_func(torch_outs[::-1], torch_indices, data)
+    splits = ref_splits(data)
+    x = ref.Jagged.from_rows([[1.0] * 3] * 4)
+    parts = ref.split(x, [list(r) for r in splits[0].rows])
+    outs = [
+        {"model_output": {"log_probs": p}, "provenance": r}
+        for p, r in zip(parts, splits[0].rows, strict=True)
+    ]
+    with pytest.raises(MisalignmentError) as ref_error:
+        ref.postprocess_batch(outs[::-1], torch_indices, provenance=splits)
     assert str(ref_error.value) == str(torch_error.value)
+    assert "this output holds micro-batch 1's rows of split" in str(torch_error.value)
 
 
 PROPERTY = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

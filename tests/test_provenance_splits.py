@@ -118,7 +118,8 @@ def test_restore_dynamic_batch_answers_to_any_live_split() -> None:
     before = torch_impl.provenance_stats()
     assert torch.equal(torch_impl.restore_dynamic_batch(x, a_indices), ref_restore(x, a_indices))
     after = torch_impl.provenance_stats()
-    assert after["calls_proven"] == before["calls_proven"] + 1
+    assert after["restores_indices_proven"] == before["restores_indices_proven"] + 1
+    assert after["calls_proven"] == before["calls_proven"]  # a restore's indices prove no call
     flat = [i for p in a_indices for i in p]
     inverse = _cut([flat.index(i) for i in range(16)], a_indices)
     assert inverse != a_indices
@@ -127,7 +128,7 @@ def test_restore_dynamic_batch_answers_to_any_live_split() -> None:
         torch_impl.restore_dynamic_batch(x, inverse)
     unmade = [[15 - i for i in p] for p in a_indices]
     torch_impl.restore_dynamic_batch(x, unmade)
-    assert torch_impl.provenance_stats()["calls_unproven"] == after["calls_unproven"] + 1
+    assert torch_impl.provenance_stats()["restores_unproven"] == after["restores_unproven"] + 1
     torch_impl.restore_dynamic_batch(torch.arange(8.0), b_indices)
 
 
@@ -184,11 +185,12 @@ def test_fixed_size_chunks_restored_with_other_indices_raise_alike_in_ref_and_to
     assert given != [[0, 1], [2, 3], [4, 5]]
     with pytest.raises(MisalignmentError) as torch_error:
         torch_impl.postprocess_batch_func(outs, given, data)
-    names = {split.name: split for split in torch_impl.recorded(data).splits}
+    kept = torch_impl.recorded(data)
+    names = {split.name: split for split in kept.splits}
     chunk_name = list(names)[-1]
     ref_outs = outputs_to_ref(outs)
     for m, o in enumerate(ref_outs):
-        o["provenance"] = Carried(chunk_name, (2 * m, 2 * m + 1))
+        o["provenance"] = Carried(chunk_name, (2 * m, 2 * m + 1), kept.name)
     with pytest.raises(MisalignmentError) as ref_error:
         ref.postprocess_batch(ref_outs, given, provenance=ref_splits(data), witness=[LENGTH] * 6)
     assert str(ref_error.value) == str(torch_error.value)
@@ -282,21 +284,38 @@ def test_a_padding_micro_batch_swapped_into_a_real_slot_raises() -> None:
         torch_impl.postprocess_batch_func(swapped, indices, data)
 
 
-def test_outputs_of_two_splits_raise_naming_both_in_ref_and_torch() -> None:
-    """Micro-batch 1's output from another split of the batch, of the same rows: two splits mixed."""
+def test_two_splits_of_identical_partitions_are_interchangeable() -> None:
+    """Micro-batch 1's output from another split of the batch with the same partition: its rows are its
+    slot's, so the call is proven and verl's result."""
     data = _batch(8)
     mbs_a, indices_a = torch_impl.prepare_micro_batches(data, max_token_len=LENGTH * 4)
-    mbs_b, _ = torch_impl.prepare_micro_batches(data, max_token_len=LENGTH * 4)
-    names = [split.name for split in torch_impl.recorded(data).splits]
+    mbs_b, indices_b = torch_impl.prepare_micro_batches(data, max_token_len=LENGTH * 4)
+    assert [list(p) for p in indices_a] == [list(p) for p in indices_b]
     mixed = [*_engine(mbs_a[:1]), *_engine(mbs_b[1:])]
+    before = torch_impl.provenance_stats()["calls_proven"]
+    _same_as_verl(mixed, indices_a, data)
+    assert torch_impl.provenance_stats()["calls_proven"] == before + 2
+
+
+def test_an_output_of_another_partition_raises_naming_it_in_ref_and_torch() -> None:
+    """Micro-batch 1's output from a split of the batch into other micro-batches: it names a micro-batch
+    whose rows are not its slot's, in the same words in both implementations."""
+    data = _batch(8)
+    mbs_a, indices_a = torch_impl.prepare_micro_batches(data, max_token_len=LENGTH * 4)
+    mbs_b, indices_b = torch_impl.prepare_micro_batches(data, micro_batch_size=4)
+    assert [len(p) for p in indices_a] == [4, 4]
+    assert indices_b[1] != list(indices_a[1])
+    kept = torch_impl.recorded(data)
+    names = [split.name for split in kept.splits]
+    mixed = [*_engine(mbs_a[:1]), *_engine(mbs_b[1:2])]
     with pytest.raises(MisalignmentError) as torch_error:
         torch_impl.postprocess_batch_func(mixed, indices_a, data)
-    assert f"this output holds rows of split {names[1]!r}" in str(torch_error.value)
-    assert f"micro-batch 0's holds rows of split {names[0]!r}" in str(torch_error.value)
+    assert f"micro-batch 1: this output holds micro-batch 1's rows of split {names[1]!r}" in str(
+        torch_error.value
+    )
     outs = outputs_to_ref(mixed)
-    rows = [tuple(p) for p in indices_a]
-    for m, o in enumerate(outs):
-        o["provenance"] = Carried(names[0] if m == 0 else names[1], rows[m])
+    outs[0]["provenance"] = Carried(names[0], tuple(indices_a[0]), kept.name)
+    outs[1]["provenance"] = Carried(names[1], tuple(indices_b[1]), kept.name)
     with pytest.raises(MisalignmentError) as ref_error:
         ref.postprocess_batch(outs, indices_a, provenance=ref_splits(data), witness=[LENGTH] * 8)
     assert str(ref_error.value) == str(torch_error.value)
@@ -337,7 +356,7 @@ def test_no_growth_over_ten_thousand_steps() -> None:
                 del data
                 gc.collect()
                 sizes.append(tracemalloc.get_traced_memory()[0])
-        assert len(_provenance._batches) <= _provenance.MAX_BATCHES
+        assert len(_provenance._records) <= _provenance.MAX_BATCHES
     finally:
         tracemalloc.stop()
     assert sizes[1] - sizes[0] < 256 * 1024, sizes  # no growth a step (a record is about 2 KiB)

@@ -41,9 +41,14 @@ STEPS = st.one_of(verl_steps(), verl_steps(min_rows=65, max_rows=120))
 
 
 def _witness_alone(data: Any) -> Any:
-    """``data`` as a batch no split of rebatch's recorded (a shallow copy): the witness alone judges a
-    misaligned call (exact provenance, which raises first where a split recorded it: test_provenance.py)."""
-    return data.copy()
+    """``data`` as a batch no split of rebatch's recorded (a copy whose ``input_ids`` are rebuilt on offsets
+    of their own: a shallow copy would find the split's record by their nested int): the witness alone
+    judges a misaligned call (exact provenance, which raises first where a split recorded it:
+    test_provenance.py)."""
+    alone = data.copy()
+    ids = alone["input_ids"]
+    alone["input_ids"] = torch.nested.nested_tensor_from_jagged(ids.values(), ids.offsets().clone())
+    return alone
 
 
 def _misaligned(

@@ -140,8 +140,12 @@ def prepare_micro_batches(
     with these ``indices`` gives the rows in ``data``'s order.
 
     Keyword-only extensions: ``max_token_len`` (the whole budget) or ``micro_batch_size`` (chunks; the
-    last may be shorter) override what ``data`` says; ``length_key`` names the field to count tokens
-    with; ``pad_micro_batches``: a rank with fewer rows than the count agreed over ``dp_group`` gets
+    last may be shorter) override what ``data`` says. What they restore (``docs/spec.md``, "Exact
+    provenance"): ``max_token_len=`` makes a dynamic split, whose restore needs ``data`` to say
+    ``use_dynamic_bsz`` (verl's default; restored as fixed, it raises `MisalignmentError`);
+    ``micro_batch_size=`` returns its chunks' indices (`ref.partition.fixed_partitions`), so its restore is
+    right whatever ``data`` says. ``length_key`` names the field to count tokens with;
+    ``pad_micro_batches``: a rank with fewer rows than the count agreed over ``dp_group`` gets
     `PADDING` micro-batches (a copy of its first row, or no rows) instead of verl's error. The engine
     must then leave their loss out of the gradient; `postprocess_batch_func` drops their outputs.
     ``one_pass``: verl 0.8.0's and 0.9.0's count rule (see `rearrange_micro_batches`).
@@ -156,8 +160,9 @@ def prepare_micro_batches(
     force_group_size = as_integer(read_setting(data, "force_group_size", 1), "force_group_size")
     b = int(data.batch_size[0]) if data.batch_size else 0
     if not use_dynamic:
-        if micro_batch_size is not None:
-            return _recorded(data, split(data, fixed_partitions(b, micro_batch_size)), None)
+        if micro_batch_size is not None:  # its chunks' indices: right whatever ``data`` says
+            chunks = fixed_partitions(b, micro_batch_size)
+            return _recorded(data, split(data, chunks), chunks)
         mbs = read_setting(data, "micro_batch_size_per_gpu", None)
         if mbs is None:
             raise UnsupportedSettingError("micro_batch_size_per_gpu must be set when use_dynamic_bsz is off")
@@ -247,16 +252,26 @@ def rearrange_micro_batches(
     )
     real = [p for p in parts if p is not PADDING]
     pieces = iter(split(batch, real)) if real else iter(())
+    # the rows' lengths, where they are the batch's own (its jagged input_ids'): the record keeps them
+    own = length_key in (None, "input_ids") and _jagged_ids(batch)
+    lengths = lengths_t.tolist() if own else None
     if len(real) == len(parts):
-        return _recorded(batch, [next(pieces) for _ in parts], parts)
+        return _recorded(batch, [next(pieces) for _ in parts], parts, lengths)
     filler = take(batch, [0] if lengths_t.numel() else [])
-    return _recorded(batch, [filler if p is PADDING else next(pieces) for p in parts], parts)
+    return _recorded(batch, [filler if p is PADDING else next(pieces) for p in parts], parts, lengths)
 
 
-def _recorded(batch: TensorDictBase, micro_batches: Any, indices: Any) -> tuple[Any, Any]:
-    """``(micro_batches, indices)``, recorded as what this split of ``batch`` handed out (the restore
-    checks its provenance: `torch_impl._provenance`)."""
-    record(batch, micro_batches, indices)
+def _jagged_ids(batch: TensorDictBase) -> bool:
+    """Whether ``batch`` holds a jagged ``input_ids``."""
+    return "input_ids" in batch.keys() and batch.get("input_ids").is_nested
+
+
+def _recorded(
+    batch: TensorDictBase, micro_batches: Any, indices: Any, lengths: list[int] | None = None
+) -> tuple[Any, Any]:
+    """``(micro_batches, indices)``, recorded as what this split of ``batch`` handed out, with its rows'
+    ``lengths`` where the split read them (the restore checks its provenance: `torch_impl._provenance`)."""
+    record(batch, micro_batches, indices, lengths)
     return micro_batches, indices
 
 
@@ -265,10 +280,12 @@ def restore_dynamic_batch(data: torch.Tensor, batch_idx_list: Sequence[Sequence[
 
     `torch_impl.restore`, validated: ``batch_idx_list`` must flatten to a permutation of ``range(B)``
     (`NotAPermutationError`, where verl would silently misalign a duplicate or wrap a negative index);
-    proven where they are a live split's indices, `MisalignmentError` where they are the inverse of one
-    (``docs/spec.md``, "Exact provenance"), else unproven.
+    its indices proven where they are a live split's, and then its rows' lengths checked against the
+    split's (`MisalignmentError` at a row of another length: micro-batches' rows swapped before the
+    join); `MisalignmentError` where they are the inverse of a live split's (``docs/spec.md``, "Exact
+    provenance"); else unproven.
     """
     result = restore(data, batch_idx_list)  # every defect of the indices raised first, typed
     if isinstance(batch_idx_list, list | tuple):
-        check_restore(batch_idx_list)
+        check_restore(batch_idx_list, result)
     return result

@@ -4,14 +4,14 @@
 (`torch_impl._prepare`, or a trainer's own split observed in shadow mode) `record`\\ s a `Split`: its
 name (a number of this process), each micro-batch's ragged sizes (the nested ints of its jagged fields,
 which torch keeps through device and dtype moves, ``detach``, ``clone`` and
-``nested_tensor_from_jagged(v, moved.offsets())``; a padding micro-batch's too) and the indices it
-returned. A batch keeps its last `MAX_SPLITS` splits (keyed by identity, held weakly: the records go with
-the batch) in one read-only `Provenance`, replaced whole on each record, so a restore reads it without a
-lock. The restore finds it from its ``data`` (`recorded`) and `Provenance.judge`\\ s the call before any
-data moves: the outputs' nested ints decide which split the call answers to, the indices must be that
-split's, and an output whose jagged keys carry micro-batch ``q``'s nested int must sit in slot ``q``.
-Host-side facts only: no device read. Unproven (never an error) where no output carries a recorded
-nested int. `provenance_stats` counts it.
+``nested_tensor_from_jagged(v, moved.offsets())``; a padding micro-batch's too), the indices it returned
+and its rows' lengths. A batch (numbered too) keeps its last `MAX_SPLITS` splits in one read-only
+`Provenance`, replaced whole on each record, so a restore reads it without a lock; it is found by the
+batch's identity, else by its ``input_ids``' nested int (`recorded`), and kept while either lives. Every
+live record's nested ints are indexed (`_everywhere`), so an output of another batch is known as such.
+The restore `Provenance.judge`\\ s the call before any data moves: each output naming micro-batch ``q``
+of a live split must hold its slot's rows. Host-side facts only: no device read. Unproven (never an
+error) where no output names a micro-batch of the batch restored. `provenance_stats` counts it.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import torch
 from rebatch_startup.forksafe import ForkSafeLock
 from ref._torch_private import ragged_idx, ragged_size
 from ref.errors import RebatchError
-from ref.provenance import check_indices, mixed_splits, stray_output
-from ref.structure import PADDING
+from ref.provenance import check_indices, other_batch, slot_difference, stray_output
+from ref.structure import PADDING, misalignment, witness_binds
 
 from ._parts import JaggedPart, NestedTensor, Part
 from ._permutation import as_bytes, plain_int_lists, plain_int_lists_of
@@ -44,6 +44,7 @@ __all__ = [
     "Provenance",
     "Split",
     "check_restore",
+    "named_by",
     "observe_split",
     "provenance_stats",
     "record",
@@ -57,11 +58,28 @@ MAX_SPLITS = 8
 MAX_BATCHES = 64
 
 _lock = ForkSafeLock()  # a forked child finds it free (`rebatch_startup.renew_at_fork`)
-#: id(batch) -> its live splits (dropped with the batch), the batch recorded longest ago first.
-_batches: OrderedDict[int, Provenance] = OrderedDict()
+#: Each live batch's record by its name, the batch recorded longest ago first.
+_records: OrderedDict[int, Provenance] = OrderedDict()
+#: id(batch) -> its record's name; id(its input_ids' nested int) -> its record's name.
+_by_batch: dict[int, int] = {}
+_by_ids: dict[int, int] = {}
+#: id(a recorded nested int) -> (its batch's name, its split's name), over every live record.
+_everywhere: dict[int, tuple[int, int]] = {}
 _names = itertools.count()  # each split's name, in this process
+_batch_names = itertools.count()  # each recorded batch's name, in this process
 #: The counters (zeroed in a forked child: `torch_impl._tally.Tally`).
-_STATS = Tally(("calls_proven", "calls_partly_proven", "calls_unproven", "keys_proven", "keys_unproven"))
+_STATS = Tally(
+    (
+        "calls_proven",
+        "calls_partly_proven",
+        "calls_unproven",
+        "keys_proven",
+        "keys_unproven",
+        "restores_indices_proven",
+        "restores_rows_witnessed",
+        "restores_unproven",
+    )
+)
 
 #: A tag: what a recorded nested int says of the output that carries it, ``(split's name, slot)``
 #: (the slot among the split's real micro-batches, or `PADDING`).
@@ -79,16 +97,34 @@ def _ragged(x: Any) -> Any:
 class Split:
     """One split's record: ``name``; ``slots`` (each micro-batch's slot among the real ones, or
     `PADDING`); ``sizes`` (each real micro-batch's rows); ``flat`` (its indices flattened, padding
-    left out; for fixed-size chunks, the rows in order) and ``flat_bytes``; ``exact``, its indices as it
-    handed them out, padding left out, as `plain_int_lists`' bytes (None unless lists of plain ints);
-    ``kept``, each
-    micro-batch's nested ints with their tags (held, so their ids stay theirs while the record lives);
-    ``expected``, each real slot's own tag. Read-only once made; shared by threads. Raises ValueError
-    for indices that are not a permutation (left unrecorded)."""
+    left out; for fixed-size chunks, the rows in order), ``flat_bytes`` and ``in_order`` (whether it is
+    the rows in order); ``exact``, its indices as it handed them out, padding left out, as
+    `plain_int_lists`' bytes (None unless lists of plain ints); ``kept``, each micro-batch's nested ints
+    with their tags (held, so their ids stay theirs while the record lives); ``expected``, each real
+    slot's own tag; ``lengths``, each original row's length where the split knew them (int64, else
+    None). Read-only once made; shared by threads. Raises ValueError for indices that are not a
+    permutation (left unrecorded)."""
 
-    __slots__ = ("exact", "expected", "flat", "flat_bytes", "kept", "name", "sizes", "slots")
+    __slots__ = (
+        "exact",
+        "expected",
+        "flat",
+        "flat_bytes",
+        "in_order",
+        "kept",
+        "lengths",
+        "name",
+        "sizes",
+        "slots",
+    )
 
-    def __init__(self, name: int, micro_batches: Sequence[Any], indices: Sequence[Any] | None) -> None:
+    def __init__(
+        self,
+        name: int,
+        micro_batches: Sequence[Any],
+        indices: Sequence[Any] | None,
+        lengths: Sequence[int] | None = None,
+    ) -> None:
         self.name = name
         self.kept: list[tuple[Any, Tag]] = []
         self.slots: list[Any] = []  # each micro-batch's slot, in the split's order (`PADDING` for padding)
@@ -107,14 +143,23 @@ class Split:
         self.sizes: tuple[int, ...] = tuple(sizes)
         self.expected: list[Tag] = [(name, m) for m in range(len(sizes))]
         # fixed-size chunks (no indices): the rows in order
-        self.flat = np.arange(sum(sizes), dtype=np.int64) if indices is None else _flat(indices, sum(sizes))
+        total = sum(sizes)
+        self.flat = np.arange(total, dtype=np.int64) if indices is None else _flat(indices, total)
         self.flat_bytes = self.flat.tobytes()
+        self.in_order = self.flat_bytes == np.arange(total, dtype=np.int64).tobytes()
         real = [p for p in indices if p is not PADDING] if indices is not None else None
         self.exact = plain_int_lists_of(real)
+        known = lengths is not None and len(lengths) == total
+        self.lengths = np.asarray(lengths, dtype=np.int64) if known else None
 
     def rows(self) -> list[list[int]]:
         """The split's indices, padding left out (for the error path)."""
         return _cut(self.flat.tolist(), self.sizes)
+
+    def rows_bytes(self, q: int) -> bytes:
+        """Micro-batch ``q``'s rows as int64 bytes."""
+        start = sum(self.sizes[:q])
+        return self.flat[start : start + self.sizes[q]].tobytes()
 
 
 def _flat(indices: Sequence[Any], count: int) -> np.ndarray:
@@ -136,20 +181,36 @@ def _cut(flat: Sequence[int], sizes: Sequence[int]) -> list[list[int]]:
 
 class Provenance:
     """The live splits of one batch (``splits``, oldest first, at most `MAX_SPLITS`), as the restore
-    reads them: ``tags`` (each recorded nested int's id -> its tag; a newer split's wins), ``by_name``
-    and ``vouchers`` (each split's indices as `plain_int_lists`' bytes, with their flattening, newest
-    first: `permutation`). Read-only: a new split makes a new one."""
+    reads them: ``name`` (the batch's number), ``batch`` and ``ids`` (weak references to the batch and
+    to its ``input_ids``, None where it has no jagged one), ``ids_size`` (that nested int, held),
+    ``tags`` (each recorded nested int's id -> its tag), ``by_name`` and ``vouchers`` (each split's
+    indices as `plain_int_lists`' bytes, with their flattening, newest first: `permutation`). Read-only:
+    a new split makes a new one."""
 
-    __slots__ = ("batch", "by_name", "splits", "tags", "vouchers")
+    __slots__ = ("batch", "by_name", "ids", "ids_size", "name", "splits", "tags", "vouchers")
 
-    def __init__(self, batch: weakref.ref[Any], splits: Sequence[Split]) -> None:
+    def __init__(
+        self,
+        name: int,
+        batch: weakref.ref[Any],
+        ids: weakref.ref[Any] | None,
+        ids_size: Any,
+        splits: Sequence[Split],
+    ) -> None:
+        self.name = name
         self.batch = batch
+        self.ids = ids
+        self.ids_size = ids_size
         self.splits = tuple(splits)
         self.by_name = {split.name: split for split in self.splits}
         self.tags = {id(size): tag for split in self.splits for size, tag in split.kept}
         self.vouchers = tuple(
             (split.exact, split.flat) for split in reversed(self.splits) if split.exact is not None
         )
+
+    def alive(self) -> bool:
+        """Whether the batch or its ``input_ids`` still lives."""
+        return self.batch() is not None or (self.ids is not None and self.ids() is not None)
 
     def permutation(self, indices: Any) -> torch.Tensor | None:
         """``indices`` flattened (CPU int64 ``[B]``, a tensor of its own) where they are a live split's own
@@ -171,116 +232,182 @@ class Provenance:
         left out; ``sizes``: each micro-batch's rows and ``perm`` its checked permutation (both None
         without dynamic batch size; ``host``, its NumPy view where read already: `CallRows.given`).
 
-        The outputs' tags (their jagged keys' `JaggedPart.ragged`; dense keys carry none), outputs in
-        order then keys in order, decide the split: the first tag's. Then, the first defect returned:
-        a tag of another split (two splits mixed), the indices not that split's, a tag of another slot.
-        Proven where every output carries a tag of its own slot. The error is returned, for the call to
-        raise in the order of checks."""
+        Each slot on its own, outputs in order then their jagged keys in order (`JaggedPart.ragged`;
+        dense keys carry none): an output naming another batch's split, or micro-batch ``q`` of a live
+        split whose rows are not the slot's (``indices[m]``, or without dynamic batch size the positions
+        after the slots before it), is the error returned (for the call to raise in the order of
+        checks). A slot is proven where one of its keys names a micro-batch and all that do pass."""
         keys = [key for key, parts in checked.items() if parts and type(parts[0]) is JaggedPart]
         jagged = [cast("Sequence[JaggedPart]", checked[key]) for key in keys]  # a key's parts are of one kind
         found = [[self.tags.get(id(part.ragged)) for part in parts] for parts in jagged]
         outputs = len(next(iter(checked.values()), ()))
-        first = _first_tag(found, outputs)
-        if first is None:
-            _count(0, outputs, 0, outputs * len(checked))
-            return False, None
-        split = self.by_name[first[1][0]]
-        if all(tags == split.expected for tags in found):  # the common case at once
-            error = _stray_indices(split, sizes, perm, host)
-            if error is None:
-                _count(outputs, outputs, outputs * len(checked), 0)
-            return error is None, error
-        mixed = _mixed(keys, found, outputs, first)
-        if mixed is not None:
-            return False, mixed
-        error = _stray_indices(split, sizes, perm, host)
-        if error is not None:
-            return False, error
+        counts = [p.rows for p in next(iter(checked.values()), ())]
+        first = found[0][0] if found and outputs else None
+        split = self.by_name.get(first[0]) if first is not None else None
+        # the common case at once: every output its split's own slot's, the indices the split's
+        expected = split is not None and all(tags == split.expected for tags in found)
+        if expected and _in_slots(cast("Split", split), sizes, perm, host, counts):
+            _count(outputs, outputs, outputs * len(checked), 0)
+            return True, None
+        slots = _slot_rows(sizes, perm, host, counts)
         proven = 0
         for m in range(outputs):
-            for key, tags in zip(keys, found, strict=True):
+            named = False
+            for key, parts, tags in zip(keys, jagged, found, strict=True):
                 tag = tags[m]
-                if tag is not None and tag[1] != m:
-                    return False, stray_output(key, m, tag[1])
-            proven += any(tags[m] is not None for tags in found)
+                if tag is None:
+                    elsewhere = _everywhere.get(id(parts[m].ragged))
+                    if elsewhere is not None and elsewhere[0] != self.name:
+                        return False, other_batch(key, m, elsewhere[1], elsewhere[0], self.name)
+                    continue
+                error = self._slot_error(key, m, tag, slots[m])
+                if error is not None:
+                    return False, error
+                named = True
+            proven += named
         unproven = outputs - proven
         _count(proven, outputs, proven * len(checked), unproven * len(checked))
         return bool(outputs) and proven == outputs, None
 
-
-def _first_tag(found: Sequence[Sequence[Tag | None]], outputs: int) -> tuple[int, Tag] | None:
-    """``(output, tag)`` of the first tag, outputs in order then keys in order; None where none."""
-    for m in range(outputs):
-        for tags in found:
-            tag = tags[m]
-            if tag is not None:
-                return m, tag
-    return None
-
-
-def _mixed(
-    keys: Sequence[Any],
-    found: Sequence[Sequence[Tag | None]],
-    outputs: int,
-    first: tuple[int, Tag],
-) -> Any:
-    """The error of the first tag (outputs in order, then keys) of a split other than the first tag's."""
-    first_output, (name, _slot) = first
-    for m in range(outputs):
-        for key, tags in zip(keys, found, strict=True):
-            tag = tags[m]
-            if tag is not None and tag[0] != name:
-                return mixed_splits(key, m, tag[0], first_output, name)
-    return None
+    def _slot_error(self, key: Any, m: int, tag: Tag, given: np.ndarray) -> RebatchError | None:
+        """The error of output ``m`` (its key ``key`` names ``tag``) where its micro-batch's rows are not
+        the slot's ``given``, else None."""
+        split, q = self.by_name[tag[0]], tag[1]
+        if q is PADDING:
+            return stray_output(key, m, PADDING, split.name)
+        held = split.rows_bytes(q)
+        if held == given.tobytes():
+            return None
+        difference = slot_difference(given.tolist(), np.frombuffer(held, dtype=np.int64).tolist())
+        return stray_output(key, m, q, split.name, difference or "")
 
 
-def _stray_indices(split: Split, sizes: Sequence[int] | None, perm: torch.Tensor | None, host: Any) -> Any:
-    """The error where the call's indices (with dynamic batch size) are not ``split``'s (a split of
-    fixed-size chunks: the rows in order), else None (also for a call without dynamic batch size: no
-    indices to compare)."""
+def _in_slots(
+    split: Split, sizes: Sequence[int] | None, perm: torch.Tensor | None, host: Any, counts: Sequence[int]
+) -> bool:
+    """Whether every slot ``m`` holds ``split``'s micro-batch ``m``'s rows: the indices are the split's
+    (without dynamic batch size: the split is the rows in order, in the outputs' row counts)."""
     if perm is None or sizes is None:
-        return None
-    if tuple(sizes) == split.sizes and as_bytes(perm, host) == split.flat_bytes:
-        return None
-    given = host if host is not None else perm.tolist()
-    try:
-        check_indices(_cut([int(i) for i in given], sizes), split.rows())
-    except RebatchError as err:
-        return err
-    return None
+        return split.in_order and tuple(counts) == split.sizes
+    return tuple(sizes) == split.sizes and as_bytes(perm, host) == split.flat_bytes
 
 
-def _forget(key: int, ref: weakref.ref[Any]) -> None:
-    """The batch ``ref`` died: its splits go (unless a newer batch of the same id has some already)."""
+def _slot_rows(
+    sizes: Sequence[int] | None, perm: torch.Tensor | None, host: Any, counts: Sequence[int]
+) -> list[np.ndarray]:
+    """Each slot's rows (int64): ``indices[m]``, or without dynamic batch size the positions after the
+    slots before it."""
+    if perm is None or sizes is None:
+        flat = np.arange(sum(counts), dtype=np.int64)
+        pieces = counts
+    else:
+        flat = host if host is not None else np.asarray(perm.tolist(), dtype=np.int64)
+        pieces = sizes
+    bounds = itertools.pairwise(itertools.accumulate(pieces, initial=0))
+    return [flat[a:b] for a, b in bounds]
+
+
+def _drop(name: int) -> None:
+    """A recorded batch or its ``input_ids`` died: its record goes once neither lives."""
     with _lock:
-        kept = _batches.get(key)
-        if kept is not None and kept.batch is ref:
-            del _batches[key]
+        kept = _records.get(name)
+        if kept is not None and not kept.alive():
+            _remove(name, kept)
 
 
-def record(batch: Any, micro_batches: Sequence[Any], indices: Sequence[Any] | None) -> None:
-    """What a split of ``batch`` handed out: its ``micro_batches`` and ``indices`` (None: fixed-size
-    chunks in order), kept beside the batch's other live splits (the oldest beyond `MAX_SPLITS` goes).
-    A batch that cannot be held weakly, micro-batches without a batch size, or indices that are not a
-    permutation are left unrecorded (their calls stay unproven). Never raises."""
+def _remove(name: int, kept: Provenance) -> None:
+    """Record ``name`` forgotten, and everything that finds it (under ``_lock``)."""
+    _records.pop(name, None)
+    for table in (_by_batch, _by_ids):
+        for k in [k for k, v in table.items() if v == name]:
+            del table[k]
+    _unindex(kept.splits)
+
+
+def _unindex(splits: Sequence[Split]) -> None:
+    """``splits``' nested ints out of the process's index (under ``_lock``)."""
+    for split in splits:
+        for size, _ in split.kept:
+            if _everywhere.get(id(size), (None, None))[1] == split.name:
+                del _everywhere[id(size)]
+
+
+def _input_ids(batch: Any) -> Any:
+    """``batch["input_ids"]`` where it is a jagged nested tensor, else None (never raises)."""
     try:
-        split = Split(next(_names), micro_batches, indices)
+        ids = batch.get("input_ids", None)
+    except (AttributeError, TypeError, KeyError, RuntimeError):
+        return None
+    return ids if _ragged(ids) is not None else None
+
+
+def _lengths_of(ids: Any) -> list[int] | None:
+    """The row lengths of a jagged ``input_ids`` whose offsets the host holds, else None (never a device
+    read)."""
+    if ids is None:
+        return None
+    offsets = ids._offsets
+    if offsets.device.type != "cpu" or ids._lengths is not None:
+        return None
+    host = offsets.numpy() if offsets.dtype == torch.int64 else offsets.to(torch.int64).numpy()
+    return (host[1:] - host[:-1]).tolist()
+
+
+def record(
+    batch: Any,
+    micro_batches: Sequence[Any],
+    indices: Sequence[Any] | None,
+    lengths: Sequence[int] | None = None,
+) -> None:
+    """What a split of ``batch`` handed out: its ``micro_batches`` and ``indices`` (None: fixed-size
+    chunks in order), and its rows' ``lengths`` (the split's own reading of ``input_ids``; where None,
+    read from a jagged ``input_ids`` the host holds), kept beside the batch's other live splits (the
+    oldest beyond `MAX_SPLITS` goes). A batch that cannot be held weakly, micro-batches without a batch
+    size, or indices that are not a permutation are left unrecorded (their calls stay unproven). Never
+    raises."""
+    ids = _input_ids(batch)
+    if lengths is None:
+        lengths = _lengths_of(ids)
+    try:
+        split = Split(next(_names), micro_batches, indices, lengths)
     except (TypeError, AttributeError, ValueError, IndexError, OverflowError):  # odd, or not a permutation
         return
-    key = id(batch)
     with _lock:
-        kept = _batches.get(key)
-        if kept is not None and kept.batch() is not batch:
-            kept = None  # a dead batch's id reused before its callback ran
-        try:
-            ref = kept.batch if kept is not None else weakref.ref(batch, lambda ref: _forget(key, ref))
-        except TypeError:  # not weakly held
-            return
-        splits = (*(kept.splits if kept is not None else ()), split)[-MAX_SPLITS:]
-        _batches[key] = Provenance(ref, splits)  # replaced whole: a reader sees the old or the new
-        _batches.move_to_end(key)  # recorded most recently
-        while len(_batches) > MAX_BATCHES:
-            _batches.popitem(last=False)
+        kept = recorded(batch)
+        if isinstance(kept, Provenance):
+            name, batch_ref, ids_ref, ids_size = kept.name, kept.batch, kept.ids, kept.ids_size
+            if batch_ref() is not batch:  # a shallow clone, found by its input_ids: it finds the record too
+                _by_batch[id(batch)] = name
+            older = kept.splits
+        else:
+            name = next(_batch_names)
+            try:
+                batch_ref = weakref.ref(batch, lambda _: _drop(name))
+                ids_ref = weakref.ref(ids, lambda _: _drop(name)) if ids is not None else None
+            except TypeError:  # not weakly held
+                return
+            ids_size = _ragged(ids) if ids is not None else None
+            _by_batch[id(batch)] = name
+            if ids_size is not None:
+                _by_ids[id(ids_size)] = name
+            older = ()
+        splits = (*older, split)
+        _unindex(splits[:-MAX_SPLITS])
+        splits = splits[-MAX_SPLITS:]
+        _records[name] = Provenance(name, batch_ref, ids_ref, ids_size, splits)  # replaced whole
+        _records.move_to_end(name)  # recorded most recently
+        for size, _ in split.kept:
+            _everywhere[id(size)] = (name, split.name)
+        while len(_records) > MAX_BATCHES:
+            oldest, gone = _records.popitem(last=False)
+            _remove(oldest, gone)
+
+
+def named_by(x: Any) -> tuple[int, int] | None:
+    """``(batch, split)``, the names of the live record and split whose micro-batch a jagged tensor's
+    nested int names, else None."""
+    size = _ragged(x)
+    return None if size is None else _everywhere.get(id(size))
 
 
 def observe_split(result: Any, *args: Any, **kwargs: Any) -> None:
@@ -298,9 +425,19 @@ def observe_split(result: Any, *args: Any, **kwargs: Any) -> None:
 
 
 def recorded(batch: Any) -> Provenance | _Unrecorded:
-    """The live splits of ``batch`` by rebatch (or observed in shadow mode), or `UNRECORDED`."""
-    kept = _batches.get(id(batch)) if batch is not None else None
+    """The live splits of ``batch`` by rebatch (or observed in shadow mode), found by its identity, else
+    by its ``input_ids``' nested int (a shallow clone's too); or `UNRECORDED`."""
+    if batch is None:
+        return UNRECORDED
+    name = _by_batch.get(id(batch))
+    kept = _records.get(name) if name is not None else None
     if kept is not None and kept.batch() is batch:
+        return kept
+    ids = _input_ids(batch)
+    size = _ragged(ids) if ids is not None else None
+    name = _by_ids.get(id(size)) if size is not None else None
+    kept = _records.get(name) if name is not None else None
+    if kept is not None and kept.ids_size is size:
         return kept
     return UNRECORDED
 
@@ -308,27 +445,32 @@ def recorded(batch: Any) -> Provenance | _Unrecorded:
 def live_splits() -> list[Split]:
     """Every live split of this process, of every batch (a snapshot)."""
     with _lock:
-        kept = [p for p in _batches.values() if p.batch() is not None]
+        kept = [p for p in _records.values() if p.alive()]
     return [split for p in kept for split in p.splits]
 
 
-def check_restore(partitions: Sequence[Any]) -> None:
+def check_restore(partitions: Sequence[Any], restored: Any = None) -> None:
     """`restore_dynamic_batch`'s check, after the restore's own (``partitions`` a permutation of its rows;
-    it has no outputs to decide the split): proven where ``partitions`` are a live split's indices;
-    `MisalignmentError` where they are the inverse of one (its sizes, its permutation inverted, not
-    itself a live split's, and not ascending within every micro-batch as a split's own indices are: the
-    inverse given for the forward); else unproven, never an error."""
+    it has no outputs to decide the split): the indices proven where ``partitions`` are a live split's
+    indices, and then ``restored``'s row lengths checked against that split's recorded lengths where every
+    split they match recorded the same ones and the binding rule binds (`MisalignmentError` at the first
+    row of another length); `MisalignmentError` where they are the inverse of one (its sizes, its
+    permutation inverted, not itself a live split's, and not ascending within every micro-batch as a
+    split's own indices are: the inverse given for the forward); else unproven, never an error."""
     if not witness_config()[0] or any(p is PADDING for p in partitions):
         return
     try:
         sizes = tuple(len(p) for p in partitions)
         pieces = [_host_ints(p) for p in partitions]
     except (TypeError, ValueError, OverflowError, RuntimeError):
+        _restored(indices=False, rows=False)
         return  # not a form this check reads: unproven
     given = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
     splits = [split for split in live_splits() if split.sizes == sizes]
-    if any(split.flat_bytes == given.tobytes() for split in splits):
-        _count(1, 1, 0, 0)
+    matched = [split for split in splits if split.flat_bytes == given.tobytes()]
+    if matched:
+        witnessed = _check_rows(restored, matched, given, sizes)
+        _restored(indices=True, rows=witnessed)
         return
     if not all(_ascending(piece) for piece in pieces):
         inverse = np.empty_like(given)
@@ -336,7 +478,45 @@ def check_restore(partitions: Sequence[Any]) -> None:
         for split in splits:
             if split.flat_bytes == inverse.tobytes():
                 check_indices(_cut(given.tolist(), sizes), split.rows())
-    _count(0, 1, 0, 0)
+    _restored(indices=False, rows=False)
+
+
+#: The key `restore_dynamic_batch`'s errors name: its tensor, by verl's parameter name.
+RESTORED_KEY = "data"
+
+
+def _check_rows(restored: Any, splits: Sequence[Split], given: np.ndarray, sizes: Sequence[int]) -> bool:
+    """``restored``'s row lengths against the lengths every split in ``splits`` recorded alike, where the
+    binding rule binds (a jagged tensor whose values add up to their total, its key not unbound):
+    `MisalignmentError` at the first original row of another length; whether it compared them."""
+    known = {split.lengths.tobytes() if split.lengths is not None else None for split in splits}
+    if len(known) != 1 or None in known or _ragged(restored) is None:
+        return False
+    want = splits[0].lengths
+    assert want is not None
+    offsets = restored._offsets
+    if restored._lengths is not None or offsets.device.type == "meta":
+        return False
+    values = int(restored._values.shape[0])
+    if not witness_binds(RESTORED_KEY, True, values, int(want.sum()), witness_config()[1]):
+        return False
+    if offsets.device.type == "cpu":
+        host = offsets.to(torch.int64).numpy()
+        bad = np.flatnonzero((host[1:] - host[:-1]) != want)
+    else:  # one comparison on the device, one small read
+        expected = torch.from_numpy(want).to(offsets.device, non_blocking=True)
+        if not bool(offsets.diff().ne(expected).any()):
+            return True
+        got = offsets.diff().cpu().numpy()
+        bad = np.flatnonzero(got != want)
+    if not bad.size:
+        return True
+    i = int(bad[0])
+    got_n = int(restored._offsets[i + 1] - restored._offsets[i])
+    n = int(np.flatnonzero(given == i)[0])
+    starts = list(itertools.accumulate(sizes, initial=0))
+    m = next(m for m in range(len(sizes)) if starts[m] <= n < starts[m + 1])
+    raise misalignment(RESTORED_KEY, m, n - starts[m], i, got_n, int(want[i]))
 
 
 def _host_ints(partition: Any) -> np.ndarray:
@@ -362,6 +542,18 @@ def _count(proven: int, outputs: int, keys_proven: int, keys_unproven: int) -> N
         stats["keys_unproven"] += keys_unproven
 
 
+def _restored(*, indices: bool, rows: bool) -> None:
+    """One `restore_dynamic_batch` counted: its indices proven (a live split's), and its rows witnessed
+    (their lengths the split's); else unproven."""
+    with _STATS.lock:
+        stats = _STATS.counts
+        if indices:
+            stats["restores_indices_proven"] += 1
+            stats["restores_rows_witnessed"] += int(rows)
+        else:
+            stats["restores_unproven"] += 1
+
+
 class _Unrecorded:
     """The record of a drop-in call whose ``data`` no split of rebatch's recorded: unproven, counted."""
 
@@ -380,7 +572,9 @@ UNRECORDED = _Unrecorded()
 
 
 def provenance_stats(reset: bool = False) -> dict[str, int]:
-    """What exact provenance proved in this process: ``calls_proven`` (every output in its slot, the
-    indices the split's), ``calls_partly_proven``, ``calls_unproven`` (no record, or no output carrying a
-    recorded nested int: the witness alone applies), ``keys_proven`` and ``keys_unproven``."""
+    """What exact provenance proved in this process: ``calls_proven`` (every slot's output naming a
+    micro-batch whose rows are the slot's), ``calls_partly_proven``, ``calls_unproven`` (no record, or no
+    output naming a recorded micro-batch: the witness alone applies), ``keys_proven`` and
+    ``keys_unproven``; `restore_dynamic_batch`'s, apart: ``restores_indices_proven`` (a live split's
+    indices), ``restores_rows_witnessed`` (and its rows' lengths the split's) and ``restores_unproven``."""
     return _STATS.read(reset)

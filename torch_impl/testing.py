@@ -35,7 +35,7 @@ from . import _kernels, _postprocess
 from ._compare import assert_same, bits, cached_sizes, first_difference, same_tensor
 from ._jagged import njt, seqlens_of
 from ._postprocess import check_batch_func
-from ._provenance import record
+from ._provenance import named_by, record
 from .integrations._files import DUMP_FORMAT
 
 __all__ = [
@@ -56,6 +56,7 @@ __all__ = [
     "install_threaded_process_group",
     "kernel_choices",
     "kineto_events",
+    "named_by",
     "njt",
     "phase_seconds",
     "raw_lengths",

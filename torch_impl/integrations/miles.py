@@ -431,9 +431,9 @@ def _rows_held(data_iterator: Any, default: int) -> int:
     if isinstance(data, Mapping):
         for name in ("total_lengths", "response_lengths"):
             lengths = data.get(name)
-            rows = isinstance(lengths, Sequence | torch.Tensor | np.ndarray)
-            # a string is no list of rows
-            if type(lengths) is list or (rows and not isinstance(lengths, str | bytes)):
+            if isinstance(lengths, str | bytes):  # a string is no list of rows
+                continue
+            if type(lengths) is list or isinstance(lengths, Sequence | torch.Tensor | np.ndarray):
                 return len(lengths)
     return default
 
@@ -468,28 +468,24 @@ def _check_counts(keys: Sequence[Any], counts: Mapping[Any, list[int]], sizes: S
 
 def check_provenance(data_iterator: Any, parts: Sequence[Sequence[Any]] | None, outputs: int) -> None:
     """Where miles' ``get_data_iterator`` made ``data_iterator`` while rebatch was installed (`Split`
-    recorded): its indices now are the split's (``parts``, None for fixed-size micro-batches), the outputs
-    number the split's micro-batches, and the iterator handed out exactly those (``DataIterator.offset``
-    since its last ``reset``: one a micro-batch, or ``micro_batch_size`` rows each). `MisalignmentError`
-    otherwise. An iterator no recorded split made is unproven, never an error."""
+    recorded), the split's indices decide: the restore's (``parts``, None for fixed-size micro-batches)
+    must be the split's micro-batches, in its order or another (miles' outputs carry no identity, so a
+    reorder is unproven: the witness judges it), and the outputs must number the split's micro-batches.
+    `MisalignmentError` otherwise. The iterator's hand-out counter is no evidence (a reset between the
+    forward pass and the aggregation is right). An iterator no recorded split made is unproven, never an
+    error."""
     split = recorded_split(data_iterator)
     if split is None or not witness_config()[0]:
         return
     if split.rows is not None and parts is not None and parts != split.rows:
-        check_indices(parts, split.rows)  # names the first index that differs
+        reordered = sorted(map(list, parts)) == sorted(map(list, split.rows))
+        if not reordered:
+            check_indices(parts, split.rows)  # names the first index that differs
     if outputs != split.micro_batches:
         raise MisalignmentError(
             f"micro-batch {min(outputs, split.micro_batches)}: {outputs} micro-batch outputs, but the split "
             f"made {split.micro_batches} micro-batches (outputs of another pass or step; switch the check "
             "off: REBATCH_WITNESS=off)"
-        )
-    offset = getattr(data_iterator, "offset", None)
-    handed = outputs if split.rows is not None else outputs * (split.size or 0)
-    if isinstance(offset, int) and offset != handed:
-        raise MisalignmentError(
-            f"micro-batch {min(outputs, offset)}: the iterator handed out "
-            f"{offset} {'micro-batches' if split.rows is not None else 'rows'} since its reset, but "
-            f"{outputs} micro-batch outputs came back (switch the check off: REBATCH_WITNESS=off)"
         )
 
 
