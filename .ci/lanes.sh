@@ -1,17 +1,24 @@
 #!/usr/bin/env bash
-# CI's tests, in three lanes (each mostly one process on one core), so that both cores test while the
+# CI's tests, in four lanes (each mostly one process on one core), so that both cores test while the
 # trainers' environments still download (.ci/envs.sh, started in the background by .ci/run, writes
-# .cache/envs/pins.built once verl's pins are built and .cache/envs/status, its exit status, at its end):
+# .cache/envs/pins.built once verl's pins are built, .cache/envs/torch.built once the newest torch's
+# environment is, and .cache/envs/status, its exit status, at its end):
 #  main:     the command given (.ci/run gives the README's test command: torch 2.13, tensordict today's), from the start
-#  pins:     the tests on verl's pins, verl 0.9.1's own functions as oracle (a skip fails here), from when
-#            the pins environment is built; among them the engine lane, tests/test_verl_engine.py (verl's
+#  torch:    the tests whose outcome depends on torch's release (.ci/torch_tests.txt: the kit's torch facts,
+#            private torch, compile, fake CUDA, dtypes, devices, the property suite, ...) and `rebatch
+#            check`, on the newest torch tested (torch 2.14.1, .venv-torch); from when the main lane has
+#            ended and that environment is built (while the trainers' environments may still build)
+#  pins:     the provenance state machine alone in a fresh process (a few runs: the kit's first import of
+#            verl is its own), then the tests on verl's pins, verl 0.9.1's own functions as oracle (a skip
+#            fails here), from when the pins environment is built; among them the engine lane, tests/test_verl_engine.py (verl's
 #            own FSDP engine over a tiny model with rebatch off, on and in shadow: docs/engine.md); then the
 #            verl tests on verl 0.8.0 and 0.9.0 too (each --no-deps beside the pins' torch); then verl's
 #            own tests on verl, and with rebatch's install() applied (same outcomes), and verl's
 #            conformance report (everything that needs only the pins environment)
 #  trainers: each trainer declared in rebatch_startup/trainers.py with an environment of its own: the
 #            drop-ins against the trainers' own functions (a skip fails), each trainer's conformance
-#            report; from when the main lane has ended and every environment is built
+#            report; from when the torch lane has ended and every environment is built
+# main, torch and trainers run one after the other, beside pins.
 # Each lane's output goes to .cache/lane-NAME.log, printed when all have ended; fails if any failed (a lane
 # whose environment failed to build fails with the build's log). Then docs/peers.md is checked against
 # every trainer's report (.ci/peers.sh report).
@@ -29,10 +36,10 @@ lane() {  # lane NAME COMMAND...: its output in .cache/lane-NAME.log, its second
   echo "== lanes [$SECONDS s] lane $name: exit $rc after $((SECONDS - start)) s"
   return "$rc"
 }
-built() {  # built pins|all: wait until .ci/envs.sh has built verl's pins (or every environment); 1 if it failed first
-  local what="$1"
+built() {  # built pins|torch|all: wait until .ci/envs.sh has built verl's pins, the newest torch's environment
+  local what="$1"  # (or every environment); 1 if it failed first
   while :; do
-    if [ "$what" = pins ] && [ -e .cache/envs/pins.built ]; then return 0; fi
+    if [ "$what" != all ] && [ -e ".cache/envs/$what.built" ]; then return 0; fi
     if [ -e .cache/envs/status ]; then
       [ "$(cat .cache/envs/status)" = 0 ] && return 0
       echo "building the trainers' environments failed ($(df -h . | awk 'NR == 2 {print $4}') free on disk now):"
@@ -43,23 +50,30 @@ built() {  # built pins|all: wait until .ci/envs.sh has built verl's pins (or ev
   done
 }
 pins() {  # then what needs only the pins environment (verl 0.8.0, 0.9.0, verl's own tests, its report)
-  built pins && env REBATCH_REQUIRE_VERL=1 REBATCH_REQUIRE_PEER=verl REBATCH_REQUIRE_ENGINE=1 \
+  built pins && REBATCH_MACHINE_RUNS=3 .venv-pins/bin/python -m pytest property_tests/test_provenance_machine.py -q \
+    && env REBATCH_REQUIRE_VERL=1 REBATCH_REQUIRE_PEER=verl REBATCH_REQUIRE_ENGINE=1 \
     .venv-pins/bin/python -m pytest tests -m "not main_lane_only" && bash .ci/verl_versions.sh "$PWD/.venv-pins" \
     && bash .ci/verl_upstream/run.sh "$PWD/.venv-pins" && bash .ci/peers.sh verl
+}
+newest() {  # the tests whose outcome depends on torch's release, on the newest torch (one argument a line)
+  local tests; mapfile -t tests < <(grep -v -e '^#' -e '^$' .ci/torch_tests.txt)
+  built torch && .venv-torch/bin/python -c "import torch; print('torch', torch.__version__)" \
+    && .venv-torch/bin/python -m pytest "${tests[@]}"
 }
 trainers() {  # the trainers with a lane of their own (rebatch_startup/trainers.py), in their environments
   local names; names="$(python3 -m rebatch_startup names | tr ' ' '|')"
   built all && grep -E "^== envs|^(pins|$names):" .cache/envs.log \
     && bash .ci/peers.sh $(python3 -m rebatch_startup lanes | cut -d' ' -f1)
 }
-step "three lanes: the main tests now | the tests on verl's pins once built, then verl 0.8.0 and 0.9.0, verl's own tests and report | then the trainers"
+step "four lanes: the main tests now, then the torch-sensitive tests on the newest torch, then the trainers | the tests on verl's pins once built, then verl 0.8.0 and 0.9.0, verl's own tests and report"
 rc=0
 lane pins pins &
 PINS=$!
 lane main "$@" || rc=1
+lane torch newest || rc=1
 lane trainers trainers || rc=1
 wait "$PINS" || rc=1
-for name in main pins trainers; do
+for name in main torch pins trainers; do
   step "lane $name: its output"
   grep -v "is ignored" ".cache/lane-$name.log" || true
 done

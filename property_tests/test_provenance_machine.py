@@ -3,14 +3,18 @@ a fixed seed, at most `CI_RUNS` runs; ``fuzz``: the profile's, long)."""
 
 from __future__ import annotations
 
+import os
+
 from hypothesis import seed, settings
 
 from property_tests.provenance_machine import ProvenanceMachine
 
 #: Steps a run.
 STEPS = 10
-#: Runs outside the ``fuzz`` profile (each restore also runs ``ref``, in JAX: about 0.2 s).
-CI_RUNS = 40
+#: Runs outside the ``fuzz`` profile (each restore also runs ``ref``, in JAX: about 0.2 s); fewer where
+#: ``REBATCH_MACHINE_RUNS`` says (CI's pins lane runs a few in a fresh process beside verl, where the first
+#: import of the trainer is the machine's own).
+CI_RUNS = int(os.environ.get("REBATCH_MACHINE_RUNS", "40"))
 
 _current = settings()
 _runs = _current.max_examples if settings._current_profile == "fuzz" else min(_current.max_examples, CI_RUNS)

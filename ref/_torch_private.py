@@ -2,9 +2,9 @@
 
 Each is a named function or constant here, its docstring saying what it relies on and why no public API
 serves; ``docs/architecture.md`` ("Private torch APIs") lists each, ``tests/test_private_torch.py`` checks
-what rebatch relies on of each on both pinned torches (2.9.1 and 2.13), and fails on a private torch or
-tensordict name read anywhere else (an attribute, an import, a string, a keyword argument). The testing
-kit reaches the ones it needs through `torch_impl.testing`.
+what rebatch relies on of each on the torches CI tests (2.9.1, 2.13 and 2.14), and fails on a private
+torch or tensordict name read anywhere else (an attribute, an import, a string, a keyword argument). The
+testing kit reaches the ones it needs through `torch_impl.testing`.
 
 Imports torch only; what is not loaded with torch (``torch._dynamo``, torch's threaded process group) is
 imported by the function that needs it.

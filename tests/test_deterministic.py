@@ -1,5 +1,6 @@
 """What a GPU would refuse fails on the CPU: torch's documented nondeterministic operations as data
-(`property_tests.nondeterministic`, checked against torch's own docstring), and the fake-CUDA trace
+(`property_tests.nondeterministic`, each entry checked against the installed torch's own docstring for
+the releases it states, one test an entry), and the fake-CUDA trace
 (`property_tests.fakecuda`) shown to catch each defect a kernel could bring: a device read, a host index
 tensor meeting device data, an operation refused under deterministic mode. Also: with a non-CPU default
 device (``torch.set_default_device("meta")``, as a trainer may set ``"cuda"``) every call gives its result on
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,7 +22,7 @@ from property_tests.compare import first_difference
 from property_tests.device_calls import CALLS, tensors_of
 from property_tests.fakecuda import FakeCuda, MixedDevices, Refused, fake_like
 from property_tests.kernels import KERNELS, forced
-from property_tests.nondeterministic import REFUSED, SWITCHED
+from property_tests.nondeterministic import INSTALLED, REFUSED, SWITCHED, Op, Rule, refusal, release, switch
 from ref._torch_private import tree_map
 from torch_impl import _kernels
 
@@ -33,15 +35,122 @@ def deterministic() -> Iterator[None]:
     torch.use_deterministic_algorithms(was)
 
 
-def test_the_lists_are_torchs_documented_ones() -> None:
-    """Every entry names a function the installed torch's ``use_deterministic_algorithms`` documents."""
-    doc = torch.use_deterministic_algorithms.__doc__ or ""
-    switched, refused = doc.split("operations will throw a")
-    switched = switched.split("act\n    deterministically")[1]
-    for rule in REFUSED:
-        assert f"`{rule.documented}`" in refused.split("In addition")[0], rule.documented
-    for rule in SWITCHED:
-        assert f"`{rule.documented}`" in switched, rule.documented
+#: The kit's lists by the name each test gives them.
+LISTS: dict[str, tuple[Rule, ...]] = {"refused": REFUSED, "switched": SWITCHED}
+#: Each list's name in `property_tests.nondeterministic`.
+KIT_NAMES = {"refused": "REFUSED", "switched": "SWITCHED"}
+#: The sentences of torch's docstring that open each list: the operations swapped for deterministic ones;
+#: those that throw; (torch <= 2.12) the cuBLAS ones that throw without a deterministic workspace.
+SWITCHED_HEAD = re.compile(r"will act\s+deterministically\s+when\s+``mode=True``")
+REFUSED_HEAD = re.compile(r"will throw a\s+:class:`RuntimeError`\s+when\s+``mode=True``")
+CUBLAS_HEAD = re.compile(r"will be raised from these operations")
+#: A line of prose at the docstring's own indentation: where a list ends.
+PROSE = re.compile(r"\n {0,4}[^\s*-]")
+#: A list item's documented name: ``* :func:`torch.cumsum` when ...``.
+ITEM = re.compile(r"^\s*\* :\w+:`([\w.]+)`", re.MULTILINE)
+#: The installed torch's release, as a fact's message asks to record it.
+RELEASE = "{}.{}".format(*INSTALLED)
+
+
+def _items(doc: str, head: re.Pattern[str]) -> set[str]:
+    """The names of the list that follows ``head`` in ``doc`` (none where ``doc`` lacks it)."""
+    found = head.search(doc)
+    if found is None:
+        return set()
+    rest = doc[found.end() :]
+    rest = rest[rest.index("\n") :]
+    end = PROSE.search(rest)
+    return set(ITEM.findall(rest[: end.start() if end else len(rest)]))
+
+
+def documented(doc: str) -> dict[str, set[str]]:
+    """The names each list of a ``use_deterministic_algorithms`` docstring gives, by `LISTS`' names."""
+    return {
+        "refused": _items(doc, REFUSED_HEAD) | _items(doc, CUBLAS_HEAD),
+        "switched": _items(doc, SWITCHED_HEAD),
+    }
+
+
+#: The installed torch's lists.
+DOCUMENTED = documented(torch.use_deterministic_algorithms.__doc__ or "")
+
+
+def moved(kind: str, rule: Rule, listed_now: bool) -> str:
+    """What moved, on the installed torch, of ``rule`` of the list ``kind``, and what to record."""
+    kit = KIT_NAMES[kind]
+    if listed_now and rule.until is not None and release(rule.until) <= INSTALLED:
+        what, record = "still documents", f"record the release it left {kit} later than {rule.until}"
+    elif listed_now:
+        what, record = "documents", f"record {RELEASE} as the release it entered {kit} (since={RELEASE!r})"
+    elif rule.since is not None and release(rule.since) >= INSTALLED:
+        what, record = "does not yet document", f"record its entry into {kit} later than {RELEASE}"
+    else:
+        what, record = "no longer documents", f"record {RELEASE} as the release it left {kit} (until="
+        record += f"{RELEASE!r})"
+    kit_says = f"the kit: {rule.releases}"
+    return f"torch {torch.__version__} {what} {rule.documented} as {kind} ({kit_says}): {record}"
+
+
+@pytest.mark.parametrize(
+    ("kind", "rule"),
+    [pytest.param(kind, rule, id=f"{kind}-{rule.documented}") for kind in LISTS for rule in LISTS[kind]],
+)
+def test_each_entry_is_documented_in_the_releases_it_states(kind: str, rule: Rule) -> None:
+    """The installed torch's docstring lists the entry exactly where the kit says this release does: a new
+    torch release fails the test of each entry that moved, saying what to record."""
+    listed_now = rule.documented in DOCUMENTED[kind]
+    assert listed_now == rule.documented_in(INSTALLED), moved(kind, rule, listed_now)
+
+
+def test_every_refusal_torch_documents_is_an_entry() -> None:
+    """`REFUSED` is complete: every operation the installed torch documents as refused is an entry
+    (`SWITCHED` holds only the swaps a trace reports)."""
+    new = sorted(DOCUMENTED["refused"] - {rule.documented for rule in REFUSED})
+    assert not new, (
+        f"torch {torch.__version__} documents {', '.join(new)} as refused and the kit has no entry for it: "
+        f"add one to REFUSED with since={RELEASE!r}"
+    )
+
+
+def test_the_docstrings_lists_are_read() -> None:
+    """The docstring's lists are found (a reworded heading would leave them empty and every entry moved)."""
+    assert {"torch.histc", "torch.Tensor.resize_"} <= DOCUMENTED["refused"]
+    assert {"torch.gather", "torch.Tensor.index_copy"} <= DOCUMENTED["switched"]
+    assert not DOCUMENTED["refused"] & {"torch.gather", "torch.nn.Conv1d"}
+
+
+def _cuda_op(name: str, dtype: torch.dtype) -> Op:
+    """``name`` (``aten.cumsum.default``) of one fake CUDA tensor of ``dtype``."""
+    tensor = fake_like(torch.ones(4, dtype=dtype), FakeCuda())
+    return Op(name, [tensor], (tensor, 0), {})
+
+
+def test_a_moved_entry_is_read_for_the_release_given() -> None:
+    """A floating cumsum on CUDA: refused up to torch 2.13, swapped for a deterministic one from 2.14; an
+    integer one neither; a histogram refused on every release."""
+    cumsum = _cuda_op("aten.cumsum.default", torch.float32)
+    for version in ("2.9.1", "2.13.0", "2.13"):
+        assert refusal(cumsum, version) is not None, version
+        assert switch(cumsum, version) is None, version
+    assert refusal(cumsum, "2.14.1") is None
+    assert switch(cumsum, "2.14.1+cu130") == "torch.cumsum"
+    assert switch(cumsum, (2, 15)) == "torch.cumsum"
+    for version in ("2.9.1", "2.13.0", "2.14.1"):
+        assert refusal(_cuda_op("aten.cumsum.default", torch.int64), version) is None
+        assert refusal(_cuda_op("aten.histc.default", torch.float32), version) is not None
+    assert release("2.14.1+cu130") == (2, 14)
+
+
+def test_a_trace_answers_for_the_installed_release() -> None:
+    """A floating cumsum on fake CUDA is recorded refused, or swapped, as the installed torch documents it."""
+    fc = FakeCuda()
+    values = fake_like(torch.ones(4), fc)
+    with fc:
+        values.cumsum(0)
+    trace = fc.trace()
+    refused_now = "torch.cumsum" in DOCUMENTED["refused"]
+    assert bool(trace.refused) == refused_now
+    assert ("torch.cumsum" in trace.switched) == (not refused_now)
 
 
 def _with_kernel(monkeypatch: pytest.MonkeyPatch, run: Callable[[Any], torch.Tensor]) -> None:
@@ -91,11 +200,13 @@ def test_an_operation_refused_under_deterministic_mode_is_caught(
     original = torch_impl.KERNELS["element_indices"].run
 
     def refused(plan: Any) -> torch.Tensor:
-        return original(plan).cumsum(0)  # the defect: a floating-point cumsum, refused on CUDA
+        out = original(plan)
+        out.float().histc(bins=4)  # the defect: a histogram, refused on CUDA by every torch release
+        return out
 
     _traced()  # the kernel as it is: nothing refused
     _with_kernel(monkeypatch, refused)
-    with pytest.raises(Refused, match=r"aten.cumsum.default: torch.cumsum .* is refused"):
+    with pytest.raises(Refused, match=r"aten.histc.default: torch.histc .* is refused"):
         _traced()
     torch.use_deterministic_algorithms(False)
     assert _traced().trace().refused  # recorded, not raised, with the mode off

@@ -1,9 +1,9 @@
 """Private torch in one room (issue 58): every private torch and tensordict access of rebatch is a named
 function or constant of `ref._torch_private`, each checked here for what rebatch relies on (on torch 2.13
-here; on torch 2.9.1 in verl's pins environment, which runs this file too) and listed in
-``docs/architecture.md`` ("Private torch APIs"); a check of the syntax tree fails on a private torch or
-tensordict name anywhere else: an attribute, an import, a string (``getattr``, ``attrgetter``, a pickle's
-name) or a keyword argument. Each of those forms is planted below and shown flagged.
+here; on torch 2.9.1 in verl's pins environment and 2.14.1 in CI's torch lane, which run this file too)
+and listed in ``docs/architecture.md`` ("Private torch APIs"); a check of the syntax tree fails on a private
+torch or tensordict name anywhere else: an attribute, an import, a string (``getattr``, ``attrgetter``, a
+pickle's name) or a keyword argument. Each of those forms is planted below and shown flagged.
 """
 
 from __future__ import annotations
