@@ -322,8 +322,8 @@ def split_side_round_trip(drawn: tuple[TensorDictBatch, int]) -> None:
     result = torch_impl.postprocess_batch_func(outs, indices, None)["model_output"]
     for k in keys:
         assert_same(result[k], data[k])
-    fixed, none = torch_impl.prepare_micro_batches(data, micro_batch_size=3)
-    assert none is None
+    fixed, chunks = torch_impl.prepare_micro_batches(data, micro_batch_size=3)
+    assert chunks == torch_impl.fixed_partitions(len(batch.lengths), 3)  # its chunks' indices
     result = torch_impl.postprocess_batch(
         [{"model_output": {k: mb[k] for k in keys}} for mb in fixed], None, use_dynamic_bsz=False
     )

@@ -100,8 +100,8 @@ def test_prepare_micro_batches_round_trip_dynamic_and_fixed() -> None:
     assert torch.equal(res["ids"].values(), data["input_ids"].values())
     assert torch.equal(res["topk"].offsets(), data["top_k"].offsets())
     assert torch.equal(res["adv"], data["advantages"])
-    fixed, none = torch_impl.prepare_micro_batches(data, micro_batch_size=3)
-    assert none is None
+    fixed, chunks = torch_impl.prepare_micro_batches(data, micro_batch_size=3)
+    assert chunks == [[0, 1, 2], [3, 4, 5], [6]]  # its chunks' indices: right whatever data says
     assert [mb.batch_size[0] for mb in fixed] == [3, 3, 1]
 
 

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from rebatch_startup.forksafe import ForkSafeLock
-from ref._torch_private import ragged_idx, ragged_size
+from ref._torch_private import ragged_idx, ragged_size, raw_lengths, raw_offsets, raw_values
 from ref.errors import RebatchError
 from ref.provenance import check_indices, other_batch, slot_difference, stray_output
 from ref.structure import PADDING, misalignment, witness_binds
@@ -346,8 +346,8 @@ def _lengths_of(ids: Any) -> list[int] | None:
     read)."""
     if ids is None:
         return None
-    offsets = ids._offsets
-    if offsets.device.type != "cpu" or ids._lengths is not None:
+    offsets = raw_offsets(ids)
+    if offsets.device.type != "cpu" or raw_lengths(ids) is not None:
         return None
     host = offsets.numpy() if offsets.dtype == torch.int64 else offsets.to(torch.int64).numpy()
     return (host[1:] - host[:-1]).tolist()
@@ -494,10 +494,10 @@ def _check_rows(restored: Any, splits: Sequence[Split], given: np.ndarray, sizes
         return False
     want = splits[0].lengths
     assert want is not None
-    offsets = restored._offsets
-    if restored._lengths is not None or offsets.device.type == "meta":
+    offsets = raw_offsets(restored)
+    if raw_lengths(restored) is not None or offsets.device.type == "meta":
         return False
-    values = int(restored._values.shape[0])
+    values = int(raw_values(restored).shape[0])
     if not witness_binds(RESTORED_KEY, True, values, int(want.sum()), witness_config()[1]):
         return False
     if offsets.device.type == "cpu":
@@ -512,7 +512,7 @@ def _check_rows(restored: Any, splits: Sequence[Split], given: np.ndarray, sizes
     if not bad.size:
         return True
     i = int(bad[0])
-    got_n = int(restored._offsets[i + 1] - restored._offsets[i])
+    got_n = int(offsets[i + 1] - offsets[i])
     n = int(np.flatnonzero(given == i)[0])
     starts = list(itertools.accumulate(sizes, initial=0))
     m = next(m for m in range(len(sizes)) if starts[m] <= n < starts[m + 1])

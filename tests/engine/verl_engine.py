@@ -33,9 +33,10 @@ length tells them apart, only the split's provenance). Every row count, offset a
 consistent, so only an alignment check can see it.
 
 ``--unbind`` (the negative control): after ``install()``, verl's own ``postprocess_batch_func`` is put
-back in ``verl.workers.engine.fsdp.transformer_impl`` only, as if rebatch's binding had been left out of
-the engine module. ``--expect caught`` makes the exit status say whether every injected misalignment
-was caught (0: ``MisalignmentError``) or not (1).
+back in ``verl.workers.engine.fsdp.transformer_impl``, and verl's own ``restore_dynamic_batch`` in
+``verl.workers.engine.utils`` (which verl's function calls, and rebatch's checks), as if rebatch's
+bindings had been left out of what the engine runs. ``--expect caught`` makes the exit status say whether
+every injected misalignment was caught (0: ``MisalignmentError``) or not (1).
 """
 
 from __future__ import annotations
@@ -415,12 +416,14 @@ def run(args: argparse.Namespace) -> int:
             "gloo", timeout=datetime.timedelta(seconds=120)
         )  # a stuck rank fails, not hangs
     verl_postprocess = engine_utils.postprocess_batch_func
+    verl_restore = engine_utils.restore_dynamic_batch
     if args.mode == "install":
         from torch_impl.integrations import verl as integration
 
         integration.install()
         if args.unbind:
             fsdp.postprocess_batch_func = verl_postprocess  # rebatch's binding left out of the engine module
+            engine_utils.restore_dynamic_batch = verl_restore  # and out of what verl's own function calls
     record: dict[str, Any] = {
         "mode": args.mode,
         "rank": rank,
