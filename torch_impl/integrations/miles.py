@@ -100,14 +100,14 @@ class Split(NamedTuple):
     order ``DataIterator.get_next`` hands them, over every step; a copy of the iterator's lists), ``size``
     (fixed micro-batch size, else None) and ``micro_batches`` (the rollout's micro-batches:
     ``sum(num_microbatches)``); ``order``: where ``rows`` were checked, when recorded, to be a permutation
-    of the ``held`` rows the iterator holds, the `Gather` restoring them, else None; ``exact``: ``rows``
+    of the ``held`` rows the iterator holds, the `ItemOrder` restoring them, else None; ``exact``: ``rows``
     as `plain_int_lists`' bytes (None unless lists of plain ints). A restore whose indices still give
     those bytes and whose iterator still holds ``held`` rows takes ``order`` as checked (`_vouched`)."""
 
     rows: list[list[int]] | None
     size: int | None
     micro_batches: int
-    order: Gather | None = None
+    order: ItemOrder | None = None
     held: int = 0
     exact: bytes | None = None
 
@@ -136,17 +136,17 @@ def _record(result: Any) -> None:
         return
 
 
-def _checked_order(rows: list[list[Any]], held: int) -> Gather | None:
-    """The `Gather` restoring ``held`` original rows from ``rows`` laid end to end, where they are a
+def _checked_order(rows: list[list[Any]], held: int) -> ItemOrder | None:
+    """The `ItemOrder` restoring ``held`` original rows from ``rows`` laid end to end, where they are a
     permutation of ``range(held)``; None otherwise (the restore then checks them, and raises)."""
     try:
         perm = check_permutation(rows, held)
     except RebatchError:
         return None
-    return Gather(invert(perm).tolist())
+    return ItemOrder(invert(perm).tolist())
 
 
-class Gather:
+class ItemOrder:
     """``[values[k] for k in positions]`` in one C-level call (`operator.itemgetter` of the positions),
     made once for a call's keys, or for every restore a recorded split vouches for: ``positions[i]`` the
     position among the joined values of result row ``i``."""
@@ -214,11 +214,11 @@ def _carrying(allocate: Callable[..., Any]) -> Callable[..., Any]:
 
 class _Plan(NamedTuple):
     """A checked call: ``keys``; ``values[key]`` the joined per-sample values (micro-batch order);
-    ``order`` the `Gather` putting each key's values in the result's row order (None: as joined)."""
+    ``order`` the `ItemOrder` putting each key's values in the result's row order (None: as joined)."""
 
     keys: list[Any]
     values: dict[Any, list[Any]]
-    order: Gather | None
+    order: ItemOrder | None
 
 
 @entry
@@ -300,7 +300,7 @@ def _restored(
                 f"{where(keys[0])}data_iterator.micro_batch_indices, {err} (the iterator holds {rows} "
                 "rows; miles would overwrite a row and leave a None, or drop one)"
             ) from err
-        order = Gather(invert(perm).tolist())
+        order = ItemOrder(invert(perm).tolist())
         flat = perm.tolist
     sizes = [len(p) for p in parts]
     _check_counts(keys, counts, sizes)
