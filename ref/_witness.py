@@ -8,7 +8,6 @@ binding rule and the error's words are `ref.structure`'s (`witness_binds`, `misa
 
 from __future__ import annotations
 
-import bisect
 import itertools
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
@@ -19,7 +18,15 @@ import numpy as np
 from ._checked import _check, _first, _shown
 from ._jagged import Jagged, is_concrete
 from ._parts import Part
-from .structure import WITNESS, check_lengths, misalignment, misalignment_text, witness_binds, witness_form
+from .structure import (
+    WITNESS,
+    check_lengths,
+    locate,
+    misalignment,
+    misalignment_text,
+    witness_binds,
+    witness_form,
+)
 
 __all__ = ["check_alignment", "witness_lengths"]
 
@@ -42,13 +49,6 @@ def witness_lengths(witness: Any, rows: int) -> list[int] | Any:
             )
         return w
     return check_lengths(witness, rows=rows, name=WITNESS)
-
-
-def _locate(n: int, starts: Sequence[int]) -> tuple[int, int]:
-    """Concatenation position ``n`` as ``(micro-batch, position in it)``; ``starts``: each micro-batch's
-    first position, then the total (an empty micro-batch holds no position)."""
-    m = bisect.bisect_right(starts, n) - 1
-    return m, n - starts[m]
 
 
 def check_alignment(
@@ -85,7 +85,6 @@ def check_alignment(
     inv = [0] * rows
     for n, i in enumerate(perm):
         inv[i] = n
-    starts = list(itertools.accumulate(sizes, initial=0))
     for key, out in restored.items():
         if not isinstance(out, Jagged) or key in unbound:
             continue
@@ -96,9 +95,10 @@ def check_alignment(
                 continue
             for i, (got, want) in enumerate(zip(np.asarray(lengths).tolist(), w, strict=True)):
                 if got != want:
-                    m, j = _locate(inv[i], starts)
+                    m, j = locate(inv[i], sizes)
                     raise misalignment(key, m, j, i, got, want)
         elif rows:
+            starts = list(itertools.accumulate(sizes, initial=0))
             _check_traced(key, total, lengths, jnp.asarray(w, dtype=jnp.int64), inv, starts)
 
 

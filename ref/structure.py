@@ -7,6 +7,7 @@ are one piece of code and raise the same classes by construction. The data check
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import operator
 from collections.abc import Mapping, Sequence
@@ -38,6 +39,7 @@ __all__ = [
     "check_readable",
     "check_settings",
     "drop_padding",
+    "locate",
     "misalignment",
     "model_outputs",
     "witness_binds",
@@ -118,6 +120,21 @@ def as_integer(value: Any, name: str) -> int:
         return operator.index(value)
     except TypeError:
         raise UnsupportedSettingError(f"{name} must be an integer, got {value!r}") from None
+
+
+def locate(position: int, sizes: Sequence[int]) -> tuple[int, int]:
+    """A position of the micro-batches laid end to end, as ``(micro-batch, position inside it)``.
+
+    ``sizes``: each micro-batch's rows (an empty micro-batch holds no position); a position past the last
+    is ``(len(sizes), position - sum(sizes))``. The one reading of a flat position in every message.
+
+    >>> sizes = [2, 0, 3]
+    >>> [locate(j, sizes) for j in range(5)]
+    [(0, 0), (0, 1), (2, 0), (2, 1), (2, 2)]
+    """
+    ends = list(itertools.accumulate(sizes))
+    m = bisect.bisect_right(ends, position)
+    return m, position - (ends[m - 1] if m else 0)
 
 
 def check_settings(use_dynamic_bsz: Any, pad_mode: Any, indices: Any) -> bool:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import marshal
 import numbers
@@ -13,7 +12,7 @@ import numpy as np
 import torch
 
 from ref.errors import NotAPermutationError
-from ref.structure import check_partition, check_partitions
+from ref.structure import check_partition, check_partitions, locate
 
 from ._entry import entry
 from ._parts import numpy_bridge
@@ -116,7 +115,7 @@ def _from_lists(lists: dict[int, Any], num_rows: int, at: Locator) -> torch.Tens
         bad = [k for k in kinds if k is bool or not issubclass(k, numbers.Integral)]
         if bad:
             j = next(j for j, i in enumerate(flat) if type(i) in bad)
-            m, pos = _locate(j, local_sizes)
+            m, pos = locate(j, local_sizes)
             raise NotAPermutationError(f"{at(ms[m], pos)}: index {flat[j]!r} is not an integer")
     try:
         if (
@@ -129,7 +128,7 @@ def _from_lists(lists: dict[int, Any], num_rows: int, at: Locator) -> torch.Tens
         wide = next((k for k, i in enumerate(flat) if int(i) not in _INT64), None)
         if wide is None:  # every index fits int64: the conversion failed for another reason, not the input's
             raise
-        m, pos = _locate(wide, local_sizes)
+        m, pos = locate(wide, local_sizes)
         i = int(flat[wide])
         what = (
             "is negative (negative indices are not wrapped)"
@@ -202,13 +201,6 @@ def plain_int_lists_of(partitions: Any) -> bytes | None:
     return plain_int_lists(partitions)
 
 
-def _locate(j: int, sizes: list[int]) -> tuple[int, int]:
-    """Flat position ``j`` as (micro-batch, position inside it)."""
-    ends = list(itertools.accumulate(sizes))
-    m = bisect.bisect_right(ends, j)
-    return m, j - (ends[m - 1] if m else 0)
-
-
 def check_permutation(
     partitions: Sequence[Any], num_rows: int, *, at: Locator = _in_micro_batch
 ) -> torch.Tensor:
@@ -225,7 +217,7 @@ def check_permutation(
         if int(lo) < 0 or int(hi) >= num_rows:
             bad = (perm < 0) | (perm >= num_rows)
             j = int(bad.nonzero()[0, 0])
-            m, pos = _locate(j, sizes)
+            m, pos = locate(j, sizes)
             i = int(perm[j])
             what = (
                 "is negative (negative indices are not wrapped)"
@@ -239,8 +231,8 @@ def check_permutation(
             j = int(order[1:][repeated].min())  # earliest position that repeats an earlier one
             i = int(perm[j])
             j0 = int((perm == i).nonzero()[0, 0])
-            m, pos = _locate(j, sizes)
-            m0, pos0 = _locate(j0, sizes)
+            m, pos = locate(j, sizes)
+            m0, pos0 = locate(j0, sizes)
             raise NotAPermutationError(f"{at(m, pos)}: index {i} duplicates {at(m0, pos0)}")
     if n != num_rows:
         present = torch.zeros(num_rows, dtype=torch.bool, device=perm.device)

@@ -30,7 +30,7 @@ from rebatch_startup.forksafe import ForkSafeLock
 from ref._torch_private import ragged_idx, ragged_size, raw_lengths, raw_offsets, raw_values
 from ref.errors import RebatchError
 from ref.provenance import check_indices, other_batch, slot_difference, stray_output
-from ref.structure import PADDING, misalignment, witness_binds
+from ref.structure import PADDING, locate, misalignment, witness_binds
 
 from ._parts import JaggedPart, NestedTensor, Part
 from ._permutation import as_bytes, plain_int_lists, plain_int_lists_of
@@ -514,9 +514,8 @@ def _check_rows(restored: Any, splits: Sequence[Split], given: np.ndarray, sizes
     i = int(bad[0])
     got_n = int(offsets[i + 1] - offsets[i])
     n = int(np.flatnonzero(given == i)[0])
-    starts = list(itertools.accumulate(sizes, initial=0))
-    m = next(m for m in range(len(sizes)) if starts[m] <= n < starts[m + 1])
-    raise misalignment(RESTORED_KEY, m, n - starts[m], i, got_n, int(want[i]))
+    m, position = locate(n, sizes)
+    raise misalignment(RESTORED_KEY, m, position, i, got_n, int(want[i]))
 
 
 def _host_ints(partition: Any) -> np.ndarray:

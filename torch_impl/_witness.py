@@ -15,8 +15,6 @@ child).
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import threading
 from collections.abc import Collection, Sequence
 from typing import Any
@@ -26,7 +24,7 @@ import torch
 
 from ref._torch_private import ragged_idx, raw_lengths, raw_offsets
 from ref.errors import RebatchError, UnsupportedSettingError, where
-from ref.structure import WITNESS, check_lengths, misalignment, witness_binds, witness_form
+from ref.structure import WITNESS, check_lengths, locate, misalignment, witness_binds, witness_form
 
 from ._parts import NestedTensor, check_offsets, explain_bad_offsets
 from ._plan import KeyPlan
@@ -264,9 +262,8 @@ class Witness:
     def _raise(self, key: Any, lengths: torch.Tensor, i: int) -> None:
         got, want = int(lengths[i]), int(self._want()[i])
         n = i if self._perm is None else self._perm.tolist().index(i)
-        starts = list(itertools.accumulate(self._sizes, initial=0))
-        m = bisect.bisect_right(starts, n) - 1
-        raise misalignment(key, m, n - starts[m], i, got, want)
+        m, position = locate(n, self._sizes)
+        raise misalignment(key, m, position, i, got, want)
 
     def _want(self) -> Any:
         return self.device if self.device is not None else self._host_array()

@@ -31,7 +31,7 @@ from ref.errors import (
     ShapeMismatchError,
     UnsupportedSettingError,
 )
-from ref.structure import check_lengths
+from ref.structure import check_lengths, locate
 
 from .._devplan import upload
 from .._entry import entry
@@ -95,11 +95,6 @@ def _boundaries(sizes: Sequence[int], row_lengths: Sequence[int], perm: Sequence
     if done != total:
         raise PartitionMismatchError(f"the outputs hold {done} values, but output_seqlens add up to {total}")
     return counts
-
-
-def _locate(k: int, counts: Sequence[int]) -> str:
-    m = min(bisect.bisect_right(counts, k), len(counts) - 1)
-    return f"micro-batch {m}, position {k - (counts[m - 1] if m else 0)}"
 
 
 @entry
@@ -168,8 +163,10 @@ def _checked(
     wrong = (back != inv).nonzero()
     if wrong.numel():
         i = int(wrong[0, 0])
+        rows = [end - start for start, end in itertools.pairwise([0, *counts])]
+        m, position = locate(int(inv[i]), rows)
         raise NotAPermutationError(
-            f"backward_indices[{i}] = {int(back[i])}, but row {i} is at {_locate(int(inv[i]), counts)} "
+            f"backward_indices[{i}] = {int(back[i])}, but row {i} is at micro-batch {m}, position {position} "
             f"(forward_indices[{int(inv[i])}]): backward_indices is not the inverse of forward_indices"
         )
     return list(seqlens), perm, in_order, parts

@@ -48,7 +48,7 @@ from ref.errors import (
     where,
 )
 from ref.provenance import check_indices
-from ref.structure import misalignment, witness_binds
+from ref.structure import locate, misalignment, witness_binds
 
 from .._entry import entry
 from .._permutation import check_permutation, invert, plain_int_lists, plain_int_lists_of
@@ -347,7 +347,7 @@ def _in_order(
         sizes = [len(p) for p in parts]
         for j, i in enumerate(itertools.chain.from_iterable(parts)):
             if i != j:
-                m, pos = _locate(j, sizes)
+                m, pos = locate(j, sizes)
                 raise MisalignmentError(
                     f"key {first!r}, micro-batch {m}, position {pos}: args.use_dynamic_batch_size is off, so "
                     "the values stay in micro-batch order, but data_iterator.micro_batch_indices handed "
@@ -436,15 +436,6 @@ def _rows_held(data_iterator: Any, default: int) -> int:
             if type(lengths) is list or isinstance(lengths, Sequence | torch.Tensor | np.ndarray):
                 return len(lengths)
     return default
-
-
-def _locate(j: int, sizes: Sequence[int]) -> tuple[int, int]:
-    """``(micro-batch, position)`` of position ``j`` of the joined values."""
-    for m, n in enumerate(sizes):
-        if j < n:
-            return m, j
-        j -= n
-    return len(sizes), j
 
 
 def _check_counts(keys: Sequence[Any], counts: Mapping[Any, list[int]], sizes: Sequence[int]) -> None:
@@ -629,7 +620,7 @@ def _witness(
             skipped("calls_without_witness")
             continue
         j = next(j for j, (a, b) in enumerate(zip(got, want, strict=True)) if a != b)
-        m, pos = _locate(j, sizes)
+        m, pos = locate(j, sizes)
         raise misalignment(key, m, pos, flat[j], got[j], want[j])
 
 

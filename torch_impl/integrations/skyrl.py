@@ -17,8 +17,6 @@ against the batch's own (`item_witness`, ``docs/witness.md``): items restored as
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -27,7 +25,7 @@ import numpy as np
 import torch
 
 from ref.errors import PartitionMismatchError
-from ref.structure import misalignment, witness_binds
+from ref.structure import locate, misalignment, witness_binds
 
 from .._entry import entry
 from .._permutation import check_permutation, invert
@@ -223,9 +221,8 @@ def _witness_items(data: Any, ordered: list[Any], perm: torch.Tensor, sizes: lis
             continue
         i = next(i for i, (a, b) in enumerate(zip(lengths, witness, strict=True)) if a != b)
         n = perm.tolist().index(i)
-        starts = list(itertools.accumulate(sizes, initial=0))
-        m = bisect.bisect_right(starts, n) - 1
-        raise misalignment(key, m, n - starts[m], i, lengths[i], witness[i])
+        m, position = locate(n, sizes)
+        raise misalignment(key, m, position, i, lengths[i], witness[i])
 
 
 def _keys(self: Any, batches: Any) -> list[Any]:
