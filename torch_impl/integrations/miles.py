@@ -97,15 +97,14 @@ _PARALLEL = "miles.backends.training_utils.parallel"
 
 class Split(NamedTuple):
     """What ``get_data_iterator`` made an iterator hand out: ``rows`` (each micro-batch's rows, in the
-    order ``DataIterator.get_next`` hands them, over every step; a copy of the iterator's lists), ``size``
-    (fixed micro-batch size, else None) and ``micro_batches`` (the rollout's micro-batches:
+    order ``DataIterator.get_next`` hands them, over every step; a copy of the iterator's lists) and
+    ``micro_batches`` (the rollout's micro-batches:
     ``sum(num_microbatches)``); ``order``: where ``rows`` were checked, when recorded, to be a permutation
     of the ``held`` rows the iterator holds, the `ItemOrder` restoring them, else None; ``exact``: ``rows``
     as `plain_int_lists`' bytes (None unless lists of plain ints). A restore whose indices still give
     those bytes and whose iterator still holds ``held`` rows takes ``order`` as checked (`_vouched`)."""
 
     rows: list[list[int]] | None
-    size: int | None
     micro_batches: int
     order: ItemOrder | None = None
     held: int = 0
@@ -118,18 +117,17 @@ _splits_lock = ForkSafeLock()  # a forked child finds it free
 
 def _record(result: Any) -> None:
     """Record the split ``get_data_iterator`` returned (``(iterators, num_microbatches)``): each iterator's
-    indices as made, its fixed size, the micro-batch count. Anything else, unrecorded. Never raises."""
+    indices as made, the micro-batch count. Anything else, unrecorded. Never raises."""
     try:
         iterators, counts = result
         total = sum(int(n) for n in counts)
         for it in iterators:
             indices = it.micro_batch_indices
             rows = None if indices is None else _parts(indices)
-            size = it.micro_batch_size
             held = 0 if rows is None else _rows_held(it, sum(map(len, rows)))
             order = None if rows is None else _checked_order(rows, held)
             exact = plain_int_lists_of(rows)
-            split = Split(rows, None if size is None else int(size), total, order, held, exact)
+            split = Split(rows, total, order, held, exact)
             with _splits_lock:
                 _splits[it] = split
     except (TypeError, AttributeError, ValueError):  # not miles' shape, or not weakly held: unproven
