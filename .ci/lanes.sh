@@ -1,24 +1,28 @@
 #!/usr/bin/env bash
 # CI's tests, in four lanes (each mostly one process on one core), so that both cores test while the
 # trainers' environments still download (.ci/envs.sh, started in the background by .ci/run, writes
-# .cache/envs/pins.built once verl's pins are built, .cache/envs/torch.built once the newest torch's
-# environment is, and .cache/envs/status, its exit status, at its end):
+# .cache/envs/pins.built once verl's pins are built, .cache/envs/trainers.built once every trainer's
+# environment is, .cache/envs/torch.built once the newest torch's is, and .cache/envs/status, its exit
+# status, at its end):
 #  main:     the command given (.ci/run gives the README's test command: torch 2.13, tensordict today's), from the start
-#  torch:    the tests whose outcome depends on torch's release (.ci/torch_tests.txt: the kit's torch facts,
-#            private torch, compile, fake CUDA, dtypes, devices, the property suite, ...) and `rebatch
-#            check`, on the newest torch tested (torch 2.14.1, .venv-torch); from when the main lane has
-#            ended and that environment is built (while the trainers' environments may still build)
-#  pins:     the provenance state machine alone in a fresh process (a few runs: the kit's first import of
-#            verl is its own), then the tests on verl's pins, verl 0.9.1's own functions as oracle (a skip
-#            fails here), from when the pins environment is built; among them the engine lane, tests/test_verl_engine.py (verl's
-#            own FSDP engine over a tiny model with rebatch off, on and in shadow: docs/engine.md); then the
-#            verl tests on verl 0.8.0 and 0.9.0 too (each --no-deps beside the pins' torch); then verl's
-#            own tests on verl, and with rebatch's install() applied (same outcomes), and verl's
-#            conformance report (everything that needs only the pins environment)
 #  trainers: each trainer declared in rebatch_startup/trainers.py with an environment of its own: the
 #            drop-ins against the trainers' own functions (a skip fails), each trainer's conformance
-#            report; from when the torch lane has ended and every environment is built
-# main, torch and trainers run one after the other, beside pins.
+#            report; from when the main lane has ended and every trainer's environment is built
+#  pins:     the provenance state machine alone in a fresh process (a few runs: the kit's first import of
+#            verl is its own), then on verl's pins (torch 2.9.1, tensordict 0.10) the tests that reach verl
+#            (.ci/pins_tests.py: verl 0.9.1's own functions as oracle, a skip fails; among them the engine
+#            lane, tests/test_verl_engine.py, verl's own FSDP engine over a tiny model with rebatch off, on
+#            and in shadow: docs/engine.md) and the tests whose outcome depends on torch's release
+#            (.ci/torch_tests.txt); then the verl tests on verl 0.8.0 and 0.9.0 too (each --no-deps beside
+#            the pins' torch); then verl's own tests on verl, and with rebatch's install() applied (same
+#            outcomes), and verl's conformance report (everything that needs only the pins environment);
+#            from when the pins environment is built
+#  torch:    the tests whose outcome depends on torch's release (.ci/torch_tests.txt: the kit's torch facts,
+#            private torch, compile, fake CUDA, dtypes, devices, the property suite, ...) and `rebatch
+#            check`, on the newest torch tested (torch 2.14.1, .venv-torch); from when the pins lane has
+#            ended and that environment is built
+# main then trainers, beside pins then torch. Every other test gives the same outcome on any torch and
+# runs in the main lane only.
 # Each lane's output goes to .cache/lane-NAME.log, printed when all have ended; fails if any failed (a lane
 # whose environment failed to build fails with the build's log). Then docs/peers.md is checked against
 # every trainer's report (.ci/peers.sh report).
@@ -36,8 +40,8 @@ lane() {  # lane NAME COMMAND...: its output in .cache/lane-NAME.log, its second
   echo "== lanes [$SECONDS s] lane $name: exit $rc after $((SECONDS - start)) s"
   return "$rc"
 }
-built() {  # built pins|torch|all: wait until .ci/envs.sh has built verl's pins, the newest torch's environment
-  local what="$1"  # (or every environment); 1 if it failed first
+built() {  # built pins|trainers|torch|all: wait until .ci/envs.sh has built verl's pins, every trainer's
+  local what="$1"  # environment, the newest torch's (or every environment); 1 if it failed first
   while :; do
     if [ "$what" != all ] && [ -e ".cache/envs/$what.built" ]; then return 0; fi
     if [ -e .cache/envs/status ]; then
@@ -50,9 +54,13 @@ built() {  # built pins|torch|all: wait until .ci/envs.sh has built verl's pins,
   done
 }
 pins() {  # then what needs only the pins environment (verl 0.8.0, 0.9.0, verl's own tests, its report)
+  local verl_tests torch_tests
+  mapfile -t verl_tests < <(python3 .ci/pins_tests.py)
+  mapfile -t torch_tests < <(grep -v -e '^#' -e '^$' .ci/torch_tests.txt)
   built pins && REBATCH_MACHINE_RUNS=3 .venv-pins/bin/python -m pytest property_tests/test_provenance_machine.py -q \
     && env REBATCH_REQUIRE_VERL=1 REBATCH_REQUIRE_PEER=verl REBATCH_REQUIRE_ENGINE=1 \
-    .venv-pins/bin/python -m pytest tests -m "not main_lane_only" && bash .ci/verl_versions.sh "$PWD/.venv-pins" \
+    .venv-pins/bin/python -m pytest -m "not main_lane_only" "${verl_tests[@]}" \
+    && .venv-pins/bin/python -m pytest "${torch_tests[@]}" && bash .ci/verl_versions.sh "$PWD/.venv-pins" \
     && bash .ci/verl_upstream/run.sh "$PWD/.venv-pins" && bash .ci/peers.sh verl
 }
 newest() {  # the tests whose outcome depends on torch's release, on the newest torch (one argument a line)
@@ -62,15 +70,14 @@ newest() {  # the tests whose outcome depends on torch's release, on the newest 
 }
 trainers() {  # the trainers with a lane of their own (rebatch_startup/trainers.py), in their environments
   local names; names="$(python3 -m rebatch_startup names | tr ' ' '|')"
-  built all && grep -E "^== envs|^(pins|$names):" .cache/envs.log \
+  built trainers && grep -E "^== envs|^(pins|$names):" .cache/envs.log \
     && bash .ci/peers.sh $(python3 -m rebatch_startup lanes | cut -d' ' -f1)
 }
-step "four lanes: the main tests now, then the torch-sensitive tests on the newest torch, then the trainers | the tests on verl's pins once built, then verl 0.8.0 and 0.9.0, verl's own tests and report"
+step "four lanes: the main tests now, then the trainers | the tests on verl's pins once built (those reaching verl, and the torch-sensitive ones), then verl 0.8.0 and 0.9.0, verl's own tests and report, then the torch-sensitive tests on the newest torch"
 rc=0
-lane pins pins &
+(rc=0; lane pins pins || rc=1; lane torch newest || rc=1; exit "$rc") &
 PINS=$!
 lane main "$@" || rc=1
-lane torch newest || rc=1
 lane trainers trainers || rc=1
 wait "$PINS" || rc=1
 for name in main torch pins trainers; do

@@ -99,7 +99,7 @@ ON_DEFECT_ENV = "REBATCH_ON_DEFECT"
 REPORT_DIR_ENV = "REBATCH_REPORT_DIR"
 DUMP_DIR_ENV = "REBATCH_DUMP_DIR"
 #: The alignment witness's switch (``on``, ``off``) and the keys it leaves unbound (comma-separated):
-#: read by `torch_impl._witness` itself, from the process's own environment, at the first call that asks
+#: read by `torch_impl._alignment` itself, from the process's own environment, at the first call that asks
 #: (so carried, never passed to ``install``).
 WITNESS_ENV = "REBATCH_WITNESS"
 WITNESS_UNBOUND_ENV = "REBATCH_WITNESS_UNBOUND"

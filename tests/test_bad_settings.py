@@ -168,7 +168,7 @@ def test_miles_unproven_without_readable_context_parallel_lengths(
     """Under context parallelism with ``qkv_format="bshd"``, ``max_seq_lens`` of None entries (which miles'
     own join never reads) was a ``TypeError``; ``total_lengths`` likewise."""
     state = types.SimpleNamespace(cp=types.SimpleNamespace(size=2))
-    monkeypatch.setitem(sys.modules, miles._PARALLEL, types.SimpleNamespace(_parallel_state=state))
+    monkeypatch.setitem(sys.modules, miles.PARALLEL, types.SimpleNamespace(_parallel_state=state))
     args = argparse.Namespace(use_dynamic_batch_size=True, qkv_format="bshd")
     for rollout in (
         {"response_lengths": [3, 2], "total_lengths": [5, 4], "max_seq_lens": field},

@@ -49,7 +49,7 @@ def test_a_forked_child_starts_every_counter_at_zero(tmp_path: Path) -> None:
         import json, os
         import numpy as np
         import torch_impl
-        from torch_impl._witness import Witness, read_witness
+        from torch_impl._alignment import Witness, read_witness
         from torch_impl.integrations._counts import Counts
 
         Witness(np.array([1, 2]), 2, None, [2], ()).verdict()  # a witnessed call

@@ -239,4 +239,4 @@ def test_areals_witness_names_the_misalignment_with_cu_seqlens_on_two_devices() 
     on_device = fake_like(torch.tensor([0, 2, 5], device="cpu"), fc)
     mb_list = types.SimpleNamespace(mbs=[{"cu_seqlens": on_device}, {"cu_seqlens": torch.tensor([0, 4])}])
     with fc, pytest.raises(errors.MisalignmentError, match="micro-batch 1: its output holds 9 values"):
-        areal._check_micro_batches(mb_list, [2, 3, 4], [0, 1, 2], [5, 9])
+        areal._check_micro_batches(mb_list, [2, 3, 4], [2, 3, 4], [0, 1, 2], [5, 9])

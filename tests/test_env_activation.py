@@ -435,7 +435,7 @@ def test_every_rebatch_variable_rebatch_reads_is_carried() -> None:
     one of `rebatch_startup.CARRIED`, the witness's two among them (a MisalignmentError names them)."""
     import re
 
-    from torch_impl import _switch
+    from torch_impl._alignment import _switch
 
     found: set[str] = set()
     for package in ("rebatch_startup", "torch_impl", "ref"):

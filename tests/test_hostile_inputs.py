@@ -170,7 +170,7 @@ def test_a_claim_of_a_billion_rows_costs_no_memory() -> None:
 
 
 def test_a_meta_witness_against_host_lengths_is_refused_typed_not_asserted() -> None:
-    """Before: a bare ``assert`` in `torch_impl._witness` (AssertionError, gone under ``python -O``)."""
+    """Before: a bare ``assert`` in `torch_impl._alignment` (AssertionError, gone under ``python -O``)."""
     w = torch.tensor([1, 2, 2], device="meta")
     with pytest.raises(
         errors.UnsupportedSettingError, match=r"key 'lp': the witness lengths are on the meta"

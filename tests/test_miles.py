@@ -131,7 +131,7 @@ def test_swapped_outputs_raise_where_miles_is_silent() -> None:
     swapped = list(reversed(_outputs(PARTS, RESPONSE)))
     assert [len(x) for x in _theirs(swapped, it, _args())["log_probs"]] == [4, 1, 3, 2]  # silent
     with pytest.raises(
-        MisalignmentError, match=r"key 'log_probs', micro-batch 0, position 0: 3 values .* row 2"
+        MisalignmentError, match=r"key 'log_probs', micro-batch 1, position 0: 4 values .* row 0,"
     ):
         miles.aggregate_forward_results(swapped, it, _args())
     with pytest.raises(MisalignmentError):
@@ -203,19 +203,16 @@ def test_a_recorded_split_vouches_for_its_rows_and_nothing_else() -> None:
     it = _split(_Iterator(_data(RESPONSE), None, [list(p) for p in PARTS]), 2)
     split = miles.recorded_split(it)
     assert split is not None
-    assert split.order is not None
-    assert split.order.positions == [2, 1, 0, 3]  # original row r sits at position order[r] of [2, 1, 0, 3]
+    assert split.order().positions == [2, 1, 0, 3]  # original row r sits at position order[r] of [2, 1, 0, 3]
     store = _outputs(PARTS, RESPONSE)
     _same(miles.aggregate_forward_results(store, it, _args()), _theirs(store, it, _args()))
-    with pytest.raises(MisalignmentError, match=r"key 'log_probs', micro-batch 0, position 0"):
+    with pytest.raises(MisalignmentError, match=r"key 'log_probs', micro-batch 1, position 0"):
         miles.aggregate_forward_results(list(reversed(store)), it, _args())  # swapped: still witnessed
     short = [store[0], {k: v[:1] for k, v in store[1].items()}]
     with pytest.raises(PartitionMismatchError, match=r"key 'log_probs', micro-batch 1: 1 values"):
         miles.aggregate_forward_results(short, it, _args())
     dup = _split(_Iterator(_data(RESPONSE), None, [[2, 1], [0, 1]]), 2)
-    dup_split = miles.recorded_split(dup)
-    assert dup_split is not None
-    assert dup_split.order is None
+    assert miles.recorded_split(dup) is None  # no permutation when made: unrecorded, vouches for nothing
     with pytest.raises(NotAPermutationError, match=r"micro-batch 1, position 1: index 1 duplicates"):
         miles.aggregate_forward_results(_outputs([[2, 1], [0, 1]], RESPONSE), dup, _args())
     it.micro_batch_indices = [[1, 2], [0, 3]]  # changed since the split: checked in full, and named
@@ -350,7 +347,7 @@ def test_miles_data_iterator_issue_batch() -> None:
     swapped = list(reversed(store))
     theirs = log_utils.aggregate_forward_results(swapped, it, _args())
     assert [len(x) for x in theirs["log_probs"]] == [4, 1, 3, 2]  # miles: silent
-    with pytest.raises(MisalignmentError, match="key 'log_probs', micro-batch 0"):
+    with pytest.raises(MisalignmentError, match="key 'log_probs', micro-batch 1, position 0"):
         miles.aggregate_forward_results(swapped, it, _args())
     short = [store[0], {"log_probs": store[1]["log_probs"][:1]}]
     assert len(log_utils.aggregate_forward_results(short, it, _args())["log_probs"]) == 3  # silent
@@ -493,11 +490,11 @@ def test_train_env_vars_carry_rebatch(monkeypatch: pytest.MonkeyPatch) -> None:
         return "actors"
 
     group = types.SimpleNamespace(args=types.SimpleNamespace(train_env_vars={"A": "1"}))
-    assert miles._carrying(allocate)(group, None, 1) == "actors"
+    assert miles.carrying(allocate)(group, None, 1) == "actors"
     assert seen == [{"REBATCH": "shadow", "A": "1"}]
     assert group.args.train_env_vars == {"A": "1"}
     group.args.train_env_vars = {"REBATCH": "off"}
-    miles._carrying(allocate)(group, None, 1)
+    miles.carrying(allocate)(group, None, 1)
     assert seen[-1] == {"REBATCH": "off"}
 
 
@@ -595,7 +592,7 @@ def test_miles_lazy_install_before_miles_is_imported() -> None:
         "import miles.backends.training_utils.log_utils as log_utils\n"
         "import miles.backends.training_utils.data as data\n"
         "import miles.ray.actor_group as actor_group\n"
-        "assert log_utils.aggregate_forward_results.__module__ == 'torch_impl.integrations.miles'\n"
+        "assert log_utils.aggregate_forward_results.__module__ == 'torch_impl.integrations.miles._restore'\n"
         "assert data.get_data_iterator.__wrapped__.__module__ == data.__name__\n"
         "assert actor_group.RayTrainGroup._allocate_gpus_for_actor.__wrapped__.__module__ "
         "== actor_group.__name__\n"

@@ -322,10 +322,10 @@ class Ours:
 
 def test_the_check_fails_on_a_planted_line_of_a_real_module(tmp_path: Path) -> None:
     """A real module with one private access added: only that line is reported."""
-    real = (ROOT / "torch_impl" / "_witness.py").read_text()
+    real = (ROOT / "torch_impl" / "_alignment" / "_witness.py").read_text()
     planted = real + "\n\ndef _planted(ids):\n    return ids._offsets\n"
-    found = private_accesses(planted, "torch_impl/_witness.py")
-    assert found == [f"torch_impl/_witness.py:{len(planted.splitlines())}: attribute ._offsets"]
+    found = private_accesses(planted, "torch_impl/_alignment/_witness.py")
+    assert found == [f"torch_impl/_alignment/_witness.py:{len(planted.splitlines())}: attribute ._offsets"]
 
 
 # --- each of the room's names: what rebatch relies on ------------------------------------------------------

@@ -32,7 +32,7 @@ from property_tests.strategies import (
     misalignments,
 )
 from ref.errors import MisalignmentError, NotAPermutationError
-from torch_impl import _provenance
+from torch_impl._alignment import _provenance
 from torch_impl._postprocess import check_batch_func
 
 

@@ -21,7 +21,7 @@ from property_tests.convert import outputs_to_ref
 from property_tests.splits import ref_splits
 from ref.errors import MisalignmentError
 from ref.provenance import Carried
-from torch_impl import _provenance
+from torch_impl._alignment import _provenance
 
 LENGTH = 3  # every row's length in a fixed-length batch
 

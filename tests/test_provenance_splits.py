@@ -24,7 +24,7 @@ from property_tests.convert import outputs_to_ref
 from property_tests.splits import ref_splits
 from ref.errors import MisalignmentError, NotAPermutationError, RebatchError
 from ref.provenance import Carried
-from torch_impl import _provenance
+from torch_impl._alignment import _provenance
 from torch_impl._postprocess import check_batch_func
 
 LENGTH = 4  # every row's length
@@ -420,7 +420,7 @@ def test_the_docs_state_the_bounds_in_force() -> None:
 
     root = Path(__file__).resolve().parent.parent
     spec = (root / "docs" / "spec.md").read_text()
-    assert f"`torch_impl._provenance.MAX_SPLITS` ({_provenance.MAX_SPLITS})" in spec
+    assert f"`torch_impl._alignment.MAX_SPLITS` ({_provenance.MAX_SPLITS})" in spec
     assert f"`MAX_BATCHES` ({_provenance.MAX_BATCHES})" in spec
     witness = (root / "docs" / "witness.md").read_text()
     assert f"keeps its newest {_provenance.MAX_SPLITS} splits" in witness

@@ -24,7 +24,7 @@ from property_tests.convert import outputs_to_ref
 from property_tests.kernels import KERNELS, forced
 from property_tests.strategies import PER_TOKEN_KEYS, VerlStep, verl_step, verl_steps
 from ref.errors import InvalidJaggedError, MisalignmentError, UnsupportedSettingError
-from torch_impl import _switch
+from torch_impl._alignment import _switch
 from torch_impl._postprocess import check_batch_func
 
 KINDS = (
@@ -437,13 +437,16 @@ def test_areal_drop_in_checks_each_micro_batch_against_its_own_cu_seqlens() -> N
     )
     with pytest.raises(
         MisalignmentError,
-        match=r"micro-batch 0, position 0: mb_list.mbs\[0\]\['cu_seqlens'\] gives a row of 3",
+        match=r"key 'outputs', micro-batch 0, position 0: 3 values restored as original row 0, whose length "
+        r"the alignment witness gives as 2",
     ):
         reorder_and_pad_outputs(
             outs, seqlens, areal_mb_list([0, 2, 1, 3], cu_seqlens=cu)
         )  # a wrong forward order
     swapped = [torch.tensor([0, 1, 5], dtype=torch.int32), torch.tensor([0, 3, 5], dtype=torch.int32)]
-    with pytest.raises(MisalignmentError, match=r"micro-batch 0, position 0"):
+    with pytest.raises(
+        MisalignmentError, match=r"micro-batch 0, position 1: 4 values restored as original row 0"
+    ):
         reorder_and_pad_outputs(outs, seqlens, areal_mb_list(forward, cu_seqlens=swapped))
     previous = torch_impl.set_witness(False)
     try:
@@ -455,7 +458,7 @@ def test_areal_drop_in_checks_each_micro_batch_against_its_own_cu_seqlens() -> N
 _FORK_WHILE_COUNTING = """
 import os, signal, sys, time
 import torch, torch_impl
-from torch_impl import _switch
+from torch_impl._alignment import _switch
 nt = torch.nested.nested_tensor_from_jagged(torch.zeros(2), torch.tensor([0, 2]))
 with _switch._lock:
     pid = os.fork()

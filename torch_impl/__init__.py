@@ -24,6 +24,14 @@ from ref.partition import (
 )
 from ref.structure import PADDING as PADDING
 
+from ._alignment import (
+    provenance_stats as provenance_stats,
+    read_witness as read_witness,
+    recorded as recorded,
+    set_witness as set_witness,
+    witness_config as witness_config,
+    witness_stats as witness_stats,
+)
 from ._distributed import (
     broadcast_from_last_stage as broadcast_from_last_stage,
     gather_batch as gather_batch,
@@ -51,10 +59,7 @@ from ._prepare import (
     restore_dynamic_batch as restore_dynamic_batch,
     row_lengths as row_lengths,
 )
-from ._provenance import provenance_stats as provenance_stats, recorded as recorded
 from ._settings import Settings as Settings, get_settings as get_settings, use_settings as use_settings
-from ._switch import set_witness as set_witness, witness_config as witness_config
-from ._witness import read_witness as read_witness, witness_stats as witness_stats
 
 __all__ = [
     "KERNELS",

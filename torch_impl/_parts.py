@@ -74,7 +74,7 @@ numpy_bridge()
 class JaggedPart(NamedTuple):
     """One micro-batch's jagged output for one key: ``values`` ``[N, *F]`` (the packed rows, no lazy
     conjugate or negative bit), ``offsets`` int64 ``[b + 1]``, ``rows`` ``b``, ``ragged`` the nested
-    tensor's ragged size (its nested int, which exact provenance reads: `torch_impl._provenance`) or None."""
+    tensor's ragged size (its nested int, which exact provenance reads: `torch_impl._alignment`) or None."""
 
     values: torch.Tensor
     offsets: torch.Tensor
@@ -346,8 +346,8 @@ def check_offsets(
     if device.type == "cpu":
         firsts = list(itertools.accumulate((r + 1 for r in rows[:-1]), initial=0))
         ends = torch.tensor([f + r for f, r in zip(firsts, rows, strict=True)] + firsts, device="cpu")
-        want = torch.tensor([p.values.shape[0] for p in parts] + [0] * len(parts), device="cpu")
-        if bool((flat.index_select(0, ends) != want).any()) or bool((lengths < 0).any()):
+        bounds = torch.tensor([p.values.shape[0] for p in parts] + [0] * len(parts), device="cpu")
+        if bool((flat.index_select(0, ends) != bounds).any()) or bool((lengths < 0).any()):
             explain_bad_offsets(parts, key)
     else:  # trusted off the CPU, and counted (`_tally.SKIPS`)
         skipped("skipped_device_offsets")

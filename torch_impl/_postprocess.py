@@ -14,16 +14,14 @@ from ref.errors import PartitionMismatchError, ShapeMismatchError, UnsupportedSe
 from ref.metrics import fold_metrics
 from ref.structure import check_metrics, check_partition_count, check_settings, drop_padding, model_outputs
 
+from ._alignment import Witness, read_witness, recorded, witness_config
 from ._entry import entry
 from ._jagged import Seqlens, njt, seqlens_of
 from ._kernels import move
 from ._parts import NestedTensor, check_parts
 from ._permutation import check_permutation
 from ._plan import KeyPlan, plan_key
-from ._provenance import recorded
 from ._rows import CallRows
-from ._switch import witness_config
-from ._witness import Witness, read_witness
 
 __all__ = ["check_batch_func", "postprocess_batch", "postprocess_batch_func", "read_setting"]
 
@@ -153,10 +151,10 @@ def _check_keys(
         rows = [p.rows for p in parts]
         if key == keys[0]:
             first_rows = rows
-        want = sizes if sizes is not None else first_rows
-        if rows != want:  # one comparison of the lists, then the first micro-batch that differs
-            m = next(m for m, (a, b) in enumerate(zip(rows, want, strict=True)) if a != b)
-            at, got, n = where(key, m), rows[m], want[m]
+        held = sizes if sizes is not None else first_rows
+        if rows != held:  # one comparison of the lists, then the first micro-batch that differs
+            m = next(m for m, (a, b) in enumerate(zip(rows, held, strict=True)) if a != b)
+            at, got, n = where(key, m), rows[m], held[m]
             if sizes is not None:
                 raise PartitionMismatchError(f"{at}{got} rows, but its partition has {n} indices")
             raise ShapeMismatchError(f"{at}{got} rows, but key {keys[0]!r} has {n} there")
@@ -197,7 +195,7 @@ def postprocess_batch_func(
     keeps it dense); a dense ``[B]`` one, which verl cannot nest, stays dense.
 
     Beyond verl: the alignment witness is read from ``data`` (``data["input_ids"]``'s row lengths,
-    `torch_impl._witness.read_witness`), so a valid permutation that is the wrong one, or micro-batch
+    `torch_impl._alignment.read_witness`), so a valid permutation that is the wrong one, or micro-batch
     outputs in the wrong order, raise `ref.errors.MisalignmentError` for every per-token key
     (``docs/spec.md``, "The alignment witness"; off for the process with `torch_impl.set_witness`); and
     where rebatch's split made ``data``'s micro-batches, the split's provenance: the indices must be its

@@ -29,10 +29,10 @@ from ref.partition import (
 from ref.structure import PADDING, as_flag, as_integer
 
 from ._agree import agree
+from ._alignment import check_restore, record
 from ._ops import restore, split, take
 from ._parts import JaggedPart, unpack
 from ._postprocess import read_setting
-from ._provenance import check_restore, record
 
 __all__ = [
     "DistSync",
@@ -270,7 +270,7 @@ def _recorded(
     batch: TensorDictBase, micro_batches: Any, indices: Any, lengths: list[int] | None = None
 ) -> tuple[Any, Any]:
     """``(micro_batches, indices)``, recorded as what this split of ``batch`` handed out, with its rows'
-    ``lengths`` where the split read them (the restore checks its provenance: `torch_impl._provenance`)."""
+    ``lengths`` where the split read them (the restore checks its provenance: `torch_impl._alignment`)."""
     record(batch, micro_batches, indices, lengths)
     return micro_batches, indices
 

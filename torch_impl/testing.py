@@ -32,10 +32,10 @@ from ref._torch_private import (
 )
 
 from . import _kernels, _postprocess
+from ._alignment import named_by, record
 from ._compare import assert_same, bits, cached_sizes, first_difference, same_tensor
 from ._jagged import njt, seqlens_of
 from ._postprocess import check_batch_func
-from ._provenance import named_by, record
 from .integrations._files import DUMP_FORMAT
 
 __all__ = [

@@ -137,8 +137,8 @@ def _verl_data(
     data = TensorDict(entries, batch_size=[])
     if _has(torch_impl, "testing"):
         from torch_impl.testing import record
-    else:  # an older commit's code (before issue 58's public testing namespace): its own
-        from torch_impl._provenance import record
+    else:  # an older commit's code (before issue 58's public testing namespace): its own (no module here)
+        from torch_impl._provenance import record  # type: ignore[no-redef]
 
     fields = [dict(o["model_output"]) for o in outs]
     micro_batches = [TensorDict(f, batch_size=[len(p)]) for f, p in zip(fields, partitions, strict=True)]

@@ -123,7 +123,7 @@ def _witness_data(case: Any, seed: int = 0, *, witness: bool = True) -> Any:
 
 
 def _provenanced_data(case: Any, outs: list[Any], indices: Any) -> Any:
-    """`_witness_data` recorded as rebatch's split records what it hands out (`torch_impl._provenance`):
+    """`_witness_data` recorded as rebatch's split records what it hands out (`torch_impl._alignment`):
     micro-batch ``m`` holding output ``m``'s jagged keys as its fields, as verl's engines build each
     output on its micro-batch's offsets, so every output is proven by its nested ints."""
     from tensordict import TensorDict

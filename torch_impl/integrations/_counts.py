@@ -3,7 +3,7 @@
 `Counts.wrap` wraps each of rebatch's functions an ``on`` install puts in place and counts, per name:
 ``calls``, ``rows`` (host-side facts only: an index list's length, a tensor's shape; 0 without a rule, and
 0 where the rule raises: counted under ``caught`` as ``rows of NAME``, logged once),
-``keys_witnessed`` (this thread's count of the alignment witness, `torch_impl._witness.keys_witnessed_here`)
+``keys_witnessed`` (this thread's count of the alignment witness, `torch_impl._alignment.keys_witnessed_here`)
 and ``errors`` (`ref.errors.RebatchError`, re-raised unchanged). `Counts.stats` has a shadow report's
 shape (``mode`` ``"on"``; ``sampled``, ``differences``, ``defects`` 0), written when ``report`` is set at a
 name's 1st, 2nd, 4th, 8th, ... call, at each error and at exit (`_files.Counters`).
@@ -18,7 +18,7 @@ from typing import Any
 
 from ref.errors import RebatchError
 
-from .._witness import keys_witnessed_here
+from .._alignment import keys_witnessed_here
 from ._files import Counters
 
 __all__ = ["FIELDS", "Counts", "Rows", "rows_of_partitions"]

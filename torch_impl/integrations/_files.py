@@ -146,7 +146,7 @@ class Counters:
         """``total`` with what every report holds: ``witness`` (the alignment witness's counters of this
         process), ``trainer``, ``version``, ``fields`` (``mode``, ...) and ``process``; written whole to
         ``json_path`` when given (`write_private`: a reader never sees half a report)."""
-        from .._witness import witness_stats
+        from .._alignment import witness_stats
 
         with self.lock:
             total["caught"] = dict(self.caught_by_reason)

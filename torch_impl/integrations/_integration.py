@@ -282,7 +282,7 @@ class _WitnessSettings:
         self.base: tuple[bool, frozenset[Any]] = (True, frozenset())
 
     def push(self, owner: Integration, on: bool | None, unbound: Iterable[Any] | None) -> None:
-        from .._switch import set_witness
+        from .._alignment import set_witness
 
         with self.lock:
             previous = set_witness(on, unbound=unbound)  # checks ``on`` first: nothing pushed if refused
@@ -290,7 +290,7 @@ class _WitnessSettings:
             self.stack.append((owner, on, None if unbound is None else frozenset(unbound)))
 
     def drop(self, owner: Integration) -> None:
-        from .._switch import set_witness
+        from .._alignment import set_witness
 
         with self.lock:
             if any(o is owner for o, _, _ in self.stack):

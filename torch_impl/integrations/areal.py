@@ -15,7 +15,6 @@ not match the outputs (``docs/spec.md``, "The peers' reorder steps").
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import types
 from collections.abc import Callable, Mapping, Sequence
@@ -31,14 +30,14 @@ from ref.errors import (
     ShapeMismatchError,
     UnsupportedSettingError,
 )
-from ref.structure import check_lengths, locate
+from ref.structure import check_lengths
 
+from .._alignment import RowWitness, locate, witness_config
 from .._devplan import upload
 from .._entry import entry
 from .._layouts import scatter_padded
 from .._parts import DensePart, check_parts
 from .._permutation import check_permutation, invert
-from .._switch import witness_config
 from .._tally import skipped
 from ._integration import Installed, Integration, NotReplayable, Replaced
 from ._patch import Versions
@@ -59,6 +58,8 @@ __all__ = [
     "uninstall",
 ]
 
+#: The key the alignment witness's errors name: AReaL's one output, by its parameter's name.
+OUTPUTS = "outputs"
 #: The AReaL module that defines the function `install` replaces.
 TRAIN_ENGINE = "areal.engine.core.train_engine"
 #: The AReaL module whose ``get_env_vars`` gives each RPC worker its environment (local and Ray schedulers).
@@ -75,20 +76,24 @@ def _boundaries(sizes: Sequence[int], row_lengths: Sequence[int], perm: Sequence
     do not add up to the rows)."""
     ends = list(itertools.accumulate(row_lengths, initial=0))
     total = ends[-1]
+    first_end: dict[int, int] = {}  # each row end's first row boundary (rows of no values share one)
+    for k, end in enumerate(ends):
+        first_end.setdefault(end, k)
     counts: list[int] = []
     done = 0
     for m, size in enumerate(sizes):
         done += size
-        k = bisect.bisect_left(ends, done)
-        if k >= len(ends) or ends[k] != done:
+        k = first_end.get(done, -1)
+        if k < 0:
             if done > total:
                 raise PartitionMismatchError(
                     f"micro-batch {m}: the outputs hold {done} values up to here, but output_seqlens add up "
                     f"to {total}"
                 )
+            row, _ = locate(done, row_lengths)  # the row whose values hold position ``done``
             raise PartitionMismatchError(
-                f"micro-batch {m}: its output ends at value {done}, inside row {perm[k - 1]} "
-                f"(forward_indices[{k - 1}], values {ends[k - 1]} to {ends[k]}): a micro-batch must hold "
+                f"micro-batch {m}: its output ends at value {done}, inside row {perm[row]} "
+                f"(forward_indices[{row}], values {ends[row]} to {ends[row + 1]}): a micro-batch must hold "
                 "whole rows"
             )
         counts.append(max(k, counts[-1] if counts else 0))
@@ -157,7 +162,9 @@ def _checked(
     parts = (
         _packed_parts(outputs) if aggregate_fn is torch.cat else None
     )  # another aggregate_fn: its own inputs
-    _check_micro_batches(mb_list, in_order, order, None if parts is None else [p.rows for p in parts])
+    _check_micro_batches(
+        mb_list, seqlens, in_order, order, None if parts is None else [p.rows for p in parts]
+    )
     counts = _boundaries([p.rows for p in parts], in_order, order) if parts is not None else [b]
     inv = invert(perm)
     wrong = (back != inv).nonzero()
@@ -173,7 +180,7 @@ def _checked(
 
 
 def _check_micro_batches(
-    mb_list: Any, in_order: list[int], order: list[int], sizes: list[int] | None
+    mb_list: Any, seqlens: Sequence[int], in_order: list[int], order: list[int], sizes: list[int] | None
 ) -> None:
     """The alignment witness AReaL's call holds (``docs/witness.md``): each micro-batch's own ``cu_seqlens``
     (``mb_list.mbs[m]["cu_seqlens"]``: its rows' lengths as the model saw them, in ``forward_indices``
@@ -196,40 +203,26 @@ def _check_micro_batches(
         return skipped("calls_without_witness")
     device = cus[0].device
     if all(c.device == device and c.dtype == cus[0].dtype for c in cus):  # as AReaL makes them: one cat
-        flat = torch.cat(cus).to(torch.int64)
+        flat = torch.cat(cus)
     else:
         flat = torch.cat([c.to(device, torch.int64, non_blocking=c.is_cpu) for c in cus])
-    counts = [int(c.numel()) for c in cus]
-    # each offset less its micro-batch's first, against the lengths' own: one upload, one read
-    firsts = np.repeat(np.cumsum([0, *counts[:-1]], dtype=np.int64), counts)
-    bounds = list(itertools.accumulate((n - 1 for n in counts), initial=0))
-    lengths = np.asarray(in_order, dtype=np.int64)
-    expected = [np.concatenate([[0], np.cumsum(lengths[a:b])]) for a, b in itertools.pairwise(bounds)]
-    both = upload(np.concatenate([firsts, *expected]).astype(np.int64, copy=False), device)
-    bad = flat.sub(flat.index_select(0, both[: flat.shape[0]])).ne(both[flat.shape[0] :]).any()
-    fills = sizes is None or len(sizes) != len(cus) or sizes == [int(e[-1]) for e in expected]
-    if fills and not bool(bad):  # the one read
+    rows = [int(c.numel()) - 1 for c in cus]
+    # each micro-batch's row lengths, laid end to end: the offsets' differences, less those across the
+    # micro-batches' boundaries (their positions known on the host, uploaded once)
+    starts = np.cumsum([0, *(n + 1 for n in rows[:-1])], dtype=np.int64)
+    inside = np.concatenate([np.arange(n, dtype=np.int64) + a for a, n in zip(starts, rows, strict=True)])
+    lengths = flat.diff().index_select(0, upload(inside, device))
+    RowWitness(seqlens, order, rows, witness_config()[1]).compare(OUTPUTS, lengths, declared=True)
+    if sizes is None or len(sizes) != len(cus):
         return
-    # the error path: each micro-batch's rows and total on one device, then read on the host
-    got = torch.cat([c.diff().to(device, torch.int64) for c in cus])
-    totals = torch.stack([(c[-1] - c[0]).to(device, torch.int64) for c in cus])
-    rows = got.tolist()
-    at = list(itertools.accumulate((int(c.numel()) - 1 for c in cus), initial=0))
-    for k, (n, want) in enumerate(zip(rows, in_order, strict=True)):
-        if n != want:
-            m = bisect.bisect_right(at, k) - 1
-            raise MisalignmentError(
-                f"micro-batch {m}, position {k - at[m]}: mb_list.mbs[{m}]['cu_seqlens'] gives a row of {n} "
-                f"tokens, but forward_indices[{k}] = {order[k]} puts original row {order[k]} there, whose "
-                f"output_seqlens is {want} (forward_indices is not the order the micro-batches were built "
-                "in; switch the check off: REBATCH_WITNESS=off)"
-            )
-    assert sizes is not None
-    for m, (n, total) in enumerate(zip(sizes, totals.tolist(), strict=True)):
-        if n != total:
+    # the witness held: each micro-batch's tokens are its rows' lengths, which the host knows
+    bounds = itertools.pairwise(itertools.accumulate(rows, initial=0))
+    tokens = [sum(in_order[a:b]) for a, b in bounds]
+    for m, (n, held) in enumerate(zip(sizes, tokens, strict=True)):
+        if n != held:
             raise MisalignmentError(
                 f"micro-batch {m}: its output holds {n} values, but mb_list.mbs[{m}]['cu_seqlens'] gives "
-                f"{total} tokens (the outputs are not in the order of the micro-batches; switch the check "
+                f"{held} tokens (the outputs are not in the order of the micro-batches; switch the check "
                 "off: REBATCH_WITNESS=off)"
             )
 

@@ -25,12 +25,11 @@ import numpy as np
 import torch
 
 from ref.errors import PartitionMismatchError
-from ref.structure import locate, misalignment, witness_binds
 
+from .._alignment import RowWitness, witness_config
 from .._entry import entry
 from .._permutation import check_permutation, invert
 from .._postprocess import check_batch_func, postprocess_batch
-from .._switch import witness_config
 from .._tally import skipped
 from ._counts import rows_of_partitions
 from ._integration import Installed, Integration, NotReplayable, Replaced
@@ -156,7 +155,7 @@ def _items_restored(self: Any, batches: Sequence[Sequence[Any]]) -> list[Any]:
             )
         flat.extend(items[: len(part)])
     ordered = [flat[k] for k in invert(perm).tolist()]
-    _witness_items(self.data, ordered, perm, [len(p) for p in partitions])
+    _witness_items(self.data, flat, ordered, perm, [len(p) for p in partitions])
     return ordered
 
 
@@ -171,6 +170,11 @@ def _sized(value: Any) -> bool:
     if isinstance(value, list | tuple):
         return True
     return isinstance(value, torch.Tensor | np.ndarray) and value.ndim >= 1
+
+
+def _length(value: Any) -> int | None:
+    """A per-token value's length (its tokens), or None where it has none (`_sized`)."""
+    return len(value) if _sized(value) else None
 
 
 def item_witness(data: Any) -> list[int] | None:
@@ -198,31 +202,24 @@ def item_witness(data: Any) -> list[int] | None:
     return [int(n) for n in mask.sum(dim=1).long().clamp(0, mask.shape[1]).tolist()]
 
 
-def _witness_items(data: Any, ordered: list[Any], perm: torch.Tensor, sizes: list[int]) -> None:
-    """Step 6 for the items (``docs/spec.md``, "The alignment witness"): every key of the first item bound
-    by `ref.structure.witness_binds` (in every restored item a per-token value, their lengths adding up to
-    the witness's total, not declared unbound) must have restored item ``i``'s length ``witness[i]``; the
-    first key (in the first item's order) with a mismatch, at its first row, raises `MisalignmentError`."""
+def _witness_items(
+    data: Any, flat: list[Any], ordered: list[Any], perm: torch.Tensor, sizes: list[int]
+) -> None:
+    """Step 6 for the items (``docs/spec.md``, "The alignment witness"), by the core's rule
+    (`torch_impl._alignment.RowWitness`): every key of the first restored item, its values' lengths in
+    micro-batch order (``flat``) against the witness of the rows ``perm`` puts there; a value without a
+    length leaves the key unbound, and the lengths are read from lists (a key whose values all have one
+    length where the rows' differ is unproven)."""
     first = ordered[0] if ordered else None
     if not isinstance(first, Mapping) or not first:
         return
     witness = item_witness(data)
-    if witness is None or len(witness) != len(ordered):
-        if witness is not None:  # a mask of another batch's rows: nothing to witness
-            skipped("calls_without_witness")
+    if witness is None:
         return
-    unbound = witness_config()[1]
-    total = sum(witness)
+    judge = RowWitness(witness, perm.numpy(), sizes, witness_config()[1], rows=len(ordered))
     for key in first:
-        values: list[Any] = [x.get(key) if isinstance(x, Mapping) else None for x in ordered]
-        jagged = all(_sized(v) for v in values)
-        lengths = [len(v) for v in values] if jagged else []
-        if not witness_binds(key, jagged, sum(lengths), total, unbound) or lengths == witness:
-            continue
-        i = next(i for i, (a, b) in enumerate(zip(lengths, witness, strict=True)) if a != b)
-        n = perm.tolist().index(i)
-        m, position = locate(n, sizes)
-        raise misalignment(key, m, position, i, lengths[i], witness[i])
+        values = [x.get(key) if isinstance(x, Mapping) else None for x in flat]
+        judge.compare(key, [_length(v) for v in values], inferred=True)
 
 
 def _keys(self: Any, batches: Any) -> list[Any]:

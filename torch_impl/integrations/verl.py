@@ -207,8 +207,8 @@ def _keys(output_lst: Any, indices: Any, data: Any) -> list[Any]:
 def _table(row: str) -> list[Replaced]:
     """The table of release ``row``: rebatch's function for each name (`_functions`), and
     ``postprocess_batch_func``'s adapters (its check, dump and keys)."""
+    from .._alignment import observe_split
     from .._postprocess import check_batch_func
-    from .._provenance import observe_split
 
     post = "postprocess_batch_func"
     return [

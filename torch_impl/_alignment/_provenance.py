@@ -17,6 +17,7 @@ error) where no output names a micro-batch of the batch restored. `provenance_st
 from __future__ import annotations
 
 import itertools
+import operator
 import weakref
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -28,14 +29,15 @@ import torch
 
 from rebatch_startup.forksafe import ForkSafeLock
 from ref._torch_private import ragged_idx, ragged_size, raw_lengths, raw_offsets, raw_values
-from ref.errors import RebatchError
+from ref.errors import MisalignmentError, RebatchError
 from ref.provenance import check_indices, other_batch, slot_difference, stray_output
-from ref.structure import PADDING, locate, misalignment, witness_binds
+from ref.structure import PADDING, witness_binds
 
-from ._parts import JaggedPart, NestedTensor, Part
-from ._permutation import as_bytes, plain_int_lists, plain_int_lists_of
+from .._parts import JaggedPart, NestedTensor, Part
+from .._permutation import as_bytes, plain_int_lists, plain_int_lists_of
+from .._tally import Tally
+from ._compare import first_difference, misaligned_row
 from ._switch import witness_config
-from ._tally import Tally
 
 __all__ = [
     "MAX_BATCHES",
@@ -106,14 +108,17 @@ class Split:
     permutation (left unrecorded)."""
 
     __slots__ = (
+        "_order",
         "exact",
         "expected",
         "flat",
         "flat_bytes",
+        "held",
         "in_order",
         "kept",
         "lengths",
         "name",
+        "outputs",
         "sizes",
         "slots",
     )
@@ -121,11 +126,17 @@ class Split:
     def __init__(
         self,
         name: int,
-        micro_batches: Sequence[Any],
+        micro_batches: Sequence[Any] | None,
         indices: Sequence[Any] | None,
         lengths: Sequence[int] | None = None,
+        *,
+        outputs: int | None = None,
+        held: int | None = None,
     ) -> None:
         self.name = name
+        self._order: ItemOrder | None = None
+        if micro_batches is None:  # a split handing out index lists (miles'): each micro-batch its indices
+            micro_batches = [] if indices is None else [_Handed(len(p)) for p in indices]
         self.kept: list[tuple[Any, Tag]] = []
         self.slots: list[Any] = []  # each micro-batch's slot, in the split's order (`PADDING` for padding)
         sizes: list[int] = []
@@ -151,6 +162,17 @@ class Split:
         self.exact = plain_int_lists_of(real)
         known = lengths is not None and len(lengths) == total
         self.lengths = np.asarray(lengths, dtype=np.int64) if known else None
+        self.outputs = len(sizes) if outputs is None else outputs
+        self.held = total if held is None else held
+
+    def order(self) -> ItemOrder:
+        """The `ItemOrder` putting values laid end to end in the split's micro-batches back in original
+        row order (made once)."""
+        if self._order is None:
+            inverse = np.empty_like(self.flat)
+            inverse[self.flat] = np.arange(self.flat.shape[0], dtype=np.int64)
+            self._order = ItemOrder(inverse.tolist())
+        return self._order
 
     def rows(self) -> list[list[int]]:
         """The split's indices, padding left out (for the error path)."""
@@ -179,12 +201,38 @@ def _cut(flat: Sequence[int], sizes: Sequence[int]) -> list[list[int]]:
     return [list(flat[a:b]) for a, b in bounds]
 
 
+class _Handed:
+    """A micro-batch of a split that hands out index lists: its rows (``batch_size``, as a TensorDict's)."""
+
+    __slots__ = ("batch_size",)
+
+    def __init__(self, rows: int) -> None:
+        self.batch_size = (rows,)
+
+
+class ItemOrder:
+    """``[values[k] for k in positions]`` in one C-level call (`operator.itemgetter` of the positions):
+    ``positions[i]`` the position among the values laid end to end of result row ``i``. A list's items
+    put back in original row order (miles' per-sample values)."""
+
+    __slots__ = ("_get", "positions")
+
+    def __init__(self, positions: list[int]) -> None:
+        self.positions = positions
+        self._get = operator.itemgetter(*positions) if len(positions) > 1 else None
+
+    def __call__(self, values: list[Any]) -> list[Any]:
+        if self._get is None:  # one row or none: itemgetter would not give a tuple
+            return [values[k] for k in self.positions]
+        return list(self._get(values))
+
+
 class Provenance:
     """The live splits of one batch (``splits``, oldest first, at most `MAX_SPLITS`), as the restore
     reads them: ``name`` (the batch's number), ``batch`` and ``ids`` (weak references to the batch and
     to its ``input_ids``, None where it has no jagged one), ``ids_size`` (that nested int, held),
     ``tags`` (each recorded nested int's id -> its tag), ``by_name`` and ``vouchers`` (each split's
-    indices as `plain_int_lists`' bytes, with their flattening, newest first: `permutation`). Read-only:
+    indices as `plain_int_lists`' bytes, with the split, newest first: `vouching`). Read-only:
     a new split makes a new one."""
 
     __slots__ = ("batch", "by_name", "ids", "ids_size", "name", "splits", "tags", "vouchers")
@@ -205,21 +253,25 @@ class Provenance:
         self.by_name = {split.name: split for split in self.splits}
         self.tags = {id(size): tag for split in self.splits for size, tag in split.kept}
         self.vouchers = tuple(
-            (split.exact, split.flat) for split in reversed(self.splits) if split.exact is not None
+            (split.exact, split) for split in reversed(self.splits) if split.exact is not None
         )
 
     def alive(self) -> bool:
         """Whether the batch or its ``input_ids`` still lives."""
         return self.batch() is not None or (self.ids is not None and self.ids() is not None)
 
-    def permutation(self, indices: Any) -> torch.Tensor | None:
-        """``indices`` flattened (CPU int64 ``[B]``, a tensor of its own) where they are a live split's own
-        lists of plain ints (`plain_int_lists`: the same bytes): that split checked them as a permutation
-        when it recorded them, so the restore takes them with one C-level pass, not by reading and counting
-        every index. None otherwise (the restore's own check runs)."""
+    def vouching(self, indices: Any) -> Split | None:
+        """The newest live split whose own lists of plain ints ``indices`` are (`plain_int_lists`: the same
+        bytes, one C-level pass; ``==`` would take ``3.0`` for ``3``): it checked them as a permutation
+        when it recorded them. None otherwise (the restore's own check runs)."""
         given = plain_int_lists(indices) if self.vouchers else None
-        flat = next((flat for exact, flat in self.vouchers if given == exact), None) if given else None
-        return None if flat is None else torch.from_numpy(flat.copy())
+        return next((split for exact, split in self.vouchers if given == exact), None) if given else None
+
+    def permutation(self, indices: Any) -> torch.Tensor | None:
+        """``indices`` flattened (CPU int64 ``[B]``, a tensor of its own) where a live split vouches for
+        them (`vouching`), so the restore takes them without reading and counting every index; else None."""
+        split = self.vouching(indices)
+        return None if split is None else torch.from_numpy(split.flat.copy())
 
     def judge(
         self,
@@ -280,6 +332,26 @@ class Provenance:
             return None
         difference = slot_difference(given.tolist(), np.frombuffer(held, dtype=np.int64).tolist())
         return stray_output(key, m, q, split.name, difference or "")
+
+    def judge_handout(self, parts: Sequence[Sequence[Any]] | None, outputs: int) -> None:
+        """The newest split's verdict on a restore whose outputs carry no identity (miles'): its indices
+        (``parts``; None for micro-batches restored as they come) must be the split's micro-batches, in
+        its order or another (a reorder is unproven: the witness judges it), and the outputs must number
+        the split's (`Split.outputs`). `MisalignmentError` otherwise; nothing with the check switched off."""
+        if not witness_config()[0]:
+            return
+        split = self.splits[-1]
+        rows = split.rows()
+        if parts is not None and parts != rows:
+            reordered = sorted(map(list, parts)) == sorted(rows)
+            if not reordered:
+                check_indices(parts, rows)  # names the first index that differs
+        if outputs != split.outputs:
+            raise MisalignmentError(
+                f"micro-batch {min(outputs, split.outputs)}: {outputs} micro-batch outputs, but the split "
+                f"made {split.outputs} micro-batches (outputs of another pass or step; switch the check "
+                "off: REBATCH_WITNESS=off)"
+            )
 
 
 def _in_slots(
@@ -372,6 +444,12 @@ def record(
         split = Split(next(_names), micro_batches, indices, lengths)
     except (TypeError, AttributeError, ValueError, IndexError, OverflowError):  # odd, or not a permutation
         return
+    _keep(batch, ids, split)
+
+
+def _keep(batch: Any, ids: Any, split: Split) -> None:
+    """``split`` kept beside ``batch``'s other live splits (``ids``: its jagged ``input_ids``, else None);
+    the oldest beyond `MAX_SPLITS`, and the batch recorded longest ago beyond `MAX_BATCHES`, go."""
     with _lock:
         kept = recorded(batch)
         if isinstance(kept, Provenance):
@@ -401,6 +479,19 @@ def record(
         while len(_records) > MAX_BATCHES:
             oldest, gone = _records.popitem(last=False)
             _remove(oldest, gone)
+
+
+def record_handout(owner: Any, indices: Sequence[Any] | None, outputs: int, held: int) -> None:
+    """What a split handing out index lists (miles' ``get_data_iterator``) gave ``owner`` (its iterator):
+    ``indices`` (each micro-batch's rows; None for fixed-size micro-batches), ``outputs`` (the
+    micro-batch outputs its restore takes) and ``held`` (the rows ``owner`` held then), kept as `record`
+    keeps a batch's splits. Indices that are not
+    a permutation, or an owner that cannot be held weakly, are left unrecorded. Never raises."""
+    try:
+        split = Split(next(_names), None, indices, outputs=outputs, held=held)
+    except (TypeError, AttributeError, ValueError, IndexError, OverflowError):  # odd, or not a permutation
+        return
+    _keep(owner, None, split)
 
 
 def named_by(x: Any) -> tuple[int, int] | None:
@@ -502,20 +593,16 @@ def _check_rows(restored: Any, splits: Sequence[Split], given: np.ndarray, sizes
         return False
     if offsets.device.type == "cpu":
         host = offsets.to(torch.int64).numpy()
-        bad = np.flatnonzero((host[1:] - host[:-1]) != want)
+        got = host[1:] - host[:-1]
     else:  # one comparison on the device, one small read
         expected = torch.from_numpy(want).to(offsets.device, non_blocking=True)
         if not bool(offsets.diff().ne(expected).any()):
             return True
-        got = offsets.diff().cpu().numpy()
-        bad = np.flatnonzero(got != want)
-    if not bad.size:
+        got = offsets.diff().cpu().numpy().astype(np.int64, copy=False)
+    i = first_difference(got, want)
+    if i < 0:
         return True
-    i = int(bad[0])
-    got_n = int(offsets[i + 1] - offsets[i])
-    n = int(np.flatnonzero(given == i)[0])
-    m, position = locate(n, sizes)
-    raise misalignment(RESTORED_KEY, m, position, i, got_n, int(want[i]))
+    raise misaligned_row(RESTORED_KEY, i, int(got[i]), int(want[i]), given, sizes)
 
 
 def _host_ints(partition: Any) -> np.ndarray:

@@ -24,13 +24,14 @@ import torch
 
 from ref._torch_private import ragged_idx, raw_lengths, raw_offsets
 from ref.errors import RebatchError, UnsupportedSettingError, where
-from ref.structure import WITNESS, check_lengths, locate, misalignment, witness_binds, witness_form
+from ref.structure import WITNESS, check_lengths, witness_binds, witness_form
 
-from ._parts import NestedTensor, check_offsets, explain_bad_offsets
-from ._plan import KeyPlan
+from .._parts import NestedTensor, check_offsets, explain_bad_offsets
+from .._plan import KeyPlan
+from .._tally import TALLY, skipped
+from ._compare import first_difference, misaligned_row
 from ._provenance import provenance_stats
 from ._switch import witness_config
-from ._tally import TALLY, skipped
 
 __all__ = ["Witness", "keys_witnessed_here", "read_witness", "witness_stats"]
 
@@ -215,9 +216,7 @@ class Witness:
         got = (
             restored.numpy() if plan.arrays is None else plan.arrays[1]
         )  # the plan's own array, where it has one
-        bad = (
-            -1 if got.tobytes() == host.tobytes() else int(np.flatnonzero(got != host)[0])
-        )  # a match: bytes equal
+        bad = first_difference(got, host)
         self._entries.append((plan, bad, None))
 
     def verdict(self) -> None:
@@ -251,7 +250,7 @@ class Witness:
             lengths = _restored(plan)  # the error path from here
             if flag is not None:
                 got, want = lengths.tolist(), self._want().tolist()  # reads the device
-                bad = next((i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b), -1)
+                bad = first_difference(got, want)
                 if (
                     bad < 0
                 ):  # the lengths agree, so the offsets themselves are broken (planned from the host's)
@@ -260,10 +259,7 @@ class Witness:
                 self._raise(plan.key, lengths, bad)
 
     def _raise(self, key: Any, lengths: torch.Tensor, i: int) -> None:
-        got, want = int(lengths[i]), int(self._want()[i])
-        n = i if self._perm is None else self._perm.tolist().index(i)
-        m, position = locate(n, self._sizes)
-        raise misalignment(key, m, position, i, got, want)
+        raise misaligned_row(key, i, int(lengths[i]), int(self._want()[i]), self._perm, self._sizes)
 
     def _want(self) -> Any:
         return self.device if self.device is not None else self._host_array()
