@@ -25,6 +25,10 @@ CORE = PACKAGE / "_alignment"
 WITNESS_NAMES = ("witness", "want", "expected")
 #: The core's error words and rules: calling one outside the core is judging outside it.
 CORE_ONLY_CALLS = {"misalignment", "stray_output", "other_batch", "check_indices", "witness_binds"}
+#: The bisections that find which micro-batch holds a flat position (`ref.structure.locate`'s own:
+#: the last end at or before it); ``bisect_left``, the first boundary at or after a value, asks another
+#: question (AReaL's packed outputs: does a micro-batch end on a row's end).
+LOCATING = {"bisect", "bisect_right"}
 #: What a registry of splits is built on.
 REGISTRIES = {"WeakKeyDictionary", "WeakValueDictionary", "ref", "finalize"}
 
@@ -71,7 +75,7 @@ def findings(source: str) -> list[str]:
                 found.append(f"{line}: the core's {name}")
             elif name in REGISTRIES and "weakref" in ast.unparse(node.func):
                 found.append(f"{line}: a registry (weakref.{name})")
-            elif name.startswith("bisect"):
+            elif name in LOCATING:
                 found.append(f"{line}: a flat position searched by bisection ({name})")
         elif isinstance(node, ast.ClassDef) and "split" in node.name.lower():
             found.append(f"{line}: a class of split records ({node.name})")

@@ -5,11 +5,11 @@ batch (built with plain torch from one seed, so both workers build the same byte
 ``aggregate_forward_results`` (its split unrecorded, and recorded as ``get_data_iterator`` records it),
 SkyRL's ``reorder_and_combine_items`` and AReaL's ``reorder_and_pad_outputs``, each witnessed. Each
 implementation runs in a worker process of its own (`rebatch.bench.workers`), driven alternately round by
-round (`rebatch.bench.versus`' rounds: the order shuffled, each round's turns on one core), and their
+round (the order shuffled each round, a round's turns on one core, as `rebatch.bench.versus` does), and their
 results are checked equal before any timing. None of the trainers is imported: the drop-ins take their
 inputs by the attributes they read.
 
-    python -m rebatch.bench.trainers [--commit 5035639] [--rounds 15] [--out FILE]
+    python -m rebatch.bench.trainers [--commit 5035639] [--rounds 15] [--only NAME] [--out FILE]
 
 Prints a table: trainer, case, baseline ms, today ms, baseline / today (the median of each round's
 paired ratio; above 1: today is faster).
@@ -20,6 +20,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import random
+import statistics
 import sys
 import time
 import types
@@ -31,7 +33,6 @@ from property_tests.markdown import table
 
 from .contention import cores
 from .timing import timed_alone
-from .versus import _medians
 from .workers import ROOT, Worker, baseline_root, describe, serve
 
 __all__ = ["CASES", "TrainerCase", "main", "trainers_versus"]
@@ -215,15 +216,8 @@ def trainers_versus(
             replies = {name: w.ask(cmd="setup", case=list(case)) for name, w in workers.items()}
             if replies["baseline"]["digest"] != replies["today"]["digest"]:
                 raise AssertionError(f"{case.name}: today's result differs from the commit's")
-            first = {name: r["first"] for name, r in replies.items()}
-            timed = _medians(
-                {name: (w, "call") for name, w in workers.items()},
-                first,
-                min_time=0.0,
-                rounds=rounds,
-                seed=i,
-                cores=pinned,
-            )
+            calls = max(1, min(50, int(0.02 / max(min(r["first"] for r in replies.values()), 1e-6))))
+            timed = _paired(workers, calls=calls, rounds=rounds, seed=i, cores=pinned)
             row = {
                 "case": case._asdict(),
                 "name": case.name,
@@ -246,6 +240,32 @@ def trainers_versus(
     }
 
 
+def _paired(
+    workers: dict[str, Worker], *, calls: int, rounds: int, seed: int, cores: list[int]
+) -> dict[str, float]:
+    """Each worker's median seconds a call over ``rounds`` rounds of ``calls`` calls (the order shuffled
+    each round, every turn of a round on one core), and ``speedup``, the median of each round's
+    ``baseline / today`` (a slower phase of a shared machine longer than a round cancels out)."""
+    rng = random.Random(seed)
+    order = list(workers)
+    for name in order:  # a warm-up turn each
+        workers[name].ask(cmd="time", n=1)
+    times: dict[str, list[float]] = {name: [] for name in order}
+    ratios = []
+    for r in range(rounds):
+        rng.shuffle(order)
+        pin = {"core": cores[r % len(cores)]} if cores else {}
+        turn = {}
+        for name in order:
+            got = workers[name].ask(cmd="time", n=calls, **pin)["times"]
+            times[name] += got
+            turn[name] = statistics.median(got)
+        ratios.append(turn["baseline"] / turn["today"])
+    result = {name: statistics.median(t) for name, t in times.items()}
+    result["speedup"] = statistics.median(ratios)
+    return result
+
+
 def _line(row: dict[str, Any]) -> str:
     return f"{row['baseline_ms']:.3f} ms -> {row['today_ms']:.3f} ms, {row['speedup']:.3f}x"
 
@@ -259,11 +279,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--commit", default=DEFAULT_COMMIT, help="the baseline commit")
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--only", default="", help="the cases whose name holds this (default: every case)")
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args(argv)
     if args.worker:
         return _worker()
-    results = trainers_versus(CASES, args.commit, rounds=args.rounds, log=sys.stderr)
+    cases = [case for case in CASES if args.only in case.name]
+    results = trainers_versus(cases, args.commit, rounds=args.rounds, log=sys.stderr)
     results["command"] = "python -m rebatch.bench.trainers " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )

@@ -319,8 +319,9 @@ def versus(
 ) -> dict[str, Any]:
     """``commit``: a commit of this repository, or ``verl`` (verl's own function, in this environment).
     ``checked``: today's drop-in given ``data`` with the batch's ``input_ids``, recorded by a split (the
-    alignment witness and exact provenance both checking every call; `_provenanced_data`), and verl's own
-    function the same ``data`` (`_witness_data`: the settings it reads are read from it as from ours)."""
+    alignment witness and exact provenance both checking every call; `_provenanced_data`), and the
+    commit's drop-in the same (a commit with `torch_impl.testing`, issue 58's), or verl's own function the
+    same ``data`` (`_witness_data`: the settings it reads are read from it as from ours)."""
     from .contention import busy_processes, core_count, cores
 
     base = Worker(ROOT, verl=True) if commit == VERL else Worker(baseline_root(commit))
@@ -330,7 +331,7 @@ def versus(
         fns = {"baseline": (base, "impl"), "today": (today, "impl"), "clone": (today, "clone")}
         start = time.perf_counter()
         for i, case in enumerate(cases):
-            a = base.ask(cmd="setup", case=list(case), checked=checked and commit == VERL)
+            a = base.ask(cmd="setup", case=list(case), checked=checked)
             b = today.ask(cmd="setup", case=list(case), checked=checked)
             for w, reply in ((base, a), (today, b)):
                 if not Path(reply["torch_impl"]).resolve().is_relative_to(w.root.resolve()):

@@ -66,79 +66,101 @@ class RowWitness:
 
     Args:
         want: the witness, each original row's length.
-        order: the original row at each position of the micro-batches laid end to end (None: the rows in
-            order); a row past the witness's makes it witness nothing (counted).
+        order: the original row at each position of the micro-batches laid end to end (a list, an int64
+            array or a CPU tensor; None: the rows in order); a row past the witness's makes it witness
+            nothing (counted).
         sizes: each micro-batch's rows.
         unbound: the keys declared unbound.
         rows: the call's rows, where the witness must give each of them a length (a witness of another
             count of rows is another batch's: it witnesses nothing, counted).
+        expected: the witness in the micro-batches' order, where the caller holds it already.
     """
 
-    __slots__ = ("_expected", "_flat", "_list", "sizes", "total", "unbound", "usable")
+    __slots__ = ("_expected", "_order", "_usable", "_want", "sizes", "unbound")
 
     def __init__(
         self,
         want: Sequence[int] | np.ndarray,
-        order: Sequence[int] | np.ndarray | None,
+        order: Any,
         sizes: Sequence[int],
         unbound: Collection[Any],
         rows: int | None = None,
+        expected: list[int] | None = None,
     ) -> None:
-        lengths = np.asarray(want, dtype=np.int64)
-        count = lengths.shape[0]
-        flat = np.arange(count, dtype=np.int64) if order is None else np.asarray(order, dtype=np.int64)
-        self.usable = (rows is None or count == rows) and (not flat.size or int(flat.max()) < count)
-        if not self.usable:
-            skipped("calls_without_witness")  # lengths of other rows than the call's: nothing to witness
-            flat = flat[:0]
-        self._flat = flat
-        self._expected = lengths[flat]  # the witness in the micro-batches' order
-        self._list: list[int] | None = None
-        self.total = int(np.add.reduce(self._expected))
+        self._want: list[int] = want if type(want) is list else np.asarray(want, dtype=np.int64).tolist()
+        self._order = order  # read as a list where it is needed (`_rows`)
+        self._expected = expected
         self.sizes = sizes
         self.unbound = unbound
+        self._usable = rows is None or len(self._want) == rows
+        if not self._usable:
+            skipped("calls_without_witness")  # lengths of another count of rows: nothing to witness
 
-    def expected(self) -> list[int]:
-        """The witness in the micro-batches' order, as a list (made once)."""
-        if self._list is None:
-            self._list = self._expected.tolist()
-        return self._list
+    def _rows(self) -> list[int] | None:
+        """``order`` as a list (made once), None for the rows in order."""
+        if self._order is not None and type(self._order) is not list:
+            self._order = self._order.tolist()
+        return self._order
 
-    def compare(self, key: Any, got: Any, *, declared: bool = False, inferred: bool = False) -> bool:
+    def _in_order(self) -> list[int] | None:
+        """The witness in the micro-batches' order (made once), or None where it witnesses nothing."""
+        if self._expected is None and self._usable:
+            order = self._rows()
+            if order is None:
+                self._expected = self._want
+            else:
+                try:
+                    self._expected = [self._want[i] for i in order]
+                except IndexError:  # a row past the witness's: lengths of other rows than the call's
+                    self._usable = False
+                    skipped("calls_without_witness")
+        return self._expected
+
+    def compare(
+        self, key: Any, got: Any, *, declared: bool = False, inferred: bool = False, restored: bool = False
+    ) -> bool:
         """Whether the witness bound ``key``; raises `MisalignmentError` at its first misaligned original row.
 
         Args:
             key: the key the error names.
-            got: the key's row lengths in the micro-batches' order: a list (None where a value has no
-                length), an int64 array, or a tensor on any device (one flag read there).
+            got: the key's row lengths in the micro-batches' order (or, ``restored``, in original row order):
+                a list (None where a value has no length), an int64 array, or a tensor on any device (one
+                flag read there).
             declared: the lengths are the rows' own by the trainer's form (AReaL's micro-batches), so the
                 key binds unless declared unbound; else the binding rule's totals decide (`witness_binds`).
             inferred: the key's per-token nature is read from list lengths (miles' and SkyRL's per-sample
                 values): a key whose values all have one length where the rows' differ is a fixed-width
                 value, unproven (counted), never an error.
+            restored: ``got`` is in original row order.
         """
-        if not self.usable or (declared and key in self.unbound):
+        if declared and key in self.unbound:
             return False
-        if isinstance(got, list) and got == self.expected():  # the common case: one C-level comparison
+        expected = self._want if restored and self._usable else self._in_order()
+        if expected is None:
+            return False
+        if type(got) is list and got == expected:  # the common case: one C-level comparison
             return key not in self.unbound
         if isinstance(got, torch.Tensor):
-            on = torch.from_numpy(self._expected).to(got.device, non_blocking=True)
+            on = torch.tensor(expected, dtype=torch.int64, device="cpu").to(got.device, non_blocking=True)
             if not bool(got.to(torch.int64).ne(on).any()):  # the one read
-                return True
+                return key not in self.unbound
             got = got.tolist()  # the error path
-        if isinstance(got, list) and None in got:
+        lengths: list[Any] = got.tolist() if isinstance(got, np.ndarray) else list(got)
+        if None in lengths:
             return False  # a value without a length: not per-token
-        lengths = np.asarray(got, dtype=np.int64)
-        values = int(np.add.reduce(lengths))
-        if not declared and not witness_binds(key, True, values, self.total, self.unbound):
+        if not declared and not witness_binds(key, True, sum(lengths), sum(expected), self.unbound):
             return False
-        expected = self._expected
-        bad = np.flatnonzero(lengths != expected)
-        if not bad.size:
+        bad = [j for j, (a, b) in enumerate(zip(lengths, expected, strict=True)) if a != b]
+        if not bad:
             return True
-        if inferred and np.unique(lengths).size == 1 and np.unique(expected).size > 1:
+        if inferred and len(set(lengths)) == 1 and len(set(expected)) > 1:
             skipped("calls_without_witness")  # one length for every value: a fixed-width value, not per-token
             return False
-        j = int(bad[np.argmin(self._flat[bad])])  # the first original row among the misaligned ones
+        if restored:  # positions are original rows: the first is the first misaligned row
+            row = bad[0]
+            raise misaligned_row(key, row, lengths[row], expected[row], self._rows(), self.sizes)
+        rows = self._rows()
+        order = rows if rows is not None else range(len(lengths))
+        j = min(bad, key=order.__getitem__)  # the first original row among the misaligned ones
         m, inside = locate(j, self.sizes)
-        raise misalignment(key, m, inside, int(self._flat[j]), int(lengths[j]), int(expected[j]))
+        raise misalignment(key, m, inside, order[j], lengths[j], expected[j])

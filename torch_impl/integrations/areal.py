@@ -15,6 +15,7 @@ not match the outputs (``docs/spec.md``, "The peers' reorder steps").
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import types
 from collections.abc import Callable, Mapping, Sequence
@@ -36,7 +37,7 @@ from .._alignment import RowWitness, locate, witness_config
 from .._devplan import upload
 from .._entry import entry
 from .._layouts import scatter_padded
-from .._parts import DensePart, check_parts
+from .._parts import DensePart, check_parts, numpy_bridge
 from .._permutation import check_permutation, invert
 from .._tally import skipped
 from ._integration import Installed, Integration, NotReplayable, Replaced
@@ -76,24 +77,20 @@ def _boundaries(sizes: Sequence[int], row_lengths: Sequence[int], perm: Sequence
     do not add up to the rows)."""
     ends = list(itertools.accumulate(row_lengths, initial=0))
     total = ends[-1]
-    first_end: dict[int, int] = {}  # each row end's first row boundary (rows of no values share one)
-    for k, end in enumerate(ends):
-        first_end.setdefault(end, k)
     counts: list[int] = []
     done = 0
     for m, size in enumerate(sizes):
         done += size
-        k = first_end.get(done, -1)
-        if k < 0:
+        k = bisect.bisect_left(ends, done)  # the first row boundary at or after ``done``
+        if k >= len(ends) or ends[k] != done:
             if done > total:
                 raise PartitionMismatchError(
                     f"micro-batch {m}: the outputs hold {done} values up to here, but output_seqlens add up "
                     f"to {total}"
                 )
-            row, _ = locate(done, row_lengths)  # the row whose values hold position ``done``
             raise PartitionMismatchError(
-                f"micro-batch {m}: its output ends at value {done}, inside row {perm[row]} "
-                f"(forward_indices[{row}], values {ends[row]} to {ends[row + 1]}): a micro-batch must hold "
+                f"micro-batch {m}: its output ends at value {done}, inside row {perm[k - 1]} "
+                f"(forward_indices[{k - 1}], values {ends[k - 1]} to {ends[k]}): a micro-batch must hold "
                 "whole rows"
             )
         counts.append(max(k, counts[-1] if counts else 0))
@@ -201,18 +198,9 @@ def _check_micro_batches(
         return skipped("calls_without_witness")
     if sum(int(c.numel()) - 1 for c in cus) != len(in_order) or cus[0].device.type == "meta":
         return skipped("calls_without_witness")
-    device = cus[0].device
-    if all(c.device == device and c.dtype == cus[0].dtype for c in cus):  # as AReaL makes them: one cat
-        flat = torch.cat(cus)
-    else:
-        flat = torch.cat([c.to(device, torch.int64, non_blocking=c.is_cpu) for c in cus])
     rows = [int(c.numel()) - 1 for c in cus]
-    # each micro-batch's row lengths, laid end to end: the offsets' differences, less those across the
-    # micro-batches' boundaries (their positions known on the host, uploaded once)
-    starts = np.cumsum([0, *(n + 1 for n in rows[:-1])], dtype=np.int64)
-    inside = np.concatenate([np.arange(n, dtype=np.int64) + a for a, n in zip(starts, rows, strict=True)])
-    lengths = flat.diff().index_select(0, upload(inside, device))
-    RowWitness(seqlens, order, rows, witness_config()[1]).compare(OUTPUTS, lengths, declared=True)
+    witness = RowWitness(seqlens, order, rows, witness_config()[1], expected=in_order)
+    witness.compare(OUTPUTS, _row_lengths(cus, rows), declared=True)
     if sizes is None or len(sizes) != len(cus):
         return
     # the witness held: each micro-batch's tokens are its rows' lengths, which the host knows
@@ -225,6 +213,22 @@ def _check_micro_batches(
                 f"{held} tokens (the outputs are not in the order of the micro-batches; switch the check "
                 "off: REBATCH_WITNESS=off)"
             )
+
+
+def _row_lengths(cus: list[torch.Tensor], rows: Sequence[int]) -> Any:
+    """Each micro-batch's row lengths from its ``cu_seqlens``, laid end to end: a list where they are on
+    the host (read as NumPy), else an int64 tensor on the first one's device (their offsets' differences,
+    less those across the micro-batches' boundaries, whose positions the host knows: uploaded once)."""
+    device = cus[0].device
+    if device.type == "cpu" and numpy_bridge() and all(c.device == device for c in cus):
+        return np.concatenate([np.diff(c.numpy()) for c in cus]).tolist()
+    if all(c.device == device and c.dtype == cus[0].dtype for c in cus):  # as AReaL makes them: one cat
+        flat = torch.cat(cus)
+    else:
+        flat = torch.cat([c.to(device, torch.int64, non_blocking=c.is_cpu) for c in cus])
+    starts = np.cumsum([0, *(n + 1 for n in rows[:-1])], dtype=np.int64)
+    inside = np.concatenate([np.arange(n, dtype=np.int64) + a for a, n in zip(starts, rows, strict=True)])
+    return flat.diff().index_select(0, upload(inside, device))
 
 
 def _packed_parts(outputs: Sequence[Any]) -> list[DensePart]:

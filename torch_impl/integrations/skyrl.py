@@ -155,7 +155,7 @@ def _items_restored(self: Any, batches: Sequence[Sequence[Any]]) -> list[Any]:
             )
         flat.extend(items[: len(part)])
     ordered = [flat[k] for k in invert(perm).tolist()]
-    _witness_items(self.data, flat, ordered, perm, [len(p) for p in partitions])
+    _witness_items(self.data, ordered, perm, [len(p) for p in partitions])
     return ordered
 
 
@@ -170,11 +170,6 @@ def _sized(value: Any) -> bool:
     if isinstance(value, list | tuple):
         return True
     return isinstance(value, torch.Tensor | np.ndarray) and value.ndim >= 1
-
-
-def _length(value: Any) -> int | None:
-    """A per-token value's length (its tokens), or None where it has none (`_sized`)."""
-    return len(value) if _sized(value) else None
 
 
 def item_witness(data: Any) -> list[int] | None:
@@ -202,24 +197,23 @@ def item_witness(data: Any) -> list[int] | None:
     return [int(n) for n in mask.sum(dim=1).long().clamp(0, mask.shape[1]).tolist()]
 
 
-def _witness_items(
-    data: Any, flat: list[Any], ordered: list[Any], perm: torch.Tensor, sizes: list[int]
-) -> None:
+def _witness_items(data: Any, ordered: list[Any], perm: torch.Tensor, sizes: list[int]) -> None:
     """Step 6 for the items (``docs/spec.md``, "The alignment witness"), by the core's rule
     (`torch_impl._alignment.RowWitness`): every key of the first restored item, its values' lengths in
-    micro-batch order (``flat``) against the witness of the rows ``perm`` puts there; a value without a
-    length leaves the key unbound, and the lengths are read from lists (a key whose values all have one
-    length where the rows' differ is unproven)."""
+    original row order (``ordered``) against the witness, the error naming where ``perm`` took the row
+    from; a value without a length (`_sized`) leaves the key unbound, and the lengths are read from lists
+    (a key whose values all have one length where the rows' differ is unproven)."""
     first = ordered[0] if ordered else None
     if not isinstance(first, Mapping) or not first:
         return
     witness = item_witness(data)
     if witness is None:
         return
-    judge = RowWitness(witness, perm.numpy(), sizes, witness_config()[1], rows=len(ordered))
+    judge = RowWitness(witness, perm, sizes, witness_config()[1], rows=len(ordered))
     for key in first:
-        values = [x.get(key) if isinstance(x, Mapping) else None for x in flat]
-        judge.compare(key, [_length(v) for v in values], inferred=True)
+        values: list[Any] = [x.get(key) if isinstance(x, Mapping) else None for x in ordered]
+        if set(map(type, values)) <= {list} or all(map(_sized, values)):  # per-token values, SkyRL's lists
+            judge.compare(key, list(map(len, values)), inferred=True, restored=True)
 
 
 def _keys(self: Any, batches: Any) -> list[Any]:
