@@ -102,7 +102,7 @@ def test_outputs_built_on_a_moved_micro_batch_are_proven(move: Any) -> None:
     data, mbs, indices = _split()
     moved = [move(mb) for mb in mbs]
     rec = torch_impl.recorded(data)
-    assert isinstance(rec, _provenance.Provenance)
+    assert isinstance(rec, _provenance.Record)
     for m, mb in enumerate(moved):
         assert rec.tags[id(_provenance._ragged(mb["input_ids"]))][1] == m  # the nested int survives the move
     outs = _engine(mbs, move)
@@ -216,7 +216,7 @@ def test_a_split_whose_indices_are_not_a_permutation_is_left_unrecorded() -> Non
     """An observed split (shadow mode: a trainer's own) that hands out an index twice vouches for nothing."""
     data = _batch()
     mbs, indices = torch_impl.prepare_micro_batches(data)
-    assert isinstance(torch_impl.recorded(data), _provenance.Provenance)
+    assert isinstance(torch_impl.recorded(data), _provenance.Record)
     other = _batch()
     dup = [list(p) for p in indices]
     dup[0][0] = dup[1][0]
@@ -226,7 +226,7 @@ def test_a_split_whose_indices_are_not_a_permutation_is_left_unrecorded() -> Non
         _provenance.observe_split((mbs, odd), other)  # never raises into the trainer's split
         assert torch_impl.recorded(other) is _provenance.UNRECORDED
     _provenance.observe_split((mbs, indices), other)  # the control: the same split with its own indices
-    assert isinstance(torch_impl.recorded(other), _provenance.Provenance)
+    assert isinstance(torch_impl.recorded(other), _provenance.Record)
 
 
 def test_a_stray_on_any_jagged_key_raises_naming_that_key() -> None:

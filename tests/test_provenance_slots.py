@@ -105,8 +105,8 @@ def test_a_previous_steps_output_in_this_steps_slot_raises_naming_both_batches()
     outs = _engine(mbs)
     outs[1] = _engine(old_mbs[1:2])[0]
     old, new = torch_impl.recorded(first), torch_impl.recorded(second)
-    assert isinstance(old, _provenance.Provenance)
-    assert isinstance(new, _provenance.Provenance)
+    assert isinstance(old, _provenance.Record)
+    assert isinstance(new, _provenance.Record)
     with pytest.raises(MisalignmentError) as torch_error:
         torch_impl.postprocess_batch_func(outs, indices, second)
     text = str(torch_error.value)
@@ -144,7 +144,7 @@ def test_the_record_lives_while_the_batch_or_its_input_ids_lives() -> None:
     del data
     gc.collect()
     kept = torch_impl.recorded(rebuilt)
-    assert isinstance(kept, _provenance.Provenance)
+    assert isinstance(kept, _provenance.Record)
     name = kept.name
     del kept, rebuilt, ids
     gc.collect()

@@ -328,7 +328,7 @@ def test_a_batch_keeps_a_bounded_number_of_splits() -> None:
     for _ in range(_provenance.MAX_SPLITS):
         _split(data, 2)
     kept = torch_impl.recorded(data)
-    assert isinstance(kept, _provenance.Provenance)
+    assert isinstance(kept, _provenance.Record)
     assert len(kept.splits) == _provenance.MAX_SPLITS
     before = torch_impl.provenance_stats()["calls_unproven"]
     _same_as_verl(*oldest, data)

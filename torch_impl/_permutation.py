@@ -171,7 +171,7 @@ def plain_int_lists(partitions: Any) -> bytes | None:
     of lists of ints (``int`` itself); else None.
 
     A split that checked its indices when it was recorded vouches for a restore whose indices give its
-    bytes (`torch_impl._alignment.Provenance.vouching`, miles' recorded iterators): the same
+    bytes (`torch_impl._alignment.Record.vouching`, miles' recorded iterators): the same
     permutation, with no conversion or count. Not ``==``, which takes ``3.0`` and ``True`` for ints, where
     the restore's own check refuses them: the bytes are ``marshal``'s (format 2, one C-level pass), which
     writes an int, a bool and a float each with its own code, a NumPy integer or array as its buffer,

@@ -7,8 +7,8 @@ lengths where the trainer has them, the identities its outputs carry) and call t
 - the alignment witness (`Witness` for a call's planned keys, `RowWitness` for lengths the host reads,
   `misaligned_row` for the error of either; the binding rule `witness_binds` and the words are
   `ref.structure`'s, shared with ``ref``), and `read_witness`, verl's witness;
-- the split record and its lookup (`record`, `record_handout`, `recorded`, `Split`, `Provenance`) and the
-  provenance judge (`Provenance.judge` for outputs that carry identities, `Provenance.judge_handout` for
+- the split record and its lookup (`record`, `record_handout`, `recorded`, `Split`, `Record`) and the
+  provenance judge (`Record.judge` for outputs that carry identities, `Record.judge_handout` for
   a split whose outputs carry none, `check_restore` for ``restore_dynamic_batch``);
 - `locate`, the one reading of a flat position (`ref.structure`'s);
 - the counters (`witness_stats`, `provenance_stats`).
@@ -31,7 +31,7 @@ from ._provenance import (
     MAX_SPLITS as MAX_SPLITS,
     UNRECORDED as UNRECORDED,
     ItemOrder as ItemOrder,
-    Provenance as Provenance,
+    Record as Record,
     Split as Split,
     check_restore as check_restore,
     named_by as named_by,
@@ -54,7 +54,7 @@ __all__ = [
     "MAX_SPLITS",
     "UNRECORDED",
     "ItemOrder",
-    "Provenance",
+    "Record",
     "RowWitness",
     "Split",
     "Witness",

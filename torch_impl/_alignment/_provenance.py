@@ -6,12 +6,15 @@ name (a number of this process), each micro-batch's ragged sizes (the nested int
 which torch keeps through device and dtype moves, ``detach``, ``clone`` and
 ``nested_tensor_from_jagged(v, moved.offsets())``; a padding micro-batch's too), the indices it returned
 and its rows' lengths. A batch (numbered too) keeps its last `MAX_SPLITS` splits in one read-only
-`Provenance`, replaced whole on each record, so a restore reads it without a lock; it is found by the
+`Record`, replaced whole on each record, so a restore reads it without a lock; it is found by the
 batch's identity, else by its ``input_ids``' nested int (`recorded`), and kept while either lives. Every
 live record's nested ints are indexed (`_everywhere`), so an output of another batch is known as such.
-The restore `Provenance.judge`\\ s the call before any data moves: each output naming micro-batch ``q``
+The restore `Record.judge`\\ s the call before any data moves: each output naming micro-batch ``q``
 of a live split must hold its slot's rows. Host-side facts only: no device read. Unproven (never an
-error) where no output names a micro-batch of the batch restored. `provenance_stats` counts it.
+error) where no output names a micro-batch of the batch restored. `provenance_stats` counts it. A split
+that hands out index lists (miles' ``get_data_iterator``) is kept the same way under what it handed them
+to, the iterator (`record_handout`); its outputs carry no identity, so its own indices decide
+(`Record.judge_handout`).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ __all__ = [
     "MAX_BATCHES",
     "MAX_SPLITS",
     "UNRECORDED",
-    "Provenance",
+    "Record",
     "Split",
     "check_restore",
     "named_by",
@@ -61,7 +64,7 @@ MAX_BATCHES = 64
 
 _lock = ForkSafeLock()  # a forked child finds it free (`rebatch_startup.renew_at_fork`)
 #: Each live batch's record by its name, the batch recorded longest ago first.
-_records: OrderedDict[int, Provenance] = OrderedDict()
+_records: OrderedDict[int, Record] = OrderedDict()
 #: id(batch) -> its record's name; id(its input_ids' nested int) -> its record's name.
 _by_batch: dict[int, int] = {}
 _by_ids: dict[int, int] = {}
@@ -227,7 +230,7 @@ class ItemOrder:
         return list(self._get(values))
 
 
-class Provenance:
+class Record:
     """The live splits of one batch (``splits``, oldest first, at most `MAX_SPLITS`), as the restore
     reads them: ``name`` (the batch's number), ``batch`` and ``ids`` (weak references to the batch and
     to its ``input_ids``, None where it has no jagged one), ``ids_size`` (that nested int, held),
@@ -387,7 +390,7 @@ def _drop(name: int) -> None:
             _remove(name, kept)
 
 
-def _remove(name: int, kept: Provenance) -> None:
+def _remove(name: int, kept: Record) -> None:
     """Record ``name`` forgotten, and everything that finds it (under ``_lock``)."""
     _records.pop(name, None)
     for table in (_by_batch, _by_ids):
@@ -452,7 +455,7 @@ def _keep(batch: Any, ids: Any, split: Split) -> None:
     the oldest beyond `MAX_SPLITS`, and the batch recorded longest ago beyond `MAX_BATCHES`, go."""
     with _lock:
         kept = recorded(batch)
-        if isinstance(kept, Provenance):
+        if isinstance(kept, Record):
             name, batch_ref, ids_ref, ids_size = kept.name, kept.batch, kept.ids, kept.ids_size
             if batch_ref() is not batch:  # a shallow clone, found by its input_ids: it finds the record too
                 _by_batch[id(batch)] = name
@@ -472,7 +475,7 @@ def _keep(batch: Any, ids: Any, split: Split) -> None:
         splits = (*older, split)
         _unindex(splits[:-MAX_SPLITS])
         splits = splits[-MAX_SPLITS:]
-        _records[name] = Provenance(name, batch_ref, ids_ref, ids_size, splits)  # replaced whole
+        _records[name] = Record(name, batch_ref, ids_ref, ids_size, splits)  # replaced whole
         _records.move_to_end(name)  # recorded most recently
         for size, _ in split.kept:
             _everywhere[id(size)] = (name, split.name)
@@ -515,7 +518,7 @@ def observe_split(result: Any, *args: Any, **kwargs: Any) -> None:
         record(batch, *result)
 
 
-def recorded(batch: Any) -> Provenance | _Unrecorded:
+def recorded(batch: Any) -> Record | _Unrecorded:
     """The live splits of ``batch`` by rebatch (or observed in shadow mode), found by its identity, else
     by its ``input_ids``' nested int (a shallow clone's too); or `UNRECORDED`."""
     if batch is None:

@@ -1,7 +1,7 @@
 """miles' restore: ``aggregate_forward_results``, each call read into the core's form and checked there.
 
 The outputs' shape and counts are miles' own form; the indices' permutation check, the split's verdict
-(`torch_impl._alignment.Provenance.judge_handout`) and the witness (`witness_keys`) are the core's.
+(`torch_impl._alignment.Record.judge_handout`) and the witness (`witness_keys`) are the core's.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from ref.errors import (
     where,
 )
 
-from ..._alignment import ItemOrder, Provenance, Split, locate, recorded
+from ..._alignment import ItemOrder, Record, Split, locate, recorded
 from ..._entry import entry
 from ..._permutation import check_permutation, invert
 from ._split import index_lists, rows_held
@@ -129,10 +129,10 @@ def _restored(
 
 def _vouched(data_iterator: Any, indices: Any) -> Split | None:
     """The split recorded for ``data_iterator`` where it vouches for this restore (the core's
-    `Provenance.vouching`: the iterator's indices still the split's own lists of plain ints), made over
+    `Record.vouching`: the iterator's indices still the split's own lists of plain ints), made over
     every row the iterator held and holds now; else None (checked as any other call)."""
     kept = recorded(data_iterator)
-    split = kept.vouching(indices) if isinstance(kept, Provenance) else None
+    split = kept.vouching(indices) if isinstance(kept, Record) else None
     if split is None or split.held != split.flat.shape[0]:
         return None
     return split if rows_held(data_iterator, split.held) == split.held else None
@@ -245,9 +245,9 @@ def _check_counts(keys: Sequence[Any], counts: Mapping[Any, list[int]], sizes: S
 
 def check_provenance(data_iterator: Any, parts: Sequence[Sequence[Any]] | None, outputs: int) -> None:
     """Where miles' ``get_data_iterator`` made ``data_iterator`` while rebatch was installed, the core's
-    judge of the split (`Provenance.judge_handout`): the restore's indices (``parts``, None for
+    judge of the split (`Record.judge_handout`): the restore's indices (``parts``, None for
     micro-batches restored as they come) must be the split's micro-batches, in its order or another, and
     the outputs must number the split's. An iterator no recorded split made is unproven, never an error."""
     kept = recorded(data_iterator)
-    if isinstance(kept, Provenance):
+    if isinstance(kept, Record):
         kept.judge_handout(parts, outputs)

@@ -17,7 +17,7 @@ import torch
 
 from ref.errors import UnsupportedSettingError
 
-from ..._alignment import Provenance, Split, record_handout, recorded
+from ..._alignment import Record, Split, record_handout, recorded
 
 __all__ = ["carrying", "index_lists", "recorded_split", "recording", "rows_held"]
 
@@ -66,7 +66,7 @@ def _record(result: Any) -> None:
 def recorded_split(data_iterator: Any) -> Split | None:
     """The split recorded for ``data_iterator`` (made by ``get_data_iterator`` while installed), or None."""
     kept = recorded(data_iterator)
-    return kept.splits[-1] if isinstance(kept, Provenance) else None
+    return kept.splits[-1] if isinstance(kept, Record) else None
 
 
 def recording(get_data_iterator: Callable[..., Any]) -> Callable[..., Any]:
