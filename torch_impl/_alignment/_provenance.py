@@ -107,8 +107,11 @@ class Split:
     `plain_int_lists`' bytes (None unless lists of plain ints); ``kept``, each micro-batch's nested ints
     with their tags (held, so their ids stay theirs while the record lives); ``expected``, each real
     slot's own tag; ``lengths``, each original row's length where the split knew them (int64, else
-    None). Read-only once made; shared by threads. Raises ValueError for indices that are not a
-    permutation (left unrecorded)."""
+    None); ``outputs``, the micro-batch outputs its restore takes (its micro-batches, unless a split that
+    hands out index lists says otherwise: miles' rollout count); ``held``, the rows its batch held when
+    it split. ``micro_batches`` None: a split that hands out index lists (each micro-batch its
+    ``indices``). Read-only once made (its `order` made once, on first use); shared by threads. Raises
+    ValueError for indices that are not a permutation (left unrecorded)."""
 
     __slots__ = (
         "_order",
