@@ -18,6 +18,7 @@ import torch
 from ref.errors import MisalignmentError
 from ref.structure import locate, misalignment, witness_binds
 
+from .._devplan import upload
 from .._tally import skipped
 
 __all__ = ["RowWitness", "first_difference", "misaligned_row"]
@@ -117,7 +118,14 @@ class RowWitness:
         return self._expected
 
     def compare(
-        self, key: Any, got: Any, *, declared: bool = False, inferred: bool = False, restored: bool = False
+        self,
+        key: Any,
+        got: Any,
+        *,
+        declared: bool = False,
+        inferred: bool = False,
+        restored: bool = False,
+        on_device: torch.Tensor | None = None,
     ) -> bool:
         """Whether the witness bound ``key``; raises `MisalignmentError` at its first misaligned original row.
 
@@ -132,6 +140,8 @@ class RowWitness:
                 values): a key whose values all have one length where the rows' differ is a fixed-width
                 value, unproven (counted), never an error.
             restored: ``got`` is in original row order.
+            on_device: the witness in ``got``'s order, already on ``got``'s device (uploaded by the caller
+                with its own data: one upload a call); else uploaded here.
         """
         if declared and key in self.unbound:
             return False
@@ -141,7 +151,11 @@ class RowWitness:
         if type(got) is list and got == expected:  # the common case: one C-level comparison
             return key not in self.unbound
         if isinstance(got, torch.Tensor):
-            on = torch.tensor(expected, dtype=torch.int64, device="cpu").to(got.device, non_blocking=True)
+            on = (
+                on_device
+                if on_device is not None
+                else upload(np.asarray(expected, dtype=np.int64), got.device)
+            )
             if not bool(got.to(torch.int64).ne(on).any()):  # the one read
                 return key not in self.unbound
             got = got.tolist()  # the error path

@@ -200,7 +200,8 @@ def _check_micro_batches(
         return skipped("calls_without_witness")
     rows = [int(c.numel()) - 1 for c in cus]
     witness = RowWitness(seqlens, order, rows, witness_config()[1], expected=in_order)
-    witness.compare(OUTPUTS, _row_lengths(cus, rows), declared=True)
+    lengths, on_device = _row_lengths(cus, rows, in_order)
+    witness.compare(OUTPUTS, lengths, declared=True, on_device=on_device)
     if sizes is None or len(sizes) != len(cus):
         return
     # the witness held: each micro-batch's tokens are its rows' lengths, which the host knows
@@ -215,20 +216,23 @@ def _check_micro_batches(
             )
 
 
-def _row_lengths(cus: list[torch.Tensor], rows: Sequence[int]) -> Any:
-    """Each micro-batch's row lengths from its ``cu_seqlens``, laid end to end: a list where they are on
-    the host (read as NumPy), else an int64 tensor on the first one's device (their offsets' differences,
-    less those across the micro-batches' boundaries, whose positions the host knows: uploaded once)."""
+def _row_lengths(cus: list[torch.Tensor], rows: Sequence[int], in_order: list[int]) -> tuple[Any, Any]:
+    """Each micro-batch's row lengths from its ``cu_seqlens``, laid end to end, and the witness to compare
+    them with where it is uploaded: a list where they are on the host (read as NumPy; nothing uploaded),
+    else an int64 tensor on the first one's device (their offsets' differences, less those across the
+    micro-batches' boundaries, whose positions the host knows) and ``in_order`` there: one upload."""
     device = cus[0].device
     if device.type == "cpu" and numpy_bridge() and all(c.device == device for c in cus):
-        return np.concatenate([np.diff(c.numpy()) for c in cus]).tolist()
+        return np.concatenate([np.diff(c.numpy()) for c in cus]).tolist(), None
     if all(c.device == device and c.dtype == cus[0].dtype for c in cus):  # as AReaL makes them: one cat
         flat = torch.cat(cus)
     else:
         flat = torch.cat([c.to(device, torch.int64, non_blocking=c.is_cpu) for c in cus])
     starts = np.cumsum([0, *(n + 1 for n in rows[:-1])], dtype=np.int64)
     inside = np.concatenate([np.arange(n, dtype=np.int64) + a for a, n in zip(starts, rows, strict=True)])
-    return flat.diff().index_select(0, upload(inside, device))
+    both = upload(np.concatenate([inside, np.asarray(in_order, dtype=np.int64)]), device)
+    count = inside.shape[0]
+    return flat.diff().index_select(0, both[:count]), both[count:]
 
 
 def _packed_parts(outputs: Sequence[Any]) -> list[DensePart]:
