@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import sys
 import zipfile
-
-from rebatch_startup.trainers import TRAINERS
+from pathlib import Path
 
 ALLOWED = {
     "ref",
@@ -21,21 +20,16 @@ ALLOWED = {
 }
 #: the startup hook's files at the wheel's top (site-packages), copies of the package's own
 HOOK = {"rebatch.pth": "rebatch_startup/rebatch.pth", "rebatch.start": "rebatch_startup/rebatch.start"}
-#: modules of subpackages a wheel must hold (an explicit package list once left
-#: ``torch_impl.integrations`` out)
+#: the repository's root: every module of the packages' source trees must be in the wheel (an explicit
+#: package list once left ``torch_impl.integrations`` out, and later ``torch_impl._alignment`` and the
+#: ``torch_impl.integrations.miles`` package, which a stale build directory hid)
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("ref", "torch_impl", "property_tests", "rebatch", "rebatch_startup")
 REQUIRED = {
-    "torch_impl/integrations/_patch.py",
-    "torch_impl/integrations/_integration.py",
-    # every declared trainer's integration and kit module (rebatch_startup/trainers.py)
-    *(f"{trainer.integration.replace('.', '/')}.py" for trainer in TRAINERS),
-    *(f"{trainer.kit_module.replace('.', '/')}.py" for trainer in TRAINERS if trainer.kit_module),
-    "rebatch_startup/trainers.py",
-    "rebatch_startup/forksafe.py",
-    "rebatch_startup/__init__.py",
-    "rebatch_startup/_hooks.py",
-    "rebatch_startup/verl.py",
-    "rebatch/bench/run.py",
-    "property_tests/defects/__init__.py",
+    p.relative_to(ROOT).as_posix()
+    for package in PACKAGES
+    for p in (ROOT / package).rglob("*.py")
+    if "__pycache__" not in p.parts
 }
 
 
