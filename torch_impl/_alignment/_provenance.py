@@ -115,6 +115,7 @@ class Split:
 
     __slots__ = (
         "_order",
+        "_rows",
         "exact",
         "expected",
         "flat",
@@ -141,6 +142,7 @@ class Split:
     ) -> None:
         self.name = name
         self._order: ItemOrder | None = None
+        self._rows: list[list[int]] | None = None
         if micro_batches is None:  # a split handing out index lists (miles'): each micro-batch its indices
             micro_batches = [] if indices is None else [_Handed(len(p)) for p in indices]
         self.kept: list[tuple[Any, Tag]] = []
@@ -181,8 +183,11 @@ class Split:
         return self._order
 
     def rows(self) -> list[list[int]]:
-        """The split's indices, padding left out (for the error path)."""
-        return _cut(self.flat.tolist(), self.sizes)
+        """The split's indices, padding left out (made once: miles' restore and its judge both read them;
+        not to be changed by the caller)."""
+        if self._rows is None:
+            self._rows = _cut(self.flat.tolist(), self.sizes)
+        return self._rows
 
     def rows_bytes(self, q: int) -> bytes:
         """Micro-batch ``q``'s rows as int64 bytes."""
